@@ -1,0 +1,72 @@
+"""The backend protocol: the only thing the decoding loop knows about a model.
+
+A backend turns token blocks into logits on a KV state it owns:
+
+    state, logits = backend.prefill(prompt, token_ids, keep)   # one forward, multimodal inputs here
+    logits = backend.forward(state, token_ids)                 # [n, V]: row i predicts the token after token_ids[i]
+    backend.crop(state, length)                                # drop cached positions >= length
+
+Positions are always explicit: a block fed on a state of length L occupies positions L .. L+n-1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class Prompt:
+    """One tokenized prompt with its non-text inputs.
+
+    `input_ids` already contains any modality placeholder tokens (e.g. the Omni thinker's
+    `<|AUDIO|>` run); `features` holds the tensors those placeholders stand for
+    (e.g. `input_features`, `feature_attention_mask`), passed to the model at prefill.
+    """
+
+    input_ids: torch.Tensor  # [P] int64
+    features: dict[str, torch.Tensor] = field(default_factory=dict)
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if self.input_ids.ndim != 1:
+            raise ValueError(f"Prompt.input_ids must be 1-D [P], got shape {tuple(self.input_ids.shape)}")
+        if self.input_ids.numel() == 0:
+            from specdec.errors import InputError
+
+            raise InputError("the prompt is empty after tokenization: give it some text")
+
+    @property
+    def has_audio(self) -> bool:
+        return "input_features" in self.features
+
+
+@runtime_checkable
+class State(Protocol):
+    """A backend's KV state. `length` = number of token positions held in the cache."""
+
+    length: int
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    vocab_size: int  # rows of the output head; may differ between edge and cloud
+    accepts_audio: bool
+
+    def prefill(
+        self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True
+    ) -> tuple[Any, torch.Tensor | None]:
+        """One forward over `token_ids` ([n], starting with the prompt's ids) with the prompt's
+        multimodal features. Returns (state of length n, logits of the last `keep` positions
+        [keep, V], or None when keep == 0). `use_cache=False` builds no reusable state."""
+        ...
+
+    def forward(self, state: Any, token_ids: torch.Tensor) -> torch.Tensor:
+        """Feed `token_ids` [n] at positions state.length .. +n-1; returns logits [n, V] (float32)."""
+        ...
+
+    def crop(self, state: Any, length: int) -> None:
+        """Drop cached positions >= length (exact rollback)."""
+        ...

@@ -1,0 +1,160 @@
+"""The decoding loops: plain autoregressive (edge-only or cloud-only baselines) and speculative.
+
+One speculative cycle (L = accepted length before it):
+  draft     edge feeds its unseen accepted tokens as one block, then k-1 draft tokens one by one
+  gate      block uncertainty (nats) >= entropy_threshold -> escalate to the cloud
+  verify    one cloud forward over [unseen accepted, d_0..d_{k-1}] -> logits [k+1, V]
+  accept    policy -> `accepted` draft tokens + a correction (or the free bonus token)
+  rollback  both caches cropped to L + accepted: exactly the accepted prefix they were built from
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from specdec.backends.base import Backend, Prompt
+from specdec.config import DecodeConfig, SpecConfig
+from specdec.gate import should_escalate
+from specdec.policies import make_policy
+from specdec.processors import Constraints
+from specdec.sampling import choose, distribution, entropy_nats
+from specdec.session import AcceptedSequence, Session
+from specdec.trace import Counters, Cycle, Generation
+from specdec.verifier import make_verifier
+
+NO_CONSTRAINTS = Constraints()
+
+
+def first_stop(tokens: list[int], n_before: int, constraints: Constraints) -> int | None:
+    """Index of the first token in `tokens` that ends generation, given n_before tokens so far."""
+    for i, token in enumerate(tokens):
+        if constraints.stop.stops(token, n_before + i + 1):
+            return i
+    return None
+
+
+def process_rows(logits: torch.Tensor, history: list[int], block: list[int], constraints: Constraints) -> torch.Tensor:
+    """Row i of [n+1, V] is the distribution after history + block[:i]."""
+    if not constraints.processors:
+        return logits
+    return torch.stack([constraints.apply(history + block[:i], row) for i, row in enumerate(logits)])
+
+
+def draft(
+    edge: Session, seq: AcceptedSequence, n: int, vocab: int, constraints: Constraints,
+    temperature: float, generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """n tokens on the edge cache -> (tokens [n], draft_probs [n, V], processed logits [n, V])."""
+    block = edge.unseen(seq)  # newly accepted tokens: one forward, never token by token
+    tokens, probs, logits_rows = [], [], []
+    for _ in range(n):
+        logits = edge.feed(block)[-1, :vocab]
+        if constraints.processors:
+            logits = constraints.apply(seq.generated + [int(t) for t in tokens], logits)
+        dist = distribution(logits, temperature)
+        token = choose(logits, dist, temperature > 0, generator)
+        tokens.append(token)
+        probs.append(dist)
+        logits_rows.append(logits)
+        block = token.view(1)
+    return torch.stack(tokens), torch.stack(probs), torch.stack(logits_rows)
+
+
+@torch.inference_mode()
+def autoregressive_decode(
+    backend: Backend, prompt: Prompt, decode: DecodeConfig, constraints: Constraints = NO_CONSTRAINTS,
+    role: str = "cloud",
+) -> Generation:
+    """Plain decoding on one model: the edge-only and cloud-only baselines."""
+    start = time.perf_counter()
+    generator = torch.Generator().manual_seed(decode.seed)
+    seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
+    session = Session(backend, prompt, seq)
+    prefill_s = session.compute_s
+    ttft_s, stopped_by = 0.0, "max_new_tokens"
+    while seq.remaining:
+        logits = session.feed(session.unseen(seq))[-1]
+        logits = constraints.apply(seq.generated, logits)
+        probs = distribution(logits, decode.temperature) if decode.do_sample else None
+        token = int(choose(logits, probs, decode.do_sample, generator))
+        seq.extend([token])
+        session.rollback(session.length, seq)  # no-op, but trims sliding-window layers
+        ttft_s = ttft_s or time.perf_counter() - start
+        if constraints.stop.stops(token, len(seq.generated)):
+            stopped_by = "stop_token"
+            break
+    counters = Counters(cycles=len(seq.generated))
+    compute = {f"{role}_s": session.compute_s}
+    return Generation(
+        tokens=seq.generated, counters=counters, prompt_tokens=seq.prompt_len, prefill_s=prefill_s,
+        ttft_s=ttft_s, decode_s=time.perf_counter() - start, stopped_by=stopped_by, **compute,
+    )
+
+
+@torch.inference_mode()
+def speculative_decode(
+    edge: Backend, cloud: Backend, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig,
+    constraints: Constraints = NO_CONSTRAINTS,
+    punct_density: Callable[[list[int]], float] | None = None,
+) -> Generation:
+    """Edge drafts, the gate escalates uncertain blocks, the cloud verifies them in one forward."""
+    spec.check_decoding(decode)
+    start = time.perf_counter()
+    generator = torch.Generator().manual_seed(decode.seed)
+    vocab = min(edge.vocab_size, cloud.vocab_size)  # compare over the shared ids only
+    seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
+    edge_session = Session(edge, prompt, seq)
+    prefill_s = edge_session.compute_s
+    verifier = make_verifier(spec.verifier, cloud, prompt)
+    policy = make_policy(spec.policy, spec.accept_threshold)
+    counters, cycles = Counters(accepted_per_position=[0] * spec.k), []
+    ttft_s, stopped_by = 0.0, "max_new_tokens"
+
+    while seq.remaining and stopped_by != "stop_token":
+        base = seq.length
+        edge_before, cloud_before = edge_session.compute_s, verifier.compute_s
+        draft_tokens, draft_probs, _ = draft(
+            edge_session, seq, min(spec.k, seq.remaining), vocab, constraints, decode.temperature, generator
+        )
+        draft_list = draft_tokens.tolist()
+        stop_at = first_stop(draft_list, len(seq.generated), constraints)
+        if stop_at is not None:  # the block ends at its stop token; nothing after it is verified
+            n = stop_at + 1
+            draft_tokens, draft_probs, draft_list = draft_tokens[:n], draft_probs[:n], draft_list[:n]
+        n = len(draft_list)
+        entropies = entropy_nats(draft_probs)
+        density = punct_density(draft_list) if punct_density and spec.punct_trigger is not None else None
+        cycle = Cycle(draft_list, entropies.tolist(), should_escalate(entropies, density, spec), accepted=n)
+
+        if cycle.escalated:
+            cloud_logits = verifier.logits(seq, draft_tokens)[:, :vocab]
+            cloud_logits = process_rows(cloud_logits, seq.generated, draft_list, constraints)
+            cloud_probs = distribution(cloud_logits, decode.temperature)
+            accepted, next_token = policy(draft_tokens, draft_probs, cloud_logits, cloud_probs, decode.do_sample, generator)
+            cycle.accepted = accepted
+            cycle.cloud_tokens_in, cycle.sent_features = verifier.last_tokens_in, verifier.last_sent_features
+            # The bonus is free only if there is room for it and the block did not end generation.
+            if accepted < n or (n < seq.remaining and stop_at is None):
+                cycle.extra_token = int(next_token)
+                cycle.extra_kind = "correction" if accepted < n else "bonus"
+
+        emitted = draft_list[: cycle.accepted] + ([cycle.extra_token] if cycle.extra_kind else [])
+        if first_stop(emitted, len(seq.generated), constraints) is not None:
+            stopped_by = "stop_token"
+        seq.extend(emitted)
+        edge_session.rollback(min(edge_session.length, base + cycle.accepted), seq)
+        if cycle.escalated:
+            verifier.rollback(base + cycle.accepted, seq)
+        cycle.edge_s = edge_session.compute_s - edge_before
+        cycle.cloud_s = verifier.compute_s - cloud_before
+        counters.add(cycle)
+        cycles.append(cycle)
+        ttft_s = ttft_s or time.perf_counter() - start
+
+    return Generation(
+        tokens=seq.generated, counters=counters, cycles=cycles, prompt_tokens=seq.prompt_len, prefill_s=prefill_s,
+        ttft_s=ttft_s, decode_s=time.perf_counter() - start, edge_s=edge_session.compute_s,
+        cloud_s=verifier.compute_s, stopped_by=stopped_by,
+    )

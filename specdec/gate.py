@@ -1,0 +1,25 @@
+"""The edge's escalation gate: is this draft block uncertain enough to send to the cloud?"""
+from __future__ import annotations
+
+import torch
+
+from specdec.config import SpecConfig
+
+
+def block_uncertainty(entropies_nats: torch.Tensor, how: str) -> torch.Tensor:
+    """[n] token entropies -> scalar block uncertainty (nats)."""
+    if how == "max":
+        return entropies_nats.max()
+    if how == "mean":
+        return entropies_nats.mean()
+    return entropies_nats[0]
+
+
+def should_escalate(entropies_nats: torch.Tensor, punct_density: float | None, cfg: SpecConfig) -> bool:
+    """Escalate iff uncertainty >= threshold (0: always, inf: never), or, with the seed-003 trigger
+    on, the block's character-level punctuation density exceeds `cfg.punct_trigger`."""
+    if cfg.entropy_threshold == 0:
+        return True
+    if cfg.punct_trigger is not None and punct_density is not None and punct_density > cfg.punct_trigger:
+        return True
+    return bool(block_uncertainty(entropies_nats, cfg.uncertainty) >= cfg.entropy_threshold)

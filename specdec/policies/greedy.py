@@ -1,0 +1,13 @@
+"""Greedy verification: accept d_i while it is the cloud's argmax. Lossless for greedy decoding:
+the output is token for token the cloud's own greedy output."""
+from __future__ import annotations
+
+import torch
+
+from specdec.sampling import accepted_prefix
+
+
+def greedy(draft_tokens, draft_probs, cloud_logits, cloud_probs, do_sample, generator) -> tuple[int, torch.Tensor]:
+    cloud_argmax = cloud_logits.argmax(-1)  # [n+1]
+    accepted = accepted_prefix(draft_tokens == cloud_argmax[:-1])
+    return accepted, cloud_argmax[accepted]

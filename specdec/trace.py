@@ -1,0 +1,77 @@
+"""What a generation returns: tokens, a per-cycle trace and counters.
+
+Counters follow vLLM's spec-decode metrics so numbers compare across tools:
+num_drafts = verified blocks, num_draft_tokens = tokens verified, num_accepted_tokens = verified
+tokens accepted, accepted_per_position[i] = verified blocks whose position i was accepted.
+Acceptance rate = accepted / verified tokens (unverified tokens are not in it).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Cycle:
+    draft_tokens: list[int]
+    entropies_nats: list[float]
+    escalated: bool
+    accepted: int  # draft tokens kept (all of them when not escalated)
+    extra_token: int | None = None  # correction or bonus
+    extra_kind: str | None = None  # "correction" | "bonus" | None
+    edge_s: float = 0.0
+    cloud_s: float = 0.0
+    cloud_tokens_in: int = 0  # unseen accepted tokens + draft tokens sent up
+    sent_features: bool = False  # the prompt's multimodal features went up with this call
+
+
+@dataclass
+class Counters:
+    cycles: int = 0
+    cloud_calls: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    unverified_tokens: int = 0
+    corrections: int = 0
+    bonus_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    def add(self, cycle: Cycle) -> None:
+        self.cycles += 1
+        if cycle.escalated:
+            self.cloud_calls += 1
+            self.num_drafts += 1
+            self.num_draft_tokens += len(cycle.draft_tokens)
+            self.num_accepted_tokens += cycle.accepted
+            for i in range(cycle.accepted):
+                self.accepted_per_position[i] += 1
+        else:
+            self.unverified_tokens += cycle.accepted
+        self.corrections += cycle.extra_kind == "correction"
+        self.bonus_tokens += cycle.extra_kind == "bonus"
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "acceptance_rate": self.acceptance_rate}
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # new token ids, prompt excluded
+    counters: Counters
+    cycles: list[Cycle] = field(default_factory=list)
+    text: str = ""
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0  # edge (or the mode's model) prefill
+    ttft_s: float = 0.0  # start -> first emitted token
+    decode_s: float = 0.0  # start -> last token
+    edge_s: float = 0.0  # edge compute inside forwards, prefill included
+    cloud_s: float = 0.0  # cloud compute inside forwards, its prefill included
+    stopped_by: str = "max_new_tokens"  # or "stop_token"
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)

@@ -1,0 +1,69 @@
+"""The cloud side: one explicit forward per escalated block (never `generate`, seed 000).
+
+Both verifiers return cloud logits [n+1, V] for a draft of n tokens: row i predicts d_i, row n is
+the bonus position. For a block [last_accepted, d_0..d_{n-1}] fed on a cache holding the prefix
+before last_accepted, logits[i] predicts d_i and logits[n] the token after d_{n-1}.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specdec.backends.base import Backend, Prompt
+from specdec.session import AcceptedSequence, Session
+
+
+class CachedVerifier:
+    """The cloud keeps a KV cache of the accepted prefix, audio included from its prefill.
+    Each call feeds only the accepted tokens it has not seen (blocks accepted without escalation
+    arrive lazily here) plus the draft; rejected positions are cropped afterwards."""
+
+    def __init__(self, backend: Backend, prompt: Prompt) -> None:
+        self.backend, self.prompt = backend, prompt
+        self.session: Session | None = None  # prefilled on the first escalation only
+        self.last_tokens_in = 0
+        self.last_sent_features = False
+
+    @property
+    def compute_s(self) -> float:
+        return self.session.compute_s if self.session else 0.0
+
+    def logits(self, seq: AcceptedSequence, draft_tokens: torch.Tensor) -> torch.Tensor:
+        self.last_sent_features = self.session is None and bool(self.prompt.features)
+        if self.session is None:
+            self.session = Session(self.backend, self.prompt, seq)
+        unseen = self.session.unseen(seq)
+        self.last_tokens_in = unseen.numel() + draft_tokens.numel()
+        logits = self.session.feed(torch.cat([unseen, draft_tokens]))
+        return logits[unseen.numel() - 1 :]
+
+    def rollback(self, length: int, seq: AcceptedSequence) -> None:
+        self.session.rollback(length, seq)
+
+
+class StatelessVerifier:
+    """The seed's design: context + draft recomputed from scratch every call, multimodal inputs
+    passed again, no cache kept. Kept so users can measure what the cache saves."""
+
+    def __init__(self, backend: Backend, prompt: Prompt) -> None:
+        self.backend, self.prompt = backend, prompt
+        self.compute_s = 0.0
+        self.last_tokens_in = 0
+        self.last_sent_features = False
+
+    def logits(self, seq: AcceptedSequence, draft_tokens: torch.Tensor) -> torch.Tensor:
+        tokens = torch.cat([seq.ids, draft_tokens])
+        self.last_tokens_in = tokens.numel()
+        self.last_sent_features = bool(self.prompt.features)
+        start = time.perf_counter()
+        _, logits = self.backend.prefill(self.prompt, tokens, keep=draft_tokens.numel() + 1, use_cache=False)
+        self.compute_s += time.perf_counter() - start
+        return logits
+
+    def rollback(self, length: int, seq: AcceptedSequence) -> None:
+        """Nothing is cached."""
+
+
+def make_verifier(kind: str, backend: Backend, prompt: Prompt) -> CachedVerifier | StatelessVerifier:
+    return StatelessVerifier(backend, prompt) if kind == "stateless" else CachedVerifier(backend, prompt)
