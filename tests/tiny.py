@@ -54,3 +54,23 @@ def random_prompt(seed: int, length: int | None = None) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     n = length or 4 + seed % 9
     return torch.randint(0, VOCAB, (n,), generator=generator)
+
+
+def save_tiny_pair(root, noise: float = 0.2):
+    """A cloud and a partly-agreeing edge saved as HF directories with a shared chat tokenizer."""
+    from tests.omni_fixtures import tiny_omni_tokenizer
+
+    tokenizer = tiny_omni_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**{**COMMON, "vocab_size": 64, "eos_token_id": tokenizer.eos_token_id})
+    cloud = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        cloud.get_output_embeddings().weight.mul_(8.0)
+    edge = noisy_copy(cloud, noise)
+    paths = {}
+    for role, model in (("edge", edge), ("cloud", cloud)):
+        path = root / role
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        paths[role] = str(path)
+    return paths

@@ -1,0 +1,130 @@
+"""The `specbench` command line. Bad input: one line naming the problem and the fix, exit 2."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from specdec.config import DecodeConfig, SpecConfig
+from specdec.errors import SpecdecError
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=["edge", "cloud", "spec"], required=True)
+    p.add_argument("--edge", help="edge (draft) model: registry alias, local directory or hub id")
+    p.add_argument("--cloud", help="cloud (verify) model: registry alias, local directory or hub id")
+    p.add_argument("--prompts", required=True, help="JSONL prompts file, or a shipped set name")
+    p.add_argument("--out", required=True, type=Path, help="results directory")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--k", type=int, default=SpecConfig.k, help="draft tokens per block")
+    p.add_argument("--entropy-threshold", type=_float, default=SpecConfig.entropy_threshold,
+                   help="escalate a block iff its uncertainty >= this many nats (0 = always, inf = never)")
+    p.add_argument("--accept-threshold", type=_float, default=SpecConfig.accept_threshold,
+                   help="threshold policy: accept while p_cloud(draft) >= this probability")
+    p.add_argument("--policy", choices=["threshold", "greedy", "sample"], default=SpecConfig.policy)
+    p.add_argument("--verifier", choices=["cached", "stateless"], default=SpecConfig.verifier)
+    p.add_argument("--uncertainty", choices=["max", "mean", "first"], default=SpecConfig.uncertainty)
+    p.add_argument("--punct-trigger", type=_float, default=None,
+                   help="also escalate blocks whose punctuation density exceeds this (seed 003: 0.4)")
+    p.add_argument("--temperature", type=_float, default=0.0, help="0 = greedy")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--constraints", choices=["none", "zh"], default="none")
+    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt text raw")
+
+
+def engine_from_args(args: argparse.Namespace):
+    from specdec.engine import Engine
+
+    spec = SpecConfig(
+        k=args.k, entropy_threshold=args.entropy_threshold, accept_threshold=args.accept_threshold,
+        policy=args.policy, verifier=args.verifier, uncertainty=args.uncertainty, punct_trigger=args.punct_trigger,
+    )
+    decode = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    return Engine(
+        mode=args.mode, edge=args.edge, cloud=args.cloud, dtype=args.dtype, spec=spec, decode=decode,
+        constraints=args.constraints, chat_template=not args.no_chat_template, log=_say,
+    )
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from bench.run import run
+
+    engine = engine_from_args(args)
+    rows = run(engine, args.prompts, args.out)
+    ok = [r for r in rows if r["status"] == "ok"]
+    if ok:
+        tokens = sum(r["new_tokens"] for r in ok)
+        seconds = sum(r["latency_s"] for r in ok)
+        line = f"{len(ok)} prompts, {tokens} tokens in {seconds:.1f} s ({tokens / seconds:.1f} tok/s)"
+        if args.mode == "spec":
+            drafted = sum(r["num_draft_tokens"] for r in ok)
+            accepted = sum(r["num_accepted_tokens"] for r in ok)
+            calls = sum(r["cloud_calls"] for r in ok)
+            cycles = sum(r["cycles"] for r in ok)
+            rate = f"{accepted / drafted:.2f}" if drafted else "n/a"
+            line += f", acceptance {rate}, cloud calls {calls}/{cycles} cycles"
+        _say(line)
+    else:
+        _say(f"nothing to do: every prompt already has a result in {args.out}")
+    _say(f"results: {args.out / 'results.jsonl'}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from specdec import registry
+
+    if args.models_command == "list":
+        for entry in registry.list_models():
+            state = "fetched" if registry.is_fetched(entry.alias) else "not fetched"
+            print(f"{entry.alias:24} {entry.size / 1e6:8.0f} MB  {state:12} {entry.upstream}  ({entry.license})")
+        return 0
+    from specdec.fetch import fetch
+
+    for alias in args.aliases or [e.alias for e in registry.list_models()]:
+        registry.get(alias)
+        print(fetch(alias, log=_say))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specbench", description="edge-cloud speculative decoding: run, measure, compare")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_run_options(sub.add_parser("run", help="generate for a prompt set with one configuration"))
+    models = sub.add_parser("models", help="the offline model registry")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    models_sub.add_parser("list", help="registry aliases and whether they are fetched")
+    fetch = models_sub.add_parser("fetch", help="install, verify and convert pinned weights (all aliases by default)")
+    fetch.add_argument("aliases", nargs="*")
+    return parser
+
+
+COMMANDS = {"run": cmd_run, "models": cmd_models}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except SpecdecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: results written so far are kept; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

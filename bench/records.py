@@ -1,0 +1,92 @@
+"""Raw result records: one JSON object per (point, prompt), appended as soon as it exists."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import psutil
+
+from specdec.constraints_zh import punctuation_density
+from specdec.trace import Generation
+
+
+def result_record(generation: Generation, point: dict, prompt_id: str, latency_s: float, peak_rss_bytes: int) -> dict:
+    c = generation.counters
+    decode_tokens = max(generation.new_tokens - 1, 0)
+    return {
+        "id": prompt_id,
+        **point,
+        "status": "ok",
+        "tokens": generation.tokens,
+        "text": generation.text,
+        "new_tokens": generation.new_tokens,
+        "prompt_tokens": generation.prompt_tokens,
+        "latency_s": latency_s,
+        "ttft_s": generation.ttft_s,
+        # time per output token after the first (TPOT, as in vLLM / MLPerf)
+        "tpot_s": (generation.decode_s - generation.ttft_s) / decode_tokens if decode_tokens else None,
+        "tokens_per_s": generation.new_tokens / generation.decode_s if generation.decode_s else None,
+        "prefill_s": generation.prefill_s,
+        "edge_s": generation.edge_s,
+        "cloud_s": generation.cloud_s,
+        "stopped_by": generation.stopped_by,
+        **{key: value for key, value in c.as_dict().items()},
+        "punct_density": punctuation_density(generation.text),
+        "peak_rss_bytes": peak_rss_bytes,
+        "trace": [asdict(cycle) for cycle in generation.cycles],
+    }
+
+
+class ResultsFile:
+    """DIR/results.jsonl: appended and flushed per record, so a crash loses nothing written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> list[dict]:
+        """The complete records. A last line torn by a kill mid-write is cut off the file, so the
+        next append starts on a fresh line and that record is simply redone."""
+        if not self.path.exists():
+            return []
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            data = data[: data.rfind(b"\n") + 1]
+            with self.path.open("r+b") as f:
+                f.truncate(len(data))
+        return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+
+    def append(self, record: dict) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def environment() -> dict:
+    import torch
+    import transformers
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5
+        ).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "git_commit": commit,
+    }

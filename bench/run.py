@@ -1,0 +1,91 @@
+"""`specbench run`: one configuration over a prompt set, results appended as produced, resumable."""
+from __future__ import annotations
+
+import json
+import resource
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from bench.prompts import PromptRecord, load_prompts, read_audio
+from bench.records import ResultsFile, environment, result_record
+from specdec.engine import Engine
+from specdec.errors import InputError, SpecdecError
+
+
+def point_of(engine: Engine, prompts: str) -> dict:
+    """The settings that identify a result. Spec-only axes are None outside spec mode."""
+    spec = engine.spec if engine.mode == "spec" else None
+    return {
+        "mode": engine.mode,
+        "edge": engine.edge if engine.mode != "cloud" else None,
+        "cloud": engine.cloud if engine.mode != "edge" else None,
+        "dtype": engine.dtype,
+        "policy": spec and spec.policy,
+        "k": spec and spec.k,
+        "entropy_threshold": spec and spec.entropy_threshold,
+        "accept_threshold": spec and spec.accept_threshold,
+        "verifier": spec and spec.verifier,
+        "uncertainty": spec and spec.uncertainty,
+        "punct_trigger": spec and spec.punct_trigger,
+        "temperature": engine.decode.temperature,
+        "seed": engine.decode.seed,
+        "max_new_tokens": engine.decode.max_new_tokens,
+        "constraints": engine.constraints,
+        "chat_template": engine.chat_template,
+        "prompts": prompts,
+    }
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def run(engine: Engine, prompts: str, out: Path, progress: bool = True) -> list[dict]:
+    """Generate for every prompt not already done in `out` for this point; return the new records."""
+    records = load_prompts(prompts)
+    out.mkdir(parents=True, exist_ok=True)
+    point = point_of(engine, prompts)
+    run_file = out / "run.json"
+    if run_file.exists():
+        previous = json.loads(run_file.read_text())
+        if previous.get("point") != point:
+            changed = sorted(k for k in point if previous.get("point", {}).get(k) != point[k])
+            raise InputError(
+                f"{out} holds results of a different configuration (differs in {', '.join(changed)}): "
+                "use another --out, or delete that folder to start over"
+            )
+    results = ResultsFile(out / "results.jsonl")
+    done = {row["id"] for row in results.read() if row.get("status") == "ok"}
+    todo = [r for r in records if r.id not in done]
+    if not todo:
+        return []
+    engine.load()
+    audio = [r.id for r in todo if r.audio]
+    if audio and not engine.primary.backend.accepts_audio:
+        raise InputError(
+            f"model {engine.primary.name!r} is text-only but the prompt has audio (e.g. {audio[0]!r}): "
+            "use an audio model (a Qwen2.5-Omni thinker) or drop the `audio` field"
+        )
+    run_file.write_text(json.dumps({"point": point, "environment": environment(), "load_s": {
+        role: engine.model(role).load_s for role in engine._roles()}}, indent=2, ensure_ascii=False))
+    new = []
+    for record in tqdm(todo, desc=f"{engine.mode}", unit="prompt", disable=not progress):
+        new.append(_one(engine, record, point, results))
+    return new
+
+
+def _one(engine: Engine, record: PromptRecord, point: dict, results: ResultsFile) -> dict:
+    waveform = read_audio(record) if record.audio else None
+    start = time.perf_counter()
+    generation = engine.generate(record.prompt, record.system, waveform)
+    latency_s = time.perf_counter() - start
+    row = result_record(generation, point, record.id, latency_s, peak_rss_bytes())
+    if record.reference is not None:
+        row["reference"] = record.reference
+    results.append(row)
+    return row
+
+
+__all__ = ["run", "point_of", "SpecdecError"]

@@ -1,0 +1,90 @@
+"""Load a model by name (local directory, registry alias, or hub id) into a backend + tokenizer,
+and turn prompt text (and audio) into a `Prompt` for it."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from specdec.backends.base import Backend, Prompt
+from specdec.errors import InputError, ModelError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    location: str
+    backend: Backend
+    tokenizer: Any
+    load_s: float
+    feature_extractor: Any = None  # audio models only
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """Every id the model or its tokenizer declares as end of sequence."""
+        ids = set()
+        for value in (self.tokenizer.eos_token_id, getattr(self.backend.model.generation_config, "eos_token_id", None)):
+            if value is not None:
+                ids.update(value if isinstance(value, (list, tuple)) else [value])
+        return frozenset(int(i) for i in ids)
+
+    def encode(self, text: str, system: str | None = None, waveform=None, sampling_rate: int = 16000,
+               chat_template: bool = True) -> Prompt:
+        if not text.strip():
+            raise InputError("the prompt is empty: give it some text")
+        if waveform is not None and not self.backend.accepts_audio:
+            raise InputError(
+                f"model {self.name!r} is text-only but the prompt has audio: use an audio model "
+                "(a Qwen2.5-Omni thinker) or drop the `audio` field"
+            )
+        if self.backend.accepts_audio:
+            from specdec.backends.omni_thinker import build_omni_prompt
+
+            return build_omni_prompt(self.tokenizer, self.feature_extractor, text, waveform, sampling_rate, system)
+        return encode_text(self.tokenizer, text, system, chat_template)
+
+
+def encode_text(tokenizer, text: str, system: str | None = None, chat_template: bool = True) -> Prompt:
+    """The tokenizer's chat template (with the generation prompt) when it has one and it is wanted."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer((system + "\n\n" if system else "") + text)["input_ids"]
+    return Prompt(torch.tensor(ids, dtype=torch.long), text=text)
+
+
+def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print) -> LoadedModel:
+    """Resolve `name` (fetching a registry alias on first use) and load it for CPU inference."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from specdec.backends.hf_causal import HFCausalBackend
+    from specdec.backends.omni_thinker import OMNI_MODEL_TYPES, default_feature_extractor, load_omni_thinker
+    from specdec.registry import resolve
+
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    hf_logging.disable_progress_bar()  # a sub-second bar per load is noise in run logs
+    location = str(resolve(name, log=log))
+    start = time.perf_counter()
+    try:
+        config = AutoConfig.from_pretrained(location)
+        tokenizer = AutoTokenizer.from_pretrained(location)
+    except (OSError, ValueError) as e:
+        where = "this directory" if Path(location).is_dir() else "a local directory or the model hub (offline here?)"
+        raise ModelError(f"cannot load model {name!r} from {where}: {str(e).splitlines()[0]}") from e
+    feature_extractor = None
+    if config.model_type in OMNI_MODEL_TYPES:
+        backend = load_omni_thinker(location, DTYPES[dtype], name=name)
+        feature_extractor = default_feature_extractor()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[dtype])
+        backend = HFCausalBackend(model, name=name)
+    return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor)
