@@ -35,6 +35,8 @@ def result_record(generation: Generation, point: dict, prompt_id: str, latency_s
         "prefill_s": generation.prefill_s,
         "edge_s": generation.edge_s,
         "cloud_s": generation.cloud_s,
+        # engine time outside model forwards: sampling, gate, policy, bookkeeping
+        "overhead_s": generation.decode_s - generation.edge_s - generation.cloud_s,
         "stopped_by": generation.stopped_by,
         **{key: value for key, value in c.as_dict().items()},
         "punct_density": punctuation_density(generation.text),

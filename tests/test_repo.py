@@ -1,0 +1,21 @@
+"""The README's commands are the ones that CI and users run."""
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[str]:
+    return re.findall(r"```bash\n(.+?)\n```", (ROOT / "README.md").read_text(), flags=re.S)
+
+
+def test_readme_opens_with_the_main_job_and_the_test_command():
+    commands = readme_commands()
+    assert len(commands) >= 2
+    assert "specbench" in commands[0] and "pip install" in commands[0]
+    assert "pytest" in commands[1] and "pip install" in commands[1]
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert readme_commands()[1] in ci.splitlines()
