@@ -83,6 +83,47 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listed(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def add_sweep_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="TOML sweep config (keys as below, with underscores); flags override it")
+    p.add_argument("--out", required=True, type=Path, help="results directory (rerun to resume)")
+    p.add_argument("--edge")
+    p.add_argument("--cloud")
+    for axis in ("mode", "k", "entropy-threshold", "accept-threshold", "policy", "verifier", "dtype", "prompts"):
+        p.add_argument(f"--{axis}", type=_listed, help="comma-separated values: one grid axis")
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--temperature", type=_float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--constraints", choices=["none", "zh"])
+    p.add_argument("--limit", type=int, help="first N prompts of each set")
+    p.add_argument("--network", help="none, wifi, 4g, 5g, or rtt=40ms,up=10mbit,down=50mbit")
+    p.add_argument("--edge-cores", type=int, help="CPU cores of the edge worker")
+    p.add_argument("--edge-memory-gb", type=_float, help="edge RSS cap (GiB); a point over it is recorded, the sweep goes on")
+    p.add_argument("--rlimit-as", action="store_true", default=None, help="also cap the address space (RLIMIT_AS)")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from bench.records import ResultsFile
+    from bench.summary import summarize
+    from bench.sweep import SweepConfig, run_sweep
+
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "out", "func") and v is not None}
+    config = SweepConfig.from_toml(args.config, **overrides) if args.config else SweepConfig.from_mapping(overrides)
+    counts = run_sweep(config, args.out)
+    summary = summarize(ResultsFile(args.out / "results.jsonl").read())
+    summary.to_csv(args.out / "summary.csv", index=False)
+    _say(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    if not summary.empty:
+        columns = [c for c in ("mode", "prompts", "k", "entropy_threshold", "tokens_per_s", "speedup_vs_cloud",
+                               "acceptance_rate", "cloud_call_rate", "chrf_vs_cloud") if c in summary]
+        _say(summary[columns].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    _say(f"summary: {args.out / 'summary.csv'}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from specdec import registry
 
@@ -103,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specbench", description="edge-cloud speculative decoding: run, measure, compare")
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_options(sub.add_parser("run", help="generate for a prompt set with one configuration"))
+    add_sweep_options(sub.add_parser("sweep", help="a grid of settings x prompt sets, resumable, under edge caps"))
     models = sub.add_parser("models", help="the offline model registry")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("list", help="registry aliases and whether they are fetched")
@@ -111,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"run": cmd_run, "models": cmd_models}
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 import json
-import resource
 import time
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
 from bench.prompts import PromptRecord, load_prompts, read_audio
+from bench.caps import peak_rss_bytes
 from bench.records import ResultsFile, environment, result_record
 from specdec.engine import Engine
-from specdec.errors import InputError, SpecdecError
+from specdec.errors import InputError
 
 
 def point_of(engine: Engine, prompts: str) -> dict:
@@ -38,10 +39,6 @@ def point_of(engine: Engine, prompts: str) -> dict:
     }
 
 
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
 def run(engine: Engine, prompts: str, out: Path, progress: bool = True) -> list[dict]:
     """Generate for every prompt not already done in `out` for this point; return the new records."""
     records = load_prompts(prompts)
@@ -61,22 +58,28 @@ def run(engine: Engine, prompts: str, out: Path, progress: bool = True) -> list[
     todo = [r for r in records if r.id not in done]
     if not todo:
         return []
+    prepare(engine, todo)
+    run_file.write_text(json.dumps({"point": point, "environment": environment(), "load_s": engine.load_seconds()},
+                                   indent=2, ensure_ascii=False))
+    bar = tqdm(total=len(todo), desc=engine.mode, unit="prompt", disable=not progress)
+    return [generate_one(engine, record, point, results, after=lambda: bar.update()) for record in todo]
+
+
+def prepare(engine: Engine, records: list[PromptRecord]) -> None:
+    """Load the models this point needs and check the prompts fit them, before any generation."""
     engine.load()
-    audio = [r.id for r in todo if r.audio]
+    audio = [r.id for r in records if r.audio]
     if audio and not engine.primary.backend.accepts_audio:
         raise InputError(
             f"model {engine.primary.name!r} is text-only but the prompt has audio (e.g. {audio[0]!r}): "
             "use an audio model (a Qwen2.5-Omni thinker) or drop the `audio` field"
         )
-    run_file.write_text(json.dumps({"point": point, "environment": environment(), "load_s": {
-        role: engine.model(role).load_s for role in engine._roles()}}, indent=2, ensure_ascii=False))
-    new = []
-    for record in tqdm(todo, desc=f"{engine.mode}", unit="prompt", disable=not progress):
-        new.append(_one(engine, record, point, results))
-    return new
 
 
-def _one(engine: Engine, record: PromptRecord, point: dict, results: ResultsFile) -> dict:
+def generate_one(engine: Engine, record: PromptRecord, point: dict, results: ResultsFile,
+                 after: Callable[[], object] = lambda: None,
+                 decorate: Callable[[dict, object], object] = lambda row, generation: None) -> dict:
+    """Generate for one prompt and append its record at once."""
     waveform = read_audio(record) if record.audio else None
     start = time.perf_counter()
     generation = engine.generate(record.prompt, record.system, waveform)
@@ -84,8 +87,8 @@ def _one(engine: Engine, record: PromptRecord, point: dict, results: ResultsFile
     row = result_record(generation, point, record.id, latency_s, peak_rss_bytes())
     if record.reference is not None:
         row["reference"] = record.reference
+    decorate(row, generation)
     results.append(row)
+    after()
     return row
 
-
-__all__ = ["run", "point_of", "SpecdecError"]

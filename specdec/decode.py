@@ -157,4 +157,5 @@ def speculative_decode(
         tokens=seq.generated, counters=counters, cycles=cycles, prompt_tokens=seq.prompt_len, prefill_s=prefill_s,
         ttft_s=ttft_s, decode_s=time.perf_counter() - start, edge_s=edge_session.compute_s,
         cloud_s=verifier.compute_s, stopped_by=stopped_by,
+        features_bytes=sum(t.numel() * t.element_size() for t in prompt.features.values()),
     )

@@ -89,6 +89,9 @@ class Engine:
             self._punct = PunctuationTable.build(self.primary.tokenizer, self.model("edge").backend.vocab_size)
         return self._punct.density
 
+    def load_seconds(self) -> dict[str, float]:
+        return {role: self.model(role).load_s for role in self._roles()}
+
     def _roles(self) -> tuple[str, ...]:
         return {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}[self.mode]
 

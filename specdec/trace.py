@@ -71,6 +71,7 @@ class Generation:
     edge_s: float = 0.0  # edge compute inside forwards, prefill included
     cloud_s: float = 0.0  # cloud compute inside forwards, its prefill included
     stopped_by: str = "max_new_tokens"  # or "stop_token"
+    features_bytes: int = 0  # size of the prompt's multimodal features (what a first cloud call uploads)
 
     @property
     def new_tokens(self) -> int:

@@ -30,11 +30,14 @@ class CachedVerifier:
         return self.session.compute_s if self.session else 0.0
 
     def logits(self, seq: AcceptedSequence, draft_tokens: torch.Tensor) -> torch.Tensor:
-        self.last_sent_features = self.session is None and bool(self.prompt.features)
-        if self.session is None:
+        first_call = self.session is None
+        self.last_sent_features = first_call and bool(self.prompt.features)
+        if first_call:
             self.session = Session(self.backend, self.prompt, seq)
         unseen = self.session.unseen(seq)
-        self.last_tokens_in = unseen.numel() + draft_tokens.numel()
+        # What crosses the network: every accepted token the cloud has not received (the whole
+        # prompt on the first call, prefill included) plus the draft.
+        self.last_tokens_in = (seq.length if first_call else unseen.numel()) + draft_tokens.numel()
         logits = self.session.feed(torch.cat([unseen, draft_tokens]))
         return logits[unseen.numel() - 1 :]
 

@@ -86,3 +86,13 @@ def test_stop_token_ends_generation_without_a_bonus(backends):
     assert stopped.stopped_by == "stop_token"
     c = stopped.counters
     assert stopped.new_tokens == c.num_accepted_tokens + c.unverified_tokens + c.corrections + c.bonus_tokens
+
+
+def test_first_cached_call_uploads_the_whole_prompt(backends):
+    edge, cloud = backends
+    prompt = Prompt(random_prompt(2))
+    generation = speculative_decode(edge, cloud, prompt, SpecConfig(k=3, entropy_threshold=0, policy="greedy"), DecodeConfig(max_new_tokens=9))
+    first, second = generation.cycles[0], generation.cycles[1]
+    assert first.cloud_tokens_in == prompt.input_ids.numel() + len(first.draft_tokens)
+    # Later calls: the correction/bonus token of the previous cycle plus the new draft.
+    assert second.cloud_tokens_in == 1 + len(second.draft_tokens)

@@ -1,0 +1,107 @@
+"""Per-point statistics, derived from raw results only (measure, then derive).
+
+Speed-ups compare the same prompts: a point's total latency against the cloud-only (or edge-only)
+point with the same dtype and prompt set. The theoretical speed-up is Leviathan et al. 2023,
+eq. (1)/Thm 3.8: (1 - a^(k+1)) / ((1 - a)(k c + 1)), with a the measured acceptance rate and
+c = edge step time / cloud step time measured from the edge-only and cloud-only baselines.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from bench.health import chrf, text_health, token_match_rate
+
+POINT = ["mode", "dtype", "prompts", "policy", "k", "entropy_threshold", "accept_threshold", "verifier"]
+
+
+def expected_speedup(alpha: float, k: int, c: float) -> float:
+    """Leviathan et al. 2023: expected walltime improvement of speculative decoding."""
+    if alpha >= 1.0:
+        return (k + 1) / (k * c + 1)
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+
+
+def load_rows(rows: list[dict]) -> pd.DataFrame:
+    frame = pd.DataFrame([r for r in rows if r.get("status", "ok") == "ok"])
+    if frame.empty:
+        return frame
+    for column in POINT:
+        frame[column] = frame[column].astype(object).where(frame[column].notna(), "-")
+    health = frame["text"].map(text_health).apply(pd.Series)
+    return pd.concat([frame, health.drop(columns=[c for c in health if c in frame])], axis=1)
+
+
+def summarize(rows: list[dict]) -> pd.DataFrame:
+    frame = load_rows(rows)
+    if frame.empty:
+        return frame
+    frame = _agreement_with_cloud(frame)
+    summary = frame.groupby(POINT, sort=False, dropna=False).apply(_point_stats, include_groups=False).reset_index()
+    return _speedups(summary, frame)
+
+
+def _point_stats(group: pd.DataFrame) -> pd.Series:
+    latency = group["latency_s"]
+    drafted = group["num_draft_tokens"].sum()
+    stats = {
+        "n_prompts": len(group),
+        "new_tokens": group["new_tokens"].sum(),
+        "latency_p50_s": latency.quantile(0.5), "latency_p90_s": latency.quantile(0.9), "latency_p99_s": latency.quantile(0.99),
+        "latency_total_s": latency.sum(),
+        "latency_with_network_p50_s": group.get("latency_with_network_s", latency).quantile(0.5),
+        "ttft_p50_s": group["ttft_s"].quantile(0.5),
+        "tpot_p50_s": group["tpot_s"].quantile(0.5),
+        "tokens_per_s": group["new_tokens"].sum() / latency.sum(),
+        "acceptance_rate": group["num_accepted_tokens"].sum() / drafted if drafted else float("nan"),
+        "cloud_call_rate": group["cloud_calls"].sum() / group["cycles"].sum(),
+        "cloud_calls_per_prompt": group["cloud_calls"].mean(),
+        "uplink_bytes_per_prompt": group["uplink_bytes"].mean() if "uplink_bytes" in group else float("nan"),
+        "edge_s": group["edge_s"].sum(), "cloud_s": group["cloud_s"].sum(),
+        "overhead_fraction": group["overhead_s"].sum() / latency.sum(),
+        "punct_density": group["punct_density"].mean(),
+        "punct_band_distance": group["punct_band_distance"].mean(),
+        "repeat_3gram": group["repeat_3gram"].mean(),
+        "immediate_repeats": group["immediate_repeats"].mean(),
+        "chrf_vs_cloud": group["chrf_vs_cloud"].mean(),
+        "token_match_vs_cloud": group["token_match_vs_cloud"].mean(),
+        "peak_rss_bytes": group["peak_rss_bytes"].max(),
+    }
+    return pd.Series(stats)
+
+
+def _agreement_with_cloud(frame: pd.DataFrame) -> pd.DataFrame:
+    """chrF and token match of every output against the cloud-only output for the same prompt."""
+    cloud = frame[frame["mode"] == "cloud"].set_index(["dtype", "prompts", "id"])
+    chrf_scores, matches = [], []
+    for _, row in frame.iterrows():
+        key = (row["dtype"], row["prompts"], row["id"])
+        if key in cloud.index:
+            ref = cloud.loc[key]
+            chrf_scores.append(chrf(row["text"], ref["text"]))
+            matches.append(token_match_rate(row["tokens"], ref["tokens"]))
+        else:
+            chrf_scores.append(float("nan"))
+            matches.append(float("nan"))
+    return frame.assign(chrf_vs_cloud=chrf_scores, token_match_vs_cloud=matches)
+
+
+def _speedups(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    def baseline(mode: str, dtype, prompts) -> pd.Series | None:
+        match = summary[(summary["mode"] == mode) & (summary["dtype"] == dtype) & (summary["prompts"] == prompts)]
+        return match.iloc[0] if len(match) else None
+
+    rows = []
+    for _, point in summary.iterrows():
+        cloud, edge = baseline("cloud", point["dtype"], point["prompts"]), baseline("edge", point["dtype"], point["prompts"])
+        extra = {"speedup_vs_cloud": float("nan"), "speedup_vs_edge": float("nan"),
+                 "cost_ratio_c": float("nan"), "theoretical_speedup": float("nan"), "speedup_efficiency": float("nan")}
+        if cloud is not None:
+            extra["speedup_vs_cloud"] = point["tokens_per_s"] / cloud["tokens_per_s"]
+        if edge is not None:
+            extra["speedup_vs_edge"] = point["tokens_per_s"] / edge["tokens_per_s"]
+        if point["mode"] == "spec" and cloud is not None and edge is not None and point["acceptance_rate"] == point["acceptance_rate"]:
+            c = cloud["tokens_per_s"] / edge["tokens_per_s"]  # edge step time / cloud step time
+            theory = expected_speedup(point["acceptance_rate"], int(point["k"]), c)
+            extra.update(cost_ratio_c=c, theoretical_speedup=theory, speedup_efficiency=extra["speedup_vs_cloud"] / theory)
+        rows.append({**point.to_dict(), **extra})
+    return pd.DataFrame(rows)

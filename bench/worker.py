@@ -1,0 +1,84 @@
+"""Inside a sweep worker (a fresh process, CPU caps already applied): load models once, run the
+group's points, append every record, police the memory cap."""
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+from pathlib import Path
+
+from bench.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog, reset_peak_rss
+from bench.network import network_cost, profile
+from bench.prompts import load_prompts
+from bench.records import ResultsFile
+from bench.run import generate_one, point_of, prepare
+from specdec.engine import Engine
+from specdec.errors import InputError
+from specdec.loading import LoadedModel, load_model
+
+
+def weight_bytes(model: LoadedModel) -> int:
+    return sum(p.numel() * p.element_size() for p in model.backend.model.parameters())
+
+
+def run_group(config, caps: EdgeCaps, group: list, out: Path, queue) -> None:
+    import torch
+
+    if caps.cores:
+        torch.set_num_threads(caps.cores)
+    caps.apply_address_limit()
+    loaded: dict[tuple[str, str], LoadedModel] = {}
+
+    def loader(name: str, dtype: str, log=print) -> LoadedModel:  # one load per worker and model
+        if (name, dtype) not in loaded:
+            loaded[(name, dtype)] = load_model(name, dtype, log=log)
+        return loaded[(name, dtype)]
+
+    results = ResultsFile(out / "results.jsonl")
+    network = profile(config.network)
+    prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompts}
+    for point, ids in group:
+        key = json.dumps(point, sort_keys=True)
+        engine = Engine(
+            mode=point["mode"], edge=config.edge, cloud=config.cloud, dtype=point["dtype"],
+            spec=config.spec_config(point), decode=config.decode_config(), constraints=config.constraints,
+            chat_template=config.chat_template, loader=loader, log=lambda m: None,
+        )
+        records = [prompts[point["prompts"]][i] for i in ids]
+        prepare(engine, records)
+        row_point = {**point_of(engine, point["prompts"]), "network": network.name,
+                     "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb}
+        edge = loaded.get((config.edge, point["dtype"])) if point["mode"] != "cloud" else None
+        if caps.memory_bytes and edge is not None:
+            caps.check_reachable(weight_bytes(edge), f"edge model {config.edge!r} in {point['dtype']}")
+        # Memory that is not the edge's (a cloud model sharing this process) does not count.
+        exempt = sum(weight_bytes(m) for m in loaded.values() if m is not edge)
+        reset_peak_rss()
+        for record in records:
+            current = {"id": record.id}
+
+            def over_cap(rss: int, record_id=record.id) -> None:
+                message = (f"point {point['mode']} k={point['k']} thr={point['entropy_threshold']} prompt {record_id}: "
+                           f"edge RSS {rss / (1 << 30):.2f} GiB over the {caps.memory_gb:g} GiB cap")
+                results.append({"id": record_id, **row_point, "status": "over_memory_cap", "error": message})
+                queue.put(("over_cap", key, message))
+                from bench.sweep import exit_worker
+
+                exit_worker(queue, OVER_MEMORY_EXIT)
+
+            watchdog = MemoryWatchdog(caps.memory_bytes, over_cap, exempt) if caps.memory_bytes and edge else nullcontext()
+            with watchdog:
+                try:
+                    generate_one(engine, record, row_point, results, after=lambda: queue.put(("tick",)),
+                                 decorate=lambda row, g: row.update(_network_fields(row, g, network)))
+                except InputError as e:  # a bad sample fails alone; the sweep goes on
+                    results.append({**current, **row_point, "status": "failed", "error": str(e)})
+                    queue.put(("tick",))
+        queue.put(("point_done", key))
+
+
+def _network_fields(row: dict, generation, network) -> dict:
+    cost = network_cost(row["trace"], network, generation.features_bytes)
+    return {
+        "network_s": cost.latency_s, "uplink_bytes": cost.uplink_bytes, "downlink_bytes": cost.downlink_bytes,
+        "latency_with_network_s": row["latency_s"] + cost.latency_s,
+    }

@@ -1,0 +1,119 @@
+"""`specbench sweep`: grid, resume, per-point summary, caps and bad configs (tiny models)."""
+import json
+
+import pytest
+
+from bench.cli import main
+from bench.records import ResultsFile
+from bench.summary import expected_speedup, summarize
+from bench.sweep import SweepConfig
+from tests.tiny import save_tiny_pair
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n" for i, t in enumerate(["hello world", "one two three", "say yes"])))
+    return str(path)
+
+
+def sweep(pair, prompts, out, *extra):
+    return main(["sweep", "--edge", pair["edge"], "--cloud", pair["cloud"], "--prompts", prompts, "--out", str(out),
+                 "--max-new-tokens", "8", "--dtype", "float32", *map(str, extra)])
+
+
+def test_grid_runs_resumes_and_summarizes(pair, prompts, tmp_path, capsys):
+    out = tmp_path / "s"
+    args = ("--mode", "cloud,edge,spec", "--k", "1,3", "--entropy-threshold", "0,inf", "--policy", "greedy", "--network", "4g")
+    assert sweep(pair, prompts, out, *args) == 0
+    rows = ResultsFile(out / "results.jsonl").read()
+    # cloud and edge once each, spec 2 k x 2 thresholds: 6 points x 3 prompts
+    assert len(rows) == 18 and all(r["status"] == "ok" for r in rows)
+    assert {r["network"] for r in rows} == {"4g"}
+    cloud = {r["id"]: r["tokens"] for r in rows if r["mode"] == "cloud"}
+    for r in rows:
+        if r["mode"] == "spec" and r["entropy_threshold"] == 0:
+            assert r["tokens"] == cloud[r["id"]]  # greedy, every block verified: lossless
+            assert r["uplink_bytes"] > 0 and r["latency_with_network_s"] > r["latency_s"]
+        if r["mode"] == "spec" and r["entropy_threshold"] == float("inf"):
+            assert r["cloud_calls"] == 0 and r["uplink_bytes"] == 0
+    summary = (out / "summary.csv").read_text()
+    assert "speedup_vs_cloud" in summary and "theoretical_speedup" in summary
+    capsys.readouterr()
+    assert sweep(pair, prompts, out, *args) == 0  # resume: nothing recomputed
+    assert len(ResultsFile(out / "results.jsonl").read()) == 18
+    assert sweep(pair, prompts, out, "--mode", "edge") == 2
+    assert "holds a different sweep (differs in" in capsys.readouterr().err
+
+
+def test_memory_cap_is_recorded_and_the_sweep_goes_on(pair, prompts, tmp_path):
+    out = tmp_path / "cap"
+    # The tiny edge's weights fit in 0.05 GiB, but a Python + torch worker does not.
+    assert sweep(pair, prompts, out, "--mode", "cloud,edge", "--edge-memory-gb", "0.05") == 0
+    rows = ResultsFile(out / "results.jsonl").read()
+    statuses = {(r["mode"], r["status"]) for r in rows}
+    assert ("edge", "over_memory_cap") in statuses and ("cloud", "ok") in statuses
+    over = [r for r in rows if r["status"] == "over_memory_cap"]
+    assert len(over) == 1 and "over the 0.05 GiB cap" in over[0]["error"] and over[0]["edge_memory_gb"] == 0.05
+
+
+def test_summary_math_on_synthetic_rows():
+    def row(mode, pid, latency, tokens, **kw):
+        base = dict(id=pid, mode=mode, dtype="float32", prompts="p", policy=None, k=None, entropy_threshold=None,
+                    accept_threshold=None, verifier=None, status="ok", text="说话人语速平缓，情绪稳定。", tokens=[1, 2, 3],
+                    new_tokens=tokens, latency_s=latency, ttft_s=0.1, tpot_s=0.01, num_draft_tokens=0, num_accepted_tokens=0,
+                    cloud_calls=0, cycles=tokens, edge_s=0, cloud_s=0, overhead_s=0.0, punct_density=0.1, peak_rss_bytes=1)
+        return {**base, **kw}
+
+    spec = dict(policy="greedy", k=4, entropy_threshold=0.0, accept_threshold=0.1, verifier="cached")
+    rows = [row("cloud", "a", 4.0, 8), row("cloud", "b", 4.0, 8), row("edge", "a", 1.0, 8), row("edge", "b", 1.0, 8),
+            row("spec", "a", 2.0, 8, num_draft_tokens=8, num_accepted_tokens=6, cloud_calls=2, cycles=2, **spec),
+            row("spec", "b", 2.0, 8, num_draft_tokens=8, num_accepted_tokens=6, cloud_calls=2, cycles=2, **spec)]
+    summary = summarize(rows).set_index("mode")
+    point = summary.loc["spec"]
+    assert point["tokens_per_s"] == 4.0 and point["speedup_vs_cloud"] == 2.0 and point["speedup_vs_edge"] == 0.5
+    assert point["acceptance_rate"] == 0.75 and point["cloud_call_rate"] == 1.0
+    assert point["cost_ratio_c"] == 0.25  # cloud 2 tok/s / edge 8 tok/s
+    assert point["theoretical_speedup"] == pytest.approx((1 - 0.75**5) / (0.25 * 2.0))
+    assert point["chrf_vs_cloud"] == 100.0 and point["token_match_vs_cloud"] == 1.0
+
+
+def test_expected_speedup_limits():
+    assert expected_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)  # nothing accepted: pay for the drafts
+    assert expected_speedup(1.0, 4, 0.0) == 5.0  # perfect free drafter: k+1 tokens per cloud call
+
+
+@pytest.mark.parametrize(
+    "toml,message",
+    [
+        ("k = [0]", "k must be >= 1, got 0"),
+        ("network = 'carrier-pigeon'", "carrier-pigeon"),
+        ("mode = ['spec']\nedge = 'x'", "no cloud model"),
+        ("colour = 'blue'", "unknown setting 'colour'"),
+        ("k = [", "not valid TOML"),
+        ("entropy_threshold = ['high']", "must be a list of numbers"),
+    ],
+)
+def test_bad_sweep_configs(tmp_path, capsys, toml, message):
+    config = tmp_path / "sweep.toml"
+    config.write_text("edge = 'e'\ncloud = 'c'\n" + toml if "edge" not in toml else toml)
+    assert main(["sweep", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_unreachable_cap_is_refused(pair, prompts, tmp_path, capsys):
+    # Weights of the tiny edge are ~150 KB: a cap of 100 KB is below the model itself.
+    assert sweep(pair, prompts, tmp_path / "u", "--mode", "edge", "--edge-memory-gb", str(100e3 / 2**30)) == 2
+    assert "is below the edge model" in capsys.readouterr().err
+
+
+def test_config_points_dedupe_baselines():
+    config = SweepConfig.from_mapping({"edge": "e", "cloud": "c", "mode": ["edge", "cloud", "spec"], "k": [2, 4], "entropy_threshold": [0, 1]})
+    modes = [p["mode"] for p in config.points()]
+    assert modes.count("edge") == 1 and modes.count("cloud") == 1 and modes.count("spec") == 4
