@@ -39,6 +39,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--constraints", choices=["none", "zh"], default="none")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt text raw")
+    p.add_argument("--limit", type=int, help="only the first N prompts")
 
 
 def engine_from_args(args: argparse.Namespace):
@@ -63,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bench.run import run
 
     engine = engine_from_args(args)
-    rows = run(engine, args.prompts, args.out)
+    rows = run(engine, args.prompts, args.out, limit=args.limit)
     ok = [r for r in rows if r["status"] == "ok"]
     if ok:
         tokens = sum(r["new_tokens"] for r in ok)

@@ -39,9 +39,9 @@ def point_of(engine: Engine, prompts: str) -> dict:
     }
 
 
-def run(engine: Engine, prompts: str, out: Path, progress: bool = True) -> list[dict]:
+def run(engine: Engine, prompts: str, out: Path, progress: bool = True, limit: int | None = None) -> list[dict]:
     """Generate for every prompt not already done in `out` for this point; return the new records."""
-    records = load_prompts(prompts)
+    records = load_prompts(prompts)[:limit]
     out.mkdir(parents=True, exist_ok=True)
     point = point_of(engine, prompts)
     run_file = out / "run.json"
