@@ -23,6 +23,7 @@ from bench.records import ResultsFile, environment
 from specdec.config import MODES, DecodeConfig, SpecConfig
 from specdec.errors import ConfigError
 
+CONFIGS_DIR = Path(__file__).parent / "configs"
 AXES = ("mode", "k", "entropy_threshold", "accept_threshold", "policy", "verifier", "dtype", "prompts")
 CASTS = {"k": int, "entropy_threshold": float, "accept_threshold": float}
 SPEC_ONLY = ("k", "entropy_threshold", "accept_threshold", "policy", "verifier")
@@ -74,6 +75,10 @@ class SweepConfig:
 
     @classmethod
     def from_toml(cls, path: Path, **overrides) -> SweepConfig:
+        """A TOML file, or the name of a shipped config in bench/configs/ (e.g. `default`)."""
+        shipped = CONFIGS_DIR / f"{path}.toml"
+        if not Path(path).exists() and shipped.exists():
+            path = shipped
         try:
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:

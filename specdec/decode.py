@@ -45,10 +45,10 @@ def process_rows(logits: torch.Tensor, history: list[int], block: list[int], con
 def draft(
     edge: Session, seq: AcceptedSequence, n: int, vocab: int, constraints: Constraints,
     temperature: float, generator: torch.Generator,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """n tokens on the edge cache -> (tokens [n], draft_probs [n, V], processed logits [n, V])."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """n tokens on the edge cache -> (tokens [n], draft_probs [n, V]: what each was drawn from)."""
     block = edge.unseen(seq)  # newly accepted tokens: one forward, never token by token
-    tokens, probs, logits_rows = [], [], []
+    tokens, probs = [], []
     for _ in range(n):
         logits = edge.feed(block)[-1, :vocab]
         if constraints.processors:
@@ -57,9 +57,8 @@ def draft(
         token = choose(logits, dist, temperature > 0, generator)
         tokens.append(token)
         probs.append(dist)
-        logits_rows.append(logits)
         block = token.view(1)
-    return torch.stack(tokens), torch.stack(probs), torch.stack(logits_rows)
+    return torch.stack(tokens), torch.stack(probs)
 
 
 @torch.inference_mode()
@@ -115,7 +114,7 @@ def speculative_decode(
     while seq.remaining and stopped_by != "stop_token":
         base = seq.length
         edge_before, cloud_before = edge_session.compute_s, verifier.compute_s
-        draft_tokens, draft_probs, _ = draft(
+        draft_tokens, draft_probs = draft(
             edge_session, seq, min(spec.k, seq.remaining), vocab, constraints, decode.temperature, generator
         )
         draft_list = draft_tokens.tolist()

@@ -43,6 +43,7 @@ class Engine:
         self._models: dict[str, LoadedModel] = {}
         self._constraints: Constraints | None = None
         self._punct = None
+        self._checked = False
 
     def model(self, role: str) -> LoadedModel:
         """The edge or cloud model, loaded on first use."""
@@ -57,6 +58,8 @@ class Engine:
 
     def load(self) -> None:
         """Load every model this mode needs (and no other), and check that they fit together."""
+        if self._checked:
+            return
         self.primary
         if self.mode == "spec":
             edge, cloud = self.model("edge"), self.model("cloud")
@@ -67,6 +70,7 @@ class Engine:
                 )
             if cloud.backend.accepts_audio != edge.backend.accepts_audio:
                 raise ConfigError("the edge and the cloud must both take audio or both be text-only, so they see the same inputs")
+        self._checked = True
 
     def constraints_for(self) -> Constraints:
         if self._constraints is None:

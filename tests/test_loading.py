@@ -23,3 +23,19 @@ def test_bf16_copy_is_bit_identical_to_casting_at_load(tmp_path):
     # A plain user directory is never written to.
     assert str(cast_copy(paths["edge"], "bfloat16")) == paths["edge"]
     assert not (tmp_path / "edge" / "bfloat16").exists()
+
+
+def test_spec_refuses_a_pair_with_different_tokenizers(tmp_path):
+    import pytest
+    from transformers import AutoTokenizer
+
+    from specdec import ConfigError
+    from specdec.engine import Engine
+
+    paths = save_tiny_pair(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(paths["cloud"])
+    tokenizer.add_tokens(["zebra"])
+    tokenizer.save_pretrained(paths["cloud"])
+    engine = Engine(mode="spec", edge=paths["edge"], cloud=paths["cloud"], dtype="float32", log=lambda m: None)
+    with pytest.raises(ConfigError, match="use different tokenizers"):
+        engine.generate("hello world")
