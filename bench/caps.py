@@ -57,23 +57,6 @@ class EdgeCaps:
             )
 
 
-def reset_peak_rss() -> None:
-    """Reset VmHWM so the next peak is this point's own (Linux; see proc(5), clear_refs)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def peak_rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 class MemoryWatchdog:
     """Polls RSS; past `limit_bytes` (+ `exempt_bytes`, memory that is not the edge's, e.g. the
     in-process cloud model) it calls `on_exceeded(rss)` once, from its thread."""

@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Callable
 
 from tqdm import tqdm
 
 from bench.prompts import PromptRecord, load_prompts, read_audio
-from bench.caps import peak_rss_bytes
 from bench.records import ResultsFile, environment, result_record
+from bench.trackers import LatencyTracker, PeakMemoryTracker, tracked
 from specdec.engine import Engine
 from specdec.errors import InputError
 
@@ -81,10 +80,11 @@ def generate_one(engine: Engine, record: PromptRecord, point: dict, results: Res
                  decorate: Callable[[dict, object], object] = lambda row, generation: None) -> dict:
     """Generate for one prompt and append its record at once."""
     waveform = read_audio(record) if record.audio else None
-    start = time.perf_counter()
-    generation = engine.generate(record.prompt, record.system, waveform)
-    latency_s = time.perf_counter() - start
-    row = result_record(generation, point, record.id, latency_s, peak_rss_bytes())
+    # Peak memory is not reset here: a point's peak spans its prompts (the worker resets per point).
+    latency, memory = LatencyTracker(), PeakMemoryTracker(reset=False)
+    with tracked(memory, latency):
+        generation = engine.generate(record.prompt, record.system, waveform)
+    row = result_record(generation, point, record.id, latency.elapsed_s, memory.peak_rss_bytes)
     if record.reference is not None:
         row["reference"] = record.reference
     decorate(row, generation)

@@ -6,7 +6,8 @@ import json
 from contextlib import nullcontext
 from pathlib import Path
 
-from bench.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog, reset_peak_rss
+from bench.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog
+from bench.trackers import reset_peak_rss
 from bench.network import network_cost, profile
 from bench.prompts import load_prompts
 from bench.records import ResultsFile

@@ -117,3 +117,23 @@ def test_config_points_dedupe_baselines():
     config = SweepConfig.from_mapping({"edge": "e", "cloud": "c", "mode": ["edge", "cloud", "spec"], "k": [2, 4], "entropy_threshold": [0, 1]})
     modes = [p["mode"] for p in config.points()]
     assert modes.count("edge") == 1 and modes.count("cloud") == 1 and modes.count("spec") == 4
+
+
+def test_peak_memory_tracker_sees_the_blocks_own_peak():
+    import numpy as np
+
+    from bench.trackers import LatencyTracker, PeakMemoryTracker, tracked
+
+    def touch(mib: int) -> None:
+        block = np.ones(mib << 20, dtype=np.uint8)
+        del block
+
+    high = PeakMemoryTracker()
+    with tracked(high):
+        touch(300)
+    low, latency = PeakMemoryTracker(), LatencyTracker()
+    with tracked(low, latency):
+        touch(1)
+    # The reset on entry forgets the earlier 300 MiB peak: the second block's peak is its own.
+    assert high.peak_rss_bytes - low.peak_rss_bytes > 200 << 20
+    assert latency.elapsed_s > 0
