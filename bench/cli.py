@@ -6,6 +6,9 @@ import math
 import sys
 from pathlib import Path
 
+from bench.profiling import add_profile_parser, cmd_profile
+from bench.report.cli import add_report_parser, cmd_report
+from bench.audio import MAX_SECONDS
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.errors import SpecdecError
 
@@ -21,7 +24,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=["edge", "cloud", "spec"], required=True)
     p.add_argument("--edge", help="edge (draft) model: registry alias, local directory or hub id")
     p.add_argument("--cloud", help="cloud (verify) model: registry alias, local directory or hub id")
-    p.add_argument("--prompts", required=True, help="JSONL prompts file, or a shipped set name")
+    p.add_argument("--prompts", required=True,
+                   help="JSONL file, JSON manifest, or a shipped set (zh-describe, zh-chat, en-chat, code, audio-samples)")
     p.add_argument("--out", required=True, type=Path, help="results directory")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--k", type=int, default=SpecConfig.k, help="draft tokens per block")
@@ -40,6 +44,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--constraints", choices=["none", "zh"], default="none")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt text raw")
     p.add_argument("--limit", type=int, help="only the first N prompts")
+    p.add_argument("--max-audio-seconds", type=_float, default=MAX_SECONDS,
+                   help="refuse longer clips (capped by the model's own window)")
 
 
 def engine_from_args(args: argparse.Namespace):
@@ -64,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bench.run import run
 
     engine = engine_from_args(args)
-    rows = run(engine, args.prompts, args.out, limit=args.limit)
+    rows = run(engine, args.prompts, args.out, limit=args.limit, max_audio_s=args.max_audio_seconds)
     ok = [r for r in rows if r["status"] == "ok"]
     if ok:
         tokens = sum(r["new_tokens"] for r in ok)
@@ -100,6 +106,7 @@ def add_sweep_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--constraints", choices=["none", "zh"])
     p.add_argument("--limit", type=int, help="first N prompts of each set")
+    p.add_argument("--max-audio-s", type=_float, help="refuse longer audio clips (default 30 s)")
     p.add_argument("--network", help="none, wifi, 4g, 5g, or rtt=40ms,up=10mbit,down=50mbit")
     p.add_argument("--edge-cores", type=int, help="CPU cores of the edge worker")
     p.add_argument("--edge-memory-gb", type=_float, help="edge RSS cap (GiB); a point over it is recorded, the sweep goes on")
@@ -146,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_options(sub.add_parser("run", help="generate for a prompt set with one configuration"))
     add_sweep_options(sub.add_parser("sweep", help="a grid of settings x prompt sets, resumable, under edge caps"))
+    add_report_parser(sub)
+    add_profile_parser(sub)
     models = sub.add_parser("models", help="the offline model registry")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("list", help="registry aliases and whether they are fetched")
@@ -154,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models}
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models, "report": cmd_report, "profile": cmd_profile}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,16 @@
 """Text health and quality of one output: the numbers seed 003's authors watched by hand
 (punctuation density, content n-gram repeats, immediately repeated characters) plus chrF against a
-reference and token agreement with a reference run. Pure functions on strings and token lists.
+reference and token agreement with a reference run, and WER/CER against a reference transcript.
+Pure functions on strings and token lists.
 """
 from __future__ import annotations
 
+import math
 import re
+import unicodedata
 from typing import Sequence
 
+import jiwer
 from sacrebleu.metrics import CHRF
 
 from specdec.constraints_zh import (
@@ -21,6 +25,10 @@ from specdec.constraints_zh import (
 # character n-grams need no Chinese word segmentation.
 _CHRF = CHRF()
 _WORD_RE = re.compile(r"\w+")
+# Languages written without spaces between words: scored by CER, since WER would count a whole
+# sentence as one word. Everything else is scored by WER.
+CHARACTER_LANGUAGES = frozenset({"zh", "zh-cn", "zh-tw", "cmn", "chinese", "mandarin", "yue", "cantonese", "ja", "japanese"})
+_APOSTROPHES = "'\u2019"
 
 
 def punct_band_distance(density: float) -> float:
@@ -96,3 +104,56 @@ def text_health(text: str) -> dict:
         "immediate_repeats": immediate_repeats(text),
         "abnormal_punct": density > PUNCT_DENSITY_ABNORMAL,
     }
+
+
+def normalize_transcript(text: str) -> str:
+    """The text WER/CER compare, so that only the words count: NFKC (full-width letters, digits and
+    punctuation become their plain forms, so "，" == ","), lower case, apostrophes dropped
+    ("don't" -> "dont"), every other punctuation or symbol character (Unicode P* and S*) replaced by a
+    space ("well-kept" -> "well kept"), whitespace collapsed. Numbers are not spelled out: "3" and
+    "three" differ, and "三" and "3" differ."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    text = "".join("" if ch in _APOSTROPHES else " " if unicodedata.category(ch)[0] in "PS" else ch for ch in text)
+    return " ".join(text.split())
+
+
+def wer(hypothesis: str, reference: str) -> float:
+    """Word error rate (substitutions + deletions + insertions) / reference words, on
+    `normalize_transcript` of both (jiwer). Can exceed 1 when the hypothesis adds words; NaN when
+    the reference has no words (the rate is undefined)."""
+    reference, hypothesis = normalize_transcript(reference), normalize_transcript(hypothesis)
+    if not reference:
+        return math.nan
+    return float(jiwer.wer(reference=reference, hypothesis=hypothesis))
+
+
+def cer(hypothesis: str, reference: str) -> float:
+    """Character error rate over `normalize_transcript` of both with all whitespace removed (Chinese
+    has none, and a model's stray spaces are not errors of content). NaN for an empty reference."""
+    reference = normalize_transcript(reference).replace(" ", "")
+    hypothesis = normalize_transcript(hypothesis).replace(" ", "")
+    if not reference:
+        return math.nan
+    return float(jiwer.cer(reference=reference, hypothesis=hypothesis))
+
+
+def scored_by_characters(reference: str, language: str | None = None) -> bool:
+    """CER for languages in CHARACTER_LANGUAGES; without a language, CER when CJK characters are at
+    least half of the reference's content (as `content_units` decides), else WER."""
+    if language:
+        return language.strip().lower() in CHARACTER_LANGUAGES
+    cjk = cjk_content(reference)
+    return bool(cjk) and 2 * len(cjk) >= sum(ch.isalnum() for ch in reference)
+
+
+def error_rates(hypothesis: str, reference: str | None, language: str | None = None) -> dict:
+    """{"wer": ..., "cer": ...} for one output: the one that fits the language is set, the other is
+    NaN (both NaN without a reference), so per-point means skip what does not apply."""
+    rates = {"wer": math.nan, "cer": math.nan}
+    if reference is None:
+        return rates
+    if scored_by_characters(reference, language):
+        rates["cer"] = cer(hypothesis, reference)
+    else:
+        rates["wer"] = wer(hypothesis, reference)
+    return rates

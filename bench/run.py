@@ -1,4 +1,10 @@
-"""`specbench run`: one configuration over a prompt set, results appended as produced, resumable."""
+"""`specbench run`: one configuration over a prompt set, results appended as produced, resumable.
+
+A sample whose input is bad (its audio missing, corrupt, empty or over the length cap, or a prompt
+the model cannot encode) is recorded with status `failed` and its error, and the run goes on; at
+the end `run` raises `FailedSamples` (an InputError: the CLI prints one line and exits 2). A rerun
+of the same command redoes only what is not `ok`, so fixing the file and rerunning completes it.
+"""
 from __future__ import annotations
 
 import json
@@ -7,7 +13,8 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from bench.prompts import PromptRecord, load_prompts, read_audio
+from bench.audio import MAX_SECONDS, SAMPLING_RATE, model_limits, read_audio
+from bench.prompts import PromptRecord, load_prompts
 from bench.records import ResultsFile, environment, result_record
 from bench.trackers import LatencyTracker, PeakMemoryTracker, tracked
 from specdec.engine import Engine
@@ -38,8 +45,18 @@ def point_of(engine: Engine, prompts: str) -> dict:
     }
 
 
-def run(engine: Engine, prompts: str, out: Path, progress: bool = True, limit: int | None = None) -> list[dict]:
-    """Generate for every prompt not already done in `out` for this point; return the new records."""
+class FailedSamples(InputError):
+    """Some samples of a run failed on bad input; `rows` holds every record this run wrote."""
+
+    def __init__(self, message: str, rows: list[dict]) -> None:
+        super().__init__(message)
+        self.rows = rows
+
+
+def run(engine: Engine, prompts: str, out: Path, progress: bool = True, limit: int | None = None,
+        max_audio_s: float = MAX_SECONDS) -> list[dict]:
+    """Generate for every prompt not already done (`ok`) in `out` for this point; return the new
+    records. Raises FailedSamples after the last prompt if any were recorded as failed."""
     records = load_prompts(prompts)[:limit]
     out.mkdir(parents=True, exist_ok=True)
     point = point_of(engine, prompts)
@@ -61,7 +78,15 @@ def run(engine: Engine, prompts: str, out: Path, progress: bool = True, limit: i
     run_file.write_text(json.dumps({"point": point, "environment": environment(), "load_s": engine.load_seconds()},
                                    indent=2, ensure_ascii=False))
     bar = tqdm(total=len(todo), desc=engine.mode, unit="prompt", disable=not progress)
-    return [generate_one(engine, record, point, results, after=lambda: bar.update()) for record in todo]
+    rows = [generate_one(engine, record, point, results, after=lambda: bar.update(), max_audio_s=max_audio_s)
+            for record in todo]
+    bar.close()
+    failed = [r for r in rows if r["status"] == "failed"]
+    if failed:
+        raise FailedSamples(
+            f"{len(failed)} of {len(rows)} samples failed, e.g. {failed[0]['error']} "
+            f"(all recorded as failed in {results.path}; fix them and rerun to redo only those)", rows)
+    return rows
 
 
 def prepare(engine: Engine, records: list[PromptRecord]) -> None:
@@ -77,16 +102,28 @@ def prepare(engine: Engine, records: list[PromptRecord]) -> None:
 
 def generate_one(engine: Engine, record: PromptRecord, point: dict, results: ResultsFile,
                  after: Callable[[], object] = lambda: None,
-                 decorate: Callable[[dict, object], object] = lambda row, generation: None) -> dict:
-    """Generate for one prompt and append its record at once."""
-    waveform = read_audio(record) if record.audio else None
-    # Peak memory is not reset here: a point's peak spans its prompts (the worker resets per point).
-    latency, memory = LatencyTracker(), PeakMemoryTracker(reset=False)
-    with tracked(memory, latency):
-        generation = engine.generate(record.prompt, record.system, waveform)
+                 decorate: Callable[[dict, object], object] = lambda row, generation: None,
+                 max_audio_s: float = MAX_SECONDS) -> dict:
+    """Generate for one prompt and append its record at once: status `ok`, or `failed` with the
+    one-line error when its input is bad (the audio is read here, at the model's rate)."""
+    labels = {key: value for key, value in (("reference", record.reference), ("language", record.language))
+              if value is not None}
+    try:
+        waveform, rate = None, SAMPLING_RATE
+        if record.audio:
+            rate, cap_s = model_limits(engine.primary.feature_extractor, max_audio_s)
+            waveform = read_audio(record.audio, record.id, rate, cap_s)
+        # Peak memory is not reset here: a point's peak spans its prompts (the worker resets per point).
+        latency, memory = LatencyTracker(), PeakMemoryTracker(reset=False)
+        with tracked(memory, latency):
+            generation = engine.generate(record.prompt, record.system, waveform, rate)
+    except InputError as e:  # this sample alone: record it and go on
+        row = {"id": record.id, **point, "status": "failed", "error": str(e), **labels}
+        results.append(row)
+        after()
+        return row
     row = result_record(generation, point, record.id, latency.elapsed_s, memory.peak_rss_bytes)
-    if record.reference is not None:
-        row["reference"] = record.reference
+    row.update(labels)
     decorate(row, generation)
     results.append(row)
     after()

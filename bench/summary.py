@@ -4,12 +4,14 @@ Speed-ups compare the same prompts: a point's total latency against the cloud-on
 point with the same dtype and prompt set. The theoretical speed-up is Leviathan et al. 2023,
 eq. (1)/Thm 3.8: (1 - a^(k+1)) / ((1 - a)(k c + 1)), with a the measured acceptance rate and
 c = edge step time / cloud step time measured from the edge-only and cloud-only baselines.
+WER and CER are means over the point's rows that carry a `reference` (see bench.health.error_rates:
+CER for Chinese-like languages, WER otherwise); NaN when none do.
 """
 from __future__ import annotations
 
 import pandas as pd
 
-from bench.health import chrf, text_health, token_match_rate
+from bench.health import chrf, error_rates, text_health, token_match_rate
 
 POINT = ["mode", "dtype", "prompts", "policy", "k", "entropy_threshold", "accept_threshold", "verifier"]
 
@@ -28,7 +30,19 @@ def load_rows(rows: list[dict]) -> pd.DataFrame:
     for column in POINT:
         frame[column] = frame[column].astype(object).where(frame[column].notna(), "-")
     health = frame["text"].map(text_health).apply(pd.Series)
-    return pd.concat([frame, health.drop(columns=[c for c in health if c in frame])], axis=1)
+    frame = pd.concat([frame, health.drop(columns=[c for c in health if c in frame])], axis=1)
+    return pd.concat([frame.drop(columns=["wer", "cer"], errors="ignore"), _reference_rates(frame)], axis=1)
+
+
+def _reference_rates(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per row: WER or CER of `text` against `reference` (NaN where a row has none)."""
+    def text_or_none(column: str) -> list:
+        values = frame[column] if column in frame else [None] * len(frame)
+        return [v if isinstance(v, str) else None for v in values]
+
+    rates = [error_rates(text, reference, language) for text, reference, language
+             in zip(frame["text"], text_or_none("reference"), text_or_none("language"))]
+    return pd.DataFrame(rates, index=frame.index, columns=["wer", "cer"])
 
 
 def summarize(rows: list[dict]) -> pd.DataFrame:
@@ -64,6 +78,7 @@ def _point_stats(group: pd.DataFrame) -> pd.Series:
         "immediate_repeats": group["immediate_repeats"].mean(),
         "chrf_vs_cloud": group["chrf_vs_cloud"].mean(),
         "token_match_vs_cloud": group["token_match_vs_cloud"].mean(),
+        "wer": group["wer"].mean(), "cer": group["cer"].mean(),  # NaN rows (no reference) skipped
         "peak_rss_bytes": group["peak_rss_bytes"].max(),
     }
     return pd.Series(stats)

@@ -49,6 +49,7 @@ class SweepConfig:
     punct_trigger: float | None = None
     chat_template: bool = True
     limit: int | None = field(default=None, metadata={"help": "first N prompts of each set"})
+    max_audio_s: float = field(default=30.0, metadata={"help": "refuse longer audio clips (seconds)"})
     network: str = "none"
     edge_cores: int | None = None
     edge_memory_gb: float | None = None

@@ -70,7 +70,8 @@ def run_group(config, caps: EdgeCaps, group: list, out: Path, queue) -> None:
             with watchdog:
                 try:
                     generate_one(engine, record, row_point, results, after=lambda: queue.put(("tick",)),
-                                 decorate=lambda row, g: row.update(_network_fields(row, g, network)))
+                                 decorate=lambda row, g: row.update(_network_fields(row, g, network)),
+                                 max_audio_s=config.max_audio_s)
                 except InputError as e:  # a bad sample fails alone; the sweep goes on
                     results.append({**current, **row_point, "status": "failed", "error": str(e)})
                     queue.put(("tick",))

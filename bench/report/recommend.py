@@ -1,0 +1,111 @@
+"""Recommended operating points: for each prompt set, the point each rule picks, with the rule
+and the numbers that made it win. Pure functions on the per-point summary.
+
+Thresholds are the ones the seed system's authors watched (see SEEDS.md): acceptance > 0.6 was
+"good"; a healthy punctuation density is 10–25 % of characters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+
+from bench.report.pareto import point_labels, set_name
+from specdec.constraints_zh import PUNCT_DENSITY_HEALTHY
+
+CHRF_TOLERANCE = 1.0  # chrF points (0–100 scale) a point may lose against cloud-only
+GOOD_ACCEPTANCE = 0.6  # accepted / verified draft tokens
+
+# How a column is named in a "why" line, and how its value is written.
+SHOWN = {
+    "tokens_per_s": ("tokens/s", "{:.1f}"),
+    "latency_with_network_p50_s": ("p50 latency with network", "{:.3f} s"),
+    "chrf_vs_cloud": ("chrF vs cloud", "{:.1f}"),
+    "acceptance_rate": ("acceptance", "{:.2f}"),
+    "cloud_call_rate": ("cloud calls per block", "{:.2f}"),
+    "punct_density": ("punctuation density", "{:.1%}"),
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str  # short id
+    text: str  # the rule, as a reader reads it
+    objective: str  # summary column optimised among the points that pass `condition`
+    lower_is_better: bool
+    condition: Callable[[pd.DataFrame, pd.Series | None], pd.Series]  # (one set's points, its cloud-only point) -> mask
+    condition_columns: tuple[str, ...] = ()  # columns the condition reads, shown in the "why"
+    needs_cloud_baseline: bool = False
+
+
+def _everything(points: pd.DataFrame, cloud: pd.Series | None) -> pd.Series:
+    return pd.Series(True, index=points.index)
+
+
+def _near_cloud(points: pd.DataFrame, cloud: pd.Series | None) -> pd.Series:
+    return points["chrf_vs_cloud"] >= cloud["chrf_vs_cloud"] - CHRF_TOLERANCE
+
+
+def _good_acceptance(points: pd.DataFrame, cloud: pd.Series | None) -> pd.Series:
+    return points["acceptance_rate"] >= GOOD_ACCEPTANCE
+
+
+def _punct_in_band(points: pd.DataFrame, cloud: pd.Series | None) -> pd.Series:
+    low, high = PUNCT_DENSITY_HEALTHY
+    return points["punct_density"].between(low, high)
+
+
+RULES = (
+    Rule("fastest", "fastest overall, quality ignored (a reference: what the speed costs)",
+         "tokens_per_s", False, _everything),
+    Rule("fastest_near_cloud", f"fastest within {CHRF_TOLERANCE:g} chrF point of cloud-only",
+         "tokens_per_s", False, _near_cloud, ("chrf_vs_cloud",), needs_cloud_baseline=True),
+    Rule("fastest_near_cloud_network",
+         f"lowest median latency with the network, within {CHRF_TOLERANCE:g} chrF point of cloud-only",
+         "latency_with_network_p50_s", True, _near_cloud, ("chrf_vs_cloud",), needs_cloud_baseline=True),
+    Rule("fewest_calls", f"fewest cloud calls with acceptance ≥ {GOOD_ACCEPTANCE:g}",
+         "cloud_call_rate", True, _good_acceptance, ("acceptance_rate",)),
+    Rule("fastest_punct_band",
+         "fastest with mean punctuation density in the {:.0%}–{:.0%} band".format(*PUNCT_DENSITY_HEALTHY),
+         "tokens_per_s", False, _punct_in_band, ("punct_density",)),
+)
+
+
+def _shown(column: str, value) -> str:
+    name, fmt = SHOWN.get(column, (column, "{:.3g}"))
+    return f"{name} {fmt.format(value)}"
+
+
+def recommend(summary: pd.DataFrame, rules: tuple[Rule, ...] = RULES) -> pd.DataFrame:
+    """One row per (prompt set, rule): the chosen point (`label`, its summary index as `point`)
+    and `why`. Ties on the objective go to more tokens/s, then higher chrF, then the earlier
+    point. A rule nothing passes gets `label` None and the reason in `why`."""
+    labels = point_labels(summary)
+    rows = []
+    for prompts, points in summary.groupby("prompts", sort=False):
+        cloud_points = points[points["mode"] == "cloud"]
+        cloud = cloud_points.iloc[0] if len(cloud_points) else None
+        for rule in rules:
+            row = {"prompts": prompts, "set": set_name(prompts), "rule": rule.name, "rule_text": rule.text,
+                   "point": None, "label": None, "why": ""}
+            if rule.needs_cloud_baseline and cloud is None:
+                why = "no cloud-only point for this prompt set to compare with (sweep with --mode cloud,...)"
+                rows.append({**row, "why": why})
+                continue
+            passing = points[rule.condition(points, cloud).fillna(False).astype(bool) & points[rule.objective].notna()]
+            if passing.empty:
+                rows.append({**row, "why": "no point satisfies the rule"})
+                continue
+            ranked = passing.assign(_tps=passing["tokens_per_s"].fillna(float("-inf")),
+                                    _chrf=passing["chrf_vs_cloud"].fillna(float("-inf")))
+            ranked = ranked.sort_values([rule.objective, "_tps", "_chrf"],
+                                        ascending=[rule.lower_is_better, False, False], kind="stable")
+            best = ranked.index[0]
+            shown = dict.fromkeys((rule.objective, *rule.condition_columns, "tokens_per_s"))
+            why = "; ".join(_shown(c, summary.at[best, c]) for c in shown)
+            if rule.needs_cloud_baseline:
+                why += f" (cloud-only chrF {cloud['chrf_vs_cloud']:.1f})"
+            rows.append({**row, "point": best, "label": labels[best], "why": why})
+    # object dtype: `point` stays an index label and a missing pick stays None (not NaN)
+    return pd.DataFrame(rows, columns=["prompts", "set", "rule", "rule_text", "point", "label", "why"], dtype=object)

@@ -1,0 +1,316 @@
+"""`specbench report`: exact Pareto fronts, recommendations and per-position acceptance on
+synthetic results; a report from a tiny sweep, opened in real headless Chromium; bad inputs."""
+import argparse
+import html
+import json
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import markupsafe
+import numpy as np
+import pandas as pd
+import pytest
+
+from bench.cli import main
+from bench.report import build_report
+from bench.report.cli import add_report_parser
+from bench.report.inputs import load_inputs
+from bench.report.pareto import FRONTS, front_members, pareto_mask, point_labels
+from bench.report.recommend import recommend
+from bench.report.views import per_position_acceptance, sample_points
+from bench.summary import load_rows, summarize
+from specdec.errors import InputError
+from tests.tiny import save_tiny_pair
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+CLOUD_TEXT = "the cat, the dog, and the bird sat."  # 3 marks in 35 characters: inside the 10-25 % band
+EDGE_TEXT = "dog dog dog dog dog dog"
+
+
+def row(mode="spec", prompt="p0", prompts="s1", k=4, thr=0.0, policy="greedy", text=CLOUD_TEXT, latency_s=1.0,
+        network_s=0.0, new_tokens=10, drafted=0, accepted=0, per_position=None, drafts=0, calls=0, cycles=4, **extra):
+    spec = mode == "spec"
+    return {
+        "id": prompt, "mode": mode, "dtype": "float32", "prompts": prompts, "policy": policy if spec else None,
+        "k": k if spec else None, "entropy_threshold": thr if spec else None, "accept_threshold": 0.1 if spec else None,
+        "verifier": "cached" if spec else None, "status": "ok", "tokens": list(range(new_tokens)), "text": text,
+        "new_tokens": new_tokens, "latency_s": latency_s, "latency_with_network_s": latency_s + network_s,
+        "ttft_s": 0.1, "tpot_s": 0.01, "edge_s": 0.0, "cloud_s": 0.0, "overhead_s": 0.0, "cycles": cycles,
+        "cloud_calls": calls, "num_drafts": drafts, "num_draft_tokens": drafted, "num_accepted_tokens": accepted,
+        "accepted_per_position": per_position or ([0] * k if spec else []), "uplink_bytes": 100 * calls,
+        "peak_rss_bytes": 1 << 30, **extra,
+    }
+
+
+def synthetic_rows() -> list[dict]:
+    """Set s1: baselines and three spec points, two prompts each. Set s2: spec only."""
+    rows = []
+    for prompt in ("p0", "p1"):
+        rows += [
+            row("cloud", prompt, latency_s=1.0),  # 10 tok/s
+            row("edge", prompt, text=EDGE_TEXT, latency_s=0.2),  # 50 tok/s
+            # (0, 4, greedy): 20 tok/s, acceptance 0.5, every block to the cloud, cheap network
+            row(prompt=prompt, thr=0.0, latency_s=0.5, network_s=0.2, drafted=8, accepted=4, drafts=2, calls=2,
+                cycles=2, per_position=[3, 1, 0, 0] if prompt == "p0" else [1, 1, 1, 0]),
+            # (2, 4, greedy): 25 tok/s, acceptance 0.75, half the blocks, an expensive network
+            row(prompt=prompt, thr=2.0, latency_s=0.4, network_s=0.9, drafted=4, accepted=3, drafts=1, calls=1,
+                cycles=2, per_position=[1, 1, 1, 0]),
+            # (inf, 4, greedy): the edge alone through the spec engine
+            row(prompt=prompt, thr=math.inf, text=EDGE_TEXT, latency_s=0.25),
+            row(prompt=prompt, prompts="s2", thr=1.0, latency_s=0.5, drafted=8, accepted=2, drafts=2, calls=2, cycles=2),
+        ]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def summary():
+    return summarize(synthetic_rows())
+
+
+def label_of(summary, label):
+    labels = point_labels(summary)
+    return labels[labels == label].index[0]
+
+
+# --- Pareto fronts -------------------------------------------------------------------------------
+
+def test_pareto_mask_ties_dominance_and_nan():
+    x = [1, 2, 3, 2, 4, np.nan, 1]
+    y = [10, 20, 15, 20, 25, 30, 5]
+    # (3,15) loses to (2,20); (1,5) loses to (1,10) on y alone; the two (2,20) tie and both stay.
+    assert pareto_mask(x, y).tolist() == [True, True, False, True, True, False, False]
+    # both lower-is-better: (1,5) now beats (1,10) and (2,*); the NaN point is never on the front.
+    assert pareto_mask(x, y, True, True).tolist() == [False, False, False, False, False, False, True]
+    # both higher-is-better
+    assert pareto_mask(x, y, False, False).tolist() == [False, False, False, False, True, False, False]
+    assert pareto_mask([], []).tolist() == []
+
+
+def test_front_is_per_prompt_set_and_labels(summary):
+    labels = point_labels(summary)
+    assert set(labels) == {"cloud-only", "edge-only", "(0, 4, greedy)", "(2, 4, greedy)", "(inf, 4, greedy)",
+                           "(1, 4, greedy)"}
+    latency_chrf = next(f for f in FRONTS if f.name == "latency_chrf")
+    members = front_members(summary, latency_chrf)
+    # s1: edge-only is fastest (0.2 s) but far from the cloud; (2, 4, greedy) is the fastest at chrF 100.
+    # (inf, 4, greedy) writes the edge's text more slowly than edge-only; cloud-only and (0, 4) are slower at 100.
+    on_front = sorted(labels[members & (summary["prompts"] == "s1")])
+    assert on_front == ["(2, 4, greedy)", "edge-only"]
+    # s2 has no cloud-only point, so no chrF: nothing is on that front there.
+    assert not members[summary["prompts"] == "s2"].any()
+    calls = next(f for f in FRONTS if f.name == "calls_acceptance")
+    # s2's only spec point is alone in its set, so it is on its front whatever s1 holds.
+    assert sorted(labels[front_members(summary, calls)]) == ["(1, 4, greedy)", "(2, 4, greedy)"]
+
+
+def test_labels_name_the_axes_that_vary():
+    frame = pd.DataFrame({
+        "mode": ["spec", "spec", "cloud"], "dtype": ["float32", "bfloat16", "float32"], "prompts": ["s"] * 3,
+        "policy": ["greedy", "threshold", "-"], "k": [4.0, 2.0, "-"], "entropy_threshold": [0.5, math.inf, "-"],
+        "accept_threshold": [0.1, 0.3, "-"], "verifier": ["cached", "cached", "-"],
+    })
+    assert point_labels(frame).tolist() == ["(0.5, 4, greedy, float32, a=0.1)", "(inf, 2, threshold, bfloat16, a=0.3)",
+                                            "cloud-only (float32)"]
+
+
+# --- recommendations -----------------------------------------------------------------------------
+
+def test_recommendations_pick_by_rule(summary):
+    picks = recommend(summary)
+    s1 = picks[picks["prompts"] == "s1"].set_index("rule")
+    assert s1["label"].to_dict() == {
+        "fastest": "edge-only",  # 50 tok/s, quality ignored
+        "fastest_near_cloud": "(2, 4, greedy)",  # 25 tok/s at chrF 100 beats (0, 4) at 20
+        "fastest_near_cloud_network": "(0, 4, greedy)",  # 0.7 s with its network beats 1.0 (cloud) and 1.3 s
+        "fewest_calls": "(2, 4, greedy)",  # the only point with acceptance >= 0.6 (0.75)
+        "fastest_punct_band": "(2, 4, greedy)",  # the edge's text has no punctuation at all
+    }
+    assert s1.at["fastest_near_cloud", "why"] == "tokens/s 25.0; chrF vs cloud 100.0 (cloud-only chrF 100.0)"
+    assert s1.at["fewest_calls", "why"] == "cloud calls per block 0.50; acceptance 0.75; tokens/s 25.0"
+    assert s1.at["fastest_near_cloud_network", "why"].startswith("p50 latency with network 0.700 s")
+    s2 = picks[picks["prompts"] == "s2"].set_index("rule")
+    assert s2.at["fastest", "label"] == "(1, 4, greedy)"
+    assert s2.at["fastest_near_cloud", "label"] is None
+    assert "no cloud-only point" in s2.at["fastest_near_cloud", "why"]
+    assert s2.at["fewest_calls", "label"] is None and s2.at["fewest_calls", "why"] == "no point satisfies the rule"
+
+
+def test_recommendation_ties_go_to_faster_then_earlier():
+    base = {"prompts": "s", "mode": "spec", "dtype": "f", "policy": "greedy", "accept_threshold": 0.1,
+            "verifier": "cached", "k": 4.0, "chrf_vs_cloud": 90.0, "acceptance_rate": 0.8, "cloud_call_rate": 0.5,
+            "punct_density": 0.0, "latency_with_network_p50_s": 1.0}
+    frame = pd.DataFrame([{**base, "entropy_threshold": 1.0, "tokens_per_s": 10.0},
+                          {**base, "entropy_threshold": 2.0, "tokens_per_s": 12.0},
+                          {**base, "entropy_threshold": 3.0, "tokens_per_s": 12.0}])
+    picks = recommend(frame).set_index("rule")
+    assert picks.at["fewest_calls", "label"] == "(2, 4, greedy)"  # same calls: the faster, then the first
+
+
+def test_per_position_acceptance_is_vllm_style(summary):
+    table = per_position_acceptance(load_rows(synthetic_rows()), summary)
+    labels = point_labels(summary)
+    curve = table[table["point"] == label_of(summary, "(0, 4, greedy)")]
+    # accepted_per_position summed over prompts [4, 2, 1, 0] over 4 verified blocks
+    assert curve["p_accept"].tolist() == [1.0, 0.5, 0.25, 0.0]
+    assert curve["position"].tolist() == [1, 2, 3, 4] and set(curve["num_drafts"]) == {4}
+    # spec points that verified nothing (threshold inf) have no curve
+    assert "(inf, 4, greedy)" not in set(labels[table["point"]])
+
+
+# --- the report folder -----------------------------------------------------------------------------
+
+def write_results(folder: Path, rows: list[dict], sweep: dict | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    if sweep is not None:
+        (folder / "sweep.json").write_text(json.dumps(sweep), encoding="utf-8")
+    return folder
+
+
+def test_report_escapes_everything_from_results(tmp_path):
+    hostile = "<script>alert('x')</script> & <img src=x onerror=alert(1)>"
+    rows = [{**r, "text": hostile} if r["mode"] == "edge" else r for r in synthetic_rows()]
+    rows.append({"id": "p9", "mode": "spec", "prompts": "s1", "status": "failed", "error": "<b>bad</b> audio"})
+    results = write_results(tmp_path / "res", rows, {"config": {"edge": "<edge>", "cloud": "c"}, "environment": {}})
+    index = build_report(results, tmp_path / "out")
+    page = index.read_text(encoding="utf-8")
+    assert "<script" not in page and "<img src=x" not in page
+    assert str(markupsafe.escape(hostile)) in page
+    assert "&lt;edge&gt;" in page and "&lt;b&gt;bad&lt;/b&gt; audio" in page
+    assert "1 failed" in page
+
+
+def test_bad_inputs_say_what_to_do(tmp_path):
+    with pytest.raises(InputError, match="does not exist: pass the --out folder"):
+        build_report(tmp_path / "nowhere", tmp_path / "o")
+    with pytest.raises(InputError, match="has no results.jsonl"):
+        build_report(tmp_path, tmp_path / "o")
+    (tmp_path / "results.jsonl").write_text("")
+    with pytest.raises(InputError, match="is empty: run the sweep"):
+        build_report(tmp_path, tmp_path / "o")
+    failed = {"id": "p0", "mode": "edge", "status": "failed", "error": "x"}
+    write_results(tmp_path, [failed, {**failed, "status": "over_memory_cap"}])
+    with pytest.raises(InputError, match=r"no successful results \(1 failed, 1 over_memory_cap\)"):
+        build_report(tmp_path, tmp_path / "o")
+    (tmp_path / "results.jsonl").write_text('{"id": 1}\nnot json\n')
+    with pytest.raises(InputError, match="is not valid JSON lines"):
+        build_report(tmp_path, tmp_path / "o")
+    write_results(tmp_path, synthetic_rows())
+    with pytest.raises(InputError, match="is not a profile folder"):
+        build_report(tmp_path, tmp_path / "o", profile=tmp_path)
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    pair = save_tiny_pair(root / "models")
+    prompts = root / "p.jsonl"
+    texts = ["hello world", 'say <b>yes</b> & "no"']
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n" for i, t in enumerate(texts)))
+    out = root / "sweep"
+    assert main(["sweep", "--edge", pair["edge"], "--cloud", pair["cloud"], "--prompts", str(prompts), "--out", str(out),
+                 "--mode", "cloud,edge,spec", "--k", "1,2", "--entropy-threshold", "0,inf", "--policy", "greedy",
+                 "--dtype", "float32", "--max-new-tokens", "6", "--network", "4g"]) == 0
+    return out
+
+
+def report_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="specbench")
+    add_report_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tiny_sweep, tmp_path_factory):
+    out = tmp_path_factory.mktemp("built") / "report"
+    assert report_command(["report", str(tiny_sweep), "--out", str(out)]) == 0
+    return out
+
+
+def test_report_from_a_tiny_sweep(tiny_report, tiny_sweep, capsys):
+    index = tiny_report / "index.html"
+    page = index.read_text(encoding="utf-8")
+    sources = re.findall(r'<img src="([^"]+)"', page)
+    assert len(sources) == 9  # six fronts, one heat-map figure, theory, per-position
+    assert all(not s.startswith(("/", "http", "file:")) and (tiny_report / s).is_file() for s in sources)
+    for section in ("Recommended settings", "All points", "Sample outputs", "Run metadata", "Glossary"):
+        assert section in page
+    assert page.count('class="read"') >= 12  # a how-to-read paragraph for every figure and table
+    assert "say &lt;b&gt;yes&lt;/b&gt; &amp; &#34;no&#34;" in page  # the prompt, escaped
+    assert "(0, 2, greedy)" in page and "cloud-only" in page and "4g" in page
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    capsys.readouterr()
+    embedded = tiny_report.parent / "embedded"
+    assert report_command(["report", str(tiny_sweep), "--out", str(embedded), "--embed"]) == 0
+    assert capsys.readouterr().out.strip() == str(embedded / "index.html")
+    assert re.findall(r'<img src="([^"]+)"', (embedded / "index.html").read_text())[0].startswith("data:image/png;base64,")
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Headless Chromium; installed from Debian when missing (skipped only when apt is unavailable)."""
+    found = shutil.which("chromium")
+    if found is None:
+        if shutil.which("apt-get") is None:
+            pytest.skip("chromium is not installed and apt-get is unavailable to install it")
+        for command in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+            assert done.returncode == 0, f"{' '.join(command)} failed: {done.stderr[-2000:]}"
+        found = shutil.which("chromium")
+    return found
+
+
+def run_chromium(chromium: str, profile_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--disable-quic", f"--user-data-dir={profile_dir}",
+             "--hide-scrollbars"]
+    return subprocess.run([chromium, *flags, *args], capture_output=True, text=True, timeout=120)
+
+
+IMAGE_CHECK = """<script>
+window.addEventListener("load", () => {
+  const found = Array.from(document.images, i => ({src: i.getAttribute("src").slice(0, 60), width: i.naturalWidth}));
+  const out = document.createElement("pre"); out.id = "image-check"; out.textContent = JSON.stringify(found);
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def test_report_opens_in_chromium_after_moving(tiny_report, chromium, tmp_path):
+    moved = tmp_path / "mailed" / "report copy"  # moved, and a space in the path
+    shutil.copytree(tiny_report, moved)
+    page = (moved / "index.html").read_text(encoding="utf-8")
+    (moved / "_check.html").write_text(page.replace("</body>", IMAGE_CHECK + "</body>"), encoding="utf-8")
+    done = run_chromium(chromium, tmp_path / "chrome-dom", "--virtual-time-budget=10000", "--dump-dom",
+                        (moved / "_check.html").as_uri())
+    found = re.search(r'<pre id="image-check">(.*?)</pre>', done.stdout, re.S)
+    assert found, f"chromium printed no image check: {done.stderr[-1500:]}"
+    images = json.loads(html.unescape(found.group(1)))
+    assert len(images) == 9
+    assert [i["src"] for i in images if i["width"] <= 0] == []  # every <img> loaded
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    shot.unlink(missing_ok=True)
+    done = run_chromium(chromium, tmp_path / "chrome-shot", "--window-size=1280,4000", f"--screenshot={shot}",
+                        (moved / "index.html").as_uri())
+    assert shot.is_file() and shot.stat().st_size > 20_000, done.stderr[-1500:]
+
+
+def test_a_torn_last_line_is_skipped_and_left_alone(tmp_path):
+    """A sweep may be appending while the report reads: the file is never modified."""
+    write_results(tmp_path, synthetic_rows())
+    with (tmp_path / "results.jsonl").open("a") as f:
+        f.write('{"id": "p2", "mode": "cl')
+    before = (tmp_path / "results.jsonl").read_bytes()
+    assert len(load_inputs(tmp_path).rows) == len(synthetic_rows())
+    assert (tmp_path / "results.jsonl").read_bytes() == before
+
+
+def test_sample_points_are_edge_recommended_spec_then_cloud(summary):
+    labels = point_labels(summary)
+    shown = sample_points(summary, recommend(summary), "s1")
+    assert labels[shown].tolist() == ["edge-only", "(2, 4, greedy)", "(0, 4, greedy)", "cloud-only"]
