@@ -138,7 +138,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.models_command == "list":
         for entry in registry.list_models():
             state = "fetched" if registry.is_fetched(entry.alias) else "not fetched"
-            print(f"{entry.alias:24} {entry.size / 1e6:8.0f} MB  {state:12} {entry.upstream}  ({entry.license})")
+            source = f"derived: {entry.load_name}" if getattr(entry, "base", None) else entry.upstream
+            print(f"{entry.alias:24} {entry.size / 1e6:8.0f} MB  {state:12} {source}  ({entry.license})")
         return 0
     from specdec.fetch import fetch
 

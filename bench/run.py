@@ -116,7 +116,7 @@ def generate_one(engine: Engine, record: PromptRecord, point: dict, results: Res
         # Peak memory is not reset here: a point's peak spans its prompts (the worker resets per point).
         latency, memory = LatencyTracker(), PeakMemoryTracker(reset=False)
         with tracked(memory, latency):
-            generation = engine.generate(record.prompt, record.system, waveform, rate)
+            generation = engine.generate(record.prompt, record.system, waveform, rate, language=record.language)
     except InputError as e:  # this sample alone: record it and go on
         row = {"id": record.id, **point, "status": "failed", "error": str(e), **labels}
         results.append(row)

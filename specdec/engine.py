@@ -76,12 +76,14 @@ class Engine:
         if self._constraints is None:
             loaded = self.primary
             vocab = min(self.model(r).backend.vocab_size for r in self._roles())
+            # The model's own decoding rules (Whisper's token suppression) run before any profile.
             if self.constraints == "zh":
                 from specdec.constraints_zh import zh_profile
 
-                self._constraints = zh_profile(loaded.tokenizer, loaded.eos_ids, vocab)
+                profile = zh_profile(loaded.tokenizer, loaded.eos_ids, vocab)
+                self._constraints = Constraints(loaded.processors + profile.processors, profile.stop)
             else:
-                self._constraints = Constraints(stop=StopRule(eos_ids=loaded.eos_ids))
+                self._constraints = Constraints(loaded.processors, StopRule(eos_ids=loaded.eos_ids))
         return self._constraints
 
     def punct_density(self) -> Callable[[list[int]], float] | None:
@@ -99,12 +101,13 @@ class Engine:
     def _roles(self) -> tuple[str, ...]:
         return {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}[self.mode]
 
-    def generate(self, text: str, system: str | None = None, waveform=None, sampling_rate: int = 16000) -> Generation:
+    def generate(self, text: str, system: str | None = None, waveform=None, sampling_rate: int = 16000,
+                 language: str | None = None) -> Generation:
         self.load()
         loaded = self.primary
         if waveform is not None and self.mode == "spec" and not self.model("cloud").backend.accepts_audio:
             raise InputError(f"cloud model {self.cloud!r} is text-only but the prompt has audio")
-        prompt = loaded.encode(text, system, waveform, sampling_rate, self.chat_template)
+        prompt = loaded.encode(text, system, waveform, sampling_rate, self.chat_template, language=language)
         constraints = self.constraints_for()
         if self.mode == "spec":
             generation = speculative_decode(

