@@ -6,6 +6,8 @@ import math
 import sys
 from pathlib import Path
 
+from bench.compare import add_compare_parser, cmd_compare
+from bench.gate import add_gate_parser, cmd_gate
 from bench.profiling import add_profile_parser, cmd_profile
 from bench.report.cli import add_report_parser, cmd_report
 from bench.audio import MAX_SECONDS
@@ -156,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_options(sub.add_parser("sweep", help="a grid of settings x prompt sets, resumable, under edge caps"))
     add_report_parser(sub)
     add_profile_parser(sub)
+    add_gate_parser(sub)
+    add_compare_parser(sub)
     models = sub.add_parser("models", help="the offline model registry")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("list", help="registry aliases and whether they are fetched")
@@ -164,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models, "report": cmd_report, "profile": cmd_profile}
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models, "report": cmd_report, "profile": cmd_profile,
+            "gate": cmd_gate, "compare": cmd_compare}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,114 @@
+"""`specbench compare` on tiny data: two results folders or two gate files -> HTML + PNG and the
+gate's verdict (exit 0 unchanged, 1 moved); bad inputs are one clear error."""
+import argparse
+import copy
+import json
+import shutil
+
+import pytest
+
+from bench import compare, gate, tinypair
+from bench.records import ResultsFile
+from bench.run import run
+from specdec.config import DecodeConfig, SpecConfig
+from specdec.engine import Engine
+from specdec.errors import InputError
+
+
+def compare_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="specbench")
+    compare.add_compare_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["compare", *argv])
+
+
+@pytest.fixture(scope="module")
+def results_dir(tmp_path_factory):
+    """cloud, edge and spec results of the tiny pair on 2 prompts, in one folder (as a sweep writes)."""
+    root = tmp_path_factory.mktemp("results")
+    paths = tinypair.save_pair(root / "pair")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(tinypair.PROMPTS[:2])))
+    combined = ResultsFile(root / "base" / "results.jsonl")
+    (root / "base").mkdir()
+    for mode in ("cloud", "edge", "spec"):
+        engine = Engine(mode=mode, edge=paths["edge"], cloud=paths["cloud"], dtype="float32",
+                        spec=SpecConfig(k=4, entropy_threshold=0, policy="greedy"), decode=DecodeConfig(max_new_tokens=12),
+                        log=lambda message: None)
+        for row in run(engine, str(prompts), root / mode, progress=False):
+            combined.append(row)
+    return root / "base"
+
+
+def edited_copy(src, dst, edit):
+    shutil.copytree(src, dst)
+    results = ResultsFile(dst / "results.jsonl")
+    rows = [edit(row) or row for row in results.read()]
+    results.path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return dst
+
+
+def test_identical_results_pass_and_write_html_and_png(results_dir, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert compare.cmd_compare(compare_args(str(results_dir), str(results_dir), "--out", str(out))) == 0
+    page = (out / "compare.html").read_text()
+    assert "gate passed" in page and 'src="compare.png"' in page and "acceptance_rate" in page
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "gate passed" in capsys.readouterr().out
+
+
+def test_slower_spec_results_fail_on_the_speedup(results_dir, tmp_path, capsys):
+    def slower_spec(row):
+        if row["mode"] == "spec":
+            row["latency_s"] *= 3
+
+    current = edited_copy(results_dir, tmp_path / "slow", slower_spec)
+    out = tmp_path / "report"
+    assert compare.cmd_compare(compare_args(str(results_dir), str(current), "--out", str(out))) == 1
+    printed = capsys.readouterr().out
+    assert "speedup_vs_cloud" in printed and "gate FAILED" in printed
+    assert "tokens_sha256" not in printed  # the outputs did not change
+    assert "gate FAILED" in (out / "compare.html").read_text()
+
+
+def test_lower_acceptance_in_results_fails_exactly(results_dir, tmp_path):
+    def fewer_accepted(row):
+        if row["mode"] == "spec":
+            row["num_accepted_tokens"] -= 1
+
+    rows = compare.compare_paths(results_dir, edited_copy(results_dir, tmp_path / "worse", fewer_accepted))
+    moved = [r for r in rows if not r.ok]
+    assert [(r.metric, r.better) for r in moved] == [("acceptance_rate", False)]
+
+
+def test_gate_files_compare_with_the_gate_rules(tmp_path, capsys):
+    base = gate.read_gate_file(gate.default_baseline("tiny"))
+    worse = copy.deepcopy(base)
+    worse["timing"]["spec_vs_cloud"] *= 0.5
+    worse["deterministic"]["spec.acceptance_rate"] -= 0.01
+    for name, record in (("a.json", base), ("b.json", worse)):
+        gate.write_gate_file(tmp_path / name, record)
+    out = tmp_path / "report"
+    assert compare.cmd_compare(compare_args(str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--out", str(out))) == 0
+    assert compare.cmd_compare(compare_args(str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out))) == 1
+    printed = capsys.readouterr().out
+    assert "spec_vs_cloud" in printed and "spec.acceptance_rate" in printed
+    assert (out / "compare.png").exists()
+
+
+def test_default_out_names_both_sides(results_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    compare.cmd_compare(compare_args(str(results_dir), str(results_dir)))
+    assert (tmp_path / "reports" / "compare-base-vs-base" / "compare.html").exists()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d, f: (d / "missing", d), "does not exist"),
+    (lambda d, f: (d, f), "two results directories or two gate JSON files"),
+    (lambda d, f: (d.parent / "pair", d), "has no results.jsonl"),
+])
+def test_bad_inputs_are_one_clear_error(results_dir, tmp_path, make, message):
+    gate_file = tmp_path / "g.json"
+    gate_file.write_text(gate.default_baseline("tiny").read_text())
+    base, current = make(results_dir, gate_file)
+    with pytest.raises(InputError, match=message):
+        compare.compare_paths(base, current)

@@ -1,0 +1,152 @@
+"""The regression gate (bench/gate.py) catches a slowed verifier through its timing ratios and a
+lowered acceptance through its deterministic metrics, passes on the unchanged workload, and
+refuses bad baselines with one clear line. Regressions are injected as backend wrappers (our own
+Backend protocol), never by patching transformers. No test asserts an absolute timing."""
+import argparse
+import json
+import time
+
+import pytest
+import torch
+
+from bench import gate, tinypair, workload
+from specdec.backends.hf_causal import HFCausalBackend
+from specdec.errors import InputError
+
+# A smaller tiny workload keeps the tests quick; timing gets a loose tolerance because tests share
+# the CPU with whatever else runs, and the injected slowdown is large (~5x on the spec pass).
+SMALL = dict(prompts=tinypair.PROMPTS[:2], max_new_tokens=16, repeats=3)
+LOOSE = gate.Tolerance(rate_abs=1e-9, timing_rel=0.5)
+VERIFY_DELAY_S = 0.03
+TIMING = set(gate.RATIOS)
+
+
+def quiet(message: str) -> None:
+    pass
+
+
+class SlowVerifier(HFCausalBackend):
+    """The cloud backend with a sleep in every forward: what a verifier regression looks like."""
+
+    def __init__(self, inner: HFCausalBackend) -> None:
+        super().__init__(inner.model, inner.name)
+
+    def forward(self, state, token_ids):
+        time.sleep(VERIFY_DELAY_S)
+        return super().forward(state, token_ids)
+
+
+class NoisyDrafter(HFCausalBackend):
+    """The edge backend with a fixed random bias on its logits: a drafter that agrees less."""
+
+    def __init__(self, inner: HFCausalBackend, scale: float = 0.5) -> None:
+        super().__init__(inner.model, inner.name)
+        self.bias = scale * torch.randn(self.vocab_size, generator=torch.Generator().manual_seed(0))
+
+    def forward(self, state, token_ids):
+        return super().forward(state, token_ids) + self.bias
+
+
+def slow_verifier(mode, role, backend):
+    return SlowVerifier(backend) if (mode, role) == ("spec", "cloud") else backend
+
+
+def noisy_drafter(mode, role, backend):
+    return NoisyDrafter(backend) if (mode, role) == ("spec", "edge") else backend
+
+
+def failed(baseline: dict, current: dict, tolerance: gate.Tolerance = LOOSE) -> dict[str, gate.Check]:
+    return {c.metric: c for c in gate.compare(baseline, current, tolerance) if not c.ok}
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    return gate.measure(workload.tiny_workload(**SMALL), log=quiet)
+
+
+def test_unchanged_workload_passes(baseline):
+    current = gate.measure(workload.tiny_workload(**SMALL), log=quiet)
+    assert failed(baseline, current) == {}
+    assert current["deterministic"]["spec_equals_cloud"] and current["deterministic"]["hf_assisted_equals_spec"]
+    assert current["deterministic"]["repeats_identical"]
+
+
+def test_slowed_verifier_fails_the_timing_ratios_only(baseline):
+    current = gate.measure(workload.tiny_workload(**SMALL), wrap=slow_verifier, log=quiet)
+    moved = failed(baseline, current)
+    assert {"spec_vs_cloud", "spec_vs_hf_assisted"} <= moved.keys() <= TIMING  # outputs are unchanged
+    check = moved["spec_vs_cloud"]
+    assert check.current < check.baseline * (1 - LOOSE.timing_rel)
+    assert "->" in check.line() and "FAIL" in check.line()
+
+
+def test_lowered_acceptance_fails_the_deterministic_metrics(baseline):
+    current = gate.measure(workload.tiny_workload(**SMALL), wrap=noisy_drafter, log=quiet)
+    moved = failed(baseline, current)
+    assert current["deterministic"]["spec.acceptance_rate"] < baseline["deterministic"]["spec.acceptance_rate"]
+    assert {"spec.acceptance_rate", "spec.cloud_calls_per_token"} <= moved.keys()
+    assert "spec.tokens_sha256" not in moved  # greedy verification is lossless: only the cost moved
+
+
+def test_a_changed_workload_is_reported_not_compared_silently(baseline):
+    current = gate.measure(workload.tiny_workload(**{**SMALL, "repeats": 1, "k": 2}), log=quiet)
+    moved = failed(baseline, current)
+    assert "workload.k" in moved and "workload.repeats" not in moved
+
+
+def test_committed_tiny_baseline_matches_the_code():
+    """bench/baselines/tiny.json is current: its deterministic metrics reproduce (timing not checked)."""
+    committed = gate.read_gate_file(gate.default_baseline("tiny"))
+    current = gate.measure(workload.tiny_workload(repeats=1), log=quiet)
+    moved = {k: c.line() for k, c in failed(committed, current, gate.TOLERANCES["tiny"]).items() if k not in TIMING}
+    assert moved == {}, "re-measure with `specbench gate --suite tiny --update` if this change is intended"
+
+
+# --- the command ------------------------------------------------------------------------------
+def gate_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="specbench")
+    gate.add_gate_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["gate", *argv])
+
+
+@pytest.fixture
+def small_suite(monkeypatch):
+    monkeypatch.setitem(workload.SUITES, "tiny", lambda: workload.tiny_workload(**SMALL))
+    monkeypatch.setitem(gate.TOLERANCES, "tiny", LOOSE)
+
+
+def test_update_then_gate_passes_and_a_regression_exits_1(tmp_path, small_suite, capsys):
+    path = tmp_path / "tiny.json"
+    assert gate.cmd_gate(gate_args("--baseline", str(path), "--update")) == 0
+    assert gate.read_gate_file(path)["suite"] == "tiny"
+    before = path.read_text()
+    assert gate.cmd_gate(gate_args("--baseline", str(path))) == 0
+    assert "gate passed" in capsys.readouterr().out
+    assert gate.cmd_gate(gate_args("--baseline", str(path)), wrap=slow_verifier) == 1
+    out = capsys.readouterr().out
+    assert "gate FAILED" in out
+    assert any(line.startswith("FAIL") and "spec_vs_cloud" in line and "->" in line for line in out.splitlines())
+    assert path.read_text() == before  # only --update writes the baseline
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no gate file at"),
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "must hold a JSON object"),
+    (json.dumps({"format": 1, "suite": "tiny"}), "malformed (missing workload, deterministic, timing)"),
+    (json.dumps({"format": 1, "suite": "huge", "workload": {}, "deterministic": {}, "timing": {}}), "unknown suite 'huge'"),
+    (json.dumps({"format": 1, "suite": "real", "workload": {}, "deterministic": {}, "timing": {}}), "pass --suite real"),
+])
+def test_bad_baseline_is_one_clear_error_before_measuring(tmp_path, content, message, monkeypatch):
+    path = tmp_path / "baseline.json"
+    if content is not None:
+        path.write_text(content)
+    monkeypatch.setattr(gate, "measure", lambda *a, **k: pytest.fail("measured despite a bad baseline"))
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
+        gate.cmd_gate(gate_args("--baseline", str(path)))
+    assert "\n" not in str(error.value)
+
+
+def test_tolerance_validates_itself():
+    with pytest.raises(ValueError, match="timing_rel must be in"):
+        gate.Tolerance(rate_abs=0, timing_rel=1.5)
