@@ -31,5 +31,5 @@ def real_pair():
     missing = [alias for alias in (EDGE_ALIAS, CLOUD_ALIAS) if not is_fetched(alias)]
     if missing:
         pytest.skip(f"real pair not fetched ({', '.join(missing)}): run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
-    with Pair(real_workload(max_new_tokens=32), log=lambda message: None) as pair:
+    with Pair(real_workload(max_new_tokens=32, threads=2), log=lambda message: None) as pair:
         yield pair

@@ -21,6 +21,7 @@ import dataclasses
 import gc
 import json
 import math
+import os
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -99,6 +100,7 @@ def measure(workload, wrap=None, log: Callable[[str], object] = print) -> dict:
     from bench.records import environment
     from bench.workload import HF_ASSISTED, MODES, Pair, mode_metrics
 
+    load_start = os.getloadavg()[0]
     with Pair(workload, wrap, log=log) as pair:
         first = {mode: pair.run(mode) for mode in MODES}
         tokens_per_s: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -132,6 +134,7 @@ def measure(workload, wrap=None, log: Callable[[str], object] = print) -> dict:
         "timing_repeats": repeats,
         "tokens_per_s": tokens_per_s,
         "tokens": tokens,
+        "load_average_1min": [load_start, os.getloadavg()[0]],  # at start and end, for the reader
     }
 
 
@@ -273,6 +276,8 @@ def cmd_gate(args: argparse.Namespace, wrap=None) -> int:
             print(check.line())
     for note in environment_notes(baseline, current):
         print(f"note: environment differs from the baseline's ({note})")
+    if (load := max(current["load_average_1min"])) > (os.cpu_count() or 1):
+        print(f"note: load average {load:.1f} on {os.cpu_count()} cores during the run: other processes may have moved the timing ratios")
     ok, line = verdict(checks)
     print(line)
     return 0 if ok else 1
