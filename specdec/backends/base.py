@@ -70,3 +70,19 @@ class Backend(Protocol):
     def crop(self, state: Any, length: int) -> None:
         """Drop cached positions >= length (exact rollback)."""
         ...
+
+
+def from_pretrained_checked(model_class, path, model_types: tuple[str, ...], what: str, dtype=None):
+    """`model_class.from_pretrained(path)` after checking the config's model type: from_pretrained
+    only warns on another type, then leaves the weights random."""
+    from transformers import AutoConfig
+
+    from specdec.errors import ModelError
+
+    try:
+        model_type = AutoConfig.from_pretrained(path).model_type
+        if model_type not in model_types:
+            raise ModelError(f"{path!r} is a {model_type!r} model, not {what}")
+        return model_class.from_pretrained(path, **({"dtype": dtype} if dtype is not None else {}))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot load a {what} model from {path!r}: {e}") from e

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from transformers import (
-    AutoConfig,
     PreTrainedModel,
     Qwen2_5OmniThinkerForConditionalGeneration,
     WhisperFeatureExtractor,
 )
 
-from specdec.backends.base import Prompt
+from specdec.backends.base import Prompt, from_pretrained_checked
 from specdec.backends.hf_causal import CausalState, HFCausalBackend, block_positions
 from specdec.errors import InputError, ModelError
 
@@ -216,14 +215,7 @@ def load_omni_thinker(path_or_model, dtype: torch.dtype | None = None, name: str
         if dtype is not None:
             model = model.to(dtype)
         return OmniThinkerBackend(model, name)
-    try:
-        # from_pretrained only warns on another model type, then leaves the weights random.
-        model_type = AutoConfig.from_pretrained(path_or_model).model_type
-        if model_type not in OMNI_MODEL_TYPES:
-            raise ModelError(f"{path_or_model!r} is a {model_type!r} model, not Qwen2.5-Omni: it cannot take audio")
-        model = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
-            path_or_model, **({"dtype": dtype} if dtype is not None else {})
-        )
-    except (OSError, ValueError) as e:
-        raise ModelError(f"cannot load a Qwen2.5-Omni thinker from {path_or_model!r}: {e}") from e
+    model = from_pretrained_checked(
+        Qwen2_5OmniThinkerForConditionalGeneration, path_or_model, OMNI_MODEL_TYPES, "Qwen2.5-Omni (audio-capable)", dtype
+    )
     return OmniThinkerBackend(model, name)

@@ -20,7 +20,6 @@ from typing import Sequence
 import numpy as np
 import torch
 from transformers import (
-    AutoConfig,
     DynamicCache,
     EncoderDecoderCache,
     GenerationConfig,
@@ -29,7 +28,7 @@ from transformers import (
     WhisperForConditionalGeneration,
 )
 
-from specdec.backends.base import Prompt
+from specdec.backends.base import Prompt, from_pretrained_checked
 from specdec.backends.hf_causal import block_positions
 from specdec.errors import InputError, ModelError
 
@@ -216,15 +215,7 @@ def load_whisper(path_or_model, dtype: torch.dtype | None = None, name: str = ""
     if isinstance(path_or_model, PreTrainedModel):
         model = path_or_model.to(dtype) if dtype is not None else path_or_model
         return WhisperBackend(model, name)
-    try:
-        model_type = AutoConfig.from_pretrained(path_or_model).model_type
-        if model_type not in WHISPER_MODEL_TYPES:
-            raise ModelError(f"{path_or_model!r} is a {model_type!r} model, not Whisper")
-        model = WhisperForConditionalGeneration.from_pretrained(
-            path_or_model, **({"dtype": dtype} if dtype is not None else {})
-        )
-    except (OSError, ValueError) as e:
-        raise ModelError(f"cannot load a Whisper model from {path_or_model!r}: {e}") from e
+    model = from_pretrained_checked(WhisperForConditionalGeneration, path_or_model, WHISPER_MODEL_TYPES, "Whisper", dtype)
     return WhisperBackend(model, name)
 
 
