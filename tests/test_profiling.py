@@ -41,10 +41,11 @@ def test_profile_of_a_tiny_run(tmp_path, capsys):
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n" for i, t in enumerate(["hi there", "one two"])))
     out = tmp_path / "profiles" / "tiny"
     run = ["--mode", "spec", "--edge", pair["edge"], "--cloud", pair["cloud"], "--prompts", str(prompts), "--out", str(out),
-           "--k", "3", "--entropy-threshold", "0", "--policy", "greedy", "--dtype", "float32", "--max-new-tokens", "6"]
+           "--k", "3", "--entropy-threshold", "0", "--policy", "greedy", "--dtype", "float32", "--max-new-tokens", "48"]
     with pytest.raises(InputError, match="--op-prompts must be >= 1, got 0"):
         profile_command(["profile", *run, "--op-prompts", "0"])
-    assert profile_command(["profile", *run, "--rate", "50"]) == 0
+    # A sampling profiler must land samples inside the engine: a long enough run, sampled often.
+    assert profile_command(["profile", *run, "--rate", "250"]) == 0
     assert capsys.readouterr().out.strip() == str(out)
 
     ops = pd.read_csv(out / "torch_ops.csv")
