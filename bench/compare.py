@@ -8,7 +8,9 @@ better, red worse) to --out. Reads results only; it never measures.
 Verdict, with the gate's rules (bench/gate.py): token hashes exact; deterministic rates within
 `rate_abs`; same-run ratios (speed-ups) fail below baseline * (1 - timing_rel); absolute
 speeds and latencies are shown but never gated. Results directories take the tiny suite's
-tolerance for fp32 points and the real suite's for bf16 points.
+tolerance for fp32 points and the real suite's for bf16 points. Their speed-ups come from single
+passes of each point measured minutes apart, not from the gate's interleaved medians: on a busy
+machine (and on tiny models, whose passes take milliseconds) their timing verdicts can flap.
 """
 from __future__ import annotations
 
