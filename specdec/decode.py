@@ -1,7 +1,8 @@
 """The decoding loops: plain autoregressive (edge-only or cloud-only baselines) and speculative.
 
 One speculative cycle (L = accepted length before it):
-  draft     edge feeds its unseen accepted tokens as one block, then k-1 draft tokens one by one
+  draft     edge feeds its unseen accepted tokens as one block (the whole prompt in the first
+            cycle), then k-1 draft tokens one by one
   gate      block uncertainty (nats) >= entropy_threshold -> escalate to the cloud
   verify    one cloud forward over [unseen accepted, d_0..d_{k-1}] -> logits [k+1, V]
   accept    policy -> `accepted` draft tokens + a correction (or the free bonus token)
@@ -35,6 +36,13 @@ def first_stop(tokens: list[int], n_before: int, constraints: Constraints) -> in
     return None
 
 
+def block_size(k: int, remaining: int) -> int:
+    """Draft tokens for the next block. Near the budget, leave one slot for the cloud's correction
+    or bonus token (as HF's assisted generation does): drafting the token the bonus supplies
+    anyway costs an edge step for nothing."""
+    return max(1, min(k, remaining - 1))
+
+
 def process_rows(logits: torch.Tensor, history: list[int], block: list[int], constraints: Constraints) -> torch.Tensor:
     """Row i of [n+1, V] is the distribution after history + block[:i]."""
     if not constraints.processors:
@@ -50,7 +58,7 @@ def draft(
     block = edge.unseen(seq)  # newly accepted tokens: one forward, never token by token
     tokens, probs = [], []
     for _ in range(n):
-        logits = edge.feed(block)[-1, :vocab]
+        logits = edge.feed(block, keep=1)[-1, :vocab]
         if constraints.processors:
             logits = constraints.apply(seq.generated + [int(t) for t in tokens], logits)
         dist = distribution(logits, temperature)
@@ -71,10 +79,9 @@ def autoregressive_decode(
     generator = torch.Generator().manual_seed(decode.seed)
     seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
     session = Session(backend, prompt, seq)
-    prefill_s = session.compute_s
     ttft_s, stopped_by = 0.0, "max_new_tokens"
     while seq.remaining:
-        logits = session.feed(session.unseen(seq))[-1]
+        logits = session.feed(session.unseen(seq), keep=1)[-1]
         logits = constraints.apply(seq.generated, logits)
         probs = distribution(logits, decode.temperature) if decode.do_sample else None
         token = int(choose(logits, probs, decode.do_sample, generator))
@@ -87,7 +94,7 @@ def autoregressive_decode(
     counters = Counters(cycles=len(seq.generated))
     compute = {f"{role}_s": session.compute_s}
     return Generation(
-        tokens=seq.generated, counters=counters, prompt_tokens=seq.prompt_len, prefill_s=prefill_s,
+        tokens=seq.generated, counters=counters, prompt_tokens=seq.prompt_len, prefill_s=session.prefill_s,
         ttft_s=ttft_s, decode_s=time.perf_counter() - start, stopped_by=stopped_by, **compute,
     )
 
@@ -105,7 +112,6 @@ def speculative_decode(
     vocab = min(edge.vocab_size, cloud.vocab_size)  # compare over the shared ids only
     seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
     edge_session = Session(edge, prompt, seq)
-    prefill_s = edge_session.compute_s
     verifier = make_verifier(spec.verifier, cloud, prompt)
     policy = make_policy(spec.policy, spec.accept_threshold)
     counters, cycles = Counters(accepted_per_position=[0] * spec.k), []
@@ -115,7 +121,7 @@ def speculative_decode(
         base = seq.length
         edge_before, cloud_before = edge_session.compute_s, verifier.compute_s
         draft_tokens, draft_probs = draft(
-            edge_session, seq, min(spec.k, seq.remaining), vocab, constraints, decode.temperature, generator
+            edge_session, seq, block_size(spec.k, seq.remaining), vocab, constraints, decode.temperature, generator
         )
         draft_list = draft_tokens.tolist()
         stop_at = first_stop(draft_list, len(seq.generated), constraints)
@@ -153,7 +159,7 @@ def speculative_decode(
         ttft_s = ttft_s or time.perf_counter() - start
 
     return Generation(
-        tokens=seq.generated, counters=counters, cycles=cycles, prompt_tokens=seq.prompt_len, prefill_s=prefill_s,
+        tokens=seq.generated, counters=counters, cycles=cycles, prompt_tokens=seq.prompt_len, prefill_s=edge_session.prefill_s,
         ttft_s=ttft_s, decode_s=time.perf_counter() - start, edge_s=edge_session.compute_s,
         cloud_s=verifier.compute_s, stopped_by=stopped_by,
         features_bytes=sum(t.numel() * t.element_size() for t in prompt.features.values()),

@@ -40,32 +40,42 @@ class AcceptedSequence:
 
 
 class Session:
-    """A backend and its KV state for one generation; times its own forwards."""
+    """A backend and its KV state for one generation; times its own forwards.
+
+    The prompt is not prefilled on its own: the first `feed` carries the whole prompt plus that
+    step's block (the prompt's multimodal inputs with it) in ONE forward, as `generate()` does.
+    A separate prefill would cost one extra forward of the block per generation, which on a
+    memory-bound CPU costs as much as a whole draft or verify step."""
 
     def __init__(self, backend: Backend, prompt: Prompt, seq: AcceptedSequence) -> None:
-        self.backend = backend
+        self.backend, self.prompt = backend, prompt
+        self.state = None  # created by the first feed
         self.compute_s = 0.0
-        start = time.perf_counter()
-        # Prefill everything but the last prompt token, which is fed with the first block:
-        # every step then feeds >= 1 token and reads its logits (one uniform loop).
-        self.state, _ = backend.prefill(prompt, seq.ids[:-1])
-        self.compute_s += time.perf_counter() - start
+        self.prefill_s = 0.0  # the first forward: prompt + first block
 
     @property
     def length(self) -> int:
-        return self.state.length
+        return self.state.length if self.state is not None else 0
 
-    def feed(self, token_ids: torch.Tensor) -> torch.Tensor:
+    def feed(self, token_ids: torch.Tensor, keep: int) -> torch.Tensor:
+        """Feed a block; returns the logits of its last `keep` positions [keep, V]."""
+        assert 1 <= keep <= token_ids.numel(), f"keep={keep} for a block of {token_ids.numel()}"
         start = time.perf_counter()
-        logits = self.backend.forward(self.state, token_ids)
+        if self.state is None:
+            self.state, logits = self.backend.prefill(self.prompt, token_ids, keep=keep)
+            self.prefill_s = time.perf_counter() - start
+        else:
+            logits = self.backend.forward(self.state, token_ids)[-keep:]
         self.compute_s += time.perf_counter() - start
         return logits
 
     def unseen(self, seq: AcceptedSequence) -> torch.Tensor:
-        """Accepted tokens this cache has not seen yet (>= 1: at least the last accepted one)."""
+        """Accepted tokens this cache has not seen yet (>= 1: at least the last accepted one;
+        the whole prompt before the first feed)."""
         assert self.length < seq.length, f"cache length {self.length} must be < accepted length {seq.length}"
         return seq.ids[self.length :]
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:
         assert length <= seq.length, f"rollback to {length} beyond the accepted sequence ({seq.length})"
+        assert self.state is not None, "rollback before the first feed"
         self.backend.crop(self.state, length)

@@ -65,7 +65,7 @@ class Generation:
     cycles: list[Cycle] = field(default_factory=list)
     text: str = ""
     prompt_tokens: int = 0
-    prefill_s: float = 0.0  # edge (or the mode's model) prefill
+    prefill_s: float = 0.0  # first forward of the edge (or the mode's model): prompt + first step
     ttft_s: float = 0.0  # start -> first emitted token
     decode_s: float = 0.0  # start -> last token
     edge_s: float = 0.0  # edge compute inside forwards, prefill included

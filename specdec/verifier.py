@@ -16,7 +16,7 @@ from specdec.session import AcceptedSequence, Session
 
 class CachedVerifier:
     """The cloud keeps a KV cache of the accepted prefix, audio included from its prefill.
-    Each call feeds only the accepted tokens it has not seen (blocks accepted without escalation
+    The first call prefills the prompt and verifies its draft in one forward. Each call feeds only the accepted tokens it has not seen (blocks accepted without escalation
     arrive lazily here) plus the draft; rejected positions are cropped afterwards."""
 
     def __init__(self, backend: Backend, prompt: Prompt) -> None:
@@ -36,10 +36,9 @@ class CachedVerifier:
             self.session = Session(self.backend, self.prompt, seq)
         unseen = self.session.unseen(seq)
         # What crosses the network: every accepted token the cloud has not received (the whole
-        # prompt on the first call, prefill included) plus the draft.
-        self.last_tokens_in = (seq.length if first_call else unseen.numel()) + draft_tokens.numel()
-        logits = self.session.feed(torch.cat([unseen, draft_tokens]))
-        return logits[unseen.numel() - 1 :]
+        # prompt on the first call, prefilled in the same forward as the draft) plus the draft.
+        self.last_tokens_in = unseen.numel() + draft_tokens.numel()
+        return self.session.feed(torch.cat([unseen, draft_tokens]), keep=draft_tokens.numel() + 1)
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:
         self.session.rollback(length, seq)

@@ -96,3 +96,63 @@ def test_first_cached_call_uploads_the_whole_prompt(backends):
     assert first.cloud_tokens_in == prompt.input_ids.numel() + len(first.draft_tokens)
     # Later calls: the correction/bonus token of the previous cycle plus the new draft.
     assert second.cloud_tokens_in == 1 + len(second.draft_tokens)
+
+
+class CountingBackend:
+    """Wraps a backend and records the size of every block it is asked to run."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+        self.name, self.vocab_size, self.accepts_audio = inner.name, inner.vocab_size, inner.accepts_audio
+
+    def prefill(self, prompt, token_ids, keep=0, use_cache=True):
+        self.calls.append(("prefill", token_ids.numel(), keep))
+        return self.inner.prefill(prompt, token_ids, keep, use_cache)
+
+    def forward(self, state, token_ids):
+        self.calls.append(("forward", token_ids.numel(), token_ids.numel()))
+        return self.inner.forward(state, token_ids)
+
+    def crop(self, state, length):
+        self.inner.crop(state, length)
+
+
+def test_no_forward_is_spent_on_a_separate_prefill(backends):
+    """The prompt rides with the first step: one edge forward per draft token and one cloud forward
+    per escalation, as in HF's generate (an extra prefill forward costs a whole step on a CPU)."""
+    edge, cloud = CountingBackend(backends[0]), CountingBackend(backends[1])
+    prompt = Prompt(random_prompt(4))
+    generation = speculative_decode(edge, cloud, prompt, SpecConfig(k=3, entropy_threshold=0, policy="greedy"),
+                                    DecodeConfig(max_new_tokens=12))
+    P = prompt.input_ids.numel()
+    assert len(edge.calls) == generation.counters.num_draft_tokens
+    assert len(cloud.calls) == generation.counters.cloud_calls > 1
+    first_draft = len(generation.cycles[0].draft_tokens)
+    assert edge.calls[0] == ("prefill", P, 1)  # whole prompt, only the last position's logits
+    assert cloud.calls[0] == ("prefill", P + first_draft, first_draft + 1)
+    assert all(kind == "forward" for kind, _, _ in edge.calls[1:] + cloud.calls[1:])
+
+
+def test_autoregressive_decode_runs_one_forward_per_token(backends):
+    from specdec import autoregressive_decode
+
+    cloud = CountingBackend(backends[1])
+    prompt = Prompt(random_prompt(5))
+    generation = autoregressive_decode(cloud, prompt, DecodeConfig(max_new_tokens=7))
+    assert cloud.calls == [("prefill", prompt.input_ids.numel(), 1)] + [("forward", 1, 1)] * (len(generation.tokens) - 1)
+
+
+def test_last_block_leaves_room_for_the_bonus():
+    from specdec.decode import block_size
+
+    assert [block_size(4, r) for r in (9, 6, 5, 4, 3, 2, 1)] == [4, 4, 4, 3, 2, 1, 1]
+
+
+def test_budget_is_filled_by_the_bonus_when_the_last_block_is_accepted(backends):
+    """A cloud used as its own edge accepts everything: the final token must be the bonus."""
+    cloud = backends[1]
+    generation = speculative_decode(cloud, cloud, Prompt(random_prompt(6)), SpecConfig(k=4, entropy_threshold=0, policy="greedy"),
+                                    DecodeConfig(max_new_tokens=8))
+    assert [len(c.draft_tokens) for c in generation.cycles] == [4, 2]
+    assert [c.extra_kind for c in generation.cycles] == ["bonus", "bonus"]
+    assert generation.new_tokens == 8 and generation.counters.num_draft_tokens == 6
