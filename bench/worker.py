@@ -70,7 +70,7 @@ def run_group(config, caps: EdgeCaps, group: list, out: Path, queue) -> None:
             with watchdog:
                 try:
                     generate_one(engine, record, row_point, results, after=lambda: queue.put(("tick",)),
-                                 decorate=lambda row, g: row.update(_network_fields(row, g, network)),
+                                 decorate=lambda row, g: row.update(network_fields(row, g, network)),
                                  max_audio_s=config.max_audio_s)
                 except InputError as e:  # a bad sample fails alone; the sweep goes on
                     results.append({**current, **row_point, "status": "failed", "error": str(e)})
@@ -78,7 +78,7 @@ def run_group(config, caps: EdgeCaps, group: list, out: Path, queue) -> None:
         queue.put(("point_done", key))
 
 
-def _network_fields(row: dict, generation, network) -> dict:
+def network_fields(row: dict, generation, network) -> dict:
     cost = network_cost(row["trace"], network, generation.features_bytes)
     return {
         "network_s": cost.latency_s, "uplink_bytes": cost.uplink_bytes, "downlink_bytes": cost.downlink_bytes,
