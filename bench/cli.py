@@ -117,13 +117,14 @@ def add_sweep_options(p: argparse.ArgumentParser) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from bench.records import ResultsFile
+    from bench.nll import read_scores
     from bench.summary import summarize
     from bench.sweep import SweepConfig, run_sweep
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "out", "func") and v is not None}
     config = SweepConfig.from_toml(args.config, **overrides) if args.config else SweepConfig.from_mapping(overrides)
     counts = run_sweep(config, args.out)
-    summary = summarize(ResultsFile(args.out / "results.jsonl").read())
+    summary = summarize(ResultsFile(args.out / "results.jsonl").read(), read_scores(args.out))
     summary.to_csv(args.out / "summary.csv", index=False)
     _say(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     if not summary.empty:
@@ -131,6 +132,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                "acceptance_rate", "cloud_call_rate", "chrf_vs_cloud") if c in summary]
         _say(summary[columns].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     _say(f"summary: {args.out / 'summary.csv'}")
+    return 0
+
+
+def add_score_parser(sub) -> None:
+    p = sub.add_parser("score", help="cloud NLL of every output in a results folder (resumable); "
+                                     "summaries and reports then show it")
+    p.add_argument("results", type=Path, help="the --out folder of `specbench run` or `sweep`")
+    p.add_argument("--model", help="scoring model (default: the results' cloud model)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from bench.nll import SCORES, score
+
+    counts = score(args.results, args.model, args.dtype, log=_say)
+    _say(f"scored {counts['scored']} outputs ({counts['already']} already scored, {counts['skipped']} audio "
+         f"prompts skipped): {args.results / SCORES}")
     return 0
 
 
@@ -160,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_parser(sub)
     add_gate_parser(sub)
     add_compare_parser(sub)
+    add_score_parser(sub)
     models = sub.add_parser("models", help="the offline model registry")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("list", help="registry aliases and whether they are fetched")
@@ -169,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models, "report": cmd_report, "profile": cmd_profile,
-            "gate": cmd_gate, "compare": cmd_compare}
+            "gate": cmd_gate, "compare": cmd_compare, "score": cmd_score}
 
 
 def main(argv: list[str] | None = None) -> int:

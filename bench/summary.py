@@ -5,7 +5,8 @@ point with the same dtype and prompt set. The theoretical speed-up is Leviathan 
 eq. (1)/Thm 3.8: (1 - a^(k+1)) / ((1 - a)(k c + 1)), with a the measured acceptance rate and
 c = edge step time / cloud step time measured from the edge-only and cloud-only baselines.
 WER and CER are means over the point's rows that carry a `reference` (see bench.health.error_rates:
-CER for Chinese-like languages, WER otherwise); NaN when none do.
+CER for Chinese-like languages, WER otherwise); NaN when none do. `cloud_nll` (nats per token of
+the output under the cloud, bench/nll.py) is there once the folder has been scored.
 """
 from __future__ import annotations
 
@@ -45,7 +46,12 @@ def _reference_rates(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rates, index=frame.index, columns=["wer", "cer"])
 
 
-def summarize(rows: list[dict]) -> pd.DataFrame:
+def summarize(rows: list[dict], scores: dict[str, float] | None = None) -> pd.DataFrame:
+    """One row per point. `scores`: bench.nll.read_scores(DIR), the cloud NLL of each output."""
+    if scores:
+        from bench.nll import score_key
+
+        rows = [{**r, "cloud_nll": scores.get(score_key(r), float("nan"))} if "id" in r else r for r in rows]
     frame = load_rows(rows)
     if frame.empty:
         return frame
@@ -80,6 +86,8 @@ def _point_stats(group: pd.DataFrame) -> pd.Series:
         "token_match_vs_cloud": group["token_match_vs_cloud"].mean(),
         "wer": group["wer"].mean(), "cer": group["cer"].mean(),  # NaN rows (no reference) skipped
         "peak_rss_bytes": group["peak_rss_bytes"].max(),
+        # mean over the point's scored outputs (`specbench score`); NaN when not scored
+        "cloud_nll": group["cloud_nll"].mean() if "cloud_nll" in group else float("nan"),
     }
     return pd.Series(stats)
 

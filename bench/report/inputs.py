@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.nll import read_scores
 from bench.summary import summarize
 from specdec.errors import InputError
 
@@ -57,7 +58,7 @@ def load_inputs(results_dir: Path, profile: Path | None = None) -> ReportInputs:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
         raise InputError(f"{results} has no successful results ({counts}): see the records' `error` fields")
     kind, meta = _meta(results_dir)
-    return ReportInputs(source=results_dir, kind=kind, rows=rows, summary=summarize(rows), meta=meta,
+    return ReportInputs(source=results_dir, kind=kind, rows=rows, summary=summarize(rows, read_scores(results_dir)), meta=meta,
                         profile=find_profile(results_dir, profile), statuses=statuses)
 
 

@@ -33,6 +33,7 @@ POINT_COLUMNS = (
     ("repeat_3gram", "3-gram rep", "{:.2f}"),
     ("immediate_repeats", "imm. rep", "{:.1f}"),
     ("chrf_vs_cloud", "chrF vs cloud", "{:.1f}"),
+    ("cloud_nll", "cloud NLL nats/token", "{:.3f}"),  # after `specbench score`
     ("wer", "WER vs ref", "{:.2f}"),
     ("cer", "CER vs ref", "{:.2f}"),
     ("peak_rss_bytes", "peak RSS GiB", "{:.2f}"),
