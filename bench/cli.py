@@ -146,9 +146,17 @@ def add_score_parser(sub) -> None:
 def cmd_score(args: argparse.Namespace) -> int:
     from bench.nll import SCORES, score
 
+    from bench.nll import read_scores
+    from bench.report.inputs import read_records
+    from bench.summary import summarize
+
     counts = score(args.results, args.model, args.dtype, log=_say)
     _say(f"scored {counts['scored']} outputs ({counts['already']} already scored, {counts['skipped']} audio "
          f"prompts skipped): {args.results / SCORES}")
+    summary_csv = args.results / "summary.csv"
+    if summary_csv.exists():  # a sweep folder: its summary gains the cloud_nll column
+        summarize(read_records(args.results / "results.jsonl"), read_scores(args.results)).to_csv(summary_csv, index=False)
+        _say(f"summary: {summary_csv}")
     return 0
 
 

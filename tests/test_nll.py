@@ -44,7 +44,11 @@ def test_output_nll_is_the_models_own_mean_negative_log_likelihood(pair):
 
 
 def test_score_is_resumable_and_reaches_summary_and_report(swept, tmp_path, capsys):
+    import pandas as pd
+
+    assert pd.read_csv(swept / "summary.csv")["cloud_nll"].isna().all()  # not scored yet
     assert main(["score", str(swept)]) == 0  # scorer: the sweep's cloud, found in the results
+    assert pd.read_csv(swept / "summary.csv")["cloud_nll"].notna().all()  # the sweep's summary, rewritten
     scores = ResultsFile(swept / SCORES).read()
     rows = ResultsFile(swept / "results.jsonl").read()
     assert {s["key"] for s in scores} == {score_key(r) for r in rows} and len(scores) == len(rows) == 6
