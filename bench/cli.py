@@ -147,7 +147,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from bench.nll import SCORES, score
 
     from bench.nll import read_scores
-    from bench.report.inputs import read_records
+    from bench.records import read_records
     from bench.summary import summarize
 
     counts = score(args.results, args.model, args.dtype, log=_say)

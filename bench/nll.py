@@ -18,18 +18,18 @@ import torch
 from tqdm import tqdm
 
 from bench.prompts import load_prompts
-from bench.records import ResultsFile
+from bench.records import ResultsFile, read_records
+from bench.sweep import AXES
 from specdec.backends.base import Prompt
 from specdec.errors import ConfigError, InputError
 from specdec.loading import LoadedModel, load_model
 
 SCORES = "nll.jsonl"
-KEY_FIELDS = ("mode", "k", "entropy_threshold", "accept_threshold", "policy", "verifier", "dtype", "prompts")
 
 
 def score_key(row: dict) -> str:
     """Which (point, prompt) a score belongs to (the sweep's point axes + the prompt id)."""
-    return json.dumps({**{f: row.get(f) for f in KEY_FIELDS}, "id": row["id"]}, sort_keys=True)
+    return json.dumps({**{axis: row.get(axis) for axis in AXES}, "id": row["id"]}, sort_keys=True)
 
 
 @torch.inference_mode()
@@ -60,10 +60,7 @@ def read_scores(out: Path) -> dict[str, float]:
     path = Path(out) / SCORES
     if not path.is_file():
         return {}
-    data = path.read_bytes()
-    lines = data[: data.rfind(b"\n") + 1].decode("utf-8").splitlines()
-    rows = [json.loads(line) for line in lines if line.strip()]
-    return {r["key"]: r["cloud_nll"] for r in rows if r.get("cloud_nll") is not None}
+    return {r["key"]: r["cloud_nll"] for r in read_records(path) if r.get("cloud_nll") is not None}
 
 
 def score(out: Path, model: str | None = None, dtype: str = "float32", progress: bool = True,

@@ -45,6 +45,15 @@ def result_record(generation: Generation, point: dict, prompt_id: str, latency_s
     }
 
 
+def read_records(path: Path) -> list[dict]:
+    """The complete records of a results.jsonl, read only: a last line still being written (no
+    newline yet) is skipped, never cut off the file as `ResultsFile.read` does for a resume,
+    since a sweep may be appending to it while we read."""
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    return [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
+
+
 class ResultsFile:
     """DIR/results.jsonl: appended and flushed per record, so a crash loses nothing written."""
 

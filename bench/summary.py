@@ -51,7 +51,7 @@ def summarize(rows: list[dict], scores: dict[str, float] | None = None) -> pd.Da
     if scores:
         from bench.nll import score_key
 
-        rows = [{**r, "cloud_nll": scores.get(score_key(r), float("nan"))} if "id" in r else r for r in rows]
+        rows = [{**r, "cloud_nll": scores.get(score_key(r), float("nan"))} for r in rows]
     frame = load_rows(rows)
     if frame.empty:
         return frame

@@ -78,7 +78,7 @@ def autoregressive_decode(
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(decode.seed)
     seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
-    session = Session(backend, prompt, seq)
+    session = Session(backend, prompt)
     ttft_s, stopped_by = 0.0, "max_new_tokens"
     while seq.remaining:
         logits = session.feed(session.unseen(seq), keep=1)[-1]
@@ -111,7 +111,7 @@ def speculative_decode(
     generator = torch.Generator().manual_seed(decode.seed)
     vocab = min(edge.vocab_size, cloud.vocab_size)  # compare over the shared ids only
     seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
-    edge_session = Session(edge, prompt, seq)
+    edge_session = Session(edge, prompt)
     verifier = make_verifier(spec.verifier, cloud, prompt)
     policy = make_policy(spec.policy, spec.accept_threshold)
     counters, cycles = Counters(accepted_per_position=[0] * spec.k), []

@@ -47,7 +47,7 @@ class Session:
     A separate prefill would cost one extra forward of the block per generation, which on a
     memory-bound CPU costs as much as a whole draft or verify step."""
 
-    def __init__(self, backend: Backend, prompt: Prompt, seq: AcceptedSequence) -> None:
+    def __init__(self, backend: Backend, prompt: Prompt) -> None:
         self.backend, self.prompt = backend, prompt
         self.state = None  # created by the first feed
         self.compute_s = 0.0
@@ -65,7 +65,7 @@ class Session:
             self.state, logits = self.backend.prefill(self.prompt, token_ids, keep=keep)
             self.prefill_s = time.perf_counter() - start
         else:
-            logits = self.backend.forward(self.state, token_ids)[-keep:]
+            logits = self.backend.forward(self.state, token_ids, keep)
         self.compute_s += time.perf_counter() - start
         return logits
 

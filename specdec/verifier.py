@@ -33,7 +33,7 @@ class CachedVerifier:
         first_call = self.session is None
         self.last_sent_features = first_call and bool(self.prompt.features)
         if first_call:
-            self.session = Session(self.backend, self.prompt, seq)
+            self.session = Session(self.backend, self.prompt)
         unseen = self.session.unseen(seq)
         # What crosses the network: every accepted token the cloud has not received (the whole
         # prompt on the first call, prefilled in the same forward as the draft) plus the draft.

@@ -109,9 +109,9 @@ class CountingBackend:
         self.calls.append(("prefill", token_ids.numel(), keep))
         return self.inner.prefill(prompt, token_ids, keep, use_cache)
 
-    def forward(self, state, token_ids):
-        self.calls.append(("forward", token_ids.numel(), token_ids.numel()))
-        return self.inner.forward(state, token_ids)
+    def forward(self, state, token_ids, keep=None):
+        self.calls.append(("forward", token_ids.numel(), keep))
+        return self.inner.forward(state, token_ids, keep)
 
     def crop(self, state, length):
         self.inner.crop(state, length)

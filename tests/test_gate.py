@@ -31,9 +31,9 @@ class SlowVerifier(HFCausalBackend):
     def __init__(self, inner: HFCausalBackend) -> None:
         super().__init__(inner.model, inner.name)
 
-    def forward(self, state, token_ids):
+    def forward(self, state, token_ids, keep=None):
         time.sleep(VERIFY_DELAY_S)
-        return super().forward(state, token_ids)
+        return super().forward(state, token_ids, keep)
 
 
 class NoisyDrafter(HFCausalBackend):
@@ -43,8 +43,8 @@ class NoisyDrafter(HFCausalBackend):
         super().__init__(inner.model, inner.name)
         self.bias = scale * torch.randn(self.vocab_size, generator=torch.Generator().manual_seed(0))
 
-    def forward(self, state, token_ids):
-        return super().forward(state, token_ids) + self.bias
+    def forward(self, state, token_ids, keep=None):
+        return super().forward(state, token_ids, keep) + self.bias
 
 
 def slow_verifier(mode, role, backend):

@@ -42,3 +42,18 @@ def test_crop_beyond_state_is_refused():
         state, _ = backend.prefill(Prompt(ids), ids)
     with pytest.raises(ValueError, match="cannot crop a state of length 5 to 6"):
         backend.crop(state, 6)
+
+
+def test_forward_keep_returns_the_last_rows_only():
+    """`keep` limits the output head to the last positions; the rows equal the full block's."""
+    model = tiny_causal("llama")
+    backend = HFCausalBackend(model)
+    ids = random_prompt(3, length=9)
+    with torch.inference_mode():
+        full_state, _ = backend.prefill(Prompt(ids[:5]), ids[:5])
+        full = backend.forward(full_state, ids[5:])
+        kept_state, _ = backend.prefill(Prompt(ids[:5]), ids[:5])
+        kept = backend.forward(kept_state, ids[5:], keep=2)
+    assert full.shape[0] == 4 and kept.shape[0] == 2
+    torch.testing.assert_close(kept, full[-2:], atol=1e-5, rtol=1e-5)
+    assert kept_state.length == full_state.length == 9

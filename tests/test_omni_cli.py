@@ -145,8 +145,8 @@ class RecordingCloud(OmniThinkerBackend):
             self.logits.append(logits.clone())
         return state, logits
 
-    def forward(self, state, token_ids):
-        logits = super().forward(state, token_ids)
+    def forward(self, state, token_ids, keep=None):
+        logits = super().forward(state, token_ids, keep)
         self.logits.append(logits.clone())
         return logits
 

@@ -98,7 +98,7 @@ def test_temperature_is_applied_once_after_processors():
     with torch.inference_mode():
         raw = model(ids.unsqueeze(0)).logits[0, -1]
         seq = AcceptedSequence(ids, 4)
-        session = Session(HFCausalBackend(model), Prompt(ids), seq)
+        session = Session(HFCausalBackend(model), Prompt(ids))
         _, draft_probs = draft(session, seq, 1, 96, Constraints(processors=(boost_seven,)), temperature, torch.Generator().manual_seed(0))
     torch.testing.assert_close(draft_probs[0], torch.softmax((raw + shift) / temperature, -1), atol=1e-6, rtol=1e-5)
     assert not torch.allclose(draft_probs[0], torch.softmax((raw + shift) / temperature**2, -1), atol=1e-3)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.nll import read_scores
+from bench.records import read_records
 from bench.summary import summarize
 from specdec.errors import InputError
 
@@ -60,15 +61,6 @@ def load_inputs(results_dir: Path, profile: Path | None = None) -> ReportInputs:
     kind, meta = _meta(results_dir)
     return ReportInputs(source=results_dir, kind=kind, rows=rows, summary=summarize(rows, read_scores(results_dir)), meta=meta,
                         profile=find_profile(results_dir, profile), statuses=statuses)
-
-
-def read_records(path: Path) -> list[dict]:
-    """The complete records of a results.jsonl, read only: a last line still being written (no
-    newline yet) is skipped, never cut off the file as `ResultsFile.read` does for a resume,
-    since a sweep may be appending to it while we read."""
-    data = path.read_bytes()
-    complete = data[: data.rfind(b"\n") + 1]
-    return [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
 
 
 def _meta(results_dir: Path) -> tuple[str, dict]:

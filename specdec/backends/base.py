@@ -3,7 +3,7 @@
 A backend turns token blocks into logits on a KV state it owns:
 
     state, logits = backend.prefill(prompt, token_ids, keep)   # one forward, multimodal inputs here
-    logits = backend.forward(state, token_ids)                 # [n, V]: row i predicts the token after token_ids[i]
+    logits = backend.forward(state, token_ids, keep)           # [keep, V] of [n, V]: row i predicts the token after token_ids[i]
     backend.crop(state, length)                                # drop cached positions >= length
 
 Positions are always explicit: a block fed on a state of length L occupies positions L .. L+n-1.
@@ -63,8 +63,10 @@ class Backend(Protocol):
         [keep, V], or None when keep == 0). `use_cache=False` builds no reusable state."""
         ...
 
-    def forward(self, state: Any, token_ids: torch.Tensor) -> torch.Tensor:
-        """Feed `token_ids` [n] at positions state.length .. +n-1; returns logits [n, V] (float32)."""
+    def forward(self, state: Any, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+        """Feed `token_ids` [n] at positions state.length .. +n-1; returns the logits of the last
+        `keep` positions [keep, V] (float32; all n when keep is None). The output head runs on
+        those positions only."""
         ...
 
     def crop(self, state: Any, length: int) -> None:

@@ -48,8 +48,8 @@ class HFCausalBackend:
         logits = self._run(state, token_ids, keep)
         return state, logits
 
-    def forward(self, state: CausalState, token_ids: torch.Tensor) -> torch.Tensor:
-        return self._run(state, token_ids, token_ids.numel())
+    def forward(self, state: CausalState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+        return self._run(state, token_ids, token_ids.numel() if keep is None else keep)
 
     def crop(self, state: CausalState, length: int) -> None:
         if not 0 <= length <= state.length:

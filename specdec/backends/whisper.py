@@ -160,8 +160,8 @@ class WhisperBackend:
             return state, None
         return state, self._run(state, token_ids, keep)
 
-    def forward(self, state: WhisperState, token_ids: torch.Tensor) -> torch.Tensor:
-        return self._run(state, token_ids, token_ids.numel())
+    def forward(self, state: WhisperState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+        return self._run(state, token_ids, token_ids.numel() if keep is None else keep)
 
     def crop(self, state: WhisperState, length: int) -> None:
         if not 0 <= length <= state.length:
