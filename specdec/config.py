@@ -45,6 +45,11 @@ class SpecConfig:
         default=None, metadata={"help": "force escalation when the block's punctuation density exceeds this (seed 003: 0.4)"}
     )
 
+    draft_topn: int | None = field(
+        default=None, metadata={"help": "sample policy: draft from the top-N of the edge distribution (renormalized), "
+                                        "so a remote verify uploads N probabilities per token instead of the vocabulary"}
+    )
+
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
             raise ConfigError(f"k must be >= 1, got {self.k}")
@@ -61,6 +66,10 @@ class SpecConfig:
         ):
             if value not in allowed:
                 raise ConfigError(f"unknown {name} {value!r}: use one of {', '.join(allowed)}")
+        if self.draft_topn is not None and (not isinstance(self.draft_topn, int) or self.draft_topn < 1):
+            raise ConfigError(f"draft_topn must be an integer >= 1 (or unset for the full distribution), got {self.draft_topn}")
+        if self.draft_topn is not None and self.policy != "sample":
+            raise ConfigError("draft_topn truncates sampled drafts: use it with --policy sample, or leave it unset")
         if self.punct_trigger is not None and not 0.0 <= self.punct_trigger <= 1.0:
             raise ConfigError(f"punct_trigger is a density in [0, 1], got {self.punct_trigger}")
 

@@ -16,14 +16,13 @@ from typing import Callable
 import torch
 
 from specdec.backends.base import Backend, Prompt
+from specdec.cloud import Cloud, CloudLost, Verdict, as_cloud
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.gate import should_escalate
-from specdec.policies import make_policy
 from specdec.processors import Constraints
 from specdec.sampling import choose, distribution, entropy_nats
 from specdec.session import AcceptedSequence, Session
 from specdec.trace import Counters, Cycle, Generation
-from specdec.verifier import make_verifier
 
 NO_CONSTRAINTS = Constraints()
 
@@ -43,16 +42,16 @@ def block_size(k: int, remaining: int) -> int:
     return max(1, min(k, remaining - 1))
 
 
-def process_rows(logits: torch.Tensor, history: list[int], block: list[int], constraints: Constraints) -> torch.Tensor:
-    """Row i of [n+1, V] is the distribution after history + block[:i]."""
-    if not constraints.processors:
-        return logits
-    return torch.stack([constraints.apply(history + block[:i], row) for i, row in enumerate(logits)])
+def top_n(probs: torch.Tensor, n: int) -> torch.Tensor:
+    """[V] -> the n most likely entries renormalized, zeros elsewhere. Drafting from this (not
+    from the full distribution) keeps speculative sampling exact with only n values uploaded."""
+    values, index = probs.topk(n)
+    return torch.zeros_like(probs).scatter_(-1, index, values / values.sum())
 
 
 def draft(
     edge: Session, seq: AcceptedSequence, n: int, vocab: int, constraints: Constraints,
-    temperature: float, generator: torch.Generator,
+    temperature: float, generator: torch.Generator, topn: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """n tokens on the edge cache -> (tokens [n], draft_probs [n, V]: what each was drawn from)."""
     block = edge.unseen(seq)  # newly accepted tokens: one forward, never token by token
@@ -62,6 +61,8 @@ def draft(
         if constraints.processors:
             logits = constraints.apply(seq.generated + [int(t) for t in tokens], logits)
         dist = distribution(logits, temperature)
+        if topn:
+            dist = top_n(dist, topn)
         token = choose(logits, dist, temperature > 0, generator)
         tokens.append(token)
         probs.append(dist)
@@ -101,66 +102,88 @@ def autoregressive_decode(
 
 @torch.inference_mode()
 def speculative_decode(
-    edge: Backend, cloud: Backend, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig,
+    edge: Backend, cloud: Backend | Cloud, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig,
     constraints: Constraints = NO_CONSTRAINTS,
     punct_density: Callable[[list[int]], float] | None = None,
+    on_cloud_loss: str = "fail",
 ) -> Generation:
-    """Edge drafts, the gate escalates uncertain blocks, the cloud verifies them in one forward."""
+    """Edge drafts, the gate escalates uncertain blocks, the cloud verifies them in one forward.
+    `cloud` is a backend in this process or a remote cloud (`specdec.remote.RemoteCloud`).
+    on_cloud_loss: "fail" raises CloudLost; "edge" finishes the generation edge-only (degraded)."""
     spec.check_decoding(decode)
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(decode.seed)
+    cloud = as_cloud(cloud)
     vocab = min(edge.vocab_size, cloud.vocab_size)  # compare over the shared ids only
     seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
     edge_session = Session(edge, prompt)
-    verifier = make_verifier(spec.verifier, cloud, prompt)
-    policy = make_policy(spec.policy, spec.accept_threshold)
+    verifier = None  # opened on the first escalation: a block never escalated costs the cloud nothing
     counters, cycles = Counters(accepted_per_position=[0] * spec.k), []
-    ttft_s, stopped_by = 0.0, "max_new_tokens"
+    ttft_s, stopped_by, degraded = 0.0, "max_new_tokens", False
 
-    while seq.remaining and stopped_by != "stop_token":
-        base = seq.length
-        edge_before, cloud_before = edge_session.compute_s, verifier.compute_s
-        draft_tokens, draft_probs = draft(
-            edge_session, seq, block_size(spec.k, seq.remaining), vocab, constraints, decode.temperature, generator
-        )
-        draft_list = draft_tokens.tolist()
-        stop_at = first_stop(draft_list, len(seq.generated), constraints)
-        if stop_at is not None:  # the block ends at its stop token; nothing after it is verified
-            n = stop_at + 1
-            draft_tokens, draft_probs, draft_list = draft_tokens[:n], draft_probs[:n], draft_list[:n]
-        n = len(draft_list)
-        entropies = entropy_nats(draft_probs)
-        density = punct_density(draft_list) if punct_density and spec.punct_trigger is not None else None
-        cycle = Cycle(draft_list, entropies.tolist(), should_escalate(entropies, density, spec), accepted=n)
+    try:
+        while seq.remaining and stopped_by != "stop_token":
+            base = seq.length
+            edge_before, cloud_before = edge_session.compute_s, verifier.compute_s if verifier else 0.0
+            draft_tokens, draft_probs = draft(
+                edge_session, seq, block_size(spec.k, seq.remaining), vocab, constraints, decode.temperature, generator,
+                spec.draft_topn,
+            )
+            draft_list = draft_tokens.tolist()
+            stop_at = first_stop(draft_list, len(seq.generated), constraints)
+            if stop_at is not None:  # the block ends at its stop token; nothing after it is verified
+                n = stop_at + 1
+                draft_tokens, draft_probs, draft_list = draft_tokens[:n], draft_probs[:n], draft_list[:n]
+            n = len(draft_list)
+            entropies = entropy_nats(draft_probs)
+            density = punct_density(draft_list) if punct_density and spec.punct_trigger is not None else None
+            escalate = not degraded and should_escalate(entropies, density, spec)
+            cycle = Cycle(draft_list, entropies.tolist(), escalate, accepted=n)
 
-        if cycle.escalated:
-            cloud_logits = verifier.logits(seq, draft_tokens)[:, :vocab]
-            cloud_logits = process_rows(cloud_logits, seq.generated, draft_list, constraints)
-            cloud_probs = distribution(cloud_logits, decode.temperature)
-            accepted, next_token = policy(draft_tokens, draft_probs, cloud_logits, cloud_probs, decode.do_sample, generator)
-            cycle.accepted = accepted
-            cycle.cloud_tokens_in, cycle.sent_features = verifier.last_tokens_in, verifier.last_sent_features
-            # The bonus is free only if there is room for it and the block did not end generation.
-            if accepted < n or (n < seq.remaining and stop_at is None):
-                cycle.extra_token = int(next_token)
-                cycle.extra_kind = "correction" if accepted < n else "bonus"
+            if cycle.escalated:
+                try:
+                    verifier = verifier or cloud.open(prompt, spec, decode, constraints, vocab, generator)
+                    verdict = verifier.verify(seq, draft_tokens, draft_probs)
+                except CloudLost:
+                    if on_cloud_loss != "edge":
+                        raise
+                    degraded, cycle.escalated = True, False  # keep the draft, unverified; no more calls
+                    if verifier is not None:
+                        verifier.close()
+                    verifier = None
+                else:
+                    record_verdict(cycle, verdict)
+                    # The bonus is free only if there is room for it and the block did not end generation.
+                    if verdict.accepted < n or (n < seq.remaining and stop_at is None):
+                        cycle.extra_token = verdict.next_token
+                        cycle.extra_kind = "correction" if verdict.accepted < n else "bonus"
 
-        emitted = draft_list[: cycle.accepted] + ([cycle.extra_token] if cycle.extra_kind else [])
-        if first_stop(emitted, len(seq.generated), constraints) is not None:
-            stopped_by = "stop_token"
-        seq.extend(emitted)
-        edge_session.rollback(min(edge_session.length, base + cycle.accepted), seq)
-        if cycle.escalated:
-            verifier.rollback(base + cycle.accepted, seq)
-        cycle.edge_s = edge_session.compute_s - edge_before
-        cycle.cloud_s = verifier.compute_s - cloud_before
-        counters.add(cycle)
-        cycles.append(cycle)
-        ttft_s = ttft_s or time.perf_counter() - start
+            emitted = draft_list[: cycle.accepted] + ([cycle.extra_token] if cycle.extra_kind else [])
+            if first_stop(emitted, len(seq.generated), constraints) is not None:
+                stopped_by = "stop_token"
+            seq.extend(emitted)
+            edge_session.rollback(min(edge_session.length, base + cycle.accepted), seq)
+            if cycle.escalated:
+                verifier.rollback(base + cycle.accepted, seq)
+            cycle.edge_s = edge_session.compute_s - edge_before
+            cycle.cloud_s = verifier.compute_s - cloud_before if cycle.escalated else 0.0
+            counters.add(cycle)
+            cycles.append(cycle)
+            ttft_s = ttft_s or time.perf_counter() - start
+    finally:
+        if verifier is not None:
+            verifier.close()
 
     return Generation(
         tokens=seq.generated, counters=counters, cycles=cycles, prompt_tokens=seq.prompt_len, prefill_s=edge_session.prefill_s,
         ttft_s=ttft_s, decode_s=time.perf_counter() - start, edge_s=edge_session.compute_s,
-        cloud_s=verifier.compute_s, stopped_by=stopped_by,
+        cloud_s=sum(c.cloud_s for c in cycles), stopped_by=stopped_by, degraded=degraded,
         features_bytes=sum(t.numel() * t.element_size() for t in prompt.features.values()),
     )
+
+
+def record_verdict(cycle: Cycle, verdict: Verdict) -> None:
+    cycle.accepted = verdict.accepted
+    cycle.cloud_tokens_in, cycle.sent_features = verdict.tokens_in, verdict.sent_features
+    cycle.wire_up_bytes, cycle.wire_down_bytes = verdict.wire_up_bytes, verdict.wire_down_bytes
+    cycle.wait_s, cycle.server_queue_s = verdict.wait_s, verdict.server_queue_s

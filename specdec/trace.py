@@ -22,6 +22,11 @@ class Cycle:
     cloud_s: float = 0.0
     cloud_tokens_in: int = 0  # unseen accepted tokens + draft tokens sent up
     sent_features: bool = False  # the prompt's multimodal features went up with this call
+    # Split deployment only (0 in process): what crossed the link and how long the edge waited.
+    wire_up_bytes: int = 0
+    wire_down_bytes: int = 0
+    wait_s: float = 0.0  # send -> reply on the edge: in flight + server queue + server compute
+    server_queue_s: float = 0.0
 
 
 @dataclass
@@ -72,6 +77,12 @@ class Generation:
     cloud_s: float = 0.0  # cloud compute inside forwards, its prefill included
     stopped_by: str = "max_new_tokens"  # or "stop_token"
     features_bytes: int = 0  # size of the prompt's multimodal features (what a first cloud call uploads)
+    degraded: bool = False  # the cloud was lost mid-generation and the rest was drafted edge-only
+
+    @property
+    def link_s(self) -> float:
+        """Seconds the edge waited on the link itself (split deployment): waits minus server time."""
+        return sum(c.wait_s - c.cloud_s - c.server_queue_s for c in self.cycles if c.wait_s)
 
     @property
     def new_tokens(self) -> int:

@@ -1,0 +1,123 @@
+"""The cloud's half of a cycle behind one interface, whether the cloud runs in this process or
+behind a verifier server (`specdec.remote`):
+
+    cloud = LocalCloud(backend)                                   # or RemoteCloud(url)
+    verifier = cloud.open(prompt, spec, decode, constraints, vocab, generator)
+    verdict = verifier.verify(seq, draft_tokens, draft_probs)     # logits -> processors -> policy
+    verifier.rollback(length, seq); verifier.close()
+
+The acceptance policy runs where the cloud logits are: a remote verify returns the accepted count
+and the next token, never [k+1, V] logits (151,936 floats per position on the real pair).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specdec.backends.base import Backend, Prompt
+from specdec.config import DecodeConfig, SpecConfig
+from specdec.errors import SpecdecError
+from specdec.policies import make_policy
+from specdec.processors import Constraints
+from specdec.sampling import distribution
+from specdec.session import AcceptedSequence
+from specdec.verifier import make_verifier
+
+
+class CloudLost(SpecdecError):
+    """The cloud stopped answering in the middle of a generation (server gone, call timed out)."""
+
+
+@dataclass
+class Verdict:
+    """What one verify call decided, and what it cost."""
+
+    accepted: int  # draft tokens kept, in [0, n]
+    next_token: int  # correction at position `accepted`, or the bonus when accepted == n
+    tokens_in: int  # token ids the cloud consumed: unseen accepted + draft
+    sent_features: bool  # the prompt's multimodal features went up with this call
+    wire_up_bytes: int = 0  # bytes that really crossed (remote only)
+    wire_down_bytes: int = 0
+    wait_s: float = 0.0  # edge wall time from sending the block to holding the reply (remote only)
+    server_queue_s: float = 0.0  # time the request waited for the server's model (remote only)
+
+
+class Verifier(Protocol):
+    compute_s: float  # cloud seconds inside model forwards for this generation
+
+    def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor) -> Verdict: ...
+
+    def rollback(self, length: int, seq: AcceptedSequence) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Cloud(Protocol):
+    vocab_size: int
+    accepts_audio: bool
+
+    def open(self, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig, constraints: Constraints, vocab: int,
+             generator: torch.Generator) -> Verifier: ...
+
+
+def process_rows(logits: torch.Tensor, history: list[int], block: list[int], constraints: Constraints) -> torch.Tensor:
+    """Row i of [n+1, V] is the distribution after history + block[:i]."""
+    if not constraints.processors:
+        return logits
+    return torch.stack([constraints.apply(history + block[:i], row) for i, row in enumerate(logits)])
+
+
+class LocalVerifier:
+    """One explicit cloud forward per block ([n+1, V] logits), the decoding constraints on each
+    row, temperature once, then the acceptance policy. The server runs this same class."""
+
+    def __init__(self, backend: Backend, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig,
+                 constraints: Constraints, vocab: int, generator: torch.Generator) -> None:
+        self.logits_of = make_verifier(spec.verifier, backend, prompt)
+        self.policy = make_policy(spec.policy, spec.accept_threshold)
+        self.decode, self.constraints, self.vocab, self.generator = decode, constraints, vocab, generator
+
+    @property
+    def compute_s(self) -> float:
+        return self.logits_of.compute_s
+
+    def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict:
+        cloud_logits = self.logits_of.logits(seq, draft_tokens)[:, : self.vocab]  # [n+1, V]
+        cloud_logits = process_rows(cloud_logits, seq.generated, draft_tokens.tolist(), self.constraints)
+        cloud_probs = distribution(cloud_logits, self.decode.temperature)
+        accepted, next_token = self.policy(
+            draft_tokens, draft_probs, cloud_logits, cloud_probs, self.decode.do_sample, self.generator
+        )
+        return Verdict(accepted, int(next_token), self.logits_of.last_tokens_in, self.logits_of.last_sent_features)
+
+    def rollback(self, length: int, seq: AcceptedSequence) -> None:
+        self.logits_of.rollback(length, seq)
+
+    def close(self) -> None:
+        """Nothing to release: the cache goes with this object."""
+
+
+@dataclass
+class LocalCloud:
+    """The cloud model in this process."""
+
+    backend: Backend
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.vocab_size
+
+    @property
+    def accepts_audio(self) -> bool:
+        return self.backend.accepts_audio
+
+    def open(self, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig, constraints: Constraints, vocab: int,
+             generator: torch.Generator) -> LocalVerifier:
+        return LocalVerifier(self.backend, prompt, spec, decode, constraints, vocab, generator)
+
+
+def as_cloud(cloud: Backend | Cloud) -> Cloud:
+    """A backend is a cloud in this process; anything with `open` already is a cloud."""
+    return cloud if hasattr(cloud, "open") else LocalCloud(cloud)

@@ -1,0 +1,198 @@
+"""The edge's side of the verifier protocol: a `Cloud` (see `specdec.cloud`) behind a server.
+
+One persistent WebSocket per engine (its handshake is paid once, like a model load); a session is
+opened lazily with the first escalated block (the `open` message travels back to back with that
+verify, so it costs no extra round trip) and closed when the generation ends. Bytes are counted on
+the socket itself: what crossed, WebSocket framing included.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+
+import torch
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.sync.client import ClientConnection, connect
+
+from specdec.backends.base import Prompt
+from specdec.cloud import CloudLost, Verdict
+from specdec.config import DecodeConfig, SpecConfig
+from specdec.errors import ConfigError
+from specdec.processors import Constraints
+from specdec.remote.protocol import SCHEMA, decode, encode, pack_probs, pack_tensors, parse_address
+from specdec.session import AcceptedSequence
+
+
+class CloudUnreachable(ConfigError):
+    """The verifier server cannot be reached or refused us at the start: nothing was generated."""
+
+
+class CountingSocket(socket.socket):
+    """A TCP socket that counts the bytes it sends and receives (the recv side runs on the
+    WebSocket library's reader thread; int increments are atomic under the GIL)."""
+
+    sent = 0
+    received = 0
+
+    def sendall(self, data, *args) -> None:
+        super().sendall(data, *args)
+        self.sent += len(data)
+
+    def recv(self, size, *args) -> bytes:
+        data = super().recv(size, *args)
+        self.received += len(data)
+        return data
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What the server needs besides the prompt: the edge's stop ids and constraint profile."""
+
+    constraints: str = "none"
+    eos_ids: tuple[int, ...] = ()
+
+
+class RemoteCloud:
+    def __init__(self, url: str, token: str | None = None, settings: SessionSettings = SessionSettings(),
+                 timeout_s: float = 60.0, connect_timeout_s: float = 10.0) -> None:
+        if not timeout_s > 0 or not connect_timeout_s > 0:
+            raise ConfigError(f"cloud timeouts must be > 0 seconds, got {timeout_s} and {connect_timeout_s}")
+        self.url, self.token, self.settings = url, token, settings
+        self.host, self.port = parse_address(url, "--cloud-url")
+        self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
+        self.ws: ClientConnection | None = None
+        self.sock: CountingSocket | None = None
+        self.info: dict = {}
+
+    # -- connection ------------------------------------------------------------------------------
+    def connect(self) -> dict:
+        """Connect and handshake; returns the server's `ready` (model, vocab_size, tokenizer_sha256)."""
+        self.close()
+        try:
+            plain = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
+        except OSError as e:
+            raise CloudUnreachable(
+                f"cannot reach the cloud verifier at {self.url}: {e.strerror or e}; start it with "
+                "`specbench serve --model MODEL` or fix --cloud-url"
+            ) from None
+        plain.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small request/reply messages
+        self.sock = CountingSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+        try:
+            self.ws = connect(f"ws://{self.host}:{self.port}/", sock=self.sock, open_timeout=self.connect_timeout_s,
+                              max_size=None, compression=None, close_timeout=1)
+            self.ws.send(encode("hello", schema=SCHEMA, token=self.token))
+            ready = self._receive(self.connect_timeout_s, expect=("ready",))
+        except (OSError, InvalidHandshake, InvalidURI, TimeoutError, CloudLost) as e:
+            self.close()
+            raise CloudUnreachable(f"the cloud verifier at {self.url} did not complete the handshake: {e}") from None
+        self.info = ready
+        return ready
+
+    @property
+    def connected(self) -> bool:
+        return self.ws is not None and self.ws.state.name == "OPEN"
+
+    def close(self) -> None:
+        if self.ws is not None:
+            try:
+                self.ws.close()
+            except Exception:  # already broken: nothing left to release but the socket
+                pass
+        self.ws, self.sock = None, None
+
+    def _receive(self, timeout_s: float, expect: tuple[str, ...]) -> dict:
+        try:
+            raw = self.ws.recv(timeout=timeout_s)
+        except TimeoutError:
+            self.close()
+            raise CloudLost(f"no reply from the cloud verifier at {self.url} within {timeout_s:g} s") from None
+        except ConnectionClosed as e:
+            reason = e.rcvd.reason if e.rcvd and e.rcvd.reason else "connection lost"
+            self.close()
+            raise CloudLost(f"the cloud verifier at {self.url} closed the connection: {reason}") from None
+        message = decode(raw)
+        if message["type"] == "error":
+            self.close()
+            raise CloudLost(f"the cloud verifier at {self.url} refused: {message.get('message')}")
+        if message["type"] not in expect:
+            self.close()
+            raise CloudLost(f"the cloud verifier at {self.url} sent {message['type']!r} where {expect[0]!r} was due")
+        return message
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.ws.send(data)
+        except (ConnectionClosed, OSError) as e:
+            self.close()
+            raise CloudLost(f"the cloud verifier at {self.url} is gone: {e}") from None
+
+    # -- the Cloud interface -----------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.info["vocab_size"]
+
+    @property
+    def accepts_audio(self) -> bool:
+        return self.info["accepts_audio"]
+
+    def open(self, prompt: Prompt, spec: SpecConfig, decode_config: DecodeConfig, constraints: Constraints, vocab: int,
+             generator: torch.Generator) -> RemoteVerifier:
+        """`constraints` is the edge's copy: the server builds its own from `settings.constraints`."""
+        if not self.connected:
+            try:
+                self.connect()
+            except CloudUnreachable as e:
+                raise CloudLost(str(e)) from None
+        features = pack_tensors(prompt.features) if prompt.features else None
+        opening = encode(
+            "open", prompt_ids=prompt.input_ids.tolist(), features=features, max_new_tokens=decode_config.max_new_tokens,
+            temperature=float(decode_config.temperature), seed=decode_config.seed, policy=spec.policy,
+            accept_threshold=float(spec.accept_threshold), verifier=spec.verifier,
+            constraints=self.settings.constraints, eos_ids=list(self.settings.eos_ids), vocab=vocab,
+        )
+        return RemoteVerifier(self, opening, prompt.input_ids.numel(), bool(prompt.features),
+                              spec.policy == "sample", spec.draft_topn)
+
+
+class RemoteVerifier:
+    """One session. `server_length` is how much of the accepted sequence the server holds."""
+
+    def __init__(self, cloud: RemoteCloud, opening: bytes, prompt_len: int, has_features: bool, send_probs: bool,
+                 topn: int | None) -> None:
+        self.cloud, self.opening, self.has_features = cloud, opening, has_features
+        self.server_length = prompt_len  # the prompt goes up with `open`
+        self.send_probs, self.topn = send_probs, topn
+        self.compute_s = 0.0
+
+    def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor) -> Verdict:
+        cloud, sock = self.cloud, self.cloud.sock
+        up_before, down_before = sock.sent, sock.received
+        first = self.opening is not None
+        start = time.perf_counter()
+        if first:
+            cloud._send(self.opening)
+            self.opening = None
+        new = seq.ids[self.server_length:].tolist()
+        probs = pack_probs(draft_probs, self.topn) if self.send_probs else None
+        cloud._send(encode("verify", base=seq.length, new=new, draft=draft_tokens.tolist(), probs=probs))
+        reply = cloud._receive(cloud.timeout_s, expect=("verdict",))
+        wait_s = time.perf_counter() - start
+        self.compute_s += reply["compute_s"]
+        self.server_length = seq.length + reply["accepted"]
+        return Verdict(
+            accepted=reply["accepted"], next_token=reply["token"], tokens_in=reply["tokens_in"],
+            sent_features=first and self.has_features,  # once per session: the server keeps them
+            wire_up_bytes=sock.sent - up_before, wire_down_bytes=sock.received - down_before,
+            wait_s=wait_s, server_queue_s=reply["queue_s"],
+        )
+
+    def rollback(self, length: int, seq: AcceptedSequence) -> None:
+        assert length == self.server_length, f"server holds {self.server_length} tokens, the edge kept {length}"
+
+    def close(self) -> None:
+        if self.cloud.connected and self.opening is None:
+            try:
+                self.cloud.ws.send(encode("close"))
+            except (ConnectionClosed, OSError):
+                self.cloud.close()

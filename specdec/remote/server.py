@@ -1,0 +1,293 @@
+"""`specbench serve`: the cloud verifier as a server process.
+
+One asyncio loop speaks the protocol (`specdec.remote.protocol`) on any number of WebSocket
+connections; every model forward runs on ONE compute thread, so requests queue for the model and
+the time they wait is measured apart from the time they compute. Sessions are bounded: at most
+`max_sessions` open at once (one more is refused with the reason), each freed on `close`, when its
+connection ends, or after `session_ttl_s` without a message.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from specdec.backends.base import Prompt
+from specdec.cloud import LocalVerifier
+from specdec.config import POLICIES, VERIFIERS, DecodeConfig, SpecConfig
+from specdec.engine import CONSTRAINT_PROFILES, build_constraints
+from specdec.errors import ConfigError, SpecdecError
+from specdec.loading import LoadedModel
+from specdec.session import AcceptedSequence
+from specdec.remote.protocol import (
+    MAX_DRAFT_TOKENS, OPEN_FIELDS, SCHEMA, ProtocolError, decode, encode, field as get, token_ids,
+    tokenizer_sha256, unpack_probs, unpack_tensors,
+)
+
+# The server's sampling stream must not be the edge's: seeding both with the same seed would feed
+# the acceptance test the very uniforms that drew the draft tokens.
+CLOUD_SEED_OFFSET = 0x9E3779B9
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind; anything but loopback needs --token-file"})
+    port: int = field(default=0, metadata={"help": "TCP port; 0 picks a free one"})
+    max_sessions: int = field(default=16, metadata={"help": "open sessions at most; one more is refused"})
+    session_ttl_s: float = field(default=300.0, metadata={"help": "free a session after this many idle seconds"})
+    max_message_mb: float = field(default=64.0, metadata={"help": "largest message accepted (MiB)"})
+    token: str | None = field(default=None, metadata={"help": "shared secret every session must present"})
+    hello_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_sessions < 1:
+            raise ConfigError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if not self.session_ttl_s > 0:
+            raise ConfigError(f"session_ttl_s must be > 0 seconds, got {self.session_ttl_s}")
+        if not self.max_message_mb > 0:
+            raise ConfigError(f"max_message_mb must be > 0, got {self.max_message_mb}")
+        if not is_loopback(self.host) and not self.token:
+            raise ConfigError(
+                f"refusing to bind {self.host}: only loopback is served without credentials; "
+                "give --token-file FILE (a shared secret) or bind 127.0.0.1"
+            )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(path: Path) -> str:
+    try:
+        token = path.read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"cannot read token file {path}: {e.strerror}; give a readable file holding the shared secret") from None
+    if not token:
+        raise ConfigError(f"token file {path} is empty: put a shared secret in it")
+    return token
+
+
+class ServerSession:
+    """One edge generation on the server: a mirror of the edge's accepted sequence (the server's
+    one source of truth) and the cloud verifier built on it."""
+
+    def __init__(self, model: LoadedModel, message: dict) -> None:
+        vocab_limit = model.backend.vocab_size
+        settings = {name: get(message, name, kind) for name, kind in OPEN_FIELDS.items()}
+        prompt_ids = token_ids(message, "prompt_ids", vocab_limit)
+        if not prompt_ids:
+            raise ProtocolError("open: prompt_ids is empty")
+        if settings["policy"] not in POLICIES or settings["verifier"] not in VERIFIERS:
+            raise ProtocolError(f"open: policy must be one of {POLICIES} and verifier one of {VERIFIERS}")
+        if settings["constraints"] not in CONSTRAINT_PROFILES:
+            raise ProtocolError(f"open: constraints must be one of {CONSTRAINT_PROFILES}")
+        if not 1 <= settings["vocab"] <= vocab_limit:
+            raise ProtocolError(f"open: vocab must be in [1, {vocab_limit}]")
+        features = unpack_tensors(message["features"], "features") if message.get("features") is not None else {}
+        if features and not model.backend.accepts_audio:
+            raise ProtocolError(f"open: model {model.name!r} is text-only but the session carries audio features",
+                                code="no_audio")
+        try:
+            spec = SpecConfig(k=1, policy=settings["policy"], accept_threshold=settings["accept_threshold"],
+                              verifier=settings["verifier"])
+            decode_config = DecodeConfig(max_new_tokens=settings["max_new_tokens"], temperature=settings["temperature"],
+                                         seed=settings["seed"])
+            spec.check_decoding(decode_config)
+        except SpecdecError as e:
+            raise ProtocolError(f"open: {e}") from None
+        self.vocab, self.policy = settings["vocab"], settings["policy"]
+        eos_ids = frozenset(token_ids(message, "eos_ids", vocab_limit))
+        constraints = build_constraints(model, settings["constraints"], self.vocab, eos_ids)
+        prompt = Prompt(torch.tensor(prompt_ids, dtype=torch.long), features)
+        generator = torch.Generator().manual_seed(settings["seed"] + CLOUD_SEED_OFFSET)
+        # Mirror of the edge's accepted sequence: it grows by `new` and by the accepted draft tokens.
+        self.seq = AcceptedSequence(prompt.input_ids, decode_config.max_new_tokens)
+        self.verifier = LocalVerifier(model.backend, prompt, spec, decode_config, constraints, self.vocab, generator)
+        self.features_pending = bool(features)
+        self.last_active = time.monotonic()
+
+    def verify(self, message: dict) -> dict:
+        """Runs on the compute thread. Validates, verifies, crops, and returns the verdict fields."""
+        base = get(message, "base", int)
+        new = token_ids(message, "new", self.vocab, self.seq.remaining)
+        draft = token_ids(message, "draft", self.vocab, MAX_DRAFT_TOKENS)
+        if self.seq.length + len(new) != base:
+            raise ProtocolError(f"verify: base {base} != server length {self.seq.length} + {len(new)} new tokens",
+                                code="out_of_sync")
+        if not draft or len(new) + len(draft) > self.seq.remaining:
+            raise ProtocolError(f"verify: a draft of 1..{self.seq.remaining - len(new)} tokens expected, got {len(draft)}")
+        probs = unpack_probs(message["probs"], len(draft), self.vocab) if message.get("probs") is not None else None
+        if self.policy == "sample" and probs is None:
+            raise ProtocolError("verify: the sample policy needs the draft distributions (`probs`)")
+        self.seq.extend(new)
+        start = time.perf_counter()
+        verdict = self.verifier.verify(self.seq, torch.tensor(draft, dtype=torch.long), probs)
+        self.seq.extend(draft[: verdict.accepted])
+        self.verifier.rollback(self.seq.length, self.seq)  # exactly the accepted prefix
+        compute_s = time.perf_counter() - start
+        return {"accepted": verdict.accepted, "token": verdict.next_token, "tokens_in": verdict.tokens_in,
+                "compute_s": compute_s}
+
+
+class VerifierServer:
+    def __init__(self, model: LoadedModel, config: ServeConfig, log=print) -> None:
+        self.model, self.config, self.log = model, config, log
+        self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
+        self.sessions: dict[ServerConnection, ServerSession] = {}
+        self.ready = encode("ready", schema=SCHEMA, model=model.name, vocab_size=model.backend.vocab_size,
+                            tokenizer_sha256=tokenizer_sha256(model.tokenizer),
+                            accepts_audio=model.backend.accepts_audio)
+        self.stats = {"connections": 0, "sessions": 0, "verifies": 0, "errors": 0, "refused": 0}
+
+    async def handle(self, ws: ServerConnection) -> None:
+        self.stats["connections"] += 1
+        try:
+            hello = decode(await asyncio.wait_for(ws.recv(), self.config.hello_timeout_s), expect=("hello",))
+            if hello.get("schema") != SCHEMA:
+                raise ProtocolError(f"schema {hello.get('schema')!r} is not supported: this server speaks schema {SCHEMA}",
+                                    code="schema")
+            if self.config.token and not hmac.compare_digest(str(hello.get("token") or ""), self.config.token):
+                raise ProtocolError("bad or missing token: give the server's --token-file to the client", code="auth")
+            await ws.send(self.ready)
+            async for raw in ws:
+                await self.dispatch(ws, decode(raw, expect=("open", "verify", "close")))
+        except ProtocolError as e:
+            self.stats["errors"] += 1
+            await self.refuse(ws, e.code, str(e))
+        except (ConnectionClosed, asyncio.TimeoutError):
+            pass
+        except Exception as e:  # a bug must not take the server down: report it, close this session only
+            self.stats["errors"] += 1
+            logging.getLogger("specbench.serve").exception("session failed")
+            await self.refuse(ws, "internal", f"{type(e).__name__}: {e}")
+        finally:
+            self.sessions.pop(ws, None)
+
+    async def dispatch(self, ws: ServerConnection, message: dict) -> None:
+        kind = message["type"]
+        if kind == "close":
+            self.sessions.pop(ws, None)
+            return
+        if kind == "open":
+            if ws in self.sessions:
+                raise ProtocolError("open: this connection already has a session; close it first")
+            if len(self.sessions) >= self.config.max_sessions:
+                self.stats["refused"] += 1
+                raise ProtocolError(f"server at capacity: {len(self.sessions)} sessions open (--max-sessions "
+                                    f"{self.config.max_sessions}); retry later or raise --max-sessions", code="capacity")
+            self.sessions[ws] = ServerSession(self.model, message)
+            self.stats["sessions"] += 1
+            return
+        session = self.sessions.get(ws)
+        if session is None:
+            raise ProtocolError("verify before open: open a session first", code="no_session")
+        session.last_active = time.monotonic()
+        queued = time.perf_counter()
+
+        def run() -> dict:
+            started = time.perf_counter()
+            return {**session.verify(message), "queue_s": started - queued}
+
+        reply = await asyncio.get_running_loop().run_in_executor(self.compute, run)
+        session.last_active = time.monotonic()
+        self.stats["verifies"] += 1
+        await ws.send(encode("verdict", **reply))
+
+    async def refuse(self, ws: ServerConnection, code: str, message: str) -> None:
+        try:
+            await ws.send(encode("error", code=code, message=message))
+            await ws.close(1008, message[:120])
+        except ConnectionClosed:
+            pass
+
+    async def reap(self) -> None:
+        """Close connections whose session has been idle longer than the TTL."""
+        while True:
+            await asyncio.sleep(min(1.0, self.config.session_ttl_s / 4))
+            now = time.monotonic()
+            for ws, session in list(self.sessions.items()):
+                if now - session.last_active > self.config.session_ttl_s:
+                    self.sessions.pop(ws, None)
+                    await self.refuse(ws, "expired", f"session expired after {self.config.session_ttl_s:g} s idle")
+
+    async def serve(self, stop: asyncio.Event, on_listening=None) -> None:
+        limit = int(self.config.max_message_mb * (1 << 20))
+        async with serve(self.handle, self.config.host, self.config.port, max_size=limit, compression=None,
+                         ping_interval=20, ping_timeout=20, close_timeout=2) as server:
+            host, port = server.sockets[0].getsockname()[:2]
+            if on_listening:
+                on_listening(host, port)
+            reaper = asyncio.create_task(self.reap())
+            await stop.wait()
+            reaper.cancel()
+        self.compute.shutdown(wait=True, cancel_futures=True)
+
+
+def run_server(model: LoadedModel, config: ServeConfig, announce=print) -> dict:
+    """Serve until SIGTERM or SIGINT, then stop cleanly (sessions dropped, compute thread joined).
+    `announce` gets the one line `listening on HOST:PORT` once the port is bound."""
+    server = VerifierServer(model, config)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await server.serve(stop, on_listening=lambda host, port: announce(f"listening on {host}:{port}"))
+
+    logging.getLogger("websockets").setLevel(logging.CRITICAL)  # bad handshakes are the client's problem
+    asyncio.run(main())
+    return server.stats
+
+
+class BackgroundServer:
+    """The server on a thread of this process, for tests and benchmarks:
+
+        with BackgroundServer(model) as url:   # "127.0.0.1:PORT"
+            ...
+    """
+
+    def __init__(self, model: LoadedModel, config: ServeConfig = ServeConfig()) -> None:
+        self.server = VerifierServer(model, config)
+        self.listening = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="verifier-server", daemon=True)
+        self.url = ""
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
+            await self.server.serve(self.stop, on_listening=self._listening)
+
+        asyncio.run(main())
+
+    def _listening(self, host: str, port: int) -> None:
+        self.url = f"{host}:{port}"
+        self.listening.set()
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        if not self.listening.wait(30):
+            raise RuntimeError("the verifier server did not start listening within 30 s")
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(30)
