@@ -90,3 +90,29 @@ class MemoryWatchdog:
         while not self._stop.wait(self.period_s):
             if self.check():
                 return
+
+
+def parse_cores(text: str, flag: str = "--cores") -> list[int]:
+    """'0', '0,1' or '0-3' -> sorted core ids, each one this process may run on."""
+    cores: set[int] = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("-")
+            cores.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not a core list: write e.g. 0 or 0,1 or 0-3") from None
+    available = os.sched_getaffinity(0)
+    if not cores or not cores <= available:
+        raise ConfigError(f"{flag} {text!r}: this process may use cores {sorted(available)} only")
+    return sorted(cores)
+
+
+def pin_cores(cores: list[int]) -> None:
+    """Pin this process to `cores` and size torch's thread pool to them (OpenMP reads its env var
+    once, at load: call before importing torch where possible; torch is resized either way)."""
+    import torch
+
+    os.sched_setaffinity(0, cores)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(len(cores))
+    torch.set_num_threads(len(cores))

@@ -7,10 +7,13 @@ import sys
 from pathlib import Path
 
 from bench.compare import add_compare_parser, cmd_compare
+from bench.deploy import add_link_parser, add_serve_parser, cmd_link, cmd_serve
 from bench.gate import add_gate_parser, cmd_gate
 from bench.profiling import add_profile_parser, cmd_profile
 from bench.report.cli import add_report_parser, cmd_report
 from bench.audio import MAX_SECONDS
+from bench.caps import parse_cores, pin_cores
+from specdec.remote.server import read_token
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.errors import SpecdecError
 
@@ -48,6 +51,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="only the first N prompts")
     p.add_argument("--max-audio-seconds", type=_float, default=MAX_SECONDS,
                    help="refuse longer clips (capped by the model's own window)")
+    p.add_argument("--cloud-url", help="spec mode: verify on a `specbench serve` server at HOST:PORT (no local cloud)")
+    p.add_argument("--token-file", type=Path, help="the server's shared secret, for --cloud-url")
+    p.add_argument("--cloud-timeout", type=_float, default=60.0, help="seconds to wait for one verify reply")
+    p.add_argument("--on-cloud-loss", choices=["fail", "edge"], default="fail",
+                   help="server lost mid-generation: record the prompt failed, or finish it edge-only (degraded)")
+    p.add_argument("--cores", help="pin this process to these cores, e.g. 0 or 0-3 (torch threads follow)")
 
 
 def engine_from_args(args: argparse.Namespace):
@@ -58,9 +67,13 @@ def engine_from_args(args: argparse.Namespace):
         policy=args.policy, verifier=args.verifier, uncertainty=args.uncertainty, punct_trigger=args.punct_trigger,
     )
     decode = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    if args.cores:
+        pin_cores(parse_cores(args.cores))
+    token = read_token(args.token_file) if args.token_file else None
     return Engine(
         mode=args.mode, edge=args.edge, cloud=args.cloud, dtype=args.dtype, spec=spec, decode=decode,
         constraints=args.constraints, chat_template=not args.no_chat_template, log=_say,
+        cloud_url=args.cloud_url, cloud_token=token, cloud_timeout_s=args.cloud_timeout, on_cloud_loss=args.on_cloud_loss,
     )
 
 
@@ -187,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_gate_parser(sub)
     add_compare_parser(sub)
     add_score_parser(sub)
+    add_serve_parser(sub)
+    add_link_parser(sub)
     models = sub.add_parser("models", help="the offline model registry")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("list", help="registry aliases and whether they are fetched")
@@ -196,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models, "report": cmd_report, "profile": cmd_profile,
-            "gate": cmd_gate, "compare": cmd_compare, "score": cmd_score}
+            "gate": cmd_gate, "compare": cmd_compare, "score": cmd_score, "serve": cmd_serve, "link": cmd_link}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,10 +19,13 @@ from specdec.trace import Generation
 def result_record(generation: Generation, point: dict, prompt_id: str, latency_s: float, peak_rss_bytes: int) -> dict:
     c = generation.counters
     decode_tokens = max(generation.new_tokens - 1, 0)
+    escalated = [cycle for cycle in generation.cycles if cycle.escalated]
+    split = point.get("deployment") == "split"
     return {
         "id": prompt_id,
         **point,
-        "status": "ok",
+        # degraded: the cloud was lost and the rest was drafted edge-only (a rerun redoes it)
+        "status": "degraded" if generation.degraded else "ok",
         "tokens": generation.tokens,
         "text": generation.text,
         "new_tokens": generation.new_tokens,
@@ -41,6 +44,12 @@ def result_record(generation: Generation, point: dict, prompt_id: str, latency_s
         **{key: value for key, value in c.as_dict().items()},
         "punct_density": punctuation_density(generation.text),
         "peak_rss_bytes": peak_rss_bytes,
+        # split deployment: measured on the socket and the clock, not modelled
+        "wire_up_bytes": sum(c.wire_up_bytes for c in escalated) if split else None,
+        "wire_down_bytes": sum(c.wire_down_bytes for c in escalated) if split else None,
+        "link_s": generation.link_s if split else None,
+        "server_queue_s": sum(c.server_queue_s for c in escalated) if split else None,
+        "server_compute_s": generation.cloud_s if split else None,
         "trace": [asdict(cycle) for cycle in generation.cycles],
     }
 

@@ -17,6 +17,7 @@ from bench.audio import MAX_SECONDS, SAMPLING_RATE, model_limits, read_audio
 from bench.prompts import PromptRecord, load_prompts
 from bench.records import ResultsFile, environment, result_record
 from bench.trackers import LatencyTracker, PeakMemoryTracker, tracked
+from specdec.cloud import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError
 
@@ -27,7 +28,8 @@ def point_of(engine: Engine, prompts: str) -> dict:
     return {
         "mode": engine.mode,
         "edge": engine.edge if engine.mode != "cloud" else None,
-        "cloud": engine.cloud if engine.mode != "edge" else None,
+        "cloud": engine.cloud_name if engine.mode != "edge" else None,
+        "deployment": "split" if engine.remote_cloud else "inproc",
         "dtype": engine.dtype,
         "policy": spec and spec.policy,
         "k": spec and spec.k,
@@ -59,6 +61,8 @@ def run(engine: Engine, prompts: str, out: Path, progress: bool = True, limit: i
     records. Raises FailedSamples after the last prompt if any were recorded as failed."""
     records = load_prompts(prompts)[:limit]
     out.mkdir(parents=True, exist_ok=True)
+    if engine.remote_cloud:
+        engine.load()  # the server says which cloud model it runs: part of this folder's identity
     point = point_of(engine, prompts)
     run_file = out / "run.json"
     if run_file.exists():
@@ -117,7 +121,7 @@ def generate_one(engine: Engine, record: PromptRecord, point: dict, results: Res
         latency, memory = LatencyTracker(), PeakMemoryTracker(reset=False)
         with tracked(memory, latency):
             generation = engine.generate(record.prompt, record.system, waveform, rate, language=record.language)
-    except InputError as e:  # this sample alone: record it and go on
+    except (InputError, CloudLost) as e:  # this sample alone: record it and go on
         row = {"id": record.id, **point, "status": "failed", "error": str(e), **labels}
         results.append(row)
         after()

@@ -118,6 +118,13 @@ class Engine:
         if ready["accepts_audio"] != edge.backend.accepts_audio:
             raise ConfigError("the edge and the cloud must both take audio or both be text-only, so they see the same inputs")
 
+    @property
+    def cloud_name(self) -> str | None:
+        """The cloud model's name; for a server, the name it loaded its model under (after load)."""
+        if self.remote_cloud and self._remote is not None and self._remote.info:
+            return self.cloud or self._remote.info["model"]
+        return self.cloud
+
     def close(self) -> None:
         """Hang up on the verifier server, if any (models stay loaded)."""
         if self._remote is not None:
