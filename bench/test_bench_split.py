@@ -1,0 +1,132 @@
+"""Benchmarks of the split deployment (figures go to `extra_info`; nothing here asserts a time).
+
+    pytest bench/test_bench_split.py --benchmark-only -s                    # tiny pair + real pair
+    pytest bench/test_bench_split.py --benchmark-only -m "not realmodel"   # tiny pair only
+
+- protocol overhead per verify call on loopback, no shaping (server time excluded);
+- measured vs modelled link time per generation on the `4g` and `wifi` presets;
+- split (server pinned to core 1, edge to core 0) vs in-process (both cores) tokens/s on `code`,
+  interleaved prompt by prompt so drift hits both alike.
+"""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from bench.link import BackgroundLink
+from bench.network import profile
+from bench.prompts import load_prompts
+from bench.split import ServerProcess, call_overheads_s, modelled_link_s, pin_threads
+from bench.workload import CLOUD_ALIAS, EDGE_ALIAS
+from specdec.config import DecodeConfig, SpecConfig
+from specdec.engine import Engine
+from specdec.loading import load_model
+from specdec.remote.server import BackgroundServer
+
+GREEDY = SpecConfig(k=4, entropy_threshold=0.0, policy="greedy")
+
+
+def quantiles(values: list[float]) -> dict:
+    q = statistics.quantiles(values, n=10)
+    return {"p50": statistics.median(values), "p10": q[0], "p90": q[-1], "n": len(values)}
+
+
+def split_engine(edge: str, url: str, dtype: str, max_new_tokens: int, loader=load_model) -> Engine:
+    return Engine(mode="spec", edge=edge, cloud_url=url, dtype=dtype, spec=GREEDY,
+                  decode=DecodeConfig(max_new_tokens=max_new_tokens), loader=loader, log=lambda m: None)
+
+
+def test_protocol_overhead_tiny(benchmark, tiny_pair):
+    """Loopback, no shaping, tiny pair: what one verify costs beyond the server's own time."""
+    models = tiny_pair.models
+    with BackgroundServer(models["cloud"]) as url:
+        engine = split_engine(models["edge"].location, url, "float32", 32)
+        engine.load()
+        generations = benchmark.pedantic(lambda: [engine.generate(t) for t in tiny_pair.workload.prompts],
+                                         rounds=5, warmup_rounds=1, iterations=1)
+        engine.close()
+    overhead = quantiles([s * 1e3 for s in call_overheads_s(generations)])
+    benchmark.extra_info.update({"protocol_overhead_ms": overhead})
+    print(f"\nprotocol overhead per call (tiny, loopback): p50 {overhead['p50']:.3f} ms "
+          f"(p10 {overhead['p10']:.3f}, p90 {overhead['p90']:.3f}, n={overhead['n']})")
+
+
+@pytest.fixture(scope="module")
+def real_cloud_url():
+    from specdec.registry import is_fetched
+
+    if not (is_fetched(EDGE_ALIAS) and is_fetched(CLOUD_ALIAS)):
+        pytest.skip(f"real pair not fetched: run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
+    with ServerProcess(CLOUD_ALIAS, "bfloat16", "1") as url:
+        yield url
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize("preset", ["none", "4g", "wifi"])
+def test_real_link(benchmark, real_cloud_url, preset):
+    """none: protocol overhead on loopback; 4g / wifi: measured link time vs the model's."""
+    pin_threads([0])
+    texts = [r.prompt for r in load_prompts("code")[:3]]
+    host, port = real_cloud_url.rsplit(":", 1)
+    network = profile(preset)
+    with BackgroundLink(network, (host, int(port))) as url:
+        engine = split_engine(EDGE_ALIAS, url if preset != "none" else real_cloud_url, "bfloat16", 32)
+        engine.load()
+        generations = benchmark.pedantic(lambda: [engine.generate(t) for t in texts], rounds=1, iterations=1)
+        engine.close()
+    pin_threads([0, 1])
+    overhead = quantiles([s * 1e3 for s in call_overheads_s(generations)])
+    ratios = [g.link_s / modelled_link_s(g, network) for g in generations] if preset != "none" else []
+    info = {"preset": preset, "call_overhead_ms": overhead, "link_s": [g.link_s for g in generations],
+            "modelled_link_s": [modelled_link_s(g, network) for g in generations], "measured_over_modelled": ratios}
+    benchmark.extra_info.update(info)
+    print(f"\n{preset}: per-call overhead p50 {overhead['p50']:.2f} ms (p90 {overhead['p90']:.2f}); "
+          + (f"measured/modelled link time {min(ratios):.3f}-{max(ratios):.3f}" if ratios else ""))
+
+
+@pytest.mark.realmodel
+def test_real_split_vs_inproc(benchmark, real_cloud_url):
+    """`code` prompts, 32 tokens, alternating per prompt: in-process on cores 0-1 (2 threads) and
+    split with the edge on core 0 and the server on core 1."""
+    texts = [r.prompt for r in load_prompts("code")[:6]]
+    loader = cached_loader()  # one copy of the edge weights for both engines
+    inproc = Engine(mode="spec", edge=EDGE_ALIAS, cloud=CLOUD_ALIAS, dtype="bfloat16", spec=GREEDY,
+                    decode=DecodeConfig(max_new_tokens=32), loader=loader, log=lambda m: None)
+    split = split_engine(EDGE_ALIAS, real_cloud_url, "bfloat16", 32, loader)
+    placements = {"inproc": ([0, 1], inproc), "split": ([0], split)}
+    for _, engine in placements.values():
+        engine.load()
+    rates: dict[str, list[float]] = {name: [] for name in placements}
+    tokens: dict[str, list] = {name: [] for name in placements}
+
+    def one_pass():
+        for text in texts:
+            for name, (cores, engine) in placements.items():
+                pin_threads(cores)
+                generation = engine.generate(text)
+                rates[name].append(generation.new_tokens / generation.decode_s)
+                tokens[name].append(generation.tokens)
+
+    benchmark.pedantic(one_pass, rounds=1, iterations=1)
+    pin_threads([0, 1])
+    split.close()
+    ratio = [s / i for s, i in zip(rates["split"], rates["inproc"])]
+    info = {name: quantiles(values) for name, values in rates.items()}
+    info["split_over_inproc"] = quantiles(ratio)
+    info["same_tokens"] = tokens["split"] == tokens["inproc"]
+    benchmark.extra_info.update(info)
+    print(f"\nsplit {info['split']['p50']:.2f} tok/s vs in-process {info['inproc']['p50']:.2f} tok/s: "
+          f"ratio p50 {info['split_over_inproc']['p50']:.2f} (p10 {info['split_over_inproc']['p10']:.2f}, "
+          f"p90 {info['split_over_inproc']['p90']:.2f}); same tokens: {info['same_tokens']}")
+
+
+def cached_loader():
+    loaded = {}
+
+    def loader(name, dtype, log=print):
+        if (name, dtype) not in loaded:
+            loaded[(name, dtype)] = load_model(name, dtype, log=log)
+        return loaded[(name, dtype)]
+
+    return loader
