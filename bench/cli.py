@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -23,6 +24,10 @@ def _float(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def field_help(config, name: str) -> str:
+    return next(f.metadata["help"] for f in dataclasses.fields(config) if f.name == name)
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
@@ -51,6 +56,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="only the first N prompts")
     p.add_argument("--max-audio-seconds", type=_float, default=MAX_SECONDS,
                    help="refuse longer clips (capped by the model's own window)")
+    p.add_argument("--draft-stop", default=SpecConfig.draft_stop, help=field_help(SpecConfig, "draft_stop"))
+    p.add_argument("--k-schedule", choices=["constant", "heuristic"], default=SpecConfig.k_schedule,
+                   help=field_help(SpecConfig, "k_schedule"))
+    p.add_argument("--draft-topn", type=int, help=field_help(SpecConfig, "draft_topn"))
+    p.add_argument("--no-overlap", action="store_true",
+                   help="with --cloud-url: wait for each verdict instead of drafting the next block meanwhile")
     p.add_argument("--cloud-url", help="spec mode: verify on a `specbench serve` server at HOST:PORT (no local cloud)")
     p.add_argument("--token-file", type=Path, help="the server's shared secret, for --cloud-url")
     p.add_argument("--cloud-timeout", type=_float, default=60.0, help="seconds to wait for one verify reply")
@@ -65,6 +76,7 @@ def engine_from_args(args: argparse.Namespace):
     spec = SpecConfig(
         k=args.k, entropy_threshold=args.entropy_threshold, accept_threshold=args.accept_threshold,
         policy=args.policy, verifier=args.verifier, uncertainty=args.uncertainty, punct_trigger=args.punct_trigger,
+        draft_stop=args.draft_stop, k_schedule=args.k_schedule, draft_topn=args.draft_topn,
     )
     decode = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     if args.cores:
@@ -74,6 +86,7 @@ def engine_from_args(args: argparse.Namespace):
         mode=args.mode, edge=args.edge, cloud=args.cloud, dtype=args.dtype, spec=spec, decode=decode,
         constraints=args.constraints, chat_template=not args.no_chat_template, log=_say,
         cloud_url=args.cloud_url, cloud_token=token, cloud_timeout_s=args.cloud_timeout, on_cloud_loss=args.on_cloud_loss,
+        overlap=not args.no_overlap,
     )
 
 

@@ -21,6 +21,7 @@ def result_record(generation: Generation, point: dict, prompt_id: str, latency_s
     decode_tokens = max(generation.new_tokens - 1, 0)
     escalated = [cycle for cycle in generation.cycles if cycle.escalated]
     split = point.get("deployment") == "split"
+    lengths = [len(cycle.draft_tokens) for cycle in generation.cycles]
     return {
         "id": prompt_id,
         **point,
@@ -50,6 +51,9 @@ def result_record(generation: Generation, point: dict, prompt_id: str, latency_s
         "link_s": generation.link_s if split else None,
         "server_queue_s": sum(c.server_queue_s for c in escalated) if split else None,
         "server_compute_s": generation.cloud_s if split else None,
+        "edge_wait_s": sum(c.edge_wait_s for c in escalated) if split else None,
+        "block_len_mean": sum(lengths) / len(lengths) if lengths else None,
+        "block_len_hist": [lengths.count(n) for n in range(1, max(lengths, default=0) + 1)],  # [i]: blocks of i+1 tokens
         "trace": [asdict(cycle) for cycle in generation.cycles],
     }
 

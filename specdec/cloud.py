@@ -49,6 +49,9 @@ class Verifier(Protocol):
 
     def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor) -> Verdict: ...
 
+    # A remote verifier also splits `verify` in three, so the edge can draft while it waits:
+    # send(seq, draft_tokens, draft_probs); ready() -> bool (never blocks); receive() -> Verdict
+
     def rollback(self, length: int, seq: AcceptedSequence) -> None: ...
 
     def close(self) -> None: ...

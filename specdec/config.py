@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from specdec.drafting import make_schedule, parse_stop
 from specdec.errors import ConfigError
 
 POLICIES = ("threshold", "greedy", "sample")
@@ -50,6 +51,15 @@ class SpecConfig:
                                         "so a remote verify uploads N probabilities per token instead of the vocabulary"}
     )
 
+    draft_stop: str = field(
+        default="none", metadata={"help": "end a block early: none, entropy:NATS (after a token with entropy >= NATS) "
+                                          "or pmin:P (after a token whose top-1 probability < P)"}
+    )
+    k_schedule: str = field(
+        default="constant", metadata={"help": "constant, or heuristic (+2 after a fully accepted block, -1 otherwise; "
+                                              "k is the cap)"}
+    )
+
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
             raise ConfigError(f"k must be >= 1, got {self.k}")
@@ -70,6 +80,8 @@ class SpecConfig:
             raise ConfigError(f"draft_topn must be an integer >= 1 (or unset for the full distribution), got {self.draft_topn}")
         if self.draft_topn is not None and self.policy != "sample":
             raise ConfigError("draft_topn truncates sampled drafts: use it with --policy sample, or leave it unset")
+        parse_stop(self.draft_stop)
+        make_schedule(self.k_schedule, self.k)
         if self.punct_trigger is not None and not 0.0 <= self.punct_trigger <= 1.0:
             raise ConfigError(f"punct_trigger is a density in [0, 1], got {self.punct_trigger}")
 

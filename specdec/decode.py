@@ -16,8 +16,10 @@ from typing import Callable
 import torch
 
 from specdec.backends.base import Backend, Prompt
-from specdec.cloud import Cloud, CloudLost, Verdict, as_cloud
+from specdec.cloud import Cloud, CloudLost, Verdict, Verifier, as_cloud
 from specdec.config import DecodeConfig, SpecConfig
+from specdec.drafter import Drafter
+from specdec.drafting import make_schedule, make_stop
 from specdec.gate import should_escalate
 from specdec.processors import Constraints
 from specdec.sampling import choose, distribution, entropy_nats
@@ -42,32 +44,12 @@ def block_size(k: int, remaining: int) -> int:
     return max(1, min(k, remaining - 1))
 
 
-def top_n(probs: torch.Tensor, n: int) -> torch.Tensor:
-    """[V] -> the n most likely entries renormalized, zeros elsewhere. Drafting from this (not
-    from the full distribution) keeps speculative sampling exact with only n values uploaded."""
-    values, index = probs.topk(n)
-    return torch.zeros_like(probs).scatter_(-1, index, values / values.sum())
-
-
 def draft(
     edge: Session, seq: AcceptedSequence, n: int, vocab: int, constraints: Constraints,
     temperature: float, generator: torch.Generator, topn: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """n tokens on the edge cache -> (tokens [n], draft_probs [n, V]: what each was drawn from)."""
-    block = edge.unseen(seq)  # newly accepted tokens: one forward, never token by token
-    tokens, probs = [], []
-    for _ in range(n):
-        logits = edge.feed(block, keep=1)[-1, :vocab]
-        if constraints.processors:
-            logits = constraints.apply(seq.generated + [int(t) for t in tokens], logits)
-        dist = distribution(logits, temperature)
-        if topn:
-            dist = top_n(dist, topn)
-        token = choose(logits, dist, temperature > 0, generator)
-        tokens.append(token)
-        probs.append(dist)
-        block = token.view(1)
-    return torch.stack(tokens), torch.stack(probs)
+    return Drafter(edge, vocab, constraints, temperature, generator, topn).draft(seq, n)
 
 
 @torch.inference_mode()
@@ -106,10 +88,12 @@ def speculative_decode(
     constraints: Constraints = NO_CONSTRAINTS,
     punct_density: Callable[[list[int]], float] | None = None,
     on_cloud_loss: str = "fail",
+    overlap: bool = False,
 ) -> Generation:
     """Edge drafts, the gate escalates uncertain blocks, the cloud verifies them in one forward.
     `cloud` is a backend in this process or a remote cloud (`specdec.remote.RemoteCloud`).
-    on_cloud_loss: "fail" raises CloudLost; "edge" finishes the generation edge-only (degraded)."""
+    on_cloud_loss: "fail" raises CloudLost; "edge" finishes the generation edge-only (degraded).
+    overlap: while a block is verified remotely, draft the next one (see `specdec.drafter`)."""
     spec.check_decoding(decode)
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(decode.seed)
@@ -117,18 +101,18 @@ def speculative_decode(
     vocab = min(edge.vocab_size, cloud.vocab_size)  # compare over the shared ids only
     seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
     edge_session = Session(edge, prompt)
+    drafter = Drafter(edge_session, vocab, constraints, decode.temperature, generator, spec.draft_topn,
+                      make_stop(spec.draft_stop))
+    schedule = make_schedule(spec.k_schedule, spec.k)
     verifier = None  # opened on the first escalation: a block never escalated costs the cloud nothing
     counters, cycles = Counters(accepted_per_position=[0] * spec.k), []
     ttft_s, stopped_by, degraded = 0.0, "max_new_tokens", False
 
     try:
         while seq.remaining and stopped_by != "stop_token":
-            base = seq.length
+            base, t_start_s = seq.length, time.perf_counter() - start
             edge_before, cloud_before = edge_session.compute_s, verifier.compute_s if verifier else 0.0
-            draft_tokens, draft_probs = draft(
-                edge_session, seq, block_size(spec.k, seq.remaining), vocab, constraints, decode.temperature, generator,
-                spec.draft_topn,
-            )
+            draft_tokens, draft_probs = drafter.draft(seq, block_size(schedule.k, seq.remaining))
             draft_list = draft_tokens.tolist()
             stop_at = first_stop(draft_list, len(seq.generated), constraints)
             if stop_at is not None:  # the block ends at its stop token; nothing after it is verified
@@ -138,31 +122,39 @@ def speculative_decode(
             entropies = entropy_nats(draft_probs)
             density = punct_density(draft_list) if punct_density and spec.punct_trigger is not None else None
             escalate = not degraded and should_escalate(entropies, density, spec)
-            cycle = Cycle(draft_list, entropies.tolist(), escalate, accepted=n)
+            cycle = Cycle(draft_list, entropies.tolist(), escalate, accepted=n, t_start_s=t_start_s)
 
             if cycle.escalated:
+                # Room after this block for its bonus and at least one more draft token.
+                ahead = block_size(schedule.k, seq.remaining - n - 1) if overlap and stop_at is None and \
+                    seq.remaining - n > 1 else 0
                 try:
                     verifier = verifier or cloud.open(prompt, spec, decode, constraints, vocab, generator)
-                    verdict = verifier.verify(seq, draft_tokens, draft_probs)
+                    verdict = verify(verifier, drafter, seq, draft_tokens, draft_probs, ahead, cycle, start)
                 except CloudLost:
                     if on_cloud_loss != "edge":
                         raise
                     degraded, cycle.escalated = True, False  # keep the draft, unverified; no more calls
+                    drafter.settle(False, None)
                     if verifier is not None:
                         verifier.close()
                     verifier = None
                 else:
                     record_verdict(cycle, verdict)
+                    schedule.update(n, verdict.accepted)
                     # The bonus is free only if there is room for it and the block did not end generation.
                     if verdict.accepted < n or (n < seq.remaining and stop_at is None):
                         cycle.extra_token = verdict.next_token
                         cycle.extra_kind = "correction" if verdict.accepted < n else "bonus"
+                    cycle.ahead_kept, cycle.ahead_wasted = drafter.settle(
+                        verdict.accepted == n, cycle.extra_token if cycle.extra_kind == "bonus" else None)
 
             emitted = draft_list[: cycle.accepted] + ([cycle.extra_token] if cycle.extra_kind else [])
             if first_stop(emitted, len(seq.generated), constraints) is not None:
                 stopped_by = "stop_token"
             seq.extend(emitted)
-            edge_session.rollback(min(edge_session.length, base + cycle.accepted), seq)
+            if not drafter.holds_ahead:  # kept ahead tokens sit past the accepted sequence: nothing to crop
+                edge_session.rollback(min(edge_session.length, base + cycle.accepted), seq)
             if cycle.escalated:
                 verifier.rollback(base + cycle.accepted, seq)
             cycle.edge_s = edge_session.compute_s - edge_before
@@ -180,6 +172,23 @@ def speculative_decode(
         cloud_s=sum(c.cloud_s for c in cycles), stopped_by=stopped_by, degraded=degraded,
         features_bytes=sum(t.numel() * t.element_size() for t in prompt.features.values()),
     )
+
+
+def verify(verifier: Verifier, drafter: Drafter, seq: AcceptedSequence, draft_tokens: torch.Tensor,
+           draft_probs: torch.Tensor, ahead: int, cycle: Cycle, start: float) -> Verdict:
+    """One verify call; with `ahead` > 0, draft up to that many tokens of the next block meanwhile."""
+    cycle.t_sent_s = time.perf_counter() - start
+    if not ahead:
+        verdict = verifier.verify(seq, draft_tokens, draft_probs)
+    else:
+        verifier.send(seq, draft_tokens, draft_probs)
+        drafter.draft_ahead(seq, cycle.draft_tokens, ahead, verifier.ready)
+        cycle.ahead_guess = drafter.guess
+        waiting = time.perf_counter()
+        verdict = verifier.receive()
+        cycle.edge_wait_s = time.perf_counter() - waiting
+    cycle.t_reply_s = time.perf_counter() - start
+    return verdict
 
 
 def record_verdict(cycle: Cycle, verdict: Verdict) -> None:

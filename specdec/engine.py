@@ -49,6 +49,7 @@ class Engine:
     cloud_token: str | None = None
     cloud_timeout_s: float = 60.0
     on_cloud_loss: str = "fail"  # or "edge": finish a generation edge-only when the server is lost
+    overlap: bool = True  # with cloud_url: draft the next block while the server verifies
 
     def __post_init__(self) -> None:
         if self.mode not in ("edge", "cloud", "spec"):
@@ -169,6 +170,7 @@ class Engine:
             generation = speculative_decode(
                 self.model("edge").backend, self.cloud_side(), prompt, self.spec, self.decode,
                 constraints, self.punct_density(), on_cloud_loss=self.on_cloud_loss,
+                overlap=self.overlap and self.remote_cloud,
             )
         else:
             generation = autoregressive_decode(loaded.backend, prompt, self.decode, constraints, role=self.mode)

@@ -27,6 +27,12 @@ class Cycle:
     wire_down_bytes: int = 0
     wait_s: float = 0.0  # send -> reply on the edge: in flight + server queue + server compute
     server_queue_s: float = 0.0
+    t_start_s: float = 0.0  # since the generation started: drafting began / the block left / the verdict was in
+    t_reply_s: float = 0.0
+    edge_wait_s: float = 0.0  # overlap: the edge idle after drafting ahead, waiting for the verdict
+    ahead_guess: int | None = None  # overlap: the bonus token the edge guessed and drafted after
+    ahead_kept: int = 0  # overlap: tokens drafted ahead during this verify that became the next block's
+    ahead_wasted: int = 0  # ... and those dropped (a rejection, or a bonus other than the guess)
 
 
 @dataclass
@@ -40,6 +46,8 @@ class Counters:
     unverified_tokens: int = 0
     corrections: int = 0
     bonus_tokens: int = 0
+    overlap_kept_tokens: int = 0
+    overlap_wasted_tokens: int = 0
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -56,6 +64,8 @@ class Counters:
                 self.accepted_per_position[i] += 1
         else:
             self.unverified_tokens += cycle.accepted
+        self.overlap_kept_tokens += cycle.ahead_kept
+        self.overlap_wasted_tokens += cycle.ahead_wasted
         self.corrections += cycle.extra_kind == "correction"
         self.bonus_tokens += cycle.extra_kind == "bonus"
 

@@ -111,6 +111,9 @@ class RemoteCloud:
             reason = e.rcvd.reason if e.rcvd and e.rcvd.reason else "connection lost"
             self.close()
             raise CloudLost(f"the cloud verifier at {self.url} closed the connection: {reason}") from None
+        return self._check(raw, expect)
+
+    def _check(self, raw: bytes, expect: tuple[str, ...]) -> dict:
         message = decode(raw)
         if message["type"] == "error":
             self.close()
@@ -164,26 +167,49 @@ class RemoteVerifier:
         self.server_length = prompt_len  # the prompt goes up with `open`
         self.send_probs, self.topn = send_probs, topn
         self.compute_s = 0.0
+        self.pending: dict = {}  # the block in flight: byte counters and clock at sending
 
     def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor) -> Verdict:
+        self.send(seq, draft_tokens, draft_probs)
+        return self.receive()
+
+    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor) -> None:
+        """Send a block (and, the first time, the session's `open` right before it); the verdict
+        is read by `receive`, so the edge can draft meanwhile."""
         cloud, sock = self.cloud, self.cloud.sock
-        up_before, down_before = sock.sent, sock.received
-        first = self.opening is not None
-        start = time.perf_counter()
-        if first:
+        self.pending = {"up": sock.sent, "down": sock.received, "first": self.opening is not None,
+                        "start": time.perf_counter(), "base": seq.length, "reply": None}
+        if self.opening is not None:
             cloud._send(self.opening)
             self.opening = None
         new = seq.ids[self.server_length:].tolist()
         probs = pack_probs(draft_probs, self.topn) if self.send_probs else None
         cloud._send(encode("verify", base=seq.length, new=new, draft=draft_tokens.tolist(), probs=probs))
-        reply = cloud._receive(cloud.timeout_s, expect=("verdict",))
-        wait_s = time.perf_counter() - start
+
+    def ready(self) -> bool:
+        """Has the verdict arrived? Never blocks."""
+        if self.pending["reply"] is None:
+            try:
+                self.pending["reply"] = self.cloud.ws.recv(timeout=0)
+            except TimeoutError:
+                return False
+            except ConnectionClosed:
+                return True  # `receive` reports it
+        return True
+
+    def receive(self) -> Verdict:
+        pending, sock = self.pending, self.cloud.sock
+        if pending["reply"] is not None:
+            reply = self.cloud._check(pending["reply"], expect=("verdict",))
+        else:
+            reply = self.cloud._receive(self.cloud.timeout_s, expect=("verdict",))
+        wait_s = time.perf_counter() - pending["start"]
         self.compute_s += reply["compute_s"]
-        self.server_length = seq.length + reply["accepted"]
+        self.server_length = pending["base"] + reply["accepted"]
         return Verdict(
             accepted=reply["accepted"], next_token=reply["token"], tokens_in=reply["tokens_in"],
-            sent_features=first and self.has_features,  # once per session: the server keeps them
-            wire_up_bytes=sock.sent - up_before, wire_down_bytes=sock.received - down_before,
+            sent_features=pending["first"] and self.has_features,  # once per session: the server keeps them
+            wire_up_bytes=sock.sent - pending["up"], wire_down_bytes=sock.received - pending["down"],
             wait_s=wait_s, server_queue_s=reply["queue_s"],
         )
 

@@ -1,0 +1,97 @@
+"""The edge's drafting: its session, the stop rule that ends a block early, and tokens drafted
+ahead while the cloud verifies the previous block (overlap, split deployment only).
+
+Drafting ahead (SpecEdge's proactive drafting; AMUSD runs draft and verify concurrently): once a
+block d_0..d_{n-1} is sent, the edge guesses the cloud's bonus token g (its own choice after d_{n-1}:
+argmax when greedy, a draw when sampling) and drafts a_0, a_1, ... after it until the reply comes.
+If the cloud accepts the whole block and its bonus is g, the prefix the a_i were drafted on is
+exactly the accepted sequence, so they are valid drafts of the next block (lossless for greedy and,
+drawn from the edge's own distribution on that prefix, for speculative sampling). Otherwise they
+are dropped and the edge cache is cropped as after any cycle.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from specdec.drafting import StopRule
+from specdec.processors import Constraints
+from specdec.sampling import choose, distribution, entropy_nats
+from specdec.session import AcceptedSequence, Session
+
+
+def top_n(probs: torch.Tensor, n: int) -> torch.Tensor:
+    """[V] -> the n most likely entries renormalized, zeros elsewhere. Drafting from this (not
+    from the full distribution) keeps speculative sampling exact with only n values uploaded."""
+    values, index = probs.topk(n)
+    return torch.zeros_like(probs).scatter_(-1, index, values / values.sum())
+
+
+class Drafter:
+    def __init__(self, session: Session, vocab: int, constraints: Constraints, temperature: float,
+                 generator: torch.Generator, topn: int | None = None, stop_rule: StopRule | None = None) -> None:
+        self.session, self.vocab, self.constraints = session, vocab, constraints
+        self.temperature, self.generator, self.topn, self.stop_rule = temperature, generator, topn, stop_rule
+        self.guess: int | None = None  # the bonus token the ahead tokens were drafted after
+        self.ahead: list[tuple[torch.Tensor, torch.Tensor]] = []  # (token, dist) drafted after the guess
+        self.ahead_stopped = False  # the stop rule ended the ahead block
+
+    def step(self, feed: torch.Tensor, history: list[int]) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """Feed a block; draw the next token. -> (token 0-d, dist [V] it was drawn from, stop here?)"""
+        logits = self.session.feed(feed, keep=1)[-1, : self.vocab]
+        if self.constraints.processors:
+            logits = self.constraints.apply(history, logits)
+        dist = distribution(logits, self.temperature)
+        if self.topn:
+            dist = top_n(dist, self.topn)
+        token = choose(logits, dist, self.temperature > 0, self.generator)
+        stop = self.stop_rule is not None and self.stop_rule(dist, float(entropy_nats(dist)))
+        return token, dist, stop
+
+    def draft(self, seq: AcceptedSequence, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Up to n tokens after the accepted sequence, fewer if the stop rule ends the block ->
+        (tokens [m], draft_probs [m, V]). Starts from the tokens drafted ahead, when kept."""
+        drafted, stopped = self.ahead, self.ahead_stopped
+        self.ahead, self.ahead_stopped, self.guess = [], False, None
+        # Unseen accepted tokens go in as ONE forward, never token by token.
+        feed = drafted[-1][0].view(1) if drafted else self.session.unseen(seq)
+        history = seq.generated + [int(token) for token, _ in drafted]
+        while len(drafted) < n and not stopped:
+            token, dist, stopped = self.step(feed, history)
+            drafted.append((token, dist))
+            history.append(int(token))
+            feed = token.view(1)
+        drafted = drafted[:n]
+        return torch.stack([t for t, _ in drafted]), torch.stack([d for _, d in drafted])
+
+    def draft_ahead(self, seq: AcceptedSequence, block: list[int], n: int, reply_ready: Callable[[], bool]) -> None:
+        """While `block` is being verified: guess the bonus, then draft up to n tokens after it,
+        stopping as soon as the reply is in (checked between forwards)."""
+        history = seq.generated + block
+        guess, _, _ = self.step(torch.tensor(block[-1:]), history)
+        self.guess = int(guess)
+        history.append(self.guess)
+        feed = guess.view(1)
+        while len(self.ahead) < n and not self.ahead_stopped and not reply_ready():
+            token, dist, self.ahead_stopped = self.step(feed, history)
+            self.ahead.append((token, dist))
+            history.append(int(token))
+            feed = token.view(1)
+
+    def settle(self, accepted_whole_block: bool, bonus: int | None) -> tuple[int, int]:
+        """After the verdict on the block drafted ahead of: keep the ahead tokens if the cloud took
+        the whole block and its bonus is the guess. -> (kept, wasted) ahead tokens."""
+        if self.guess is None:
+            return 0, 0
+        if accepted_whole_block and bonus == self.guess:
+            self.guess = None
+            return len(self.ahead), 0
+        wasted = len(self.ahead)
+        self.ahead, self.ahead_stopped, self.guess = [], False, None
+        return 0, wasted
+
+    @property
+    def holds_ahead(self) -> bool:
+        """The edge cache runs past the accepted sequence (kept ahead tokens): do not crop it."""
+        return bool(self.ahead)
