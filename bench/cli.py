@@ -161,7 +161,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from specdec import registry
+    from specdec.models import registry
 
     if args.models_command == "list":
         for entry in registry.list_models():
@@ -169,7 +169,7 @@ def cmd_models(args: argparse.Namespace) -> int:
             source = f"derived: {entry.load_name}" if getattr(entry, "base", None) else entry.upstream
             print(f"{entry.alias:24} {entry.size / 1e6:8.0f} MB  {state:12} {source}  ({entry.license})")
         return 0
-    from specdec.fetch import fetch
+    from specdec.models.fetch import fetch
 
     for alias in args.aliases or [e.alias for e in registry.list_models()]:
         registry.get(alias)

@@ -26,7 +26,7 @@ def tiny_pair():
 @pytest.fixture(scope="session")
 def real_pair():
     """The Qwen2.5-Coder pair, bf16, 2 threads: 2 `code` prompts x 32 tokens, greedy, k=4, threshold 0."""
-    from specdec.registry import is_fetched
+    from specdec.models.registry import is_fetched
 
     missing = [alias for alias in (EDGE_ALIAS, CLOUD_ALIAS) if not is_fetched(alias)]
     if missing:

@@ -255,7 +255,7 @@ def cmd_gate(args: argparse.Namespace, wrap=None) -> int:
         if baseline["suite"] != args.suite:
             raise InputError(f"baseline {path} is for suite {baseline['suite']!r}: pass --suite {baseline['suite']}")
     if args.suite == "real":
-        from specdec.registry import is_fetched
+        from specdec.models.registry import is_fetched
 
         if not (is_fetched(EDGE_ALIAS) and is_fetched(CLOUD_ALIAS)):
             raise InputError(f"the real suite needs the model pair: run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")

@@ -22,7 +22,7 @@ from bench.records import ResultsFile, read_records
 from bench.sweep import AXES
 from specdec.backends.base import Prompt
 from specdec.errors import ConfigError, InputError
-from specdec.loading import LoadedModel, load_model
+from specdec.models.loading import LoadedModel, load_model
 
 SCORES = "nll.jsonl"
 

@@ -14,7 +14,7 @@ from bench.records import ResultsFile
 from bench.run import generate_one, point_of, prepare
 from specdec.engine import Engine
 from specdec.errors import InputError
-from specdec.loading import LoadedModel, load_model
+from specdec.models.loading import LoadedModel, load_model
 
 
 def weight_bytes(model: LoadedModel) -> int:

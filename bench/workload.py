@@ -24,7 +24,7 @@ from specdec.backends.base import Backend
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
-from specdec.loading import LoadedModel, load_model
+from specdec.models.loading import LoadedModel, load_model
 
 EDGE_ALIAS, CLOUD_ALIAS = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 TINY = "tiny"  # the edge/cloud name of the in-process pair (bench/tinypair.py)

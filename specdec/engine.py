@@ -8,7 +8,7 @@ from typing import Callable
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.decode import autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError, InputError
-from specdec.loading import LoadedModel, load_model
+from specdec.models.loading import LoadedModel, load_model
 from specdec.processors import Constraints, StopRule
 from specdec.trace import Generation
 

@@ -10,7 +10,7 @@ from bench.cli import main
 from bench.nll import SCORES, output_nll, read_scores, score_key
 from bench.records import ResultsFile
 from bench.summary import summarize
-from specdec.loading import load_model
+from specdec.models.loading import load_model
 from tests.tiny import save_tiny_pair
 
 

@@ -19,7 +19,7 @@ from bench.run import FailedSamples, run
 from specdec.backends.omni_thinker import OmniThinkerBackend
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
-from specdec.loading import load_model
+from specdec.models.loading import load_model
 from tests.omni_fixtures import random_waveform, tiny_omni_tokenizer, tiny_thinker
 from tests.tiny import noisy_copy
 

@@ -210,7 +210,7 @@ class WhisperBackend:
 
 
 def load_whisper(path_or_model, dtype: torch.dtype | None = None, name: str = "") -> WhisperBackend:
-    """A backend from a local Whisper directory (e.g. one converted by `specdec.convert_ct2`) or a
+    """A backend from a local Whisper directory (e.g. one converted by `specdec.models.convert_ct2`) or a
     loaded `WhisperForConditionalGeneration`."""
     if isinstance(path_or_model, PreTrainedModel):
         model = path_or_model.to(dtype) if dtype is not None else path_or_model
