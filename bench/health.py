@@ -13,7 +13,7 @@ from typing import Sequence
 import jiwer
 from sacrebleu.metrics import CHRF
 
-from specdec.constraints_zh import (
+from specdec.text import (
     PUNCT_DENSITY_ABNORMAL,
     PUNCT_DENSITY_HEALTHY,
     cjk_content,

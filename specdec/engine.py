@@ -6,10 +6,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specdec.config import DecodeConfig, SpecConfig
+from specdec.constraints_zh import zh_profile
 from specdec.decode import autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError, InputError
 from specdec.models.loading import LoadedModel, load_model
 from specdec.processors import Constraints, StopRule
+from specdec.tokenstats import PunctuationTable
 from specdec.trace import Generation
 
 CONSTRAINT_PROFILES = ("none", "zh")
@@ -78,8 +80,6 @@ class Engine:
             vocab = min(self.model(r).backend.vocab_size for r in self._roles())
             # The model's own decoding rules (Whisper's token suppression) run before any profile.
             if self.constraints == "zh":
-                from specdec.constraints_zh import zh_profile
-
                 profile = zh_profile(loaded.tokenizer, loaded.eos_ids, vocab)
                 self._constraints = Constraints(loaded.processors + profile.processors, profile.stop)
             else:
@@ -90,8 +90,6 @@ class Engine:
         if self.mode != "spec" or self.spec.punct_trigger is None:
             return None
         if self._punct is None:
-            from specdec.tokenstats import PunctuationTable
-
             self._punct = PunctuationTable.build(self.primary.tokenizer, self.model("edge").backend.vocab_size)
         return self._punct.density
 

@@ -12,7 +12,7 @@ from typing import Callable
 import pandas as pd
 
 from bench.report.pareto import point_labels, set_name
-from specdec.constraints_zh import PUNCT_DENSITY_HEALTHY
+from specdec.text import PUNCT_DENSITY_HEALTHY
 
 CHRF_TOLERANCE = 1.0  # chrF points (0–100 scale) a point may lose against cloud-only
 GOOD_ACCEPTANCE = 0.6  # accepted / verified draft tokens
