@@ -21,6 +21,7 @@ import torch
 from bench import tinypair
 from bench.health import text_health
 from specdec.backends.base import Backend
+from specdec import config
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
@@ -28,7 +29,7 @@ from specdec.models.loading import LoadedModel, load_model
 
 EDGE_ALIAS, CLOUD_ALIAS = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 TINY = "tiny"  # the edge/cloud name of the in-process pair (bench/tinypair.py)
-ENGINE_MODES = ("edge", "cloud", "spec")
+ENGINE_MODES = config.MODES  # edge, cloud, spec: the order the gate's passes rotate through
 HF_ASSISTED = "hf_assisted"
 MODES = ENGINE_MODES + (HF_ASSISTED,)
 

@@ -1,15 +1,60 @@
-"""Frozen, self-validating configs. Errors name the setting, the value and the fix."""
+"""Every setting of the engine, once: frozen dataclasses that validate themselves, with errors that
+name the setting, the value and the fix.
+
+Field metadata carries the help text and the allowed values (`choices`); bench builds the `run`
+and `sweep` command lines from these fields (bench/options.py), so a setting added here reaches
+both commands. Policy and verifier names come from their registries: a new one is one file.
+"""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
+from specdec.backends.base import DTYPES
 from specdec.errors import ConfigError
+from specdec.policies import POLICIES
+from specdec.verifier import VERIFIERS
 
-POLICIES = ("threshold", "greedy", "sample")
-VERIFIERS = ("cached", "stateless")
-UNCERTAINTY = ("max", "mean", "first")
 MODES = ("edge", "cloud", "spec")
+ROLES = {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}  # the models each mode loads
+CONSTRAINT_PROFILES = ("none", "zh")
+UNCERTAINTY = ("max", "mean", "first")
+
+
+def check_choices(config) -> None:
+    """Every field whose metadata lists `choices` holds one of them."""
+    for f in fields(config):
+        allowed, value = f.metadata.get("choices"), getattr(config, f.name)
+        if allowed is not None and value not in allowed:
+            raise ConfigError(f"unknown {f.name} {value!r}: use one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which models run and how prompts reach them."""
+
+    mode: str = field(metadata={"help": "edge or cloud alone (the baselines), or spec: edge drafts, cloud verifies",
+                                "choices": MODES})
+    edge: str | None = field(default=None, metadata={"help": "edge (draft) model: registry alias, local directory or hub id"})
+    cloud: str | None = field(default=None, metadata={"help": "cloud (verify) model: registry alias, local directory or hub id"})
+    dtype: str = field(default="bfloat16", metadata={"help": "weights and activations (float32 for exactness checks)",
+                                                      "choices": tuple(DTYPES)})
+    constraints: str = field(default="none", metadata={"help": "decoding profile (zh: one short Chinese sentence)",
+                                                        "choices": CONSTRAINT_PROFILES})
+    chat_template: bool = field(default=True, metadata={"help": "wrap the prompt in the tokenizer's chat template "
+                                                                "(--no-chat-template feeds the text raw)"})
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        missing = [role for role in self.roles if not getattr(self, role)]
+        if missing:
+            flags = " and ".join(f"--{role} MODEL" for role in missing)
+            raise ConfigError(f"--mode {self.mode} needs {flags}")
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The models this mode loads (edge-only never loads the cloud)."""
+        return ROLES[self.mode]
 
 
 @dataclass(frozen=True)
@@ -33,16 +78,20 @@ class DecodeConfig:
 class SpecConfig:
     k: int = field(default=4, metadata={"help": "draft tokens per block"})
     entropy_threshold: float = field(
-        default=2.0, metadata={"help": "escalate a block iff its uncertainty (nats) >= this; 0 = always, inf = never"}
+        default=2.0, metadata={"help": "escalate a block iff its uncertainty >= this many nats (0 = always, inf = never)"}
     )
     accept_threshold: float = field(
-        default=0.1, metadata={"help": "threshold policy: accept d_i while p_cloud(d_i) >= this (a probability)"}
+        default=0.1, metadata={"help": "threshold policy: accept while p_cloud(draft) >= this probability"}
     )
-    policy: str = field(default="threshold", metadata={"help": f"acceptance rule, one of {POLICIES}"})
-    verifier: str = field(default="cached", metadata={"help": f"cloud state handling, one of {VERIFIERS}"})
-    uncertainty: str = field(default="max", metadata={"help": f"block uncertainty from token entropies: {UNCERTAINTY}"})
+    policy: str = field(default="threshold", metadata={"help": "acceptance rule (specdec/policies/)",
+                                                        "choices": tuple(POLICIES)})
+    verifier: str = field(default="cached", metadata={"help": "how the cloud keeps its state between calls "
+                                                               "(specdec/verifier.py)", "choices": tuple(VERIFIERS)})
+    uncertainty: str = field(default="max", metadata={"help": "a block's uncertainty from its token entropies",
+                                                       "choices": UNCERTAINTY})
     punct_trigger: float | None = field(
-        default=None, metadata={"help": "force escalation when the block's punctuation density exceeds this (seed 003: 0.4)"}
+        default=None, metadata={"help": "also escalate blocks whose punctuation density exceeds this (0.4 flags "
+                                        "'a comma after every character or two')"}
     )
 
     def __post_init__(self) -> None:
@@ -54,13 +103,7 @@ class SpecConfig:
             )
         if not 0.0 <= self.accept_threshold <= 1.0:
             raise ConfigError(f"accept_threshold is a probability and must be in [0, 1], got {self.accept_threshold}")
-        for name, value, allowed in (
-            ("policy", self.policy, POLICIES),
-            ("verifier", self.verifier, VERIFIERS),
-            ("uncertainty", self.uncertainty, UNCERTAINTY),
-        ):
-            if value not in allowed:
-                raise ConfigError(f"unknown {name} {value!r}: use one of {', '.join(allowed)}")
+        check_choices(self)
         if self.punct_trigger is not None and not 0.0 <= self.punct_trigger <= 1.0:
             raise ConfigError(f"punct_trigger is a density in [0, 1], got {self.punct_trigger}")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.config import DecodeConfig, EngineConfig, SpecConfig
 from specdec.constraints_zh import zh_profile
 from specdec.decode import autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError, InputError
@@ -14,38 +14,22 @@ from specdec.processors import Constraints, StopRule
 from specdec.tokenstats import PunctuationTable
 from specdec.trace import Generation
 
-CONSTRAINT_PROFILES = ("none", "zh")
 
+@dataclass(frozen=True, eq=False)
+class Engine(EngineConfig):
+    """An `EngineConfig` (validated on construction) plus the models it loads on first use."""
 
-@dataclass
-class Engine:
-    mode: str
-    edge: str | None = None
-    cloud: str | None = None
-    dtype: str = "bfloat16"
     spec: SpecConfig = field(default_factory=SpecConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
-    constraints: str = "none"
-    chat_template: bool = True
     loader: Callable[..., LoadedModel] = load_model
     log: Callable[[str], object] = print
+    _models: dict[str, LoadedModel] = field(default_factory=dict, init=False, repr=False)
+    _derived: dict[str, object] = field(default_factory=dict, init=False, repr=False)  # per-tokenizer tables
 
     def __post_init__(self) -> None:
-        if self.mode not in ("edge", "cloud", "spec"):
-            raise ConfigError(f"unknown mode {self.mode!r}: use edge, cloud or spec")
-        needs = {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}[self.mode]
-        missing = [role for role in needs if not getattr(self, role)]
-        if missing:
-            flags = " and ".join(f"--{role} MODEL" for role in missing)
-            raise ConfigError(f"--mode {self.mode} needs {flags}")
-        if self.constraints not in CONSTRAINT_PROFILES:
-            raise ConfigError(f"unknown constraints profile {self.constraints!r}: use one of {', '.join(CONSTRAINT_PROFILES)}")
+        super().__post_init__()
         if self.mode == "spec":
             self.spec.check_decoding(self.decode)
-        self._models: dict[str, LoadedModel] = {}
-        self._constraints: Constraints | None = None
-        self._punct = None
-        self._checked = False
 
     def model(self, role: str) -> LoadedModel:
         """The edge or cloud model, loaded on first use."""
@@ -60,7 +44,7 @@ class Engine:
 
     def load(self) -> None:
         """Load every model this mode needs (and no other), and check that they fit together."""
-        if self._checked:
+        if self._derived.get("checked"):
             return
         self.primary
         if self.mode == "spec":
@@ -72,32 +56,29 @@ class Engine:
                 )
             if cloud.backend.accepts_audio != edge.backend.accepts_audio:
                 raise ConfigError("the edge and the cloud must both take audio or both be text-only, so they see the same inputs")
-        self._checked = True
+        self._derived["checked"] = True
 
     def constraints_for(self) -> Constraints:
-        if self._constraints is None:
+        if "constraints" not in self._derived:
             loaded = self.primary
-            vocab = min(self.model(r).backend.vocab_size for r in self._roles())
+            vocab = min(self.model(r).backend.vocab_size for r in self.roles)
             # The model's own decoding rules (Whisper's token suppression) run before any profile.
             if self.constraints == "zh":
                 profile = zh_profile(loaded.tokenizer, loaded.eos_ids, vocab)
-                self._constraints = Constraints(loaded.processors + profile.processors, profile.stop)
+                self._derived["constraints"] = Constraints(loaded.processors + profile.processors, profile.stop)
             else:
-                self._constraints = Constraints(loaded.processors, StopRule(eos_ids=loaded.eos_ids))
-        return self._constraints
+                self._derived["constraints"] = Constraints(loaded.processors, StopRule(eos_ids=loaded.eos_ids))
+        return self._derived["constraints"]
 
     def punct_density(self) -> Callable[[list[int]], float] | None:
         if self.mode != "spec" or self.spec.punct_trigger is None:
             return None
-        if self._punct is None:
-            self._punct = PunctuationTable.build(self.primary.tokenizer, self.model("edge").backend.vocab_size)
-        return self._punct.density
+        if "punct" not in self._derived:
+            self._derived["punct"] = PunctuationTable.build(self.primary.tokenizer, self.model("edge").backend.vocab_size)
+        return self._derived["punct"].density
 
     def load_seconds(self) -> dict[str, float]:
-        return {role: self.model(role).load_s for role in self._roles()}
-
-    def _roles(self) -> tuple[str, ...]:
-        return {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}[self.mode]
+        return {role: self.model(role).load_s for role in self.roles}
 
     def generate(self, text: str, system: str | None = None, waveform=None, sampling_rate: int = 16000,
                  language: str | None = None) -> Generation:

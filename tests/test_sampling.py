@@ -5,7 +5,7 @@ from scipy.stats import chisquare
 
 from specdec import DecodeConfig, Prompt, SpecConfig, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
-from specdec.policies import speculative_sample
+from specdec.policies.sample import speculative_sample
 from specdec.processors import Constraints
 from specdec.decode import draft
 from specdec.sampling import distribution, entropy_nats

@@ -15,12 +15,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from specdec.backends.base import Backend, Prompt
+from specdec.backends.base import DTYPES, Backend, Prompt
 from specdec.errors import InputError, ModelError
 from specdec.models import fetch as fetching, registry
 from specdec.models.derive import check_derivable, derive, needs_float32, split_name
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Hub ids as the hub validates them: two names that start with a letter or digit.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 

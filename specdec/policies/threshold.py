@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.policies.registry import register_policy
 from specdec.sampling import accepted_prefix, choose
 
 
+@register_policy("threshold", from_threshold=True)
 @dataclass(frozen=True)
 class ThresholdPolicy:
     accept_threshold: float
