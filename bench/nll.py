@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from bench.prompts import load_prompts
 from bench.records import ResultsFile, read_records
-from bench.sweep import AXES
+from bench.sweep_config import AXES
 from specdec.backends.base import Prompt
 from specdec.errors import ConfigError, InputError
 from specdec.models.loading import LoadedModel, load_model

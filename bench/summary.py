@@ -13,8 +13,11 @@ from __future__ import annotations
 import pandas as pd
 
 from bench.health import chrf, error_rates, text_health, token_match_rate
+from bench.sweep_config import AXES, SPEC_AXES
 
-POINT = ["mode", "dtype", "prompts", "policy", "k", "entropy_threshold", "accept_threshold", "verifier"]
+# A point is its values on the sweep's axes; the summary lists what ran first (mode, dtype,
+# prompts), then the spec axes with the policy first, since it names the rule.
+POINT = [axis for axis in AXES if axis not in SPEC_AXES] + sorted(SPEC_AXES, key=lambda axis: axis != "policy")
 
 
 def expected_speedup(alpha: float, k: int, c: float) -> float:

@@ -41,8 +41,8 @@ class EngineConfig:
                                                       "choices": tuple(DTYPES)})
     constraints: str = field(default="none", metadata={"help": "decoding profile (zh: one short Chinese sentence)",
                                                         "choices": CONSTRAINT_PROFILES})
-    chat_template: bool = field(default=True, metadata={"help": "wrap the prompt in the tokenizer's chat template "
-                                                                "(--no-chat-template feeds the text raw)"})
+    chat_template: bool = field(default=True, metadata={"help": "wrap the prompt in the tokenizer's chat template, "
+                                                                "when it has one (off: the text goes in raw)"})
 
     def __post_init__(self) -> None:
         check_choices(self)

@@ -6,7 +6,7 @@ import pytest
 from bench.cli import main
 from bench.records import ResultsFile
 from bench.summary import expected_speedup, summarize
-from bench.sweep import SweepConfig
+from bench.sweep_config import SweepConfig
 from tests.tiny import save_tiny_pair
 
 
