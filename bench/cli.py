@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
+from bench import metrics
 from bench.compare import add_compare_parser, cmd_compare
 from bench.gate import add_gate_parser, cmd_gate
 from bench.nll import SCORES, read_scores, score
@@ -29,16 +31,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     rows = run(engine, args.prompts, args.out, limit=args.limit, max_audio_s=args.max_audio_s)
     ok = [r for r in rows if r["status"] == "ok"]
     if ok:
-        tokens = sum(r["new_tokens"] for r in ok)
-        seconds = sum(r["latency_s"] for r in ok)
-        line = f"{len(ok)} prompts, {tokens} tokens in {seconds:.1f} s ({tokens / seconds:.1f} tok/s)"
+        t = metrics.totals(ok)
+        line = (f"{len(ok)} prompts, {t['new_tokens']} tokens in {t['latency_s']:.1f} s "
+                f"({metrics.tokens_per_s(t):.1f} tok/s)")
         if args.mode == "spec":
-            drafted = sum(r["num_draft_tokens"] for r in ok)
-            accepted = sum(r["num_accepted_tokens"] for r in ok)
-            calls = sum(r["cloud_calls"] for r in ok)
-            cycles = sum(r["cycles"] for r in ok)
-            rate = f"{accepted / drafted:.2f}" if drafted else "n/a"
-            line += f", acceptance {rate}, cloud calls {calls}/{cycles} cycles"
+            rate = metrics.acceptance_rate(t)
+            line += (f", acceptance {'n/a' if math.isnan(rate) else f'{rate:.2f}'}, "
+                     f"cloud calls {t['cloud_calls']}/{t['cycles']} cycles")
         _say(line)
     else:
         _say(f"nothing to do: every prompt already has a result in {args.out}")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from bench import metrics
 from specdec.errors import InputError
 
 BASELINES = Path(__file__).parent / "baselines"
@@ -116,15 +117,16 @@ def measure(workload, wrap=None, log: Callable[[str], object] = print) -> dict:
                 for mode, done in outputs.items():
                     identical &= [o.tokens for o in done] == [o.tokens for o in first[mode]]
                     tokens_per_s[mode].append(mode_metrics(done)["tokens_per_s"])
-    metrics = {mode: mode_metrics(outputs) for mode, outputs in first.items()}
+    per_mode = {mode: mode_metrics(outputs) for mode, outputs in first.items()}
     deterministic = {}
-    for mode, values in metrics.items():
+    for mode, values in per_mode.items():
         deterministic.update({f"{mode}.{k}": v for k, v in values.items() if k != "tokens_per_s"})
     tokens = {mode: [o.tokens for o in outputs] for mode, outputs in first.items()}
     deterministic["spec_equals_cloud"] = tokens["spec"] == tokens["cloud"]
     deterministic[f"{HF_ASSISTED}_equals_spec"] = tokens[HF_ASSISTED] == tokens["spec"]
     deterministic["repeats_identical"] = identical
-    repeats = {name: [a / b for a, b in zip(tokens_per_s[num], tokens_per_s[den])] for name, (num, den) in RATIOS.items()}
+    repeats = {name: [metrics.speedup(a, b) for a, b in zip(tokens_per_s[num], tokens_per_s[den])]
+               for name, (num, den) in RATIOS.items()}
     return {
         "format": FORMAT,
         "suite": workload.suite,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench import metrics
 from bench.audio import MAX_SECONDS, model_limits, read_audio
 from bench.options import add_run_options, engine_from_args, run_argv
 from bench.prompts import load_prompts
@@ -34,6 +35,7 @@ from specdec.errors import InputError
 
 PTRACE_HINTS = ("permission denied", "operation not permitted", "ptrace", "eperm", "failed to open process")
 PY_SPY_FORMATS = (("flamegraph", "flamegraph.svg"), ("speedscope", "speedscope.json"))
+SPLIT_COUNTS = ("latency_s", "edge_s", "cloud_s", "overhead_s", "cloud_calls", "cycles", "new_tokens")
 
 
 def add_profile_parser(subparsers) -> argparse.ArgumentParser:
@@ -135,22 +137,9 @@ def _waveform(engine, record) -> tuple:
 
 
 def time_split(rows: list[dict]) -> dict:
-    """Where the run's decode time went, summed over its ok prompts (seconds), and per unit:
-    cloud seconds per cloud call (its prefill included), edge seconds per cycle."""
+    """Where the run's decode time went, summed over its ok prompts (bench.metrics.time_split)."""
     ok = [r for r in rows if r.get("status", "ok") == "ok"]
-    if not ok:
-        return {}
-    total = {key: sum(r.get(key) or 0 for r in ok) for key in ("latency_s", "edge_s", "cloud_s", "overhead_s",
-                                                               "cloud_calls", "cycles", "new_tokens")}
-    split = {**total, "prompts": len(ok)}
-    if total["latency_s"]:
-        for key in ("edge_s", "cloud_s", "overhead_s"):
-            split[key.replace("_s", "_fraction")] = total[key] / total["latency_s"]
-    if total["cloud_calls"]:
-        split["cloud_s_per_call"] = total["cloud_s"] / total["cloud_calls"]
-    if total["cycles"] and total["edge_s"]:
-        split["edge_s_per_cycle"] = total["edge_s"] / total["cycles"]
-    return split
+    return metrics.time_split(metrics.totals(ok, SPLIT_COUNTS), prompts=len(ok)) if ok else {}
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
