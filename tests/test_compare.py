@@ -112,3 +112,14 @@ def test_bad_inputs_are_one_clear_error(results_dir, tmp_path, make, message):
     base, current = make(results_dir, gate_file)
     with pytest.raises(InputError, match=message):
         compare.compare_paths(base, current)
+
+
+def test_the_page_escapes_what_it_shows(tmp_path):
+    """Point labels and paths come from results: the template escapes them (jinja2 autoescape)."""
+    row = compare.Row("<script>alert(1)</script> & co", "tokens_per_s", 1.0, 2.0, "higher", False, True, "shown")
+    path = tmp_path / "compare.html"
+    compare.write_html([row], tmp_path / "<b>base</b>", tmp_path / "now", "gate passed: 1 checks", True, path)
+    page = path.read_text()
+    assert "<script" not in page and "<b>base" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in page and "&lt;b&gt;base&lt;/b&gt;" in page
+    assert "+100.00%" in page and "#1a7f37" in page  # better: green
