@@ -1,4 +1,5 @@
-"""The cloud side: one explicit forward per escalated block (never `generate`, seed 000).
+"""The cloud side: one explicit forward per escalated block (never `generate`: asked for no new token,
+it returns no scores to verify with).
 
 Both verifiers return cloud logits [n+1, V] for a draft of n tokens: row i predicts d_i, row n is
 the bonus position. For a block [last_accepted, d_0..d_{n-1}] fed on a cache holding the prefix
@@ -59,7 +60,7 @@ class CachedVerifier:
 
 @register_verifier("stateless")
 class StatelessVerifier:
-    """The seed's design: context + draft recomputed from scratch every call, multimodal inputs
+    """The original research system's design: context + draft recomputed from scratch every call, multimodal inputs
     passed again, no cache kept. Kept so users can measure what the cache saves."""
 
     def __init__(self, backend: Backend, prompt: Prompt) -> None:

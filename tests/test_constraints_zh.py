@@ -1,5 +1,6 @@
-"""The `zh` profile (seed 003) on real Chinese strings, with a tiny offline tokenizer whose
-tokens are single characters, short words and punctuation."""
+"""The `zh` profile (one short Chinese sentence, no comma storms or short loops) on real Chinese
+strings, with a tiny offline tokenizer whose tokens are single characters, short words and
+punctuation."""
 from __future__ import annotations
 
 import pytest

@@ -85,7 +85,7 @@ def test_end_to_end_sampling_matches_cloud_next_token_distribution():
 
 
 def test_temperature_is_applied_once_after_processors():
-    """The draft distribution is softmax((logits + processor shift) / T): not / T twice (seed 003)."""
+    """The draft distribution is softmax((logits + processor shift) / T): not / T twice (which over-sharpens)."""
     model = tiny_causal("llama", sharpness=2.0)
     ids = random_prompt(2)
     shift = torch.zeros(96)

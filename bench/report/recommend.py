@@ -1,7 +1,7 @@
 """Recommended operating points: for each prompt set, the point each rule picks, with the rule
 and the numbers that made it win. Pure functions on the per-point summary.
 
-Thresholds are the ones the seed system's authors watched (see SEEDS.md): acceptance > 0.6 was
+Thresholds are the ones people used when they compared settings by hand: acceptance > 0.6 was
 "good"; a healthy punctuation density is 10–25 % of characters.
 """
 from __future__ import annotations
