@@ -9,11 +9,12 @@ from pathlib import Path
 from bench import metrics
 from bench.compare import add_compare_parser, cmd_compare
 from bench.gate import add_gate_parser, cmd_gate
-from bench.nll import SCORES, read_scores, score
+from bench.nll import score
 from bench.options import add_run_options, add_sweep_options, engine_from_args, sweep_from_args
 from bench.profiling import add_profile_parser, cmd_profile
 from bench.records import ResultsFile, read_records
 from bench.report.cli import add_report_parser, cmd_report
+from bench.scores import SCORES, read_scores
 from bench.run import run
 from bench.summary import summarize
 from bench.sweep import run_sweep

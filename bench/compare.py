@@ -5,7 +5,7 @@ per-point summary comes from bench.summary) or a gate JSON (`specbench gate --sa
 baseline). Writes `compare.html` and `compare.png` (per-metric relative change per point; green
 better, red worse) to --out. Reads results only; it never measures.
 
-Verdict, with the gate's rules (bench/gate.py): token hashes exact; deterministic rates within
+Verdict, with the gate's rules (bench/verdict.py): token hashes exact; deterministic rates within
 `rate_abs`; same-run ratios (speed-ups) fail below baseline * (1 - timing_rel); absolute
 speeds and latencies are shown but never gated. Results directories take the tiny suite's
 tolerance for fp32 points and the real suite's for bf16 points. Their speed-ups come from single
@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.gate import TOLERANCES, Check, compare as gate_compare, read_gate_file, show_value, verdict
+from bench.verdict import TOLERANCES, Check, compare as gate_compare, read_gate_file, show_value, verdict
 from bench.records import ResultsFile
 from bench.report import page
 from bench.summary import POINT, summarize

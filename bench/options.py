@@ -5,7 +5,7 @@ the same settings and a setting added to specdec/config.py reaches all three.
     --name-with-dashes   one per field (plus any `flags` the field's metadata lists as aliases);
                          a bool that defaults to True becomes --no-NAME, one that defaults to
                          False becomes --NAME
-    run, profile         EngineConfig + SpecConfig + DecodeConfig + RunInputs
+    run, profile         EngineConfig + PromptInputs (+ --out) + SpecConfig + DecodeConfig
     sweep                SweepConfig: grid axes take comma-separated lists, and no flag has a
                          default, so a TOML config is overridden only by the flags given
 """
@@ -18,12 +18,12 @@ from dataclasses import MISSING, Field, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.run import RunInputs
+from bench.prompts import PromptInputs
 from bench.sweep_config import AXES, SweepConfig
 from specdec.config import DecodeConfig, EngineConfig, SpecConfig
 from specdec.engine import Engine
 
-RUN_SETTINGS = (EngineConfig, SpecConfig, DecodeConfig, RunInputs)
+RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig)
 # Where each setting is defined (its help, choices and aliases), for the sweep's copy of it.
 DEFINED_IN = {f.name: f for cls in RUN_SETTINGS for f in fields(cls)}
 
@@ -134,8 +134,12 @@ def sweep_options() -> list[Option]:
     return options
 
 
+RUN_OUT = Option("out", ("--out",), "store", Path, None, True, "results directory (rerun to resume)", None)
+
+
 def run_options() -> list[Option]:
-    return [option for cls in RUN_SETTINGS for option in field_options(cls)]
+    engine, prompts, spec, decode = (field_options(cls) for cls in RUN_SETTINGS)
+    return [*engine, *prompts, RUN_OUT, *spec, *decode]
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:

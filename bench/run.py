@@ -8,7 +8,6 @@ of the same command redoes only what is not `ok`, so fixing the file and rerunni
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -20,19 +19,6 @@ from bench.records import ResultsFile, environment, result_record
 from bench.trackers import LatencyTracker, PeakMemoryTracker, tracked
 from specdec.engine import Engine
 from specdec.errors import InputError
-
-
-@dataclass(frozen=True)
-class RunInputs:
-    """What `specbench run` reads and where it writes (the engine's settings are specdec.config's)."""
-
-    prompts: str = field(metadata={"help": "JSONL file, JSON manifest, or a shipped set (zh-describe, zh-chat, "
-                                           "en-chat, code, audio-samples)"})
-    out: Path = field(metadata={"help": "results directory (rerun to resume)"})
-    limit: int | None = field(default=None, metadata={"help": "only the first N prompts (of each set)"})
-    max_audio_s: float = field(default=MAX_SECONDS, metadata={
-        "help": "refuse longer audio clips, in seconds (capped by the model's own window)",
-        "flags": ("--max-audio-seconds",)})
 
 
 def point_of(engine: Engine, prompts: str) -> dict:

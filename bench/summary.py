@@ -15,7 +15,7 @@ import pandas as pd
 
 from bench import metrics
 from bench.health import chrf, error_rates, text_health, token_match_rate
-from bench.nll import score_key
+from bench.scores import score_key
 from bench.sweep_config import AXES, SPEC_AXES
 
 # A point is its values on the sweep's axes; the summary lists what ran first (mode, dtype,
@@ -46,7 +46,7 @@ def _reference_rates(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize(rows: list[dict], scores: dict[str, float] | None = None) -> pd.DataFrame:
-    """One row per point. `scores`: bench.nll.read_scores(DIR), the cloud NLL of each output."""
+    """One row per point. `scores`: bench.scores.read_scores(DIR), the cloud NLL of each output."""
     if scores:
         rows = [{**r, "cloud_nll": scores.get(score_key(r), float("nan"))} for r in rows]
     frame = load_rows(rows)

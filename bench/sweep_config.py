@@ -2,7 +2,7 @@
 edge caps). Running it is bench/sweep.py; the `sweep` command's flags come from these fields
 (bench/options.py).
 
-Every setting of a run (EngineConfig, SpecConfig, DecodeConfig, RunInputs but `out`) is a field
+Every setting of a run (EngineConfig, SpecConfig, DecodeConfig, PromptInputs) is a field
 here under its own name, with the run's default; the grid axes hold tuples of values. Each point
 is validated by building the run's own configs from it, before anything runs.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.caps import EdgeCaps
 from bench.network import profile
-from bench.run import RunInputs
+from bench.prompts import PromptInputs
 from specdec.config import DecodeConfig, EngineConfig, SpecConfig
 from specdec.errors import ConfigError
 
@@ -45,8 +45,8 @@ class SweepConfig:
     uncertainty: str = SpecConfig.uncertainty
     punct_trigger: float | None = SpecConfig.punct_trigger
     chat_template: bool = EngineConfig.chat_template
-    limit: int | None = RunInputs.limit
-    max_audio_s: float = RunInputs.max_audio_s
+    limit: int | None = PromptInputs.limit
+    max_audio_s: float = PromptInputs.max_audio_s
     network: str = field(default="none", metadata={"help": "none, wifi, 4g, 5g, or rtt=40ms,up=10mbit,down=50mbit"})
     edge_cores: int | None = field(default=None, metadata={"help": "CPU cores of the edge worker"})
     edge_memory_gb: float | None = field(default=None, metadata={

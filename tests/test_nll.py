@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from bench.cli import main
-from bench.nll import SCORES, output_nll, read_scores, score_key
+from bench.nll import output_nll
+from bench.scores import SCORES, read_scores, score_key
 from bench.records import ResultsFile
 from bench.summary import summarize
 from specdec.models.loading import load_model
