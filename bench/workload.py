@@ -20,6 +20,7 @@ import torch
 
 from bench import metrics, tinypair
 from bench.health import text_health
+from bench.prompts import load_prompts
 from specdec.backends.base import Backend
 from specdec import config
 from specdec.config import DecodeConfig, SpecConfig
@@ -84,8 +85,6 @@ def real_workload(**changes) -> Workload:
     """The gate's real suite: 2 `code` prompts x 16 tokens on the bf16 Qwen2.5-Coder pair, greedy,
     k=4, verify every block, ONE thread: with 2 threads on 2 shared cores, OpenMP stragglers slow
     the many small edge forwards more than the cloud's, and every ratio fell ~30 % under load."""
-    from bench.prompts import load_prompts
-
     prompts = tuple(r.prompt for r in load_prompts("code")[:2])
     base = Workload(suite="real", prompts=prompts, dtype="bfloat16", edge=EDGE_ALIAS, cloud=CLOUD_ALIAS,
                     max_new_tokens=16, repeats=3, threads=1)
