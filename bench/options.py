@@ -72,13 +72,11 @@ class Option:
         return [self.flags[0], str(value)] if self.action == "store" else [self.flags[0]]
 
 
-def _value_type(hint: Any) -> tuple[type, bool]:
-    """`int` -> (int, False); `float | None` -> (float, False); `tuple[int, ...]` -> (int, True)."""
+def _value_type(hint: Any) -> type:
+    """The type of one value: `int` -> int, `float | None` -> float, `tuple[int, ...]` -> int."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-    if typing.get_origin(hint) is tuple:
-        return typing.get_args(hint)[0], True
-    return hint, False
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is tuple else hint
 
 
 def _flags(f: Field, source: Field) -> tuple[str, ...]:
@@ -100,7 +98,7 @@ def field_options(cls: type) -> list[Option]:
     for f in fields(cls):
         if not f.init:
             continue
-        kind, _ = _value_type(hints[f.name])
+        kind = _value_type(hints[f.name])
         required = f.default is MISSING and f.default_factory is MISSING
         default = None if required else f.default
         help_text, choices = f.metadata.get("help"), f.metadata.get("choices")
@@ -118,7 +116,7 @@ def sweep_options() -> list[Option]:
     hints, options = typing.get_type_hints(SweepConfig), []
     for f in fields(SweepConfig):
         source = DEFINED_IN.get(f.name, f)
-        kind, _ = _value_type(hints[f.name])
+        kind = _value_type(hints[f.name])
         help_text = f.metadata.get("help") or source.metadata.get("help")
         choices = source.metadata.get("choices")
         if f.name in AXES:
