@@ -2,92 +2,26 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 from pathlib import Path
 
+from bench import metrics
 from bench.compare import add_compare_parser, cmd_compare
 from bench.deploy import add_link_parser, add_serve_parser, cmd_link, cmd_serve
 from bench.gate import add_gate_parser, cmd_gate
+from bench.nll import score
+from bench.options import add_run_options, add_sweep_options, engine_from_args, sweep_from_args
 from bench.profiling import add_profile_parser, cmd_profile
+from bench.records import ResultsFile, read_records
 from bench.report.cli import add_report_parser, cmd_report
-from bench.audio import MAX_SECONDS
-from bench.caps import parse_cores, pin_cores
-from specdec.remote.server import read_token
-from specdec.config import DecodeConfig, SpecConfig
+from bench.scores import SCORES, read_scores
+from bench.run import run
+from bench.summary import summarize
+from bench.sweep import run_sweep
+from specdec.backends.base import DTYPES
 from specdec.errors import SpecdecError
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-
-
-def field_help(config, name: str) -> str:
-    return next(f.metadata["help"] for f in dataclasses.fields(config) if f.name == name)
-
-
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", choices=["edge", "cloud", "spec"], required=True)
-    p.add_argument("--edge", help="edge (draft) model: registry alias, local directory or hub id")
-    p.add_argument("--cloud", help="cloud (verify) model: registry alias, local directory or hub id")
-    p.add_argument("--prompts", required=True,
-                   help="JSONL file, JSON manifest, or a shipped set (zh-describe, zh-chat, en-chat, code, audio-samples)")
-    p.add_argument("--out", required=True, type=Path, help="results directory")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--k", type=int, default=SpecConfig.k, help="draft tokens per block")
-    p.add_argument("--entropy-threshold", type=_float, default=SpecConfig.entropy_threshold,
-                   help="escalate a block iff its uncertainty >= this many nats (0 = always, inf = never)")
-    p.add_argument("--accept-threshold", type=_float, default=SpecConfig.accept_threshold,
-                   help="threshold policy: accept while p_cloud(draft) >= this probability")
-    p.add_argument("--policy", choices=["threshold", "greedy", "sample"], default=SpecConfig.policy)
-    p.add_argument("--verifier", choices=["cached", "stateless"], default=SpecConfig.verifier)
-    p.add_argument("--uncertainty", choices=["max", "mean", "first"], default=SpecConfig.uncertainty)
-    p.add_argument("--punct-trigger", type=_float, default=None,
-                   help="also escalate blocks whose punctuation density exceeds this (seed 003: 0.4)")
-    p.add_argument("--temperature", type=_float, default=0.0, help="0 = greedy")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--constraints", choices=["none", "zh"], default="none")
-    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt text raw")
-    p.add_argument("--limit", type=int, help="only the first N prompts")
-    p.add_argument("--max-audio-seconds", type=_float, default=MAX_SECONDS,
-                   help="refuse longer clips (capped by the model's own window)")
-    p.add_argument("--draft-stop", default=SpecConfig.draft_stop, help=field_help(SpecConfig, "draft_stop"))
-    p.add_argument("--k-schedule", choices=["constant", "heuristic"], default=SpecConfig.k_schedule,
-                   help=field_help(SpecConfig, "k_schedule"))
-    p.add_argument("--draft-topn", type=int, help=field_help(SpecConfig, "draft_topn"))
-    p.add_argument("--no-overlap", action="store_true",
-                   help="with --cloud-url: wait for each verdict instead of drafting the next block meanwhile")
-    p.add_argument("--cloud-url", help="spec mode: verify on a `specbench serve` server at HOST:PORT (no local cloud)")
-    p.add_argument("--token-file", type=Path, help="the server's shared secret, for --cloud-url")
-    p.add_argument("--cloud-timeout", type=_float, default=60.0, help="seconds to wait for one verify reply")
-    p.add_argument("--on-cloud-loss", choices=["fail", "edge"], default="fail",
-                   help="server lost mid-generation: record the prompt failed, or finish it edge-only (degraded)")
-    p.add_argument("--cores", help="pin this process to these cores, e.g. 0 or 0-3 (torch threads follow)")
-
-
-def engine_from_args(args: argparse.Namespace):
-    from specdec.engine import Engine
-
-    spec = SpecConfig(
-        k=args.k, entropy_threshold=args.entropy_threshold, accept_threshold=args.accept_threshold,
-        policy=args.policy, verifier=args.verifier, uncertainty=args.uncertainty, punct_trigger=args.punct_trigger,
-        draft_stop=args.draft_stop, k_schedule=args.k_schedule, draft_topn=args.draft_topn,
-    )
-    decode = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
-    if args.cores:
-        pin_cores(parse_cores(args.cores))
-    token = read_token(args.token_file) if args.token_file else None
-    return Engine(
-        mode=args.mode, edge=args.edge, cloud=args.cloud, dtype=args.dtype, spec=spec, decode=decode,
-        constraints=args.constraints, chat_template=not args.no_chat_template, log=_say,
-        cloud_url=args.cloud_url, cloud_token=token, cloud_timeout_s=args.cloud_timeout, on_cloud_loss=args.on_cloud_loss,
-        overlap=not args.no_overlap,
-    )
+from specdec.models import fetch, registry
 
 
 def _say(message: str) -> None:
@@ -95,22 +29,17 @@ def _say(message: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from bench.run import run
-
-    engine = engine_from_args(args)
-    rows = run(engine, args.prompts, args.out, limit=args.limit, max_audio_s=args.max_audio_seconds)
+    engine = engine_from_args(args, log=_say)
+    rows = run(engine, args.prompts, args.out, limit=args.limit, max_audio_s=args.max_audio_s)
     ok = [r for r in rows if r["status"] == "ok"]
     if ok:
-        tokens = sum(r["new_tokens"] for r in ok)
-        seconds = sum(r["latency_s"] for r in ok)
-        line = f"{len(ok)} prompts, {tokens} tokens in {seconds:.1f} s ({tokens / seconds:.1f} tok/s)"
+        t = metrics.totals(ok)
+        line = (f"{len(ok)} prompts, {t['new_tokens']} tokens in {t['latency_s']:.1f} s "
+                f"({metrics.tokens_per_s(t):.1f} tok/s)")
         if args.mode == "spec":
-            drafted = sum(r["num_draft_tokens"] for r in ok)
-            accepted = sum(r["num_accepted_tokens"] for r in ok)
-            calls = sum(r["cloud_calls"] for r in ok)
-            cycles = sum(r["cycles"] for r in ok)
-            rate = f"{accepted / drafted:.2f}" if drafted else "n/a"
-            line += f", acceptance {rate}, cloud calls {calls}/{cycles} cycles"
+            rate = metrics.acceptance_rate(t)
+            line += (f", acceptance {'n/a' if math.isnan(rate) else f'{rate:.2f}'}, "
+                     f"cloud calls {t['cloud_calls']}/{t['cycles']} cycles")
         _say(line)
     else:
         _say(f"nothing to do: every prompt already has a result in {args.out}")
@@ -118,38 +47,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _listed(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
-
-
-def add_sweep_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help="TOML sweep config (keys as below, with underscores); flags override it")
-    p.add_argument("--out", required=True, type=Path, help="results directory (rerun to resume)")
-    p.add_argument("--edge")
-    p.add_argument("--cloud")
-    for axis in ("mode", "k", "entropy-threshold", "accept-threshold", "policy", "verifier", "dtype", "prompts"):
-        p.add_argument(f"--{axis}", type=_listed, help="comma-separated values: one grid axis")
-    p.add_argument("--max-new-tokens", type=int)
-    p.add_argument("--temperature", type=_float)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--constraints", choices=["none", "zh"])
-    p.add_argument("--limit", type=int, help="first N prompts of each set")
-    p.add_argument("--max-audio-s", type=_float, help="refuse longer audio clips (default 30 s)")
-    p.add_argument("--network", help="none, wifi, 4g, 5g, or rtt=40ms,up=10mbit,down=50mbit")
-    p.add_argument("--edge-cores", type=int, help="CPU cores of the edge worker")
-    p.add_argument("--edge-memory-gb", type=_float, help="edge RSS cap (GiB); a point over it is recorded, the sweep goes on")
-    p.add_argument("--rlimit-as", action="store_true", default=None, help="also cap the address space (RLIMIT_AS)")
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from bench.records import ResultsFile
-    from bench.nll import read_scores
-    from bench.summary import summarize
-    from bench.sweep import SweepConfig, run_sweep
-
-    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "out", "func") and v is not None}
-    config = SweepConfig.from_toml(args.config, **overrides) if args.config else SweepConfig.from_mapping(overrides)
-    counts = run_sweep(config, args.out)
+    counts = run_sweep(sweep_from_args(args), args.out)
     summary = summarize(ResultsFile(args.out / "results.jsonl").read(), read_scores(args.out))
     summary.to_csv(args.out / "summary.csv", index=False)
     _say(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
@@ -166,16 +65,10 @@ def add_score_parser(sub) -> None:
                                      "summaries and reports then show it")
     p.add_argument("results", type=Path, help="the --out folder of `specbench run` or `sweep`")
     p.add_argument("--model", help="scoring model (default: the results' cloud model)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    from bench.nll import SCORES, score
-
-    from bench.nll import read_scores
-    from bench.records import read_records
-    from bench.summary import summarize
-
     counts = score(args.results, args.model, args.dtype, log=_say)
     _say(f"scored {counts['scored']} outputs ({counts['already']} already scored, {counts['skipped']} audio "
          f"prompts skipped): {args.results / SCORES}")
@@ -187,19 +80,15 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from specdec import registry
-
     if args.models_command == "list":
         for entry in registry.list_models():
             state = "fetched" if registry.is_fetched(entry.alias) else "not fetched"
             source = f"derived: {entry.load_name}" if getattr(entry, "base", None) else entry.upstream
             print(f"{entry.alias:24} {entry.size / 1e6:8.0f} MB  {state:12} {source}  ({entry.license})")
         return 0
-    from specdec.fetch import fetch
-
     for alias in args.aliases or [e.alias for e in registry.list_models()]:
         registry.get(alias)
-        print(fetch(alias, log=_say))
+        print(fetch.fetch(alias, log=_say))
     return 0
 
 
@@ -224,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models, "report": cmd_report, "profile": cmd_profile,
-            "gate": cmd_gate, "compare": cmd_compare, "score": cmd_score, "serve": cmd_serve, "link": cmd_link}
+            "gate": cmd_gate, "compare": cmd_compare, "score": cmd_score,
+            "serve": cmd_serve, "link": cmd_link}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ per-point summary comes from bench.summary) or a gate JSON (`specbench gate --sa
 baseline). Writes `compare.html` and `compare.png` (per-metric relative change per point; green
 better, red worse) to --out. Reads results only; it never measures.
 
-Verdict, with the gate's rules (bench/gate.py): token hashes exact; deterministic rates within
+Verdict, with the gate's rules (bench/verdict.py): token hashes exact; deterministic rates within
 `rate_abs`; same-run ratios (speed-ups) fail below baseline * (1 - timing_rel); absolute
 speeds and latencies are shown but never gated. Results directories take the tiny suite's
 tolerance for fp32 points and the real suite's for bf16 points. Their speed-ups come from single
@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import html
 import json
 import math
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.gate import TOLERANCES, Check, compare as gate_compare, read_gate_file, show_value, verdict
+from bench.verdict import TOLERANCES, Check, compare as gate_compare, read_gate_file, show_value, verdict
+from bench.records import ResultsFile
+from bench.report import page
+from bench.summary import POINT, summarize
 from specdec.errors import InputError
 
 # summary column -> (better direction, gate rule: "deterministic" | "timing" | None = shown only)
@@ -82,9 +85,6 @@ def is_gate_file(path: Path) -> bool:
 
 
 def read_results_dir(path: Path):
-    from bench.records import ResultsFile
-    from bench.summary import summarize
-
     results = path / "results.jsonl"
     if not results.is_file():
         raise InputError(f"{path} has no results.jsonl: give a `specbench run`/`sweep` folder or a gate JSON file")
@@ -108,8 +108,6 @@ def point_label(point: dict) -> str:
 
 def _point_hashes(rows: list[dict]) -> dict[str, str]:
     """Per point: sha256 of its token ids ordered by prompt id (as the gate hashes per mode)."""
-    from bench.summary import POINT
-
     by_point: dict[str, dict] = {}
     for row in rows:
         if row.get("status", "ok") == "ok":
@@ -168,11 +166,7 @@ def compare_gate_files(base_path: Path, current_path: Path) -> list[Row]:
 
 
 def _median(values) -> float | None:
-    if not values:
-        return None
-    import statistics
-
-    return statistics.median(values)
+    return statistics.median(values) if values else None
 
 
 def _row_from_check(suite: str, check: Check) -> Row:
@@ -220,30 +214,16 @@ def plot(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
-def write_html(rows: list[Row], base: Path, current: Path, verdict_line: str, passed: bool, path: Path) -> None:
-    def cell(value) -> str:
-        return html.escape(show_value(value))
+CHANGE_COLORS = {True: "#1a7f37", False: "#cf222e", None: "#57606a"}  # better, worse, neutral
 
-    body = []
-    for r in rows:
-        change = r.relative_change
-        shown = "" if change is None else f"{100 * change:+.2f}%"
-        color = {True: "#1a7f37", False: "#cf222e", None: "#57606a"}[r.better]
-        status = "ok" if r.ok else "<b>FAIL</b>"
-        body.append(f"<tr><td>{html.escape(r.point)}</td><td>{html.escape(r.metric)}</td><td>{cell(r.baseline)}</td>"
-                    f"<td>{cell(r.current)}</td><td style='color:{color}'>{shown}</td><td>{status}</td>"
-                    f"<td>{html.escape(r.rule)}</td></tr>")
-    banner = "#dafbe1" if passed else "#ffebe9"
-    path.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>compare</title>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #d0d7de;padding:3px 8px;text-align:left}} .verdict{{padding:8px;background:{banner}}}</style>
-</head><body><h1>{html.escape(base.name)} &rarr; {html.escape(current.name)}</h1>
-<p>baseline: <code>{html.escape(str(base))}</code><br>current: <code>{html.escape(str(current))}</code></p>
-<p class="verdict">{html.escape(verdict_line)}</p>
-<img src="compare.png" alt="relative change per metric and point">
-<table><tr><th>point</th><th>metric</th><th>baseline</th><th>current</th><th>change</th><th>verdict</th><th>rule</th></tr>
-{"".join(body)}</table></body></html>
-""", encoding="utf-8")
+
+def write_html(rows: list[Row], base: Path, current: Path, verdict_line: str, passed: bool, path: Path) -> None:
+    """compare.html through the report's jinja2 templates (autoescaped)."""
+    shown = [{"point": r.point, "metric": r.metric, "baseline": show_value(r.baseline), "current": show_value(r.current),
+              "change": "" if r.relative_change is None else f"{100 * r.relative_change:+.2f}%",
+              "color": CHANGE_COLORS[r.better], "ok": r.ok, "rule": r.rule} for r in rows]
+    context = {"base": base, "current": current, "verdict": verdict_line, "passed": passed, "rows": shown}
+    path.write_text(page.render(context, "compare.html.j2"), encoding="utf-8")
 
 
 def gate_verdict(rows: list[Row]) -> tuple[bool, str]:

@@ -8,6 +8,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest  # noqa: E402
 
 from bench.workload import CLOUD_ALIAS, EDGE_ALIAS, Pair, real_workload, tiny_workload  # noqa: E402
+from specdec.models.registry import is_fetched  # noqa: E402
 
 
 def pytest_configure(config):
@@ -26,8 +27,6 @@ def tiny_pair():
 @pytest.fixture(scope="session")
 def real_pair():
     """The Qwen2.5-Coder pair, bf16, 2 threads: 2 `code` prompts x 32 tokens, greedy, k=4, threshold 0."""
-    from specdec.registry import is_fetched
-
     missing = [alias for alias in (EDGE_ALIAS, CLOUD_ALIAS) if not is_fetched(alias)]
     if missing:
         pytest.skip(f"real pair not fetched ({', '.join(missing)}): run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")

@@ -12,9 +12,9 @@ from bench.caps import parse_cores, pin_cores
 from bench.link import Link
 from bench.network import PRESETS, NetworkProfile, profile
 from specdec.errors import ConfigError
-from specdec.loading import load_model
-from specdec.remote.protocol import parse_address
-from specdec.remote.server import ServeConfig, is_loopback, read_token, run_server
+from specdec.models.loading import load_model
+from specdec.remote.protocol import parse_address, read_token
+from specdec.remote.server import ServeConfig, is_loopback, run_server
 
 
 def add_serve_parser(sub) -> None:

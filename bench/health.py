@@ -1,5 +1,5 @@
-"""Text health and quality of one output: the numbers seed 003's authors watched by hand
-(punctuation density, content n-gram repeats, immediately repeated characters) plus chrF against a
+"""Text health and quality of one output: the numbers people checked by hand on Chinese speaker
+descriptions (punctuation density, content n-gram repeats, immediately repeated characters) plus chrF against a
 reference and token agreement with a reference run, and WER/CER against a reference transcript.
 Pure functions on strings and token lists.
 """
@@ -13,7 +13,7 @@ from typing import Sequence
 import jiwer
 from sacrebleu.metrics import CHRF
 
-from specdec.constraints_zh import (
+from specdec.text import (
     PUNCT_DENSITY_ABNORMAL,
     PUNCT_DENSITY_HEALTHY,
     cjk_content,
@@ -32,7 +32,7 @@ _APOSTROPHES = "'\u2019"
 
 
 def punct_band_distance(density: float) -> float:
-    """0 inside the healthy band (seed 003: 10–25 % of characters), else the distance to its nearest
+    """0 inside the healthy band (10–25 % of characters, `PUNCT_DENSITY_HEALTHY`), else the distance to its nearest
     edge, in density units (0.40 -> 0.15): one "how far from healthy" axis for Pareto plots."""
     low, high = PUNCT_DENSITY_HEALTHY
     return max(low - density, density - high, 0.0)

@@ -10,7 +10,6 @@ prompt the run used; the stop token is not scored. Audio prompts are skipped (te
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -18,19 +17,11 @@ import torch
 from tqdm import tqdm
 
 from bench.prompts import load_prompts
-from bench.records import ResultsFile, read_records
-from bench.sweep import AXES
+from bench.records import ResultsFile
+from bench.scores import SCORES, score_key
 from specdec.backends.base import Prompt
 from specdec.errors import ConfigError, InputError
-from specdec.loading import LoadedModel, load_model
-
-SCORES = "nll.jsonl"
-
-
-def score_key(row: dict) -> str:
-    """Which (point, prompt) a score belongs to (the sweep's point axes + the prompt id)."""
-    return json.dumps({**{axis: row.get(axis) for axis in AXES}, "id": row["id"]}, sort_keys=True)
-
+from specdec.models.loading import LoadedModel, load_model
 
 @torch.inference_mode()
 def output_nll(model: LoadedModel, prompt: Prompt, tokens: list[int]) -> float:
@@ -52,15 +43,6 @@ def default_scorer(rows: list[dict]) -> str:
         found = ", ".join(clouds) if clouds else "none"
         raise ConfigError(f"cannot tell which cloud model scores these results (found: {found}): pass --model MODEL")
     return clouds[0]
-
-
-def read_scores(out: Path) -> dict[str, float]:
-    """score_key -> NLL, for the summary (empty when the folder was never scored). Read only: a
-    last line still being written is skipped, never cut (reports read while `score` appends)."""
-    path = Path(out) / SCORES
-    if not path.is_file():
-        return {}
-    return {r["key"]: r["cloud_nll"] for r in read_records(path) if r.get("cloud_nll") is not None}
 
 
 def score(out: Path, model: str | None = None, dtype: str = "float32", progress: bool = True,

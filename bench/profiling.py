@@ -25,17 +25,21 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench import metrics
+from bench.audio import MAX_SECONDS, model_limits, read_audio
+from bench.options import add_run_options, engine_from_args, run_argv
+from bench.prompts import load_prompts
+from bench.records import ResultsFile, environment
+from bench.run import run
 from specdec.errors import InputError
 
 PTRACE_HINTS = ("permission denied", "operation not permitted", "ptrace", "eperm", "failed to open process")
 PY_SPY_FORMATS = (("flamegraph", "flamegraph.svg"), ("speedscope", "speedscope.json"))
+SPLIT_COUNTS = ("latency_s", "edge_s", "cloud_s", "overhead_s", "cloud_calls", "cycles", "new_tokens")
 
 
 def add_profile_parser(subparsers) -> argparse.ArgumentParser:
-    """Register `profile` on the `specbench` subparsers; the parser's `func` default is cmd_profile.
-    bench.cli is imported here, not at the top, so bench/cli.py may import this module either way."""
-    from bench.cli import add_run_options
-
+    """Register `profile` on the `specbench` subparsers; the parser's `func` default is cmd_profile."""
     p = subparsers.add_parser(
         "profile", help="profile one run: py-spy flame graph + speedscope, torch.profiler operator table",
         description="Run `specbench run` under py-spy and the engine under torch.profiler. --out is the profile "
@@ -48,24 +52,6 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-py-spy", action="store_true", help="skip the py-spy passes (torch.profiler table only)")
     p.set_defaults(func=cmd_profile)
     return p
-
-
-def run_argv(args: argparse.Namespace, out: Path) -> list[str]:
-    """`specbench run` arguments equal to the run options in `args`, with --out replaced."""
-    from bench.cli import add_run_options
-
-    parser = argparse.ArgumentParser(add_help=False)
-    add_run_options(parser)
-    argv: list[str] = []
-    for action in parser._actions:  # the options add_run_options defines, so new ones carry over
-        flag, value = action.option_strings[0], getattr(args, action.dest, None)
-        if action.dest == "out":
-            value = out
-        if isinstance(action, argparse._StoreTrueAction):
-            argv += [flag] if value else []
-        elif value is not None and (action.required or action.dest == "out" or value != action.default):
-            argv += [flag, str(value)]
-    return argv
 
 
 def _py_spy_executable() -> str | None:
@@ -146,46 +132,26 @@ def _waveform(engine, record) -> tuple:
     """(waveform, sampling rate) as `bench.run.generate_one` reads them; (None, 16000) for text."""
     if not record.audio:
         return None, 16000
-    from bench.audio import MAX_SECONDS, model_limits, read_audio
-
     rate, cap_s = model_limits(engine.primary.feature_extractor, MAX_SECONDS)
     return read_audio(record.audio, record.id, rate, cap_s), rate
 
 
 def time_split(rows: list[dict]) -> dict:
-    """Where the run's decode time went, summed over its ok prompts (seconds), and per unit:
-    cloud seconds per cloud call (its prefill included), edge seconds per cycle."""
+    """Where the run's decode time went, summed over its ok prompts (bench.metrics.time_split)."""
     ok = [r for r in rows if r.get("status", "ok") == "ok"]
-    if not ok:
-        return {}
-    total = {key: sum(r.get(key) or 0 for r in ok) for key in ("latency_s", "edge_s", "cloud_s", "overhead_s",
-                                                               "cloud_calls", "cycles", "new_tokens")}
-    split = {**total, "prompts": len(ok)}
-    if total["latency_s"]:
-        for key in ("edge_s", "cloud_s", "overhead_s"):
-            split[key.replace("_s", "_fraction")] = total[key] / total["latency_s"]
-    if total["cloud_calls"]:
-        split["cloud_s_per_call"] = total["cloud_s"] / total["cloud_calls"]
-    if total["cycles"] and total["edge_s"]:
-        split["edge_s_per_cycle"] = total["edge_s"] / total["cycles"]
-    return split
+    return metrics.time_split(metrics.totals(ok, SPLIT_COUNTS), prompts=len(ok)) if ok else {}
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from bench.cli import engine_from_args
-    from bench.prompts import load_prompts
-    from bench.records import ResultsFile, environment
-    from bench.run import run
-
     if args.op_prompts < 1:
         raise InputError(f"--op-prompts must be >= 1, got {args.op_prompts}")
     if args.rate < 1:
         raise InputError(f"--rate must be >= 1 sample per second, got {args.rate}")
-    engine = engine_from_args(args)  # validates the settings before anything runs
+    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    engine = engine_from_args(args, log=say)  # validates the settings before anything runs
     records = load_prompts(args.prompts)[: args.limit]
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
 
     py_spy = py_spy_passes(args, out, log=say)
     if py_spy["status"] != "ok":

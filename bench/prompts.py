@@ -13,9 +13,10 @@ empty or over-long file fails that sample alone, which the run or sweep records 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.audio import MAX_SECONDS
 from specdec.errors import InputError
 
 SETS_DIR = Path(__file__).parent / "prompts"
@@ -28,6 +29,18 @@ PROMPT_TYPES = {
     "concise": "请用一句简短的中文概括说话人的声音特点和情绪。",
 }
 OPTIONAL_TEXT = ("system", "reference", "language", "prompt_type", "audio")
+
+
+@dataclass(frozen=True)
+class PromptInputs:
+    """Which prompts a run reads (the harness's settings beside the engine's, specdec/config.py)."""
+
+    prompts: str = field(metadata={"help": "JSONL file, JSON manifest, or a shipped set (zh-describe, zh-chat, "
+                                           "en-chat, code, audio-samples)"})
+    limit: int | None = field(default=None, metadata={"help": "only the first N prompts (of each set)"})
+    max_audio_s: float = field(default=MAX_SECONDS, metadata={
+        "help": "refuse longer audio clips, in seconds (capped by the model's own window)",
+        "flags": ("--max-audio-seconds",)})
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from specdec.constraints_zh import punctuation_density
+from specdec.text import punctuation_density
 from specdec.trace import Generation
 
 

@@ -41,7 +41,7 @@ def point_of(engine: Engine, prompts: str) -> dict:
         "draft_stop": spec and spec.draft_stop,
         "k_schedule": spec and spec.k_schedule,
         "draft_topn": spec and spec.draft_topn,
-        "overlap": engine.overlap if engine.remote_cloud else None,
+        "overlap": engine.deploy.overlap if engine.remote_cloud else None,
         "temperature": engine.decode.temperature,
         "seed": engine.decode.seed,
         "max_new_tokens": engine.decode.max_new_tokens,

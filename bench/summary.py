@@ -1,9 +1,10 @@
-"""Per-point statistics, derived from raw results only (measure, then derive).
+"""Per-point statistics, derived from raw results only (measure, then derive); the speed and
+acceptance formulas are bench/metrics.py's.
 
-Speed-ups compare the same prompts: a point's total latency against the cloud-only (or edge-only)
-point with the same dtype and prompt set. The theoretical speed-up is Leviathan et al. 2023,
-eq. (1)/Thm 3.8: (1 - a^(k+1)) / ((1 - a)(k c + 1)), with a the measured acceptance rate and
-c = edge step time / cloud step time measured from the edge-only and cloud-only baselines.
+Speed-ups compare the same prompts: a point's pooled tokens/s against the cloud-only (or edge-only)
+point with the same dtype and prompt set. The theoretical speed-up is Leviathan et al.'s
+(`metrics.expected_speedup`), with the measured acceptance rate and c = edge step time / cloud
+step time measured from the edge-only and cloud-only baselines.
 WER and CER are means over the point's rows that carry a `reference` (see bench.health.error_rates:
 CER for Chinese-like languages, WER otherwise); NaN when none do. `cloud_nll` (nats per token of
 the output under the cloud, bench/nll.py) is there once the folder has been scored.
@@ -12,16 +13,14 @@ from __future__ import annotations
 
 import pandas as pd
 
+from bench import metrics
 from bench.health import chrf, error_rates, text_health, token_match_rate
+from bench.scores import score_key
+from bench.sweep_config import AXES, SPEC_AXES
 
-POINT = ["mode", "dtype", "prompts", "policy", "k", "entropy_threshold", "accept_threshold", "verifier"]
-
-
-def expected_speedup(alpha: float, k: int, c: float) -> float:
-    """Leviathan et al. 2023: expected walltime improvement of speculative decoding."""
-    if alpha >= 1.0:
-        return (k + 1) / (k * c + 1)
-    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+# A point is its values on the sweep's axes; the summary lists what ran first (mode, dtype,
+# prompts), then the spec axes with the policy first, since it names the rule.
+POINT = [axis for axis in AXES if axis not in SPEC_AXES] + sorted(SPEC_AXES, key=lambda axis: axis != "policy")
 
 
 def load_rows(rows: list[dict]) -> pd.DataFrame:
@@ -47,10 +46,8 @@ def _reference_rates(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize(rows: list[dict], scores: dict[str, float] | None = None) -> pd.DataFrame:
-    """One row per point. `scores`: bench.nll.read_scores(DIR), the cloud NLL of each output."""
+    """One row per point. `scores`: bench.scores.read_scores(DIR), the cloud NLL of each output."""
     if scores:
-        from bench.nll import score_key
-
         rows = [{**r, "cloud_nll": scores.get(score_key(r), float("nan"))} for r in rows]
     frame = load_rows(rows)
     if frame.empty:
@@ -62,22 +59,22 @@ def summarize(rows: list[dict], scores: dict[str, float] | None = None) -> pd.Da
 
 def _point_stats(group: pd.DataFrame) -> pd.Series:
     latency = group["latency_s"]
-    drafted = group["num_draft_tokens"].sum()
+    totals = {key: group[key].sum() for key in metrics.COUNTS}  # per column: counts stay integers
     stats = {
         "n_prompts": len(group),
-        "new_tokens": group["new_tokens"].sum(),
+        "new_tokens": totals["new_tokens"],
         "latency_p50_s": latency.quantile(0.5), "latency_p90_s": latency.quantile(0.9), "latency_p99_s": latency.quantile(0.99),
-        "latency_total_s": latency.sum(),
+        "latency_total_s": totals["latency_s"],
         "latency_with_network_p50_s": group.get("latency_with_network_s", latency).quantile(0.5),
         "ttft_p50_s": group["ttft_s"].quantile(0.5),
         "tpot_p50_s": group["tpot_s"].quantile(0.5),
-        "tokens_per_s": group["new_tokens"].sum() / latency.sum(),
-        "acceptance_rate": group["num_accepted_tokens"].sum() / drafted if drafted else float("nan"),
-        "cloud_call_rate": group["cloud_calls"].sum() / group["cycles"].sum(),
+        "tokens_per_s": metrics.tokens_per_s(totals),
+        "acceptance_rate": metrics.acceptance_rate(totals),
+        "cloud_call_rate": metrics.cloud_call_rate(totals),
         "cloud_calls_per_prompt": group["cloud_calls"].mean(),
         "uplink_bytes_per_prompt": group["uplink_bytes"].mean() if "uplink_bytes" in group else float("nan"),
-        "edge_s": group["edge_s"].sum(), "cloud_s": group["cloud_s"].sum(),
-        "overhead_fraction": group["overhead_s"].sum() / latency.sum(),
+        "edge_s": totals["edge_s"], "cloud_s": totals["cloud_s"],
+        "overhead_fraction": metrics.overhead_fraction(totals),
         "punct_density": group["punct_density"].mean(),
         "punct_band_distance": group["punct_band_distance"].mean(),
         "repeat_3gram": group["repeat_3gram"].mean(),
@@ -119,12 +116,12 @@ def _speedups(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
         extra = {"speedup_vs_cloud": float("nan"), "speedup_vs_edge": float("nan"),
                  "cost_ratio_c": float("nan"), "theoretical_speedup": float("nan"), "speedup_efficiency": float("nan")}
         if cloud is not None:
-            extra["speedup_vs_cloud"] = point["tokens_per_s"] / cloud["tokens_per_s"]
+            extra["speedup_vs_cloud"] = metrics.speedup(point["tokens_per_s"], cloud["tokens_per_s"])
         if edge is not None:
-            extra["speedup_vs_edge"] = point["tokens_per_s"] / edge["tokens_per_s"]
+            extra["speedup_vs_edge"] = metrics.speedup(point["tokens_per_s"], edge["tokens_per_s"])
         if point["mode"] == "spec" and cloud is not None and edge is not None and point["acceptance_rate"] == point["acceptance_rate"]:
-            c = cloud["tokens_per_s"] / edge["tokens_per_s"]  # edge step time / cloud step time
-            theory = expected_speedup(point["acceptance_rate"], int(point["k"]), c)
-            extra.update(cost_ratio_c=c, theoretical_speedup=theory, speedup_efficiency=extra["speedup_vs_cloud"] / theory)
+            c = metrics.cost_ratio(cloud["tokens_per_s"], edge["tokens_per_s"])
+            theory = metrics.expected_speedup(point["acceptance_rate"], int(point["k"]), c)
+            extra.update(cost_ratio_c=c, theoretical_speedup=theory, speedup_efficiency=metrics.ratio(extra["speedup_vs_cloud"], theory))
         rows.append({**point.to_dict(), **extra})
     return pd.DataFrame(rows)

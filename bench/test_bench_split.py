@@ -21,7 +21,8 @@ from bench.split import ServerProcess, call_overheads_s, modelled_link_s, pin_th
 from bench.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
-from specdec.loading import load_model
+from specdec.models.loading import load_model
+from specdec.models.registry import is_fetched
 from specdec.remote.server import BackgroundServer
 
 GREEDY = SpecConfig(k=4, entropy_threshold=0.0, policy="greedy")
@@ -54,8 +55,6 @@ def test_protocol_overhead_tiny(benchmark, tiny_pair):
 
 @pytest.fixture(scope="module")
 def real_cloud_url():
-    from specdec.registry import is_fetched
-
     if not (is_fetched(EDGE_ALIAS) and is_fetched(CLOUD_ALIAS)):
         pytest.skip(f"real pair not fetched: run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
     with ServerProcess(CLOUD_ALIAS, "bfloat16", "1") as url:

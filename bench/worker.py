@@ -3,7 +3,9 @@ group's points, append every record, police the memory cap."""
 from __future__ import annotations
 
 import json
+import os
 from contextlib import nullcontext
+from dataclasses import asdict
 from pathlib import Path
 
 from bench.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog
@@ -14,7 +16,7 @@ from bench.records import ResultsFile
 from bench.run import generate_one, point_of, prepare
 from specdec.engine import Engine
 from specdec.errors import InputError
-from specdec.loading import LoadedModel, load_model
+from specdec.models.loading import LoadedModel, load_model
 
 
 def weight_bytes(model: LoadedModel) -> int:
@@ -39,11 +41,8 @@ def run_group(config, caps: EdgeCaps, group: list, out: Path, queue) -> None:
     prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompts}
     for point, ids in group:
         key = json.dumps(point, sort_keys=True)
-        engine = Engine(
-            mode=point["mode"], edge=config.edge, cloud=config.cloud, dtype=point["dtype"],
-            spec=config.spec_config(point), decode=config.decode_config(), constraints=config.constraints,
-            chat_template=config.chat_template, loader=loader, log=lambda m: None,
-        )
+        engine = Engine(**asdict(config.engine_config(point)), spec=config.spec_config(point),
+                        decode=config.decode_config(), loader=loader, log=lambda m: None)
         records = [prompts[point["prompts"]][i] for i in ids]
         prepare(engine, records)
         row_point = {**point_of(engine, point["prompts"]), "network": network.name,
@@ -62,8 +61,6 @@ def run_group(config, caps: EdgeCaps, group: list, out: Path, queue) -> None:
                            f"edge RSS {rss / (1 << 30):.2f} GiB over the {caps.memory_gb:g} GiB cap")
                 results.append({"id": record_id, **row_point, "status": "over_memory_cap", "error": message})
                 queue.put(("over_cap", key, message))
-                from bench.sweep import exit_worker
-
                 exit_worker(queue, OVER_MEMORY_EXIT)
 
             watchdog = MemoryWatchdog(caps.memory_bytes, over_cap, exempt) if caps.memory_bytes and edge else nullcontext()
@@ -84,3 +81,11 @@ def network_fields(row: dict, generation, network) -> dict:
         "network_s": cost.latency_s, "uplink_bytes": cost.uplink_bytes, "downlink_bytes": cost.downlink_bytes,
         "latency_with_network_s": row["latency_s"] + cost.latency_s,
     }
+
+
+def exit_worker(queue, code: int) -> None:
+    """Say goodbye and leave at once. The queue's feeder thread must flush before os._exit."""
+    queue.put(("exit",))
+    queue.close()
+    queue.join_thread()
+    os._exit(code)

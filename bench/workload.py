@@ -18,17 +18,19 @@ from typing import Callable
 
 import torch
 
-from bench import tinypair
+from bench import metrics, tinypair
 from bench.health import text_health
+from bench.prompts import load_prompts
 from specdec.backends.base import Backend
+from specdec import config
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
-from specdec.loading import LoadedModel, load_model
+from specdec.models.loading import LoadedModel, load_model
 
 EDGE_ALIAS, CLOUD_ALIAS = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 TINY = "tiny"  # the edge/cloud name of the in-process pair (bench/tinypair.py)
-ENGINE_MODES = ("edge", "cloud", "spec")
+ENGINE_MODES = config.MODES  # edge, cloud, spec: the order the gate's passes rotate through
 HF_ASSISTED = "hf_assisted"
 MODES = ENGINE_MODES + (HF_ASSISTED,)
 
@@ -83,8 +85,6 @@ def real_workload(**changes) -> Workload:
     """The gate's real suite: 2 `code` prompts x 16 tokens on the bf16 Qwen2.5-Coder pair, greedy,
     k=4, verify every block, ONE thread: with 2 threads on 2 shared cores, OpenMP stragglers slow
     the many small edge forwards more than the cloud's, and every ratio fell ~30 % under load."""
-    from bench.prompts import load_prompts
-
     prompts = tuple(r.prompt for r in load_prompts("code")[:2])
     base = Workload(suite="real", prompts=prompts, dtype="bfloat16", edge=EDGE_ALIAS, cloud=CLOUD_ALIAS,
                     max_new_tokens=16, repeats=3, threads=1)
@@ -104,6 +104,12 @@ class Output:
     cloud_calls: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+
+    def counts(self) -> dict:
+        """The raw counts bench.metrics pools (a results record's names)."""
+        return {"new_tokens": len(self.tokens), "latency_s": self.wall_s, "cycles": self.cycles,
+                "cloud_calls": self.cloud_calls, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens}
 
 
 class Pair:
@@ -184,26 +190,22 @@ def tokens_sha256(outputs: list[Output]) -> str:
 
 
 def mode_metrics(outputs: list[Output]) -> dict:
-    """One mode's metrics over the prompt set. Rates pool tokens over prompts (not mean of rates)."""
-    new_tokens = sum(len(o.tokens) for o in outputs)
-    wall_s = sum(o.wall_s for o in outputs)
-    cycles = sum(o.cycles for o in outputs)
-    calls = sum(o.cloud_calls for o in outputs)
-    drafted = sum(o.num_draft_tokens for o in outputs)
+    """One mode's metrics over the prompt set (bench.metrics: rates pool tokens over prompts)."""
+    t = metrics.totals(o.counts() for o in outputs)
     health = [text_health(o.text) for o in outputs]
-    metrics = {
-        "new_tokens": new_tokens,
+    result = {
+        "new_tokens": t["new_tokens"],
         "tokens_sha256": tokens_sha256(outputs),
-        "tokens_per_s": new_tokens / wall_s if wall_s else float("nan"),
+        "tokens_per_s": metrics.tokens_per_s(t),
         "punct_density": statistics.fmean(h["punct_density"] for h in health),
         "repeat_3gram": statistics.fmean(h["repeat_3gram"] for h in health),
         "immediate_repeats": sum(h["immediate_repeats"] for h in health),
     }
-    if cycles and drafted:  # spec mode
-        metrics.update(
-            acceptance_rate=sum(o.num_accepted_tokens for o in outputs) / drafted,
-            cloud_calls=calls,
-            cloud_call_rate=calls / cycles,  # per drafted block, as bench/summary.py
-            cloud_calls_per_token=calls / new_tokens,
+    if t["cycles"] and t["num_draft_tokens"]:  # spec mode
+        result.update(
+            acceptance_rate=metrics.acceptance_rate(t),
+            cloud_calls=t["cloud_calls"],
+            cloud_call_rate=metrics.cloud_call_rate(t),  # per drafted block, as the sweep's summary
+            cloud_calls_per_token=metrics.cloud_calls_per_token(t),
         )
-    return metrics
+    return result

@@ -1,16 +1,94 @@
-"""Frozen, self-validating configs. Errors name the setting, the value and the fix."""
+"""Every setting of the engine, once: frozen dataclasses that validate themselves, with errors that
+name the setting, the value and the fix.
+
+Field metadata carries the help text and the allowed values (`choices`); bench builds the `run`
+and `sweep` command lines from these fields (bench/options.py), so a setting added here reaches
+both commands. Policy and verifier names come from their registries: a new one is one file.
+"""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
-from specdec.drafting import make_schedule, parse_stop
+from specdec.backends.base import DTYPES
+from specdec.drafting import SCHEDULES, parse_stop
 from specdec.errors import ConfigError
+from specdec.policies import POLICIES
+from specdec.verifier import VERIFIERS
 
-POLICIES = ("threshold", "greedy", "sample")
-VERIFIERS = ("cached", "stateless")
-UNCERTAINTY = ("max", "mean", "first")
 MODES = ("edge", "cloud", "spec")
+ROLES = {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}  # the models each mode loads
+CONSTRAINT_PROFILES = ("none", "zh")
+UNCERTAINTY = ("max", "mean", "first")
+
+
+def check_choices(config) -> None:
+    """Every field whose metadata lists `choices` holds one of them."""
+    for f in fields(config):
+        allowed, value = f.metadata.get("choices"), getattr(config, f.name)
+        if allowed is not None and value not in allowed:
+            raise ConfigError(f"unknown {f.name} {value!r}: use one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which models run and how prompts reach them."""
+
+    mode: str = field(metadata={"help": "edge or cloud alone (the baselines), or spec: edge drafts, cloud verifies",
+                                "choices": MODES})
+    edge: str | None = field(default=None, metadata={"help": "edge (draft) model: registry alias, local directory or hub id"})
+    cloud: str | None = field(default=None, metadata={"help": "cloud (verify) model: registry alias, local directory or hub id"})
+    dtype: str = field(default="bfloat16", metadata={"help": "weights and activations (float32 for exactness checks)",
+                                                      "choices": tuple(DTYPES)})
+    constraints: str = field(default="none", metadata={"help": "decoding profile (zh: one short Chinese sentence)",
+                                                        "choices": CONSTRAINT_PROFILES})
+    chat_template: bool = field(default=True, metadata={"help": "wrap the prompt in the tokenizer's chat template, "
+                                                                "when it has one (off: the text goes in raw)"})
+    cloud_url: str | None = field(default=None, metadata={
+        "help": "spec mode: verify on a `specbench serve` server at HOST:PORT instead of loading the cloud model here "
+                "(edge mode never contacts it)"})
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if self.cloud_url and self.mode == "cloud":
+            raise ConfigError("--cloud-url verifies spec blocks on a server; cloud mode runs the cloud model here: "
+                              "drop --cloud-url or use --mode spec")
+        missing = [role for role in self.roles if not getattr(self, role)]
+        if missing:
+            flags = " and ".join(f"--{role} MODEL" for role in missing)
+            raise ConfigError(f"--mode {self.mode} needs {flags}" + (" or --cloud-url HOST:PORT" if self.mode == "spec" else ""))
+
+    @property
+    def remote_cloud(self) -> bool:
+        """Spec blocks are verified by a server; edge mode never contacts it."""
+        return self.mode == "spec" and bool(self.cloud_url)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The models this process loads (edge-only never loads the cloud; nor does a split spec run)."""
+        return ("edge",) if self.remote_cloud else ROLES[self.mode]
+
+
+ON_CLOUD_LOSS = ("fail", "edge")
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """How the edge talks to a verifier server (`EngineConfig.cloud_url`) and where it runs."""
+
+    token_file: str | None = field(default=None, metadata={"help": "file holding the server's shared secret"})
+    cloud_timeout_s: float = field(default=60.0, metadata={
+        "help": "seconds to wait for one verdict before the cloud counts as lost", "flags": ("--cloud-timeout",)})
+    on_cloud_loss: str = field(default="fail", metadata={
+        "help": "the server is lost mid-generation: record the prompt failed, or finish it edge-only (degraded)",
+        "choices": ON_CLOUD_LOSS})
+    overlap: bool = field(default=True, metadata={
+        "help": "with --cloud-url: draft the next block while the server verifies the last one"})
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if not self.cloud_timeout_s > 0:
+            raise ConfigError(f"cloud_timeout_s must be > 0 seconds, got {self.cloud_timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -34,30 +112,32 @@ class DecodeConfig:
 class SpecConfig:
     k: int = field(default=4, metadata={"help": "draft tokens per block"})
     entropy_threshold: float = field(
-        default=2.0, metadata={"help": "escalate a block iff its uncertainty (nats) >= this; 0 = always, inf = never"}
+        default=2.0, metadata={"help": "escalate a block iff its uncertainty >= this many nats (0 = always, inf = never)"}
     )
     accept_threshold: float = field(
-        default=0.1, metadata={"help": "threshold policy: accept d_i while p_cloud(d_i) >= this (a probability)"}
+        default=0.1, metadata={"help": "threshold policy: accept while p_cloud(draft) >= this probability"}
     )
-    policy: str = field(default="threshold", metadata={"help": f"acceptance rule, one of {POLICIES}"})
-    verifier: str = field(default="cached", metadata={"help": f"cloud state handling, one of {VERIFIERS}"})
-    uncertainty: str = field(default="max", metadata={"help": f"block uncertainty from token entropies: {UNCERTAINTY}"})
+    policy: str = field(default="threshold", metadata={"help": "acceptance rule (specdec/policies/)",
+                                                        "choices": tuple(POLICIES)})
+    verifier: str = field(default="cached", metadata={"help": "how the cloud keeps its state between calls "
+                                                               "(specdec/verifier.py)", "choices": tuple(VERIFIERS)})
+    uncertainty: str = field(default="max", metadata={"help": "a block's uncertainty from its token entropies",
+                                                       "choices": UNCERTAINTY})
     punct_trigger: float | None = field(
-        default=None, metadata={"help": "force escalation when the block's punctuation density exceeds this (seed 003: 0.4)"}
+        default=None, metadata={"help": "also escalate blocks whose punctuation density exceeds this (0.4 flags "
+                                        "'a comma after every character or two')"}
     )
-
     draft_topn: int | None = field(
         default=None, metadata={"help": "sample policy: draft from the top-N of the edge distribution (renormalized), "
                                         "so a remote verify uploads N probabilities per token instead of the vocabulary"}
     )
-
     draft_stop: str = field(
         default="none", metadata={"help": "end a block early: none, entropy:NATS (after a token with entropy >= NATS) "
                                           "or pmin:P (after a token whose top-1 probability < P)"}
     )
     k_schedule: str = field(
-        default="constant", metadata={"help": "constant, or heuristic (+2 after a fully accepted block, -1 otherwise; "
-                                              "k is the cap)"}
+        default="constant", metadata={"help": "block length cap over time: constant k, or heuristic (+2 after a fully "
+                                              "accepted block, -1 otherwise; k is the cap)", "choices": tuple(SCHEDULES)}
     )
 
     def __post_init__(self) -> None:
@@ -69,19 +149,12 @@ class SpecConfig:
             )
         if not 0.0 <= self.accept_threshold <= 1.0:
             raise ConfigError(f"accept_threshold is a probability and must be in [0, 1], got {self.accept_threshold}")
-        for name, value, allowed in (
-            ("policy", self.policy, POLICIES),
-            ("verifier", self.verifier, VERIFIERS),
-            ("uncertainty", self.uncertainty, UNCERTAINTY),
-        ):
-            if value not in allowed:
-                raise ConfigError(f"unknown {name} {value!r}: use one of {', '.join(allowed)}")
+        check_choices(self)
         if self.draft_topn is not None and (not isinstance(self.draft_topn, int) or self.draft_topn < 1):
             raise ConfigError(f"draft_topn must be an integer >= 1 (or unset for the full distribution), got {self.draft_topn}")
         if self.draft_topn is not None and self.policy != "sample":
             raise ConfigError("draft_topn truncates sampled drafts: use it with --policy sample, or leave it unset")
         parse_stop(self.draft_stop)
-        make_schedule(self.k_schedule, self.k)
         if self.punct_trigger is not None and not 0.0 <= self.punct_trigger <= 1.0:
             raise ConfigError(f"punct_trigger is a density in [0, 1], got {self.punct_trigger}")
 

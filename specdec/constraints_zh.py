@@ -1,11 +1,10 @@
-"""The `zh` decoding profile: seed 003's constraints for one short Chinese sentence, against
-"字字逗" (a comma every two characters), short loops ("真想 真想", "音色中，音色中，音色中") and
-early/late stops. The seed decoded token ids inside the loop; here each id is decoded once, at
-build time, into per-token tables, so a call is a scan over `generated` plus a few tensor ops.
+"""The `zh` decoding profile: constraints for one short Chinese sentence, against "字字逗" (a comma
+every character or two), short loops ("真想 真想", "音色中，音色中，音色中") and early or late stops.
+Decoding token ids inside the loop would cost a tokenizer call per step; here each id is decoded
+once, at build time, into per-token tables, so a call is a scan over `generated` plus a few tensor ops.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -13,52 +12,23 @@ import torch
 
 from specdec.errors import ConfigError
 from specdec.processors import Constraints, StopRule
+from specdec.text import COMMA_LIKE, PUNCTUATION, SENTENCE_END, cjk_content, is_cjk
 
-# Seed 003 D: the comma-like marks it gated ('，、：:'); ASCII ',' counts as '，' so the model
-# cannot dodge the gate with the half-width variant.
-COMMA_LIKE = frozenset("，、：:,")
-# Seed 003 F stops on ("。", "."); '！？!?' end a sentence just as well.
-SENTENCE_END = frozenset("。！？.!?")
-# Seed 003 D: its `。` penalty (PERIOD_LIKE); ASCII '.' is not penalised, as in the seed.
+# Only the full-width `。` is discouraged early in a sentence; ASCII '.' is left alone.
 PERIOD_MARKS = frozenset("。")
-# Seed 003 D's punct_chars plus the remaining common Chinese and ASCII marks; resets the comma gate.
-PUNCTUATION = COMMA_LIKE | SENTENCE_END | frozenset("；;…—～~·“”‘’「」『』《》〈〉（）()【】\"'")
-
-# Seed 003 "回归测试建议": character-level punctuation density, healthy 10–25 %, > 40 % abnormal.
-PUNCT_DENSITY_HEALTHY = (0.10, 0.25)
-PUNCT_DENSITY_ABNORMAL = 0.4
 
 _NEVER = 1 << 30  # a gate requirement no history can meet
-# Unified ideographs (+ extension A), compatibility ideographs, extensions B–G.
-_CJK_RE = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
-
-
-def is_cjk(ch: str) -> bool:
-    """`ch` (one character) is a CJK content character: an ideograph; seed 003 used U+4E00–U+9FFF."""
-    return _CJK_RE.fullmatch(ch) is not None
-
-
-def cjk_content(text: str) -> str:
-    """The CJK content characters of `text`, punctuation and everything else stripped."""
-    return "".join(_CJK_RE.findall(text))
-
-
-def punctuation_density(text: str) -> float:
-    """Punctuation characters / non-whitespace characters (seed 003's 字符级 density; 0.0 if empty).
-    Characters, not token ids: id counts vary with the vocabulary and full/half-width variants."""
-    chars = [ch for ch in text if not ch.isspace()]
-    return sum(ch in PUNCTUATION for ch in chars) / len(chars) if chars else 0.0
 
 
 @dataclass(frozen=True)
 class ZhParams:
-    """Seed 003's numbers."""
+    """The profile's numbers, tuned by hand on one-sentence speaker descriptions."""
 
-    comma_min_chars: int = 4  # D: comma-like marks only after >= 4 content chars since the last mark
-    period_min_chars: int = 8  # D: `。` discouraged before 8 content chars in the sentence
-    period_logit_shift: float = -8.0  # D: `logits[。] -= 8.0`
-    repetition_penalty: float = 1.22  # E: 1.2–1.25, CJK content tokens only
-    min_new_tokens: int = 16  # F: min_new_tokens≈16, n_sentences=1
+    comma_min_chars: int = 4  # comma-like marks only after >= 4 content chars since the last mark
+    period_min_chars: int = 8  # `。` discouraged before 8 content chars in the sentence
+    period_logit_shift: float = -8.0  # `logits[。] -= 8.0`
+    repetition_penalty: float = 1.22  # 1.2–1.25 in the hand-tuned original; CJK content tokens only
+    min_new_tokens: int = 16  # one sentence of at least 16 tokens, then stop at its end
 
     def __post_init__(self) -> None:
         if self.repetition_penalty <= 0 or min(self.comma_min_chars, self.period_min_chars, self.min_new_tokens) < 0:
@@ -159,7 +129,7 @@ def _ban(logits: torch.Tensor, ids: list[torch.Tensor]) -> torch.Tensor:
 
 @dataclass(frozen=True, eq=False)
 class NoImmediateRepeat:
-    """Rule 1 (seed 003 C, 紧邻同字): after a CJK content char c, ban tokens starting with c.
+    """Rule 1 (紧邻同字, no immediately repeated character): after a CJK content char c, ban tokens starting with c.
     Whitespace is skipped on both sides so "真 真" is caught too."""
 
     table: ZhTokenTable
@@ -172,7 +142,7 @@ class NoImmediateRepeat:
 
 @dataclass(frozen=True, eq=False)
 class ContentTrigramBan:
-    """Rule 2 (seed 003 C, 去标点 3-gram): on the CJK content history ...a b, ban tokens whose first
+    """Rule 2 (去标点 3-gram, no repeated content trigram): on the CJK content history ...a b, ban tokens whose first
     content char c would repeat a trigram (a, b, c). Punctuation is stripped, so
     "音色中，音色中，" bans "音" and the loop "音色中，音色中，音色中" cannot close."""
 
@@ -190,7 +160,7 @@ class ContentTrigramBan:
 
 @dataclass(frozen=True, eq=False)
 class CommaGate:
-    """Rule 3 (seed 003 D, 字字逗): a comma-like mark needs >= comma_min_chars content chars since
+    """Rule 3 (against 字字逗, a comma every character or two): a comma-like mark needs >= comma_min_chars content chars since
     the last punctuation mark; chars inside the candidate token before its mark count too."""
 
     table: ZhTokenTable
@@ -201,7 +171,7 @@ class CommaGate:
 
 @dataclass(frozen=True, eq=False)
 class EarlyPeriodPenalty:
-    """Rule 4 (seed 003 D): `。` shifted by period_logit_shift before period_min_chars content
+    """Rule 4 (no premature full stop): `。` shifted by period_logit_shift before period_min_chars content
     chars since the start / the last sentence end. A penalty, not a ban: a short sentence may end."""
 
     table: ZhTokenTable
@@ -218,7 +188,7 @@ class EarlyPeriodPenalty:
 
 @dataclass(frozen=True, eq=False)
 class ContentRepetitionPenalty:
-    """Rule 5 (seed 003 E): HF/CTRL repetition penalty on generated CJK content tokens only;
+    """Rule 5 (repetition penalty on content only): HF/CTRL repetition penalty on generated CJK content tokens only;
     penalising punctuation made the model fight the gates with substitute marks."""
 
     table: ZhTokenTable
@@ -237,7 +207,7 @@ class ContentRepetitionPenalty:
 
 @dataclass(frozen=True, eq=False)
 class SuppressEarlyEos:
-    """Rule 6 (seed 003 F): EOS banned until it would be token number min_new_tokens, matching
+    """Rule 6 (no early end): EOS banned until it would be token number min_new_tokens, matching
     `StopRule.stops`, which counts the token itself."""
 
     eos_ids: torch.Tensor  # [E] int64

@@ -1,22 +1,23 @@
 """The user-facing engine: models by name, loaded lazily, so edge-only runs never construct or
-load the cloud model (seed 001) and cloud-only runs never load the edge."""
+load the cloud model (a "dummy" cloud once cost an edge-only baseline 6 s and 14 GB) and cloud-only
+runs never load the edge. With `cloud_url`, spec blocks are verified by a `specbench serve` server
+and no cloud model is loaded here either."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
 from specdec.cloud import Cloud, LocalCloud
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
+from specdec.constraints_zh import zh_profile
 from specdec.decode import autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError, InputError
-from specdec.loading import LoadedModel, load_model
+from specdec.models.loading import LoadedModel, load_model
 from specdec.processors import Constraints, StopRule
 from specdec.remote.client import RemoteCloud, SessionSettings
-from specdec.remote.protocol import tokenizer_sha256
+from specdec.remote.protocol import read_token, tokenizer_sha256
+from specdec.tokenstats import PunctuationTable
 from specdec.trace import Generation
-
-CONSTRAINT_PROFILES = ("none", "zh")
-ON_CLOUD_LOSS = ("fail", "edge")
 
 
 def build_constraints(loaded: LoadedModel, profile: str, vocab: int, eos_ids: frozenset[int] | None = None) -> Constraints:
@@ -24,60 +25,27 @@ def build_constraints(loaded: LoadedModel, profile: str, vocab: int, eos_ids: fr
     `eos_ids` default to the model's; a verifier server takes the edge's, so both sides stop alike."""
     eos_ids = loaded.eos_ids if eos_ids is None else eos_ids
     if profile == "zh":
-        from specdec.constraints_zh import zh_profile
-
         zh = zh_profile(loaded.tokenizer, eos_ids, vocab)
         return Constraints(loaded.processors + zh.processors, zh.stop)
-    if profile != "none":
-        raise ConfigError(f"unknown constraints profile {profile!r}: use one of {', '.join(CONSTRAINT_PROFILES)}")
     return Constraints(loaded.processors, StopRule(eos_ids=eos_ids))
 
 
-@dataclass
-class Engine:
-    mode: str
-    edge: str | None = None
-    cloud: str | None = None
-    dtype: str = "bfloat16"
+@dataclass(frozen=True, eq=False)
+class Engine(EngineConfig):
+    """An `EngineConfig` (validated on construction) plus the models it loads on first use."""
+
     spec: SpecConfig = field(default_factory=SpecConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
-    constraints: str = "none"
-    chat_template: bool = True
+    deploy: DeployConfig = field(default_factory=DeployConfig)
     loader: Callable[..., LoadedModel] = load_model
     log: Callable[[str], object] = print
-    cloud_url: str | None = None  # spec mode: verify on a `specbench serve` server instead of in process
-    cloud_token: str | None = None
-    cloud_timeout_s: float = 60.0
-    on_cloud_loss: str = "fail"  # or "edge": finish a generation edge-only when the server is lost
-    overlap: bool = True  # with cloud_url: draft the next block while the server verifies
+    _models: dict[str, LoadedModel] = field(default_factory=dict, init=False, repr=False)
+    _derived: dict[str, object] = field(default_factory=dict, init=False, repr=False)  # per-tokenizer tables, the server
 
     def __post_init__(self) -> None:
-        if self.mode not in ("edge", "cloud", "spec"):
-            raise ConfigError(f"unknown mode {self.mode!r}: use edge, cloud or spec")
-        if self.on_cloud_loss not in ON_CLOUD_LOSS:
-            raise ConfigError(f"unknown on_cloud_loss {self.on_cloud_loss!r}: use one of {', '.join(ON_CLOUD_LOSS)}")
-        if self.cloud_url and self.mode == "cloud":
-            raise ConfigError("--cloud-url verifies spec blocks on a server; cloud mode runs the cloud model here: "
-                              "drop --cloud-url or use --mode spec")
-        needs = {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge",) if self.remote_cloud else ("edge", "cloud")}[self.mode]
-        missing = [role for role in needs if not getattr(self, role)]
-        if missing:
-            flags = " and ".join(f"--{role} MODEL" for role in missing)
-            raise ConfigError(f"--mode {self.mode} needs {flags}")
-        if self.constraints not in CONSTRAINT_PROFILES:
-            raise ConfigError(f"unknown constraints profile {self.constraints!r}: use one of {', '.join(CONSTRAINT_PROFILES)}")
+        super().__post_init__()
         if self.mode == "spec":
             self.spec.check_decoding(self.decode)
-        self._models: dict[str, LoadedModel] = {}
-        self._constraints: Constraints | None = None
-        self._punct = None
-        self._checked = False
-        self._remote: RemoteCloud | None = None
-
-    @property
-    def remote_cloud(self) -> bool:
-        """Spec blocks are verified by a server; edge mode never contacts it."""
-        return self.mode == "spec" and bool(self.cloud_url)
 
     def model(self, role: str) -> LoadedModel:
         """The edge or cloud model, loaded on first use."""
@@ -92,7 +60,7 @@ class Engine:
 
     def load(self) -> None:
         """Load every model this mode needs (and no other), and check that they fit together."""
-        if self._checked:
+        if self._derived.get("checked"):
             return
         self.primary
         if self.remote_cloud:
@@ -106,13 +74,15 @@ class Engine:
                 )
             if cloud.backend.accepts_audio != edge.backend.accepts_audio:
                 raise ConfigError("the edge and the cloud must both take audio or both be text-only, so they see the same inputs")
-        self._checked = True
+        self._derived["checked"] = True
 
     def _connect(self) -> None:
         edge = self.model("edge")
+        token = read_token(self.deploy.token_file) if self.deploy.token_file else None
         settings = SessionSettings(self.constraints, tuple(sorted(edge.eos_ids)))
-        self._remote = RemoteCloud(self.cloud_url, self.cloud_token, settings, timeout_s=self.cloud_timeout_s)
-        ready = self._remote.connect()
+        remote = RemoteCloud(self.cloud_url, token, settings, timeout_s=self.deploy.cloud_timeout_s)
+        ready = remote.connect()
+        self._derived["remote"] = remote
         if ready["tokenizer_sha256"] != tokenizer_sha256(edge.tokenizer):
             raise ConfigError(f"edge {edge.name!r} and the cloud at {self.cloud_url} ({ready['model']!r}) use different "
                               "tokenizers: speculative decoding needs a pair that shares one")
@@ -122,55 +92,53 @@ class Engine:
     @property
     def cloud_name(self) -> str | None:
         """The cloud model's name; for a server, the name it loaded its model under (after load)."""
-        if self.remote_cloud and self._remote is not None and self._remote.info:
-            return self.cloud or self._remote.info["model"]
+        remote = self._derived.get("remote")
+        if self.remote_cloud and remote is not None and remote.info:
+            return self.cloud or remote.info["model"]
         return self.cloud
+
+    def cloud_side(self) -> Cloud:
+        """What verifies spec blocks: the server, or the cloud model in this process."""
+        return self._derived["remote"] if self.remote_cloud else LocalCloud(self.model("cloud").backend)
 
     def close(self) -> None:
         """Hang up on the verifier server, if any (models stay loaded)."""
-        if self._remote is not None:
-            self._remote.close()
+        remote = self._derived.pop("remote", None)
+        if remote is not None:
+            remote.close()
+            self._derived.pop("checked", None)
 
     def constraints_for(self) -> Constraints:
-        if self._constraints is None:
-            vocab = min(self.model(r).backend.vocab_size for r in self._roles())
-            if self._remote is not None:
-                vocab = min(vocab, self._remote.vocab_size)
-            self._constraints = build_constraints(self.primary, self.constraints, vocab)
-        return self._constraints
+        if "constraints" not in self._derived:
+            vocab = min(self.model(r).backend.vocab_size for r in self.roles)
+            if self.remote_cloud:
+                vocab = min(vocab, self.cloud_side().vocab_size)
+            self._derived["constraints"] = build_constraints(self.primary, self.constraints, vocab)
+        return self._derived["constraints"]
 
     def punct_density(self) -> Callable[[list[int]], float] | None:
         if self.mode != "spec" or self.spec.punct_trigger is None:
             return None
-        if self._punct is None:
-            from specdec.tokenstats import PunctuationTable
-
-            self._punct = PunctuationTable.build(self.primary.tokenizer, self.model("edge").backend.vocab_size)
-        return self._punct.density
-
-    def cloud_side(self) -> Cloud:
-        """What verifies spec blocks: the server, or the cloud model in this process."""
-        return self._remote if self.remote_cloud else LocalCloud(self.model("cloud").backend)
+        if "punct" not in self._derived:
+            self._derived["punct"] = PunctuationTable.build(self.primary.tokenizer, self.model("edge").backend.vocab_size)
+        return self._derived["punct"].density
 
     def load_seconds(self) -> dict[str, float]:
-        return {role: self.model(role).load_s for role in self._roles()}
-
-    def _roles(self) -> tuple[str, ...]:
-        return {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge",) if self.remote_cloud else ("edge", "cloud")}[self.mode]
+        return {role: self.model(role).load_s for role in self.roles}
 
     def generate(self, text: str, system: str | None = None, waveform=None, sampling_rate: int = 16000,
                  language: str | None = None) -> Generation:
         self.load()
         loaded = self.primary
         if waveform is not None and self.mode == "spec" and not self.cloud_side().accepts_audio:
-            raise InputError(f"cloud model {self.cloud!r} is text-only but the prompt has audio")
+            raise InputError(f"cloud model {self.cloud_name!r} is text-only but the prompt has audio")
         prompt = loaded.encode(text, system, waveform, sampling_rate, self.chat_template, language=language)
         constraints = self.constraints_for()
         if self.mode == "spec":
             generation = speculative_decode(
                 self.model("edge").backend, self.cloud_side(), prompt, self.spec, self.decode,
-                constraints, self.punct_density(), on_cloud_loss=self.on_cloud_loss,
-                overlap=self.overlap and self.remote_cloud,
+                constraints, self.punct_density(), on_cloud_loss=self.deploy.on_cloud_loss,
+                overlap=self.deploy.overlap and self.remote_cloud,
             )
         else:
             generation = autoregressive_decode(loaded.backend, prompt, self.decode, constraints, role=self.mode)

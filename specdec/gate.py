@@ -16,7 +16,7 @@ def block_uncertainty(entropies_nats: torch.Tensor, how: str) -> torch.Tensor:
 
 
 def should_escalate(entropies_nats: torch.Tensor, punct_density: float | None, cfg: SpecConfig) -> bool:
-    """Escalate iff uncertainty >= threshold (0: always, inf: never), or, with the seed-003 trigger
+    """Escalate iff uncertainty >= threshold (0: always, inf: never), or, with the punctuation trigger
     on, the block's character-level punctuation density exceeds `cfg.punct_trigger`."""
     if cfg.entropy_threshold == 0:
         return True

@@ -5,7 +5,7 @@ import torch
 
 
 def distribution(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[..., V] processed logits -> probabilities. Temperature exactly once (seed 003);
+    """[..., V] processed logits -> probabilities. Temperature exactly once (twice over-sharpens);
     greedy decoding (temperature 0) measures the T = 1 distribution."""
     scale = temperature if temperature > 0 else 1.0
     return torch.softmax(logits / scale, dim=-1)

@@ -2,7 +2,8 @@
 
 Invariant, asserted at every use: a session's KV cache holds a prefix of the accepted sequence
 (plus, while drafting, the edge's own draft tokens), and it is cropped back to the accepted
-prefix after each cycle. The tokens a cache has not seen are fed as one block (seed 002/004).
+prefix after each cycle. The tokens a cache has not seen are read from the accepted sequence and fed
+as one block: a hand-kept "last token" went stale after rollbacks and looped (音色中，音色中，音色中).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.constraints_zh import PUNCTUATION
+from specdec.text import PUNCTUATION
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,7 +23,8 @@ class PunctuationTable:
         return cls(punct, visible)
 
     def density(self, tokens: list[int]) -> float:
-        """Character-level punctuation density of the tokens' text (seed 003's trigger, > 0.4)."""
+        """Character-level punctuation density of the tokens' text (`specdec.text.punctuation_density`
+        from per-token counts), for the escalation trigger `--punct-trigger`."""
         index = torch.tensor(tokens, dtype=torch.long)
         visible = int(self.visible_chars[index].sum())
         return int(self.punct_chars[index].sum()) / visible if visible else 0.0

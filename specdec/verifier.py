@@ -1,4 +1,5 @@
-"""The cloud side: one explicit forward per escalated block (never `generate`, seed 000).
+"""The cloud side: one explicit forward per escalated block (never `generate`: asked for no new token,
+it returns no scores to verify with).
 
 Both verifiers return cloud logits [n+1, V] for a draft of n tokens: row i predicts d_i, row n is
 the bonus position. For a block [last_accepted, d_0..d_{n-1}] fed on a cache holding the prefix
@@ -13,7 +14,20 @@ import torch
 from specdec.backends.base import Backend, Prompt
 from specdec.session import AcceptedSequence, Session
 
+VERIFIERS: dict[str, type] = {}  # --verifier name -> class(backend, prompt)
 
+
+def register_verifier(name: str):
+    """Class decorator: file a verifier under its `--verifier` name."""
+
+    def register(cls: type) -> type:
+        VERIFIERS[name] = cls
+        return cls
+
+    return register
+
+
+@register_verifier("cached")
 class CachedVerifier:
     """The cloud keeps a KV cache of the accepted prefix, audio included from its prefill.
     The first call prefills the prompt and verifies its draft in one forward. Each call feeds only the accepted tokens it has not seen (blocks accepted without escalation
@@ -44,8 +58,9 @@ class CachedVerifier:
         self.session.rollback(length, seq)
 
 
+@register_verifier("stateless")
 class StatelessVerifier:
-    """The seed's design: context + draft recomputed from scratch every call, multimodal inputs
+    """The original research system's design: context + draft recomputed from scratch every call, multimodal inputs
     passed again, no cache kept. Kept so users can measure what the cache saves."""
 
     def __init__(self, backend: Backend, prompt: Prompt) -> None:
@@ -68,4 +83,4 @@ class StatelessVerifier:
 
 
 def make_verifier(kind: str, backend: Backend, prompt: Prompt) -> CachedVerifier | StatelessVerifier:
-    return StatelessVerifier(backend, prompt) if kind == "stateless" else CachedVerifier(backend, prompt)
+    return VERIFIERS[kind](backend, prompt)

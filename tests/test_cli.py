@@ -7,7 +7,7 @@ import pytest
 
 from bench.cli import main
 from specdec.engine import Engine
-from specdec.loading import load_model
+from specdec.models.loading import load_model
 from tests.tiny import save_tiny_pair
 
 REQUIRED = (

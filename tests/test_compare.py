@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from bench import compare, gate, tinypair
+from bench import compare, tinypair, verdict
 from bench.records import ResultsFile
 from bench.run import run
 from specdec.config import DecodeConfig, SpecConfig
@@ -81,12 +81,12 @@ def test_lower_acceptance_in_results_fails_exactly(results_dir, tmp_path):
 
 
 def test_gate_files_compare_with_the_gate_rules(tmp_path, capsys):
-    base = gate.read_gate_file(gate.default_baseline("tiny"))
+    base = verdict.read_gate_file(verdict.default_baseline("tiny"))
     worse = copy.deepcopy(base)
     worse["timing"]["spec_vs_cloud"] *= 0.5
     worse["deterministic"]["spec.acceptance_rate"] -= 0.01
     for name, record in (("a.json", base), ("b.json", worse)):
-        gate.write_gate_file(tmp_path / name, record)
+        verdict.write_gate_file(tmp_path / name, record)
     out = tmp_path / "report"
     assert compare.cmd_compare(compare_args(str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--out", str(out))) == 0
     assert compare.cmd_compare(compare_args(str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out))) == 1
@@ -108,7 +108,18 @@ def test_default_out_names_both_sides(results_dir, tmp_path, monkeypatch):
 ])
 def test_bad_inputs_are_one_clear_error(results_dir, tmp_path, make, message):
     gate_file = tmp_path / "g.json"
-    gate_file.write_text(gate.default_baseline("tiny").read_text())
+    gate_file.write_text(verdict.default_baseline("tiny").read_text())
     base, current = make(results_dir, gate_file)
     with pytest.raises(InputError, match=message):
         compare.compare_paths(base, current)
+
+
+def test_the_page_escapes_what_it_shows(tmp_path):
+    """Point labels and paths come from results: the template escapes them (jinja2 autoescape)."""
+    row = compare.Row("<script>alert(1)</script> & co", "tokens_per_s", 1.0, 2.0, "higher", False, True, "shown")
+    path = tmp_path / "compare.html"
+    compare.write_html([row], tmp_path / "<b>base</b>", tmp_path / "now", "gate passed: 1 checks", True, path)
+    page = path.read_text()
+    assert "<script" not in page and "<b>base" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in page and "&lt;b&gt;base&lt;/b&gt;" in page
+    assert "+100.00%" in page and "#1a7f37" in page  # better: green

@@ -1,5 +1,6 @@
-"""The `zh` profile (seed 003) on real Chinese strings, with a tiny offline tokenizer whose
-tokens are single characters, short words and punctuation."""
+"""The `zh` profile (one short Chinese sentence, no comma storms or short loops) on real Chinese
+strings, with a tiny offline tokenizer whose tokens are single characters, short words and
+punctuation."""
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,6 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from specdec.constraints_zh import (
-    PUNCT_DENSITY_ABNORMAL,
-    PUNCT_DENSITY_HEALTHY,
     CommaGate,
     ContentRepetitionPenalty,
     ContentTrigramBan,
@@ -18,12 +17,10 @@ from specdec.constraints_zh import (
     SuppressEarlyEos,
     ZhParams,
     ZhTokenTable,
-    cjk_content,
-    is_cjk,
-    punctuation_density,
     zh_profile,
 )
 from specdec.errors import ConfigError
+from specdec.text import PUNCT_DENSITY_ABNORMAL, PUNCT_DENSITY_HEALTHY, cjk_content, is_cjk, punctuation_density
 
 CHARS = "说话人的音色中声语速平缓情绪稳定真想字逗好呀嗯很清晰低沉温和是一位男女性年轻有点激动快慢"
 WORDS = ["音色", "真想", "说话人", "语速", "情绪", "平缓", "稳定", "中性", "的，", "。\n"]

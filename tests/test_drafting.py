@@ -14,7 +14,7 @@ from specdec.config import DecodeConfig, SpecConfig
 from specdec.decode import autoregressive_decode, block_size, speculative_decode
 from specdec.drafting import make_schedule, make_stop
 from specdec.errors import ConfigError
-from specdec.loading import load_model
+from specdec.models.loading import load_model
 from specdec.remote.client import RemoteCloud
 from specdec.remote.server import BackgroundServer
 from tests.test_remote import chi_square_p
@@ -94,7 +94,7 @@ def test_stop_rules_and_schedules():
                          ("entropy:x", "is not a number"), ("median:2", "unknown draft stop rule")):
         with pytest.raises(ConfigError, match=message):
             SpecConfig(draft_stop=bad)
-    with pytest.raises(ConfigError, match="unknown k schedule"):
+    with pytest.raises(ConfigError, match="unknown k_schedule .fibonacci.: use one of constant, heuristic"):
         SpecConfig(k_schedule="fibonacci")
 
 

@@ -9,14 +9,14 @@ import time
 import pytest
 import torch
 
-from bench import gate, tinypair, workload
+from bench import gate, tinypair, verdict, workload
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.errors import InputError
 
 # A smaller tiny workload keeps the tests quick; timing gets a loose tolerance because tests share
 # the CPU with whatever else runs, and the injected slowdown is large (~5x on the spec pass).
 SMALL = dict(prompts=tinypair.PROMPTS[:2], max_new_tokens=16, repeats=3)
-LOOSE = gate.Tolerance(rate_abs=1e-9, timing_rel=0.5)
+LOOSE = verdict.Tolerance(rate_abs=1e-9, timing_rel=0.5)
 VERIFY_DELAY_S = 0.03
 TIMING = set(gate.RATIOS)
 
@@ -55,8 +55,8 @@ def noisy_drafter(mode, role, backend):
     return NoisyDrafter(backend) if (mode, role) == ("spec", "edge") else backend
 
 
-def failed(baseline: dict, current: dict, tolerance: gate.Tolerance = LOOSE) -> dict[str, gate.Check]:
-    return {c.metric: c for c in gate.compare(baseline, current, tolerance) if not c.ok}
+def failed(baseline: dict, current: dict, tolerance: verdict.Tolerance = LOOSE) -> dict[str, verdict.Check]:
+    return {c.metric: c for c in verdict.compare(baseline, current, tolerance) if not c.ok}
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +96,9 @@ def test_a_changed_workload_is_reported_not_compared_silently(baseline):
 
 def test_committed_tiny_baseline_matches_the_code():
     """bench/baselines/tiny.json is current: its deterministic metrics reproduce (timing not checked)."""
-    committed = gate.read_gate_file(gate.default_baseline("tiny"))
+    committed = verdict.read_gate_file(verdict.default_baseline("tiny"))
     current = gate.measure(workload.tiny_workload(repeats=1), log=quiet)
-    moved = {k: c.line() for k, c in failed(committed, current, gate.TOLERANCES["tiny"]).items() if k not in TIMING}
+    moved = {k: c.line() for k, c in failed(committed, current, verdict.TOLERANCES["tiny"]).items() if k not in TIMING}
     assert moved == {}, "re-measure with `specbench gate --suite tiny --update` if this change is intended"
 
 
@@ -112,13 +112,13 @@ def gate_args(*argv: str) -> argparse.Namespace:
 @pytest.fixture
 def small_suite(monkeypatch):
     monkeypatch.setitem(workload.SUITES, "tiny", lambda: workload.tiny_workload(**SMALL))
-    monkeypatch.setitem(gate.TOLERANCES, "tiny", LOOSE)
+    monkeypatch.setitem(verdict.TOLERANCES, "tiny", LOOSE)
 
 
 def test_update_then_gate_passes_and_a_regression_exits_1(tmp_path, small_suite, capsys):
     path = tmp_path / "tiny.json"
     assert gate.cmd_gate(gate_args("--baseline", str(path), "--update")) == 0
-    assert gate.read_gate_file(path)["suite"] == "tiny"
+    assert verdict.read_gate_file(path)["suite"] == "tiny"
     before = path.read_text()
     assert gate.cmd_gate(gate_args("--baseline", str(path))) == 0
     assert "gate passed" in capsys.readouterr().out
@@ -149,4 +149,4 @@ def test_bad_baseline_is_one_clear_error_before_measuring(tmp_path, content, mes
 
 def test_tolerance_validates_itself():
     with pytest.raises(ValueError, match="timing_rel must be in"):
-        gate.Tolerance(rate_abs=0, timing_rel=1.5)
+        verdict.Tolerance(rate_abs=0, timing_rel=1.5)

@@ -1,4 +1,4 @@
-"""Text health and quality numbers on real strings: the seed 003 failure modes, a healthy Chinese
+"""Text health and quality numbers on real strings: the Chinese failure modes (loops, comma storms), a healthy Chinese
 sentence, English and code."""
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from bench.health import (
 )
 
 HEALTHY = "说话人语速平缓，情绪稳定，语气温和。"
-LOOP = "音色中，音色中，音色中"  # seed 002/004: stale last token after a rollback
-SHORT_LOOP = "真想真想"  # seed 003 C: no n-gram ban
+LOOP = "音色中，音色中，音色中"  # what a stale last token after a rollback produced
+SHORT_LOOP = "真想真想"  # what decoding without an n-gram ban produced
 STUTTER = "真真想"
-COMMA_STORM = "字，字，逗，号，"  # seed 003 D: a comma after every character or two
+COMMA_STORM = "字，字，逗，号，"  # a comma after every character or two
 
 
 def test_healthy_sentence_is_in_band_without_repeats():

@@ -1,4 +1,5 @@
-"""Incremental stepping with rollback equals a full recompute (seed 002/004: KV drift)."""
+"""Incremental stepping with rollback equals a full recompute (a cache rolled back inconsistently with
+the accepted tokens drifts and loops)."""
 import pytest
 import torch
 

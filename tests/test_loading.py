@@ -2,8 +2,8 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from specdec import registry
-from specdec.loading import cast_copy, load_model
+from specdec.models import registry
+from specdec.models.loading import cast_copy, load_model
 from tests.tiny import save_tiny_pair
 
 

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from bench.cli import main
-from bench.nll import SCORES, output_nll, read_scores, score_key
+from bench.nll import output_nll
+from bench.scores import SCORES, read_scores, score_key
 from bench.records import ResultsFile
 from bench.summary import summarize
-from specdec.loading import load_model
+from specdec.models.loading import load_model
 from tests.tiny import save_tiny_pair
 
 

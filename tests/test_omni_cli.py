@@ -1,6 +1,6 @@
 """Audio manifests through `specbench run` and `specbench sweep` on tiny random Qwen2.5-Omni
 thinkers saved to disk: the models load as thinkers, greedy spec equals cloud mode, the cloud
-verifier hears the audio (seed 000: its tokens and logits follow the audio; a deaf control
+verifier hears the audio (its tokens and logits follow the audio; a deaf control
 shows the check has teeth), and a bad sample fails alone."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from bench.run import FailedSamples, run
 from specdec.backends.omni_thinker import OmniThinkerBackend
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
-from specdec.loading import load_model
+from specdec.models.loading import load_model
 from tests.omni_fixtures import random_waveform, tiny_omni_tokenizer, tiny_thinker
 from tests.tiny import noisy_copy
 
@@ -126,7 +126,7 @@ def test_the_verified_tokens_follow_the_audio(thinkers, tmp_path):
         assert row["prompt_tokens"] == rows(tmp_path / "speech")[0]["prompt_tokens"]  # same ids, only the audio differs
         tokens[name] = row["tokens"]
     # Under greedy with every block verified the output is the cloud's own greedy output: if the
-    # cloud did not hear the audio (seed 000) both runs would give the same tokens.
+    # cloud did not hear the audio both runs would give the same tokens.
     assert tokens["speech"] != tokens["noise"]
 
 
@@ -152,7 +152,7 @@ class RecordingCloud(OmniThinkerBackend):
 
 
 class DeafCloud(RecordingCloud):
-    """The seed-000 bug: the placeholder tokens go up, the audio features do not."""
+    """The deaf-verifier bug: the placeholder tokens go up, the audio features do not."""
 
     def _audio_inputs(self, prompt, token_ids):
         return {}
@@ -188,7 +188,7 @@ def test_the_cloud_verifier_consumes_the_audio_features(thinkers, tmp_path, veri
     for _, spy in heard.values():
         assert spy.feature_keys[0] == ("feature_attention_mask", "input_features")
     assert (heard["speech"][0] - heard["noise"][0]).abs().max() > 1e-2
-    # Control: a verifier that drops the features (the seed-000 bug) sees the same logits for
+    # Control: a verifier that drops the features (the deaf-verifier bug) sees the same logits for
     # both clips, so the assertion above is what catches it.
     deaf = {name: first_verified_logits(DeafCloud, thinkers, sets[name], tmp_path / f"deaf-{name}", verifier)[0]
             for name in sets}

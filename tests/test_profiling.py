@@ -7,8 +7,8 @@ import re
 import pandas as pd
 import pytest
 
-from bench.cli import add_run_options
-from bench.profiling import add_profile_parser, run_argv
+from bench.options import add_run_options, run_argv
+from bench.profiling import add_profile_parser
 from bench.report import build_report
 from specdec.errors import InputError
 from tests.tiny import save_tiny_pair

@@ -22,7 +22,7 @@ def specbench(tmp_path, name, *args):
 
 @pytest.fixture(scope="module", autouse=True)
 def fetched():
-    from specdec.fetch import fetch
+    from specdec.models.fetch import fetch
 
     for alias in (EDGE, CLOUD):
         fetch(alias, log=print)
@@ -53,7 +53,7 @@ def test_bf16_spec_run_reports_acceptance(tmp_path):
 
 
 def test_edge_mode_memory_is_the_edge_models_alone(tmp_path):
-    from specdec.registry import model_dir
+    from specdec.models.registry import model_dir
 
     rows = specbench(tmp_path, "edge", "--mode", "edge", "--edge", EDGE, "--cloud", CLOUD, "--prompts", "code",
                      "--limit", 1, "--max-new-tokens", 8)

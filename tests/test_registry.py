@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from specdec import fetch, registry
+from specdec.models import fetch, registry
+from specdec.models.loading import resolve
 from specdec.errors import ModelError
 
 ALIASES = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
@@ -187,12 +188,12 @@ def test_home_and_model_dir(home, monkeypatch):
 
 
 def test_resolve_local_dir(tmp_path):
-    assert registry.resolve(str(tmp_path)) == tmp_path
+    assert resolve(str(tmp_path)) == tmp_path
 
 
 def test_resolve_unknown_name_lists_aliases():
     with pytest.raises(ModelError) as err:
-        registry.resolve("gpt5")
+        resolve("gpt5")
     msg = str(err.value)
     assert "unknown model 'gpt5'" in msg and "specbench models list" in msg
     assert all(a in msg for a in ALIASES)
@@ -200,19 +201,19 @@ def test_resolve_unknown_name_lists_aliases():
 
 def test_resolve_missing_path_and_hub_id():
     with pytest.raises(ModelError, match="does not exist"):
-        registry.resolve("./no/such/dir")
-    assert registry.resolve("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+        resolve("./no/such/dir")
+    assert resolve("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
 
 
 def test_resolve_alias_uses_the_cache_and_only_fetches_when_allowed(monkeypatch):
     alias = ALIASES[0]
     with pytest.raises(ModelError, match="not fetched"):
-        registry.resolve(alias, fetch=False)
+        resolve(alias, fetch=False)
     calls = []
     monkeypatch.setattr(fetch, "fetch", lambda a, log: calls.append(a) or registry.model_dir(a))
-    assert registry.resolve(alias) == registry.model_dir(alias) and calls == [alias]
+    assert resolve(alias) == registry.model_dir(alias) and calls == [alias]
     _finish(alias)
-    assert registry.resolve(alias, fetch=False) == registry.model_dir(alias) and calls == [alias]
+    assert resolve(alias, fetch=False) == registry.model_dir(alias) and calls == [alias]
 
 
 def _finish(alias, sha256=None):

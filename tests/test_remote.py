@@ -14,10 +14,10 @@ from scipy.stats import chisquare
 
 from bench.link import BackgroundLink
 from bench.network import profile
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.decode import speculative_decode
 from specdec.engine import Engine
-from specdec.loading import load_model
+from specdec.models.loading import load_model
 from specdec.backends.base import Prompt
 from specdec.remote.client import RemoteCloud
 from specdec.remote.server import BackgroundServer, ServeConfig
@@ -67,7 +67,7 @@ def test_split_greedy_equals_in_process_and_cloud_mode(pair, server, verifier, k
     spec = SpecConfig(k=k, verifier=verifier, **GREEDY)
     decode = DecodeConfig(max_new_tokens=14)
     common = dict(edge=pair["edge"], dtype="float32", spec=spec, decode=decode, log=lambda m: None)
-    split = generate_all(Engine(mode="spec", cloud_url=url, overlap=overlap, **common))
+    split = generate_all(Engine(mode="spec", cloud_url=url, deploy=DeployConfig(overlap=overlap), **common))
     local = generate_all(Engine(mode="spec", cloud=pair["cloud"], **common))
     cloud = generate_all(Engine(mode="cloud", cloud=pair["cloud"], dtype="float32", decode=decode, log=lambda m: None))
     assert [g.tokens for g in split] == [g.tokens for g in cloud]

@@ -27,10 +27,10 @@ from bench.run import FailedSamples, run
 from specdec.engine import Engine
 from specdec.backends.base import Prompt
 from specdec.cloud import CloudLost
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.decode import speculative_decode
 from specdec.errors import ConfigError
-from specdec.loading import load_model
+from specdec.models.loading import load_model
 from specdec.remote.client import CloudUnreachable, RemoteCloud
 from specdec.remote.protocol import SCHEMA, decode, encode
 from specdec.remote.server import BackgroundServer, ServeConfig
@@ -160,8 +160,8 @@ def test_a_run_records_the_loss_and_a_rerun_resumes(pair, prompts, tmp_path):
 
     spec = SpecConfig(k=3, entropy_threshold=0, policy="greedy")
     engine = Engine(mode="spec", edge=pair["edge"], cloud_url=url, dtype="float32", spec=spec,
-                    decode=DecodeConfig(max_new_tokens=8), loader=loader, log=lambda m: None, cloud_timeout_s=5,
-                    overlap=False)  # drafting ahead would make the forward count depend on timing
+                    decode=DecodeConfig(max_new_tokens=8), loader=loader, log=lambda m: None,
+                    deploy=DeployConfig(cloud_timeout_s=5, overlap=False))  # drafting ahead would make the forward count depend on timing
     with pytest.raises(FailedSamples, match="2 of 4 samples failed, e.g. the cloud verifier at"):
         run(engine, str(prompts), out, progress=False)
     before = (out / "results.jsonl").read_bytes()

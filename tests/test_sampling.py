@@ -5,7 +5,7 @@ from scipy.stats import chisquare
 
 from specdec import DecodeConfig, Prompt, SpecConfig, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
-from specdec.policies import speculative_sample
+from specdec.policies.sample import speculative_sample
 from specdec.processors import Constraints
 from specdec.decode import draft
 from specdec.sampling import distribution, entropy_nats
@@ -85,7 +85,7 @@ def test_end_to_end_sampling_matches_cloud_next_token_distribution():
 
 
 def test_temperature_is_applied_once_after_processors():
-    """The draft distribution is softmax((logits + processor shift) / T): not / T twice (seed 003)."""
+    """The draft distribution is softmax((logits + processor shift) / T): not / T twice (which over-sharpens)."""
     model = tiny_causal("llama", sharpness=2.0)
     ids = random_prompt(2)
     shift = torch.zeros(96)

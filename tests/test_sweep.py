@@ -5,8 +5,9 @@ import pytest
 
 from bench.cli import main
 from bench.records import ResultsFile
-from bench.summary import expected_speedup, summarize
-from bench.sweep import SweepConfig
+from bench.metrics import expected_speedup
+from bench.summary import summarize
+from bench.sweep_config import SweepConfig
 from tests.tiny import save_tiny_pair
 
 

@@ -1,6 +1,7 @@
-"""The cloud verifier hears the audio (seed 000): its block logits depend on the audio and equal a
-full forward of the thinker with that audio, for both verifiers; speculative greedy decoding with
-audio reproduces the cloud's own greedy output."""
+"""The cloud verifier hears the audio (a verifier once got the placeholder tokens without the
+features): its block logits depend on the audio and equal a full forward of the thinker with that
+audio, for both verifiers; speculative greedy decoding with audio reproduces the cloud's own
+greedy output."""
 import pytest
 import torch
 

@@ -10,9 +10,9 @@ from transformers import WhisperConfig, WhisperForConditionalGeneration
 
 from specdec import Constraints, DecodeConfig, InputError, ModelError, SpecConfig, StopRule, autoregressive_decode, speculative_decode
 from specdec.backends.whisper import WhisperBackend
-from specdec.convert_ct2 import convert_whisper, read_ct2, whisper_generation_config
-from specdec.derive import derive, parse_ops, split_name
-from specdec.loading import load_model
+from specdec.models.convert_ct2 import convert_whisper, read_ct2, whisper_generation_config
+from specdec.models.derive import derive, parse_ops, split_name
+from specdec.models.loading import load_model
 from tests.whisper_fixtures import (
     EOT, NO_TIMESTAMPS, SOT, SUPPRESS, SUPPRESS_AT_BEGIN, ct2_variables, random_waveform, tiny_whisper, write_ct2,
     write_tokenizer_json,
@@ -155,7 +155,7 @@ def test_ct2_fetch_joins_verifies_converts_and_loads(tmp_path, monkeypatch):
     files checked by sha256, conversion, marker; then the alias and a derived alias load."""
     import hashlib
 
-    from specdec import fetch, registry
+    from specdec.models import fetch, registry
 
     src = tmp_path / "src"
     src.mkdir()

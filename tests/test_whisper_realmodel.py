@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 
 from specdec import Constraints, DecodeConfig, SpecConfig, StopRule, autoregressive_decode, speculative_decode
-from specdec.loading import load_model
+from specdec.models.loading import load_model
 
 pytestmark = [
     pytest.mark.realmodel,

@@ -4,6 +4,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bench.report.build import build_report
+from specdec.errors import InputError
+
 
 def add_report_parser(subparsers) -> argparse.ArgumentParser:
     """Register `report` on the `specbench` subparsers; the parser's `func` default is cmd_report."""
@@ -23,9 +26,6 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from bench.report.build import build_report
-    from specdec.errors import InputError
-
     if args.samples < 0:
         raise InputError(f"--samples must be >= 0, got {args.samples}")
     index = build_report(args.results, args.out, profile=args.profile, embed=args.embed, samples_per_set=args.samples)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.nll import read_scores
+from bench.scores import read_scores
 from bench.records import read_records
 from bench.summary import summarize
 from specdec.errors import InputError

@@ -149,7 +149,8 @@ def profile_block(copied: list[Path], out: Path, source: Path) -> dict:
     return block
 
 
-def render(context: dict) -> str:
+def render(context: dict, template: str = "index.html.j2") -> str:
+    """A page from bench/report/templates (the report's index.html, or `specbench compare`'s page)."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    return env.get_template("index.html.j2").render(**context)
+    return env.get_template(template).render(**context)

@@ -54,7 +54,7 @@ FRONTS = (
           "median latency per prompt (s, compute only)", "distance of punctuation density from 10–25 %",
           "Latency vs punctuation health",
           _LATENCY_READ + " Down is healthier: 0 means the outputs' punctuation density is inside the 10–25 % "
-          "band of characters; 0.15 means e.g. 40 % (the seed system's \"comma after every two characters\")."),
+          "band of characters; 0.15 means e.g. 40 % (\"a comma after every character or two\")."),
     Front("latency_repeat", "latency / repeats", "latency_p50_s", "repeat_3gram", True, True,
           "median latency per prompt (s, compute only)", "repeated content 3-grams (fraction)",
           "Latency vs repetition",
@@ -64,7 +64,7 @@ FRONTS = (
           "cloud calls per draft block", "acceptance rate (accepted / verified draft tokens)",
           "Cloud calls vs acceptance",
           "Spec points only (edge-only and cloud-only have no drafts to accept). Left: the edge asks the cloud "
-          "less often; up: when it asks, more of its draft is kept (the seed authors called > 0.6 good). "
+          "less often; up: when it asks, more of its draft is kept (above 0.6 counts as good). "
           "Highlighted, labelled dots are Pareto-optimal."),
     Front("memory_speed", "memory / speed", "peak_rss_bytes", "tokens_per_s", True, False,
           "peak RSS of the process (GiB)", "tokens per second",

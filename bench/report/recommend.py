@@ -1,7 +1,7 @@
 """Recommended operating points: for each prompt set, the point each rule picks, with the rule
 and the numbers that made it win. Pure functions on the per-point summary.
 
-Thresholds are the ones the seed system's authors watched (see SEEDS.md): acceptance > 0.6 was
+Thresholds are the ones people used when they compared settings by hand: acceptance > 0.6 was
 "good"; a healthy punctuation density is 10–25 % of characters.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable
 import pandas as pd
 
 from bench.report.pareto import point_labels, set_name
-from specdec.constraints_zh import PUNCT_DENSITY_HEALTHY
+from specdec.text import PUNCT_DENSITY_HEALTHY
 
 CHRF_TOLERANCE = 1.0  # chrF points (0–100 scale) a point may lose against cloud-only
 GOOD_ACCEPTANCE = 0.6  # accepted / verified draft tokens

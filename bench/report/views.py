@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from bench import metrics
 from bench.health import chrf
 from bench.prompts import load_prompts
 from bench.report.pareto import FRONTS, front_members
@@ -76,10 +77,9 @@ def per_position_acceptance(frame: pd.DataFrame, summary: pd.DataFrame) -> pd.Da
         drafts = int(group["num_drafts"].sum())
         if not drafts or tuple(keys) not in index:
             continue
-        accepted = np.sum(np.stack([np.asarray(a, dtype=float) for a in group["accepted_per_position"]]), axis=0)
-        for position, count in enumerate(accepted, start=1):
-            out.append({"point": index[tuple(keys)], "position": position, "p_accept": count / drafts,
-                        "num_drafts": drafts})
+        p_accept = metrics.position_acceptance(group["accepted_per_position"], drafts)
+        for position, p in enumerate(p_accept, start=1):
+            out.append({"point": index[tuple(keys)], "position": position, "p_accept": p, "num_drafts": drafts})
     return pd.DataFrame(out, columns=["point", "position", "p_accept", "num_drafts"])
 
 

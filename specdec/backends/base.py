@@ -15,6 +15,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from specdec.errors import InputError, ModelError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a backend runs in, by name
+
 
 @dataclass
 class Prompt:
@@ -33,8 +37,6 @@ class Prompt:
         if self.input_ids.ndim != 1:
             raise ValueError(f"Prompt.input_ids must be 1-D [P], got shape {tuple(self.input_ids.shape)}")
         if self.input_ids.numel() == 0:
-            from specdec.errors import InputError
-
             raise InputError("the prompt is empty after tokenization: give it some text")
 
     @property
@@ -78,8 +80,6 @@ def from_pretrained_checked(model_class, path, model_types: tuple[str, ...], wha
     """`model_class.from_pretrained(path)` after checking the config's model type: from_pretrained
     only warns on another type, then leaves the weights random."""
     from transformers import AutoConfig
-
-    from specdec.errors import ModelError
 
     try:
         model_type = AutoConfig.from_pretrained(path).model_type

@@ -1,7 +1,8 @@
 """Backend for any Hugging Face causal LM (Llama, Qwen2, Gemma3, ...).
 
 KV state is a `DynamicCache`; every forward passes explicit `position_ids = length + arange(n)`
-and no attention mask (batch 1, no padding), so positions can never drift (seed 003).
+and no attention mask (batch 1, no padding), so positions can never drift (a 1×1 mask per step once
+shifted them and filled outputs with punctuation).
 """
 from __future__ import annotations
 

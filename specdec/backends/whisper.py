@@ -5,7 +5,7 @@ block attends to it. The KV state is an `EncoderDecoderCache`: the self-attentio
 the decoded tokens and is the only half cropped on rollback; the cross-attention half is filled by
 the first decoder call (K/V of the encoder output) and fixed after it. Every block passes explicit
 decoder `position_ids = length + arange(n)` (the decoder would otherwise derive them from the
-cache length; explicit ones cannot drift, seed 003).
+cache length; explicit ones cannot drift).
 
 The decoder prompt is Whisper's task prefix, `<|startoftranscript|>` [+ `<|lang|>` + `<|task|>`]
 + `<|notimestamps|>`; the audio is `Prompt.features["input_features"]` [1, 80, 3000] (log-mel,
@@ -210,7 +210,7 @@ class WhisperBackend:
 
 
 def load_whisper(path_or_model, dtype: torch.dtype | None = None, name: str = "") -> WhisperBackend:
-    """A backend from a local Whisper directory (e.g. one converted by `specdec.convert_ct2`) or a
+    """A backend from a local Whisper directory (e.g. one converted by `specdec.models.convert_ct2`) or a
     loaded `WhisperForConditionalGeneration`."""
     if isinstance(path_or_model, PreTrainedModel):
         model = path_or_model.to(dtype) if dtype is not None else path_or_model

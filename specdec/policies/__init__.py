@@ -10,28 +10,18 @@ Every policy is one callable:
     cloud_logits [n+1, V]   processed cloud logits; row i predicts d_i, row n is the bonus position
     cloud_probs  [n+1, V]   their distribution (temperature applied once)
     -> accepted: int in [0, n]; next_token: 0-d int64 tensor from row `accepted`
+
+A policy file registers itself (`@register_policy("name")`, specdec/policies/registry.py) and this
+package imports every module beside it, so a new policy is one new file.
 """
 from __future__ import annotations
 
-from typing import Callable
+import importlib
+import pkgutil
 
-import torch
+from specdec.policies.registry import POLICIES, Policy, make_policy, register_policy
 
-from specdec.policies.greedy import greedy
-from specdec.policies.sample import speculative_sample
-from specdec.policies.threshold import ThresholdPolicy
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
-Policy = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool, torch.Generator], tuple[int, torch.Tensor]
-]
-
-
-def make_policy(name: str, accept_threshold: float) -> Policy:
-    if name == "greedy":
-        return greedy
-    if name == "sample":
-        return speculative_sample
-    return ThresholdPolicy(accept_threshold)
-
-
-__all__ = ["Policy", "make_policy", "greedy", "speculative_sample", "ThresholdPolicy"]
+__all__ = ["POLICIES", "Policy", "make_policy", "register_policy"]

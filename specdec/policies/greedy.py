@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from specdec.policies.registry import register_policy
 from specdec.sampling import accepted_prefix
 
 
+@register_policy("greedy")
 def greedy(draft_tokens, draft_probs, cloud_logits, cloud_probs, do_sample, generator) -> tuple[int, torch.Tensor]:
     cloud_argmax = cloud_logits.argmax(-1)  # [n+1]
     accepted = accepted_prefix(draft_tokens == cloud_argmax[:-1])

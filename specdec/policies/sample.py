@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from specdec.policies.registry import register_policy
 from specdec.sampling import accepted_prefix
 
 
+@register_policy("sample")
 def speculative_sample(draft_tokens, draft_probs, cloud_logits, cloud_probs, do_sample, generator):
     n = draft_tokens.numel()
     index = draft_tokens.unsqueeze(-1)

@@ -1,13 +1,16 @@
-"""Threshold verification (the seed system's rule): accept d_i while p_cloud(d_i) >= tau, a
-probability; at the first miss emit a correction from the cloud's distribution at that position
-(argmax when greedy, a sample when sampling). Not lossless: tau trades acceptance for agreement."""
+"""Threshold verification (the rule of the research system this engine grew from): accept d_i while
+p_cloud(d_i) >= tau, a probability; at the first miss emit a correction from the cloud's
+distribution at that position (argmax when greedy, a sample when sampling). Not lossless: tau
+trades acceptance for agreement."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.policies.registry import register_policy
 from specdec.sampling import accepted_prefix, choose
 
 
+@register_policy("threshold", from_threshold=True)
 @dataclass(frozen=True)
 class ThresholdPolicy:
     accept_threshold: float

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -132,3 +133,14 @@ def parse_address(text: str, what: str = "address") -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{what} {text!r} is not HOST:PORT: write e.g. 127.0.0.1:8765")
     return host, int(port)
+
+
+def read_token(path: str | Path) -> str:
+    """The shared secret in a token file (surrounding whitespace dropped)."""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"cannot read token file {path}: {e.strerror}; give a readable file holding the shared secret") from None
+    if not token:
+        raise ConfigError(f"token file {path} is empty: put a shared secret in it")
+    return token

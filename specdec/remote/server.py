@@ -17,7 +17,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from websockets.asyncio.server import ServerConnection, serve
@@ -25,15 +24,17 @@ from websockets.exceptions import ConnectionClosed
 
 from specdec.backends.base import Prompt
 from specdec.cloud import LocalVerifier
-from specdec.config import POLICIES, VERIFIERS, DecodeConfig, SpecConfig
-from specdec.engine import CONSTRAINT_PROFILES, build_constraints
+from specdec.config import CONSTRAINT_PROFILES, DecodeConfig, SpecConfig
+from specdec.engine import build_constraints
 from specdec.errors import ConfigError, SpecdecError
-from specdec.loading import LoadedModel
-from specdec.session import AcceptedSequence
+from specdec.models.loading import LoadedModel
+from specdec.policies import POLICIES
 from specdec.remote.protocol import (
     MAX_DRAFT_TOKENS, OPEN_FIELDS, SCHEMA, ProtocolError, decode, encode, field as get, token_ids,
     tokenizer_sha256, unpack_probs, unpack_tensors,
 )
+from specdec.session import AcceptedSequence
+from specdec.verifier import VERIFIERS
 
 # The server's sampling stream must not be the edge's: seeding both with the same seed would feed
 # the acceptance test the very uniforms that drew the draft tokens.
@@ -75,16 +76,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def read_token(path: Path) -> str:
-    try:
-        token = path.read_text().strip()
-    except OSError as e:
-        raise ConfigError(f"cannot read token file {path}: {e.strerror}; give a readable file holding the shared secret") from None
-    if not token:
-        raise ConfigError(f"token file {path} is empty: put a shared secret in it")
-    return token
-
-
 class ServerSession:
     """One edge generation on the server: a mirror of the edge's accepted sequence (the server's
     one source of truth) and the cloud verifier built on it."""
@@ -96,7 +87,7 @@ class ServerSession:
         if not prompt_ids:
             raise ProtocolError("open: prompt_ids is empty")
         if settings["policy"] not in POLICIES or settings["verifier"] not in VERIFIERS:
-            raise ProtocolError(f"open: policy must be one of {POLICIES} and verifier one of {VERIFIERS}")
+            raise ProtocolError(f"open: policy must be one of {tuple(POLICIES)} and verifier one of {tuple(VERIFIERS)}")
         if settings["constraints"] not in CONSTRAINT_PROFILES:
             raise ProtocolError(f"open: constraints must be one of {CONSTRAINT_PROFILES}")
         if not 1 <= settings["vocab"] <= vocab_limit:

@@ -1,7 +1,7 @@
-"""Model aliases: the registry in `models.toml`, where fetched models live, and name resolution.
+"""Model aliases: the registry in `models.toml` and where fetched models live.
 
-`resolve(name)` accepts a local directory, a registry alias (fetched and converted on first
-use, see `specdec.fetch`) or a hub id (`org/name`, passed through for the caller to try).
+Names are resolved to locations by `specdec.models.loading.resolve` (a local directory, an alias
+fetched on first use by `specdec.models.fetch`, or a hub id).
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import tomllib
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 from specdec.errors import ModelError
+from specdec.models.derive import parse_ops
 
 REGISTRY = Path(__file__).with_name("models.toml")
 MARKER = "specbench.json"  # written last into a converted dir: its presence means "complete"
@@ -22,8 +22,6 @@ MARKER = "specbench.json"  # written last into a converted dir: its presence mea
 _PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.+!-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _INNER_PATH = re.compile(r"^[A-Za-z0-9_][\w.-]*(/[\w.-]+)*$")
-# Hub ids as the hub validates them: two names that start with a letter or digit.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
 FORMATS = ("gguf", "ct2")
@@ -51,7 +49,7 @@ class ModelEntry:
     join: tuple[str, ...] = ()  # ct2: files inside the installed parts, concatenated in order into model.bin
     files: tuple[tuple[str, str], ...] = ()  # ct2: (file inside the installed parts, its sha256), copied beside it
     base: str = ""  # derived: the entry it is derived from at load time ...
-    derive: str = ""  # ... by these ops (specdec.derive), e.g. "dec2" or "int8"
+    derive: str = ""  # ... by these ops (specdec.models.derive), e.g. "dec2" or "int8"
 
     def __post_init__(self) -> None:
         def bad(why: str) -> ModelError:
@@ -80,8 +78,6 @@ class ModelEntry:
         if self.format == "ct2":
             self._check_ct2(bad)
         if self.derive:
-            from specdec.derive import parse_ops
-
             try:
                 parse_ops(self.derive)
             except ModelError as e:
@@ -110,7 +106,7 @@ class ModelEntry:
 
     @property
     def load_name(self) -> str:
-        """What `specdec.loading` loads: `base@ops` for a derived entry, else the alias itself."""
+        """What `specdec.models.loading` loads: `base@ops` for a derived entry, else the alias itself."""
         return f"{self.base}@{self.derive}" if self.base else self.alias
 
 
@@ -180,11 +176,15 @@ def list_models() -> list[ModelEntry]:
     return list(_registry().values())
 
 
+def is_alias(name: str) -> bool:
+    return name in _registry()
+
+
 def get(alias: str) -> ModelEntry:
     try:
         return _registry()[alias]
     except KeyError:
-        raise ModelError(_unknown(alias)) from None
+        raise ModelError(unknown_model(alias)) from None
 
 
 def home() -> Path:
@@ -198,7 +198,7 @@ def model_dir(alias: str) -> Path:
 
 
 def expand(name: str) -> str:
-    """A derived alias -> `base@ops` (see specdec.derive); any other name unchanged."""
+    """A derived alias -> `base@ops` (see specdec.models.derive); any other name unchanged."""
     entry = _registry().get(name)
     return entry.load_name if entry else name
 
@@ -212,27 +212,7 @@ def is_fetched(alias: str) -> bool:
         return False
 
 
-def resolve(name: str, *, fetch: bool = True, log: Callable[[str], object] = print) -> Path | str:
-    """A local directory, a registry alias (its converted directory; a derived alias's base's) or a
-    hub id (unchanged). Derivations are applied by the loader (`specdec.loading.load_model`)."""
-    if Path(name).expanduser().is_dir():
-        return Path(name).expanduser()
-    if name in _registry():
-        if is_fetched(name):
-            return model_dir(name)
-        if not fetch:
-            raise ModelError(f"model {name!r} is not fetched yet: run `specbench models fetch {name}`")
-        from specdec.fetch import fetch as fetch_model  # heavy imports only when needed
-
-        return fetch_model(name, log=log)
-    if name.startswith(("/", ".", "~")):
-        raise ModelError(f"model directory {name!r} does not exist: check the path")
-    if _HUB_ID.match(name):
-        return name
-    raise ModelError(_unknown(name))
-
-
-def _unknown(name: str) -> str:
+def unknown_model(name: str) -> str:
     aliases = ", ".join(_registry())
     return (
         f"unknown model {name!r}: use a local directory, a hub id, or one of: {aliases} "

@@ -24,8 +24,9 @@ from typing import Callable, Iterator, Sequence
 
 from tqdm import tqdm
 
-from specdec import registry
 from specdec.errors import ModelError
+from specdec.models import registry
+from specdec.models.convert_ct2 import convert_whisper
 
 Log = Callable[[str], object]
 
@@ -150,8 +151,6 @@ def convert(gguf: Path, out: Path, *, dtype: str = "float32", progress: bool = T
 def convert_ct2(entry: registry.ModelEntry, work: Path, out: Path, *, progress: bool = True) -> None:
     """A verified CTranslate2 model (model.bin + side files in `work`) -> a safetensors model dir."""
     from transformers.utils import logging as hf_logging
-
-    from specdec.convert_ct2 import convert_whisper
 
     if entry.family != "whisper":
         raise ModelError(f"{entry.alias}: no CTranslate2 converter for family {entry.family!r} (only whisper)")

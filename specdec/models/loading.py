@@ -1,7 +1,12 @@
 """Load a model by name (local directory, registry alias, or hub id) into a backend + tokenizer,
-and turn prompt text (and audio) into a `Prompt` for it."""
+and turn prompt text (and audio) into a `Prompt` for it.
+
+The concrete backends are imported inside the functions that build them: each imports
+transformers at load (about 2.5 s here), which `specbench --help` and a bad flag should not pay."""
 from __future__ import annotations
 
+import re
+import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -10,10 +15,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from specdec.backends.base import Backend, Prompt
+from specdec.backends.base import DTYPES, Backend, Prompt
 from specdec.errors import InputError, ModelError
+from specdec.models import fetch as fetching, registry
+from specdec.models.derive import check_derivable, derive, needs_float32, split_name
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Hub ids as the hub validates them: two names that start with a letter or digit.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
 @dataclass
@@ -82,20 +90,34 @@ def encode_text(tokenizer, text: str, system: str | None = None, chat_template: 
     return Prompt(torch.tensor(ids, dtype=torch.long), text=text)
 
 
+def resolve(name: str, *, fetch: bool = True, log: Callable[[str], object] = print) -> Path | str:
+    """A local directory, a registry alias (its converted directory, fetched on first use; a
+    derived alias's base's) or a hub id (unchanged). Derivations are applied by `load_model`."""
+    if Path(name).expanduser().is_dir():
+        return Path(name).expanduser()
+    if registry.is_alias(name):
+        if registry.is_fetched(name):
+            return registry.model_dir(name)
+        if not fetch:
+            raise ModelError(f"model {name!r} is not fetched yet: run `specbench models fetch {name}`")
+        return fetching.fetch(name, log=log)
+    if name.startswith(("/", ".", "~")):
+        raise ModelError(f"model directory {name!r} does not exist: check the path")
+    if _HUB_ID.match(name):
+        return name
+    raise ModelError(registry.unknown_model(name))
+
+
 def cast_copy(location: Path | str, dtype: str, log: Callable[[str], object] = print) -> Path | str:
     """A registry model is stored in float32 (its dequantized weights are exact only there). Loading
     it as bf16 would mmap and touch the whole fp32 file, peaking at fp32 + bf16 bytes: a false edge
     footprint. So a bf16 copy is made once beside it; its weights are bit-identical to casting at load."""
-    from specdec import registry
-
     location = Path(location)
     if dtype == "float32" or not (location / registry.MARKER).exists():
         return location
     copy = location / dtype
     if (copy / registry.MARKER).exists():
         return copy
-    import shutil
-
     from transformers import AutoModelForCausalLM
 
     log(f"making a one-time {dtype} copy of {location.name} (halves its load-time peak memory) ...")
@@ -115,20 +137,18 @@ def cast_copy(location: Path | str, dtype: str, log: Callable[[str], object] = p
 def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print) -> LoadedModel:
     """Resolve `name` (fetching a registry alias on first use) and load it for CPU inference.
     `NAME@OPS` (or a derived registry alias) loads NAME and derives an edge from it in memory
-    (`specdec.derive`); int8 derivations run in float32 whatever `dtype` says."""
+    (`specdec.models.derive`); int8 derivations run in float32 whatever `dtype` says."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from specdec.backends.hf_causal import HFCausalBackend
     from specdec.backends.omni_thinker import OMNI_MODEL_TYPES, default_feature_extractor, load_omni_thinker
     from specdec.backends.whisper import WHISPER_MODEL_TYPES, WhisperBackend, load_whisper, whisper_feature_extractor
-    from specdec.derive import check_derivable, derive, needs_float32, split_name
-    from specdec.registry import expand, resolve
 
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     hf_logging.disable_progress_bar()  # a sub-second bar per load is noise in run logs
-    base, ops = split_name(expand(name))
+    base, ops = split_name(registry.expand(name))
     location = resolve(base, log=log)
     with _load_errors(name, location):
         config = AutoConfig.from_pretrained(location)

@@ -1,0 +1,25 @@
+"""DIR/nll.jsonl: the cloud NLL of each output (written by `specbench score`, bench/nll.py), one
+record per (point, prompt), read by the summary and the report. Reading it loads no model."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.records import read_records
+from bench.sweep_config import AXES
+
+SCORES = "nll.jsonl"
+
+
+def score_key(row: dict) -> str:
+    """Which (point, prompt) a score belongs to (the sweep's point axes + the prompt id)."""
+    return json.dumps({**{axis: row.get(axis) for axis in AXES}, "id": row["id"]}, sort_keys=True)
+
+
+def read_scores(out: Path) -> dict[str, float]:
+    """score_key -> NLL, for the summary (empty when the folder was never scored). Read only: a
+    last line still being written is skipped, never cut (reports read while `score` appends)."""
+    path = Path(out) / SCORES
+    if not path.is_file():
+        return {}
+    return {r["key"]: r["cloud_nll"] for r in read_records(path) if r.get("cloud_nll") is not None}

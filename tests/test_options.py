@@ -1,0 +1,75 @@
+"""One source of truth for settings: the config dataclasses make the `run` and `sweep` flags, the
+sweep carries every run setting, and policies and verifiers are known by their registries."""
+from dataclasses import MISSING, fields
+
+import pytest
+
+from bench.cli import build_parser
+from bench.options import RUN_SETTINGS, run_options, sweep_from_args, sweep_options
+from bench.sweep_config import AXES, SweepConfig
+from specdec.config import SpecConfig
+from specdec.policies import POLICIES, make_policy, register_policy
+from specdec.verifier import VERIFIERS
+
+
+def flags(options) -> set[str]:
+    return {flag for option in options for flag in option.flags}
+
+
+def test_sweep_takes_every_run_flag():
+    missing = flags(run_options()) - flags(sweep_options()) - {"--out"}
+    assert not missing, f"`specbench run` flags that `specbench sweep` lacks: {sorted(missing)}"
+
+
+def test_sweep_config_carries_every_run_setting_with_the_runs_default():
+    sweep = {f.name: f for f in fields(SweepConfig)}
+    for cls in RUN_SETTINGS:
+        for f in fields(cls):
+            assert f.name in sweep, f"{cls.__name__}.{f.name} cannot be set in a sweep"
+            if f.default is MISSING or f.name in ("mode", "prompts"):  # the sweep's own defaults
+                continue
+            expected = (f.default,) if f.name in AXES else f.default
+            assert sweep[f.name].default == expected, f"{f.name}: the sweep's default differs from the run's"
+
+
+def test_flags_that_were_run_only_now_reach_the_sweep(tmp_path):
+    args = build_parser().parse_args([
+        "sweep", "--edge", "e", "--cloud", "c", "--out", str(tmp_path), "--mode", "spec", "--no-chat-template",
+        "--uncertainty", "mean", "--punct-trigger", "0.4", "--k", "2,4", "--max-audio-seconds", "12"])
+    config = sweep_from_args(args)
+    assert (config.chat_template, config.uncertainty, config.punct_trigger, config.k) == (False, "mean", 0.4, (2, 4))
+    assert config.max_audio_s == 12.0
+    spec = config.spec_config(config.points()[0])
+    assert (spec.uncertainty, spec.punct_trigger) == ("mean", 0.4)
+    assert not config.engine_config(config.points()[0]).chat_template
+
+
+def test_sweep_flags_leave_the_toml_alone_unless_given(tmp_path):
+    toml = tmp_path / "s.toml"
+    toml.write_text("edge = 'e'\ncloud = 'c'\nchat_template = false\nmax_new_tokens = 7\nrlimit_as = true\n")
+    args = build_parser().parse_args(["sweep", "--config", str(toml), "--out", str(tmp_path / "o"), "--k", "3"])
+    config = sweep_from_args(args)
+    assert (config.chat_template, config.max_new_tokens, config.rlimit_as, config.k) == (False, 7, True, (3,))
+
+
+def test_run_defaults_are_the_configs():
+    args = build_parser().parse_args(["run", "--mode", "edge", "--prompts", "p", "--out", "o"])
+    for field in fields(SpecConfig):
+        assert getattr(args, field.name) == field.default
+    assert args.max_new_tokens == 64 and args.chat_template is True and args.dtype == "bfloat16"
+
+
+def test_choices_come_from_the_registries(capsys):
+    assert SpecConfig.__dataclass_fields__["policy"].metadata["choices"] == tuple(POLICIES)
+    assert set(POLICIES) == {"threshold", "greedy", "sample"} and set(VERIFIERS) == {"cached", "stateless"}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--mode", "spec", "--prompts", "p", "--out", "o", "--policy", "typical"])
+    assert "invalid choice: 'typical'" in capsys.readouterr().err
+
+
+def test_every_registered_policy_is_a_setting_and_builds():
+    for name in POLICIES:
+        assert callable(make_policy(SpecConfig(policy=name).policy, 0.3))
+    assert make_policy("threshold", 0.3).accept_threshold == 0.3
+    with pytest.raises(ValueError, match="two policies are registered as 'greedy'"):
+        register_policy("greedy")(lambda *args: None)
