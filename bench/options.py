@@ -36,7 +36,18 @@ def parse_float(text: str) -> float:
 
 
 def parse_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
+    """Comma-separated values. A custom network spec keeps its own commas: 'none,rtt=20ms,up=5mbit,
+    down=20mbit' is two values (a `key=value` item continues the spec before it, unless it is `rtt=`)."""
+    items: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        continues = "=" in item and not item.lower().startswith("rtt=") and items and "=" in items[-1]
+        if continues:
+            items[-1] += "," + item
+        else:
+            items.append(item)
+    return items
 
 
 PARSERS: dict[type, Callable[[str], Any]] = {int: int, float: parse_float, str: str, Path: Path}

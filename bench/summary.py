@@ -27,8 +27,9 @@ def load_rows(rows: list[dict]) -> pd.DataFrame:
     frame = pd.DataFrame([r for r in rows if r.get("status", "ok") == "ok"])
     if frame.empty:
         return frame
-    for column in POINT:
-        frame[column] = frame[column].astype(object).where(frame[column].notna(), "-")
+    for column in POINT:  # results written before an axis existed lack it: "-" as for a spec-only axis
+        values = frame[column] if column in frame else pd.Series(None, index=frame.index)
+        frame[column] = values.astype(object).where(values.notna(), "-")
     health = frame["text"].map(text_health).apply(pd.Series)
     frame = pd.concat([frame, health.drop(columns=[c for c in health if c in frame])], axis=1)
     return pd.concat([frame.drop(columns=["wer", "cer"], errors="ignore"), _reference_rates(frame)], axis=1)
@@ -85,8 +86,30 @@ def _point_stats(group: pd.DataFrame) -> pd.Series:
         "peak_rss_bytes": group["peak_rss_bytes"].max(),
         # mean over the point's scored outputs (`specbench score`); NaN when not scored
         "cloud_nll": group["cloud_nll"].mean() if "cloud_nll" in group else float("nan"),
+        **_deployment_stats(group),
     }
     return pd.Series(stats)
+
+
+def _mean(group: pd.DataFrame, column: str) -> float:
+    return group[column].astype(float).mean() if column in group else float("nan")
+
+
+def _deployment_stats(group: pd.DataFrame) -> dict:
+    """Network and split-deployment columns: the modelled network time next to the time really
+    spent in flight through the link (split points), what crossed, and how blocks were drafted."""
+    return {
+        "network_s_mean": _mean(group, "network_s"),  # modelled (bench/network.py)
+        "link_s_mean": _mean(group, "link_s"),  # measured: waits minus server time
+        "link_over_network": metrics.ratio(_mean(group, "link_s"), _mean(group, "network_s")),
+        "wire_up_bytes_per_prompt": _mean(group, "wire_up_bytes"),
+        "wire_down_bytes_per_prompt": _mean(group, "wire_down_bytes"),
+        "server_queue_s_mean": _mean(group, "server_queue_s"),
+        "edge_wait_s_mean": _mean(group, "edge_wait_s"),
+        "overlap_kept_tokens": _mean(group, "overlap_kept_tokens"),
+        "overlap_wasted_tokens": _mean(group, "overlap_wasted_tokens"),
+        "block_len_mean": _mean(group, "block_len_mean"),
+    }
 
 
 def _agreement_with_cloud(frame: pd.DataFrame) -> pd.DataFrame:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 from queue import Empty
@@ -16,11 +18,15 @@ from queue import Empty
 from tqdm import tqdm
 
 from bench.caps import OVER_MEMORY_EXIT
+from bench.link import BackgroundLink
+from bench.network import profile
+from bench.split import ServerProcess
 from bench.prompts import load_prompts
 from bench.records import ResultsFile, environment
 from bench.sweep_config import SweepConfig, result_key
 from bench.worker import exit_worker, run_group
 from specdec.errors import ConfigError, SpecdecError
+from specdec.remote.protocol import parse_address
 
 
 def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:
@@ -53,11 +59,13 @@ def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:
     bar = tqdm(total=total, desc="sweep", unit="prompt", disable=not progress)
     # Baselines first, so speed-ups can be read off a partial sweep.
     order = {"cloud": 0, "edge": 1, "spec": 2}
-    for dtype in config.dtype:
-        group = sorted((t for t in todo if t[0]["dtype"] == dtype), key=lambda t: order[t[0]["mode"]])
-        while group:
-            finished = _run_worker(config, group, out, bar)
-            group = [t for t in group if json.dumps(t[0], sort_keys=True) not in finished]
+    with ExitStack() as services:  # servers and links of split points: stopped at the end, on Ctrl-C and on errors
+        urls = start_split_services(config, [point for point, _ in todo], services)
+        for dtype in config.dtype:
+            group = sorted((t for t in todo if t[0]["dtype"] == dtype), key=lambda t: order[t[0]["mode"]])
+            while group:
+                finished = _run_worker(config, group, out, bar, urls)
+                group = [t for t in group if json.dumps(t[0], sort_keys=True) not in finished]
     bar.close()
     counts: dict[str, int] = {}
     for row in results.read():
@@ -65,12 +73,34 @@ def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:
     return counts
 
 
-def _run_worker(config: SweepConfig, group: list, out: Path, bar: tqdm) -> set[str]:
+def service_key(point: dict) -> str:
+    return f"{point['dtype']}|{point['link']}"
+
+
+def start_split_services(config: SweepConfig, points: list[dict], services: ExitStack) -> dict[str, str]:
+    """One `specbench serve` per dtype the split points need (on the machine's last `cloud_cores`
+    cores), reused by every point, or `cloud_url`; one shaped link per (dtype, link preset).
+    -> {service_key: HOST:PORT the edge connects to}."""
+    needed = sorted({(p["dtype"], p["link"]) for p in points if p["deployment"] == "split"})
+    servers, urls = {}, {}
+    cores = sorted(os.sched_getaffinity(0))
+    cloud_cores = ",".join(map(str, cores[-config.cloud_cores:])) if config.cloud_cores else None
+    for dtype, link in needed:
+        if dtype not in servers:
+            servers[dtype] = config.cloud_url or services.enter_context(ServerProcess(config.cloud, dtype, cloud_cores))
+        host, port = parse_address(servers[dtype], "--cloud-url")
+        shaped = link != "none"
+        urls[f"{dtype}|{link}"] = services.enter_context(BackgroundLink(profile(link), (host, port))) if shaped \
+            else servers[dtype]
+    return urls
+
+
+def _run_worker(config: SweepConfig, group: list, out: Path, bar: tqdm, urls: dict[str, str]) -> set[str]:
     """One worker process for a group of points; returns the keys of points it finished (or that
     hit the memory cap). A worker that dies otherwise raises."""
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: the caps and the RSS are its own
     queue = ctx.Queue()
-    worker = ctx.Process(target=_worker_main, args=(asdict(config), group, str(out), queue), daemon=True)
+    worker = ctx.Process(target=_worker_main, args=(asdict(config), group, str(out), queue, urls), daemon=True)
     worker.start()
     finished: set[str] = set()
     error = None
@@ -102,12 +132,12 @@ def _run_worker(config: SweepConfig, group: list, out: Path, bar: tqdm) -> set[s
     return finished
 
 
-def _worker_main(config_dict: dict, group: list, out: str, queue) -> None:
+def _worker_main(config_dict: dict, group: list, out: str, queue, urls: dict[str, str]) -> None:
     config = SweepConfig.from_mapping(config_dict)
     caps = config.caps()
     caps.apply_cpu()
     try:
-        run_group(config, caps, group, Path(out), queue)
+        run_group(config, caps, group, Path(out), queue, urls)
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line
         queue.put(("error", str(e) if isinstance(e, SpecdecError) else f"{type(e).__name__}: {e}"))
         exit_worker(queue, 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import tomllib
 import typing
 from dataclasses import dataclass, field, fields
@@ -18,10 +19,12 @@ from pathlib import Path
 from bench.caps import EdgeCaps
 from bench.network import profile
 from bench.prompts import PromptInputs
-from specdec.config import DecodeConfig, EngineConfig, SpecConfig
+from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.errors import ConfigError
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
+DEPLOYMENTS = ("inproc", "split")
+SPLIT_AXES = ("link", "overlap")  # None outside split points
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,19 @@ class SweepConfig:
     accept_threshold: tuple[float, ...] = (SpecConfig.accept_threshold,)
     policy: tuple[str, ...] = (SpecConfig.policy,)
     verifier: tuple[str, ...] = (SpecConfig.verifier,)
+    draft_stop: tuple[str, ...] = (SpecConfig.draft_stop,)
+    k_schedule: tuple[str, ...] = (SpecConfig.k_schedule,)
     dtype: tuple[str, ...] = (EngineConfig.dtype,)
     prompts: tuple[str, ...] = ("zh-describe",)
+    # Split deployment (spec points only): the sweep starts `specbench serve` for the cloud model
+    # (or uses cloud_url) and a shaped link per preset; overlap = draft while a verify is in flight.
+    deployment: tuple[str, ...] = field(default=("inproc",), metadata={
+        "help": "inproc (edge and cloud in one process) or split (the cloud behind `specbench serve`)",
+        "choices": DEPLOYMENTS})
+    link: tuple[str, ...] = field(default=("none",), metadata={
+        "help": "split points: a real shaped link between edge and server (none, wifi, 4g, 5g, or "
+                "rtt=40ms,up=10mbit,down=50mbit)"})
+    overlap: tuple[bool, ...] = (DeployConfig.overlap,)
     # The same for every point.
     max_new_tokens: int = DecodeConfig.max_new_tokens
     temperature: float = DecodeConfig.temperature
@@ -47,7 +61,18 @@ class SweepConfig:
     chat_template: bool = EngineConfig.chat_template
     limit: int | None = PromptInputs.limit
     max_audio_s: float = PromptInputs.max_audio_s
-    network: str = field(default="none", metadata={"help": "none, wifi, 4g, 5g, or rtt=40ms,up=10mbit,down=50mbit"})
+    draft_topn: int | None = SpecConfig.draft_topn
+    cloud_url: str | None = field(default=None, metadata={
+        "help": "split points: verify on this running server instead of starting one"})
+    token_file: str | None = DeployConfig.token_file
+    cloud_timeout_s: float = DeployConfig.cloud_timeout_s
+    on_cloud_loss: str = DeployConfig.on_cloud_loss
+    cloud_cores: int | None = field(default=None, metadata={
+        "help": "split points: CPU cores of the server the sweep starts (the machine's last N; --edge-cores takes "
+                "the first N)"})
+    network: str = field(default="none", metadata={
+        "help": "modelled network for in-process points (split points are modelled on their link): "
+                "none, wifi, 4g, 5g, or rtt=40ms,up=10mbit,down=50mbit"})
     edge_cores: int | None = field(default=None, metadata={"help": "CPU cores of the edge worker"})
     edge_memory_gb: float | None = field(default=None, metadata={
         "help": "edge RSS cap (GiB); a point over it is recorded, the sweep goes on"})
@@ -61,9 +86,17 @@ class SweepConfig:
             raise ConfigError("the sweep has edge or spec points but no edge model: set edge = MODEL")
         if ("spec" in self.mode or "cloud" in self.mode) and not self.cloud:
             raise ConfigError("the sweep has cloud or spec points but no cloud model: set cloud = MODEL")
+        unknown = sorted(set(self.deployment) - set(DEPLOYMENTS))
+        if unknown:
+            raise ConfigError(f"unknown deployment {unknown[0]!r}: use one of {', '.join(DEPLOYMENTS)}")
+        for link in self.link:
+            profile(link)
+        if self.cloud_cores is not None and not 1 <= self.cloud_cores <= len(os.sched_getaffinity(0)):
+            raise ConfigError(f"--cloud-cores must be between 1 and {len(os.sched_getaffinity(0))}, got {self.cloud_cores}")
         for point in self.points():  # every point validates as a run would, before anything runs
             self.engine_config(point)
             self.spec_config(point)
+            self.deploy_config(point)
         self.decode_config()
         self.caps()
         profile(self.network)
@@ -96,7 +129,8 @@ class SweepConfig:
                 try:
                     value = tuple(cast(v) for v in value) if cast else value
                 except (TypeError, ValueError):
-                    raise ConfigError(f"{source}: {key} must be a list of numbers, got {list(value)}") from None
+                    kind = "true/false values" if cast is parse_bool else "numbers"
+                    raise ConfigError(f"{source}: {key} must be a list of {kind}, got {list(value)}") from None
             values[key] = value
         try:
             return cls(**values)
@@ -109,7 +143,9 @@ class SweepConfig:
         for combo in itertools.product(*(getattr(self, axis) for axis in AXES)):
             point = dict(zip(AXES, combo))
             if point["mode"] != "spec":
-                point.update({axis: None for axis in SPEC_AXES})
+                point.update({axis: None for axis in SPEC_AXES}, deployment="inproc")
+            if point["deployment"] != "split":
+                point.update({axis: None for axis in SPLIT_AXES})
             key = json.dumps(point, sort_keys=True)
             if key not in seen:
                 seen.add(key)
@@ -124,8 +160,20 @@ class SweepConfig:
         cast = NUMERIC_AXES.get(name)
         return cast(point[name]) if cast else point[name]
 
-    def engine_config(self, point: dict) -> EngineConfig:
-        return EngineConfig(**{f.name: self.setting(point, f.name) for f in fields(EngineConfig)})
+    def engine_config(self, point: dict, cloud_url: str | None = None) -> EngineConfig:
+        """`cloud_url`: where a split point's server (or its link) listens, once the sweep started it."""
+        values = {f.name: self.setting(point, f.name) for f in fields(EngineConfig)}
+        values["cloud_url"] = cloud_url if point["deployment"] == "split" else None
+        return EngineConfig(**values)
+
+    def deploy_config(self, point: dict) -> DeployConfig:
+        values = {f.name: self.setting(point, f.name) for f in fields(DeployConfig) if f.name != "overlap"}
+        overlap = self.setting(point, "overlap") if point["deployment"] == "split" else DeployConfig.overlap
+        return DeployConfig(**values, overlap=overlap)
+
+    def network_of(self, point: dict) -> str:
+        """The network a point's latency is modelled on: its link when split, else `network`."""
+        return point["link"] if point["deployment"] == "split" else self.network
 
     def spec_config(self, point: dict) -> SpecConfig:
         if point["mode"] != "spec":
@@ -144,6 +192,19 @@ _HINTS = typing.get_type_hints(SweepConfig)
 AXES = tuple(f.name for f in fields(SweepConfig) if typing.get_origin(_HINTS[f.name]) is tuple)
 SPEC_AXES = tuple(axis for axis in AXES if axis in {f.name for f in fields(SpecConfig)})  # None outside spec points
 NUMERIC_AXES = {axis: typing.get_args(_HINTS[axis])[0] for axis in AXES if typing.get_args(_HINTS[axis])[0] in (int, float)}
+
+
+def parse_bool(value) -> bool:
+    """A bool axis value from TOML (a bool) or a flag (text)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false", "on", "off", "yes", "no", "1", "0"):
+        raise ValueError(value)
+    return text in ("true", "on", "yes", "1")
+
+
+NUMERIC_AXES.update({axis: parse_bool for axis in AXES if typing.get_args(_HINTS[axis])[0] is bool})
 
 
 def result_key(row: dict) -> str:

@@ -14,6 +14,7 @@ from bench.network import network_cost, profile
 from bench.prompts import load_prompts
 from bench.records import ResultsFile
 from bench.run import generate_one, point_of, prepare
+from specdec.cloud import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError
 from specdec.models.loading import LoadedModel, load_model
@@ -23,7 +24,7 @@ def weight_bytes(model: LoadedModel) -> int:
     return sum(p.numel() * p.element_size() for p in model.backend.model.parameters())
 
 
-def run_group(config, caps: EdgeCaps, group: list, out: Path, queue) -> None:
+def run_group(config, caps: EdgeCaps, group: list, out: Path, queue, urls: dict[str, str]) -> None:
     import torch
 
     if caps.cores:
@@ -37,15 +38,19 @@ def run_group(config, caps: EdgeCaps, group: list, out: Path, queue) -> None:
         return loaded[(name, dtype)]
 
     results = ResultsFile(out / "results.jsonl")
-    network = profile(config.network)
+    engines: list[Engine] = []
     prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompts}
     for point, ids in group:
         key = json.dumps(point, sort_keys=True)
-        engine = Engine(**asdict(config.engine_config(point)), spec=config.spec_config(point),
-                        decode=config.decode_config(), loader=loader, log=lambda m: None)
+        url = urls.get(f"{point['dtype']}|{point['link']}")
+        engine = Engine(**asdict(config.engine_config(point, url)), spec=config.spec_config(point),
+                        decode=config.decode_config(), deploy=config.deploy_config(point), loader=loader,
+                        log=lambda m: None)
+        engines.append(engine)
         records = [prompts[point["prompts"]][i] for i in ids]
         prepare(engine, records)
-        row_point = {**point_of(engine, point["prompts"]), "network": network.name,
+        network = profile(config.network_of(point))
+        row_point = {**point_of(engine, point["prompts"]), "link": point["link"], "network": network.name,
                      "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb}
         edge = loaded.get((config.edge, point["dtype"])) if point["mode"] != "cloud" else None
         if caps.memory_bytes and edge is not None:
@@ -69,10 +74,12 @@ def run_group(config, caps: EdgeCaps, group: list, out: Path, queue) -> None:
                     generate_one(engine, record, row_point, results, after=lambda: queue.put(("tick",)),
                                  decorate=lambda row, g: row.update(network_fields(row, g, network)),
                                  max_audio_s=config.max_audio_s)
-                except InputError as e:  # a bad sample fails alone; the sweep goes on
+                except (InputError, CloudLost) as e:  # a bad sample or a lost cloud fails alone; the sweep goes on
                     results.append({**current, **row_point, "status": "failed", "error": str(e)})
                     queue.put(("tick",))
         queue.put(("point_done", key))
+    for engine in engines:
+        engine.close()
 
 
 def network_fields(row: dict, generation, network) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)  # slots: setting a field that does not exist is an error, not a silent new attribute
 class Cycle:
     draft_tokens: list[int]
     entropies_nats: list[float]
@@ -28,6 +28,7 @@ class Cycle:
     wait_s: float = 0.0  # send -> reply on the edge: in flight + server queue + server compute
     server_queue_s: float = 0.0
     t_start_s: float = 0.0  # since the generation started: drafting began / the block left / the verdict was in
+    t_sent_s: float = 0.0
     t_reply_s: float = 0.0
     edge_wait_s: float = 0.0  # overlap: the edge idle after drafting ahead, waiting for the verdict
     ahead_guess: int | None = None  # overlap: the bonus token the edge guessed and drafted after

@@ -5,7 +5,7 @@ from dataclasses import MISSING, fields
 import pytest
 
 from bench.cli import build_parser
-from bench.options import RUN_SETTINGS, run_options, sweep_from_args, sweep_options
+from bench.options import RUN_SETTINGS, parse_list, run_options, sweep_from_args, sweep_options
 from bench.sweep_config import AXES, SweepConfig
 from specdec.config import SpecConfig
 from specdec.policies import POLICIES, make_policy, register_policy
@@ -17,7 +17,9 @@ def flags(options) -> set[str]:
 
 
 def test_sweep_takes_every_run_flag():
-    missing = flags(run_options()) - flags(sweep_options()) - {"--out"}
+    sweep = flags(sweep_options())
+    # A run's on/off switch (--no-overlap) is a grid axis in a sweep (--overlap true,false).
+    missing = {f for f in flags(run_options()) - sweep - {"--out"} if f.replace("--no-", "--") not in sweep}
     assert not missing, f"`specbench run` flags that `specbench sweep` lacks: {sorted(missing)}"
 
 
@@ -73,3 +75,10 @@ def test_every_registered_policy_is_a_setting_and_builds():
     assert make_policy("threshold", 0.3).accept_threshold == 0.3
     with pytest.raises(ValueError, match="two policies are registered as 'greedy'"):
         register_policy("greedy")(lambda *args: None)
+
+
+def test_a_custom_network_spec_keeps_its_commas_in_a_list():
+    assert parse_list("none, 4g,rtt=20ms,up=5mbit,down=20mbit,wifi") == ["none", "4g", "rtt=20ms,up=5mbit,down=20mbit", "wifi"]
+    assert parse_list("rtt=1ms,up=1mbit,down=1mbit,rtt=2ms,up=2mbit,down=2mbit") == [
+        "rtt=1ms,up=1mbit,down=1mbit", "rtt=2ms,up=2mbit,down=2mbit"]
+    assert parse_list("2,4,,6") == ["2", "4", "6"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.report import page, plots
+from bench.report import deployment, page, plots
 from bench.report.inputs import ReportInputs, load_inputs
 from bench.report.pareto import FRONTS, fronts_of, point_labels, set_name
 from bench.report.recommend import recommend
@@ -79,6 +79,13 @@ def _figures(inputs: ReportInputs, labels: pd.Series, per_position: pd.DataFrame
     add(plots.plot_per_position(per_position, summary, labels, figures_dir / "acceptance_per_position.png"),
         "per_position", "Acceptance by draft position", PER_POSITION_READ,
         "Acceptance by draft position: no spec point verified any block.")
+    if "deployment" in summary and (summary["deployment"] == "split").any():
+        add(deployment.plot_network(summary, labels, figures_dir / "network_modelled_vs_measured.png"), "network",
+            "Network time: modelled vs measured", deployment.NETWORK_READ,
+            "Network time: no split point crossed a shaped link.")
+        add(deployment.plot_timeline(pd.DataFrame(inputs.rows), figures_dir / "timeline.png"), "timeline",
+            "Timeline of one prompt: sequential vs overlapped", deployment.READ,
+            "Timeline: needs a split point run both with and without overlap (sweep --overlap true,false).")
     return figures, notes
 
 

@@ -1,5 +1,10 @@
-"""The split deployment's timeline: for one prompt, a per-cycle Gantt chart of a sequential and an
-overlapped run side by side (edge drafting, edge drafting ahead, in flight, server queue, server
+"""The split deployment's figures.
+
+Network time, modelled vs measured: per split point, the time its generations really spent on the
+link (waits minus the server's own time) against `bench.network`'s arithmetic for the same trace
+and preset.
+
+The timeline: for one prompt, a per-cycle Gantt chart of a sequential and an overlapped run side by side (edge drafting, edge drafting ahead, in flight, server queue, server
 compute, edge waiting). Built from the per-cycle clock the engine records (`t_start_s`,
 `t_sent_s`, `t_reply_s`, `edge_wait_s`) and the server's own times (`server_queue_s`, `cloud_s`).
 The edge cannot tell up from down inside a round trip: in-flight time is drawn half before and
@@ -14,6 +19,13 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+
+NETWORK_READ = (
+    "Each dot is a split point (mean over its prompts): across, the network time bench/network.py models from the "
+    "bytes each verify sent and the link's RTT and rates; up, the time its generations really waited on the link "
+    "(send to verdict, minus the server's queue and compute), through `specbench link`. On the line the model holds. "
+    "Above it the real link costs more than the arithmetic (protocol framing, scheduling, the edge's own delays); "
+    "in-process points have no measured link and are not shown.")
 
 COLORS = {"drafting": "#4C72B0", "drafting ahead": "#8DA0CB", "waiting": "#DDDDDD", "in flight": "#F2B134",
           "server queue": "#C44E52", "server compute": "#55A868"}
@@ -79,6 +91,31 @@ def plot_timeline(rows: pd.DataFrame, path: Path) -> Path | None:
     ax.set_title(f"prompt {first['id']} ({first['prompts']}), k={first.get('k')}, link {first.get('link') or 'none'}")
     handles = [plt.Rectangle((0, 0), 1, 1, color=color) for color in COLORS.values()]
     ax.legend(handles, COLORS.keys(), ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_network(summary: pd.DataFrame, labels: pd.Series, path: Path) -> Path | None:
+    if "link_s_mean" not in summary:
+        return None
+    data = summary[summary["link_s_mean"].notna() & summary["network_s_mean"].notna() & (summary["network_s_mean"] > 0)]
+    if data.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    for link, group in data.groupby("link", sort=True):
+        ax.scatter(group["network_s_mean"], group["link_s_mean"], label=str(link), s=36)
+        for index, row in group.iterrows():
+            ax.annotate(labels[index], (row["network_s_mean"], row["link_s_mean"]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+    top = float(max(data["network_s_mean"].max(), data["link_s_mean"].max())) * 1.1
+    ax.plot([0, top], [0, top], color="black", linewidth=0.8)
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("modelled network time per prompt (s)")
+    ax.set_ylabel("measured link time per prompt (s)")
+    ax.legend(title="link", fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
