@@ -19,7 +19,7 @@ from bench.network import profile
 from bench.prompts import load_prompts
 from bench.split import ServerProcess, call_overheads_s, modelled_link_s, pin_threads
 from bench.workload import CLOUD_ALIAS, EDGE_ALIAS
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.models.loading import load_model
 from specdec.models.registry import is_fetched
@@ -33,16 +33,17 @@ def quantiles(values: list[float]) -> dict:
     return {"p50": statistics.median(values), "p10": q[0], "p90": q[-1], "n": len(values)}
 
 
-def split_engine(edge: str, url: str, dtype: str, max_new_tokens: int, loader=load_model) -> Engine:
+def split_engine(edge: str, url: str, dtype: str, max_new_tokens: int, loader=load_model, overlap: bool = True) -> Engine:
     return Engine(mode="spec", edge=edge, cloud_url=url, dtype=dtype, spec=GREEDY,
-                  decode=DecodeConfig(max_new_tokens=max_new_tokens), loader=loader, log=lambda m: None)
+                  decode=DecodeConfig(max_new_tokens=max_new_tokens), deploy=DeployConfig(overlap=overlap),
+                  loader=loader, log=lambda m: None)
 
 
 def test_protocol_overhead_tiny(benchmark, tiny_pair):
     """Loopback, no shaping, tiny pair: what one verify costs beyond the server's own time."""
     models = tiny_pair.models
     with BackgroundServer(models["cloud"]) as url:
-        engine = split_engine(models["edge"].location, url, "float32", 32)
+        engine = split_engine(models["edge"].location, url, "float32", 32, overlap=False)
         engine.load()
         generations = benchmark.pedantic(lambda: [engine.generate(t) for t in tiny_pair.workload.prompts],
                                          rounds=5, warmup_rounds=1, iterations=1)
@@ -70,7 +71,8 @@ def test_real_link(benchmark, real_cloud_url, preset):
     host, port = real_cloud_url.rsplit(":", 1)
     network = profile(preset)
     with BackgroundLink(network, (host, int(port))) as url:
-        engine = split_engine(EDGE_ALIAS, url if preset != "none" else real_cloud_url, "bfloat16", 32)
+        # Sequential: the link is measured alone, not beside drafting ahead on the edge's one core.
+        engine = split_engine(EDGE_ALIAS, url if preset != "none" else real_cloud_url, "bfloat16", 32, overlap=False)
         engine.load()
         generations = benchmark.pedantic(lambda: [engine.generate(t) for t in texts], rounds=1, iterations=1)
         engine.close()

@@ -25,7 +25,7 @@ class Cycle:
     # Split deployment only (0 in process): what crossed the link and how long the edge waited.
     wire_up_bytes: int = 0
     wire_down_bytes: int = 0
-    wait_s: float = 0.0  # send -> reply on the edge: in flight + server queue + server compute
+    wait_s: float = 0.0  # send -> the verdict's last byte on the edge's socket: in flight + server queue + compute
     server_queue_s: float = 0.0
     t_start_s: float = 0.0  # since the generation started: drafting began / the block left / the verdict was in
     t_sent_s: float = 0.0

@@ -52,7 +52,7 @@ def segments(trace: list[dict]) -> dict[str, list[tuple[str, float, float]]]:
             edge.append(("drafting ahead", sent, reply - waiting - sent))
         edge.append(("waiting", reply - waiting, waiting))
         server = cycle["server_queue_s"] + cycle["cloud_s"]
-        flight = max(reply - sent - server, 0.0) / 2
+        flight = max(cycle["wait_s"] - server, 0.0) / 2  # wait_s: send -> the verdict's last byte arrived
         cloud += [("in flight", sent, flight), ("server queue", sent + flight, cycle["server_queue_s"]),
                   ("server compute", sent + flight + cycle["server_queue_s"], cycle["cloud_s"]),
                   ("in flight", sent + flight + server, flight)]

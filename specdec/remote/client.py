@@ -29,11 +29,13 @@ class CloudUnreachable(ConfigError):
 
 
 class CountingSocket(socket.socket):
-    """A TCP socket that counts the bytes it sends and receives (the recv side runs on the
-    WebSocket library's reader thread; int increments are atomic under the GIL)."""
+    """A TCP socket that counts the bytes it sends and receives, and notes when bytes last arrived
+    (the recv side runs on the WebSocket library's reader thread, which reads a reply as soon as it
+    lands even while the edge is busy drafting ahead; int increments are atomic under the GIL)."""
 
     sent = 0
     received = 0
+    last_arrival = 0.0  # time.perf_counter() of the last bytes read
 
     def sendall(self, data, *args) -> None:
         super().sendall(data, *args)
@@ -41,6 +43,7 @@ class CountingSocket(socket.socket):
 
     def recv(self, size, *args) -> bytes:
         data = super().recv(size, *args)
+        self.last_arrival = time.perf_counter()
         self.received += len(data)
         return data
 
@@ -203,7 +206,9 @@ class RemoteVerifier:
             reply = self.cloud._check(pending["reply"], expect=("verdict",))
         else:
             reply = self.cloud._receive(self.cloud.timeout_s, expect=("verdict",))
-        wait_s = time.perf_counter() - pending["start"]
+        # Send -> the verdict's last byte on the socket: the round trip itself, even when the edge
+        # was still drafting ahead when it landed (then it reads the verdict later: edge_wait_s).
+        wait_s = sock.last_arrival - pending["start"]
         self.compute_s += reply["compute_s"]
         self.server_length = pending["base"] + reply["accepted"]
         return Verdict(
