@@ -46,6 +46,7 @@ class Verdict:
 
 class Verifier(Protocol):
     compute_s: float  # cloud seconds inside model forwards for this generation
+    round_trip_hint_s: float | None  # a first guess of a verify's round trip, before one is measured
 
     def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor) -> Verdict: ...
 
@@ -81,6 +82,7 @@ class LocalVerifier:
         self.logits_of = make_verifier(spec.verifier, backend, prompt)
         self.policy = make_policy(spec.policy, spec.accept_threshold)
         self.decode, self.constraints, self.vocab, self.generator = decode, constraints, vocab, generator
+        self.round_trip_hint_s = None  # in process there is nothing to overlap with
 
     @property
     def compute_s(self) -> float:

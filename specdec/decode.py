@@ -107,6 +107,7 @@ def speculative_decode(
     verifier = None  # opened on the first escalation: a block never escalated costs the cloud nothing
     counters, cycles = Counters(accepted_per_position=[0] * spec.k), []
     ttft_s, stopped_by, degraded = 0.0, "max_new_tokens", False
+    round_trip_s = None  # expected send -> verdict time; no drafting ahead until one was measured
 
     try:
         while seq.remaining and stopped_by != "stop_token":
@@ -130,7 +131,8 @@ def speculative_decode(
                     seq.remaining - n > 1 else 0
                 try:
                     verifier = verifier or cloud.open(prompt, spec, decode, constraints, vocab, generator)
-                    verdict = verify(verifier, drafter, seq, draft_tokens, draft_probs, ahead, cycle, start)
+                    round_trip_s = round_trip_s or verifier.round_trip_hint_s
+                    verdict = verify(verifier, drafter, seq, draft_tokens, draft_probs, ahead, cycle, start, round_trip_s)
                 except CloudLost:
                     if on_cloud_loss != "edge":
                         raise
@@ -141,6 +143,8 @@ def speculative_decode(
                     verifier = None
                 else:
                     record_verdict(cycle, verdict)
+                    if verdict.wait_s:  # the round trips so far predict the next one (EMA, alpha 0.5)
+                        round_trip_s = verdict.wait_s if round_trip_s is None else 0.5 * (round_trip_s + verdict.wait_s)
                     schedule.update(n, verdict.accepted)
                     # The bonus is free only if there is room for it and the block did not end generation.
                     if verdict.accepted < n or (n < seq.remaining and stop_at is None):
@@ -175,14 +179,16 @@ def speculative_decode(
 
 
 def verify(verifier: Verifier, drafter: Drafter, seq: AcceptedSequence, draft_tokens: torch.Tensor,
-           draft_probs: torch.Tensor, ahead: int, cycle: Cycle, start: float) -> Verdict:
-    """One verify call; with `ahead` > 0, draft up to that many tokens of the next block meanwhile."""
-    cycle.t_sent_s = time.perf_counter() - start
-    if not ahead:
+           draft_probs: torch.Tensor, ahead: int, cycle: Cycle, start: float, round_trip_s: float | None) -> Verdict:
+    """One verify call; with `ahead` > 0 and a round trip measured before, draft up to that many
+    tokens of the next block meanwhile, within the expected round trip."""
+    sent = time.perf_counter()
+    cycle.t_sent_s = sent - start
+    if not ahead or round_trip_s is None:
         verdict = verifier.verify(seq, draft_tokens, draft_probs)
     else:
         verifier.send(seq, draft_tokens, draft_probs)
-        drafter.draft_ahead(seq, cycle.draft_tokens, ahead, verifier.ready)
+        drafter.draft_ahead(seq, cycle.draft_tokens, ahead, verifier.ready, deadline=sent + round_trip_s)
         cycle.ahead_guess = drafter.guess
         waiting = time.perf_counter()
         verdict = verifier.receive()

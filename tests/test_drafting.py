@@ -101,7 +101,8 @@ def test_stop_rules_and_schedules():
 @pytest.mark.parametrize("verifier", ["cached", "stateless"])
 @pytest.mark.parametrize("link", [None, "rtt=20ms,up=20mbit,down=50mbit"])
 def test_overlapped_split_greedy_equals_cloud_mode(models, server, verifier, link):
-    """Both overlap paths run: ahead tokens kept as the next block, and thrown away."""
+    """Over a shaped link both overlap paths run: ahead tokens kept as the next block, and thrown
+    away. On bare loopback a round trip is about one tiny edge step, so drafting ahead rarely fits."""
     spec = SpecConfig(k=3, entropy_threshold=0, policy="greedy", verifier=verifier)
     host, port = server.rsplit(":", 1)
     kept = wasted = 0
@@ -115,7 +116,7 @@ def test_overlapped_split_greedy_equals_cloud_mode(models, server, verifier, lin
             kept += generation.counters.overlap_kept_tokens
             wasted += generation.counters.overlap_wasted_tokens
         remote.close()
-    assert kept > 0 and wasted > 0
+    assert link is None or (kept > 0 and wasted > 0)
 
 
 def test_overlap_counters_add_up_to_the_edge_forwards(models, server):
@@ -152,7 +153,8 @@ def test_speculative_sampling_with_overlap_keeps_the_cloud_distribution(models, 
     temperature = 0.5
     cloud = models["cloud"].backend.model
     spec = SpecConfig(k=1, entropy_threshold=0, policy="sample")
-    remote = RemoteCloud(server)
+    link = BackgroundLink(profile("rtt=10ms,up=50mbit,down=50mbit"), tuple_of(server))
+    remote = RemoteCloud(link.__enter__())  # a round trip long enough to draft ahead in
     remote.connect()
     first_counts, third_counts, kept = torch.zeros(64), {}, 0
     trials = 1500
@@ -164,6 +166,7 @@ def test_speculative_sampling_with_overlap_keeps_the_cloud_distribution(models, 
         third_counts.setdefault((t0, t1), torch.zeros(64))[t2] += 1
         kept += generation.counters.overlap_kept_tokens
     remote.close()
+    link.__exit__(None, None, None)
     (t0, t1), counts = max(third_counts.items(), key=lambda item: item[1].sum())
     with torch.inference_mode():
         first = torch.softmax(cloud(ids.unsqueeze(0)).logits[0, -1] / temperature, -1)

@@ -67,6 +67,7 @@ class RemoteCloud:
         self.ws: ClientConnection | None = None
         self.sock: CountingSocket | None = None
         self.info: dict = {}
+        self.handshake_s: float | None = None
 
     # -- connection ------------------------------------------------------------------------------
     def connect(self) -> dict:
@@ -84,8 +85,10 @@ class RemoteCloud:
         try:
             self.ws = connect(f"ws://{self.host}:{self.port}/", sock=self.sock, open_timeout=self.connect_timeout_s,
                               max_size=None, compression=None, close_timeout=1)
+            start = time.perf_counter()
             self.ws.send(encode("hello", schema=SCHEMA, token=self.token))
             ready = self._receive(self.connect_timeout_s, expect=("ready",))
+            self.handshake_s = time.perf_counter() - start  # one bare round trip: a floor for a verify's
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError, CloudLost) as e:
             self.close()
             raise CloudUnreachable(f"the cloud verifier at {self.url} did not complete the handshake: {e}") from None
@@ -167,6 +170,7 @@ class RemoteVerifier:
     def __init__(self, cloud: RemoteCloud, opening: bytes, prompt_len: int, has_features: bool, send_probs: bool,
                  topn: int | None) -> None:
         self.cloud, self.opening, self.has_features = cloud, opening, has_features
+        self.round_trip_hint_s = cloud.handshake_s
         self.server_length = prompt_len  # the prompt goes up with `open`
         self.send_probs, self.topn = send_probs, topn
         self.compute_s = 0.0
