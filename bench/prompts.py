@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.audio import MAX_SECONDS
-from specdec.errors import InputError
+from specdec.config import check_types
+from specdec.errors import ConfigError, InputError
 
 SETS_DIR = Path(__file__).parent / "prompts"
 SAMPLES_MANIFEST = Path(__file__).parent / "samples" / "manifest.jsonl"  # shipped espeak-ng clips
@@ -41,6 +42,13 @@ class PromptInputs:
     max_audio_s: float = field(default=MAX_SECONDS, metadata={
         "help": "refuse longer audio clips, in seconds (capped by the model's own window)",
         "flags": ("--max-audio-seconds",)})
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit must be >= 1 (the first N prompts), got {self.limit}: leave it unset for all of them")
+        if not self.max_audio_s > 0:
+            raise ConfigError(f"max_audio_s must be > 0 seconds, got {self.max_audio_s}")
 
 
 @dataclass(frozen=True)
