@@ -20,7 +20,7 @@ from bench.run import run
 from bench.summary import summarize
 from bench.sweep import run_sweep
 from specdec.backends.base import DTYPES
-from specdec.errors import SpecdecError
+from specdec.errors import ModelError, SpecdecError
 from specdec.models import fetch, registry
 
 
@@ -82,13 +82,33 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     if args.models_command == "list":
         for entry in registry.list_models():
-            state = "fetched" if registry.is_fetched(entry.alias) else "not fetched"
+            state = registry.state(entry.alias)
             source = f"derived: {entry.load_name}" if getattr(entry, "base", None) else entry.upstream
             print(f"{entry.alias:24} {entry.size / 1e6:8.0f} MB  {state:12} {source}  ({entry.license})")
         return 0
+    if args.models_command == "verify":
+        return cmd_verify(args.aliases)
     for alias in args.aliases or [e.alias for e in registry.list_models()]:
         registry.get(alias)
         print(fetch.fetch(alias, log=_say))
+    return 0
+
+
+def cmd_verify(aliases: list[str]) -> int:
+    """Sizes and sha256 of every fetched model's files against those recorded when it was converted."""
+    damaged = []
+    for alias in aliases or [e.alias for e in registry.list_models() if not e.base]:
+        entry = registry.get(alias)
+        if registry.state(alias) == "not fetched":
+            print(f"{alias:24} not fetched")
+            continue
+        problem = registry.damage(alias, hashes=True)
+        print(f"{alias:24} {'damaged: ' + problem if problem else 'ok'}", flush=True)
+        if problem:
+            damaged.append(entry.base or alias)
+    if damaged:
+        raise ModelError(f"{len(damaged)} cached model(s) damaged ({', '.join(damaged)}): run `specbench models fetch "
+                         f"{' '.join(damaged)}` to fetch them again")
     return 0
 
 
@@ -106,7 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_link_parser(sub)
     models = sub.add_parser("models", help="the offline model registry")
     models_sub = models.add_subparsers(dest="models_command", required=True)
-    models_sub.add_parser("list", help="registry aliases and whether they are fetched")
+    models_sub.add_parser("list", help="registry aliases and whether they are fetched (and whole: file sizes)")
+    verify = models_sub.add_parser("verify", help="check fetched models' files against the sizes and sha256 recorded "
+                                                  "when they were converted (all fetched aliases by default)")
+    verify.add_argument("aliases", nargs="*")
     fetch = models_sub.add_parser("fetch", help="install, verify and convert pinned weights (all aliases by default)")
     fetch.add_argument("aliases", nargs="*")
     return parser
