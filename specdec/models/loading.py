@@ -45,6 +45,17 @@ class LoadedModel:
         return frozenset(int(i) for i in ids)
 
     @property
+    def max_positions(self) -> int | None:
+        """The longest sequence (prompt + output tokens) the model has positions for, from its
+        config (a decoder's own limit first: Whisper's 448 target positions), or None if unsaid."""
+        config = self.backend.model.config
+        for part in (config, getattr(config, "text_config", None)):
+            for key in ("max_target_positions", "max_position_embeddings"):
+                if isinstance(value := getattr(part, key, None), int):
+                    return value
+        return None
+
+    @property
     def processors(self) -> tuple:
         """Logits processors the model's own decoding rule needs (Whisper's token suppression),
         to run before any profile's: `Constraints(processors=loaded.processors + ...)`."""
