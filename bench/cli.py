@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from bench import metrics
@@ -140,8 +142,17 @@ COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models, "report": 
             "serve": cmd_serve, "link": cmd_link}
 
 
+def _stop(signum, frame) -> None:
+    """SIGTERM stops a command as Ctrl-C does (a sweep stops its workers on the way out); a
+    second SIGTERM kills at once."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop) if in_main_thread else None
     try:
         return COMMANDS[args.command](args)
     except SpecdecError as e:
@@ -150,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: results written so far are kept; rerun the same command to resume", file=sys.stderr)
         return 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

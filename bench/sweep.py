@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-from contextlib import ExitStack
+import signal
+import threading
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from queue import Empty
@@ -20,7 +22,7 @@ from tqdm import tqdm
 from bench.caps import OVER_MEMORY_EXIT
 from bench.link import BackgroundLink
 from bench.network import profile
-from bench.split import ServerProcess
+from bench.split import ServerProcess, die_with_parent
 from bench.prompts import load_prompts
 from bench.records import ResultsFile, environment
 from bench.sweep_config import SweepConfig, result_key
@@ -100,8 +102,34 @@ def _run_worker(config: SweepConfig, group: list, out: Path, bar: tqdm, urls: di
     hit the memory cap). A worker that dies otherwise raises."""
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: the caps and the RSS are its own
     queue = ctx.Queue()
-    worker = ctx.Process(target=_worker_main, args=(asdict(config), group, str(out), queue, urls), daemon=True)
-    worker.start()
+    worker = ctx.Process(target=_worker_main, args=(asdict(config), group, str(out), queue, urls, os.getpid()),
+                         daemon=True)
+    with sigint_ignored():
+        worker.start()
+    try:
+        return _follow(worker, queue, bar)
+    finally:  # Ctrl-C, SIGTERM (bench/cli.py makes it a KeyboardInterrupt here) or an error: stop the worker
+        if worker.is_alive():
+            worker.terminate()
+        worker.join()
+
+
+@contextmanager
+def sigint_ignored():
+    """Start a worker with SIGINT ignored, which it keeps across exec (and Python then installs no
+    KeyboardInterrupt handler): Ctrl-C reaches the whole process group, and it is this process
+    that stops the worker, so the worker prints no traceback of its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _follow(worker, queue, bar: tqdm) -> set[str]:
     finished: set[str] = set()
     error = None
     while True:
@@ -128,11 +156,16 @@ def _run_worker(config: SweepConfig, group: list, out: Path, bar: tqdm, urls: di
     if error:
         raise SpecdecError(error)
     if worker.exitcode != 0:
-        raise RuntimeError(f"sweep worker died with exit code {worker.exitcode}: rerun to resume")
+        raise SpecdecError(f"a sweep worker died with exit code {worker.exitcode} (killed, or out of memory?): "
+                           "rerun the same command to resume")
     return finished
 
 
-def _worker_main(config_dict: dict, group: list, out: str, queue, urls: dict[str, str]) -> None:
+def _worker_main(config_dict: dict, group: list, out: str, queue, urls: dict[str, str], parent: int) -> None:
+    die_with_parent()  # a sweep killed, even by SIGKILL, leaves no worker appending to its folder
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops this worker on Ctrl-C
     config = SweepConfig.from_mapping(config_dict)
     caps = config.caps()
     caps.apply_cpu()
