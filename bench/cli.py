@@ -13,16 +13,17 @@ from bench.compare import add_compare_parser, cmd_compare
 from bench.deploy import add_link_parser, add_serve_parser, cmd_link, cmd_serve
 from bench.gate import add_gate_parser, cmd_gate
 from bench.nll import score
-from bench.options import add_run_options, add_sweep_options, engine_from_args, sweep_from_args
+from bench.folder import os_error_line, writer
+from bench.options import add_run_options, add_sweep_options, engine_from_args, inputs_from_args, sweep_from_args
 from bench.profiling import add_profile_parser, cmd_profile
-from bench.records import ResultsFile, read_records
+from bench.records import read_records
 from bench.report.cli import add_report_parser, cmd_report
 from bench.scores import SCORES, read_scores
 from bench.run import run
 from bench.summary import summarize
 from bench.sweep import run_sweep
 from specdec.backends.base import DTYPES
-from specdec.errors import ModelError, SpecdecError
+from specdec.errors import InputError, ModelError, SpecdecError
 from specdec.models import fetch, registry
 
 
@@ -31,8 +32,8 @@ def _say(message: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    engine = engine_from_args(args, log=_say)
-    rows = run(engine, args.prompts, args.out, limit=args.limit, max_audio_s=args.max_audio_s)
+    engine, inputs = engine_from_args(args, log=_say), inputs_from_args(args)
+    rows = run(engine, inputs.prompts, args.out, limit=inputs.limit, max_audio_s=inputs.max_audio_s)
     ok = [r for r in rows if r["status"] == "ok"]
     if ok:
         t = metrics.totals(ok)
@@ -51,8 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     counts = run_sweep(sweep_from_args(args), args.out)
-    summary = summarize(ResultsFile(args.out / "results.jsonl").read(), read_scores(args.out))
-    summary.to_csv(args.out / "summary.csv", index=False)
+    summary = summarize(read_records(args.out / "results.jsonl"), read_scores(args.out))
     _say(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     if not summary.empty:
         columns = [c for c in ("mode", "prompts", "k", "entropy_threshold", "tokens_per_s", "speedup_vs_cloud",
@@ -71,13 +71,18 @@ def add_score_parser(sub) -> None:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    counts = score(args.results, args.model, args.dtype, log=_say)
-    _say(f"scored {counts['scored']} outputs ({counts['already']} already scored, {counts['skipped']} audio "
-         f"prompts skipped): {args.results / SCORES}")
-    summary_csv = args.results / "summary.csv"
-    if summary_csv.exists():  # a sweep folder: its summary gains the cloud_nll column
-        summarize(read_records(args.results / "results.jsonl"), read_scores(args.results)).to_csv(summary_csv, index=False)
-        _say(f"summary: {summary_csv}")
+    if not (args.results / "results.jsonl").is_file():  # before the lock, which would make the folder
+        raise InputError(f"{args.results / 'results.jsonl'} not found: score a folder written by `specbench run` or "
+                         "`sweep`")
+    with writer(args.results):  # appends nll.jsonl, rewrites summary.csv: not while a sweep writes the folder
+        counts = score(args.results, args.model, args.dtype, log=_say)
+        _say(f"scored {counts['scored']} outputs ({counts['already']} already scored, {counts['skipped']} audio "
+             f"prompts skipped): {args.results / SCORES}")
+        summary_csv = args.results / "summary.csv"
+        if summary_csv.exists():  # a sweep folder: its summary gains the cloud_nll column
+            summarize(read_records(args.results / "results.jsonl"), read_scores(args.results)).to_csv(summary_csv,
+                                                                                                     index=False)
+            _say(f"summary: {summary_csv}")
     return 0
 
 
@@ -157,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except SpecdecError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the filesystem at the edges: an --out that is a file, read-only, full, not ours
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: results written so far are kept; rerun the same command to resume", file=sys.stderr)

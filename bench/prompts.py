@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.audio import MAX_SECONDS
+from bench.folder import canonical_path
 from specdec.config import check_types
 from specdec.errors import ConfigError, InputError
 
@@ -64,6 +65,12 @@ class PromptRecord:
 
 def prompt_sets() -> list[str]:
     return sorted([p.stem for p in SETS_DIR.glob("*.jsonl")] + list(SHIPPED_AUDIO))
+
+
+def canonical_prompts(spec: str) -> str:
+    """A shipped set by its name, a prompts file by its resolved path (so `p.jsonl` and `./p.jsonl`
+    name one set in the records and the results folder's identity)."""
+    return spec if spec in SHIPPED_AUDIO or spec in prompt_sets() else canonical_path(spec)
 
 
 def resolve_prompts(spec: str) -> Path:

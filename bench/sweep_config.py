@@ -18,7 +18,8 @@ from pathlib import Path
 
 from bench.caps import EdgeCaps
 from bench.network import profile
-from bench.prompts import PromptInputs
+from bench.folder import canonical_path
+from bench.prompts import PromptInputs, canonical_prompts
 from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types
 from specdec.errors import ConfigError
 
@@ -138,6 +139,11 @@ class SweepConfig:
                     kind = {parse_bool: "true/false values", parse_int: "integers"}.get(cast, "numbers")
                     raise ConfigError(f"{source}: {key} must be a list of {kind}, got {list(value)}") from None
             values[key] = value
+        for key in ("edge", "cloud", "token_file"):  # one folder, one name (see bench/folder.py)
+            if isinstance(values.get(key), str):
+                values[key] = canonical_path(values[key])
+        if "prompts" in values and all(isinstance(p, str) for p in values["prompts"]):
+            values["prompts"] = tuple(canonical_prompts(p) for p in values["prompts"])
         try:
             return cls(**values)
         except (TypeError, ConfigError) as e:

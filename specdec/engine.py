@@ -58,6 +58,13 @@ class Engine(EngineConfig):
         """The model whose tokenizer encodes prompts and decodes outputs."""
         return self.model("cloud" if self.mode == "cloud" else "edge")
 
+    @property
+    def chat_template_used(self) -> bool:
+        """Whether prompts are wrapped in a chat template: as asked until the model that encodes
+        them is loaded, then what it really does (a raw-text run must not be recorded as templated)."""
+        loaded = self._models.get("cloud" if self.mode == "cloud" else "edge")
+        return self.chat_template if loaded is None else loaded.uses_chat_template(self.chat_template)
+
     def load(self) -> None:
         """Load every model this mode needs (and no other), and check that they fit together."""
         if self._derived.get("checked"):

@@ -61,6 +61,16 @@ class LoadedModel:
         to run before any profile's: `Constraints(processors=loaded.processors + ...)`."""
         return tuple(getattr(self.backend, "processors", ()))
 
+    def uses_chat_template(self, asked: bool) -> bool:
+        """Whether `encode(..., chat_template=asked)` wraps text in a chat template: Whisper takes no
+        text, an audio (Omni) model always uses its tokenizer's template, a text model when asked
+        and its tokenizer has one."""
+        from specdec.backends.whisper import WhisperBackend
+
+        if isinstance(self.backend, WhisperBackend):
+            return False
+        return uses_chat_template(self.tokenizer, asked or self.backend.accepts_audio)
+
     def encode(self, text: str, system: str | None = None, waveform=None, sampling_rate: int = 16000,
                chat_template: bool = True, language: str | None = None) -> Prompt:
         """Text (and audio) -> Prompt. Whisper takes the audio alone: `text` and `system` are
@@ -92,9 +102,13 @@ class LoadedModel:
         return encode_text(self.tokenizer, text, system, chat_template)
 
 
+def uses_chat_template(tokenizer, asked: bool) -> bool:
+    return asked and bool(getattr(tokenizer, "chat_template", None))
+
+
 def encode_text(tokenizer, text: str, system: str | None = None, chat_template: bool = True) -> Prompt:
     """The tokenizer's chat template (with the generation prompt) when it has one and it is wanted."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
+    if uses_chat_template(tokenizer, chat_template):
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
