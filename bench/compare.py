@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.verdict import TOLERANCES, Check, compare as gate_compare, read_gate_file, show_value, verdict
-from bench.records import ResultsFile
+from bench.records import read_records
 from bench.report import page
 from bench.summary import POINT, summarize
 from specdec.errors import InputError
@@ -88,7 +88,7 @@ def read_results_dir(path: Path):
     results = path / "results.jsonl"
     if not results.is_file():
         raise InputError(f"{path} has no results.jsonl: give a `specbench run`/`sweep` folder or a gate JSON file")
-    rows = ResultsFile(results).read()
+    rows = read_records(results)
     summary = summarize(rows)
     if summary.empty:
         raise InputError(f"{results} has no successful results to compare")

@@ -37,14 +37,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.cores:
         pin_cores(parse_cores(args.cores))
     model = load_model(args.model, args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True))
-    stats = run_server(model, config, announce=lambda line: print(line, flush=True))
+    try:
+        stats = run_server(model, config, announce=lambda line: print(line, flush=True))
+    except OSError as e:  # the address: taken, or not this machine's
+        raise ConfigError(f"cannot serve on {args.host}:{args.port}: {e.strerror or e}; pick another --host or --port "
+                          "(--port 0 picks a free one)") from None
     print(f"stopped: {stats['sessions']} sessions, {stats['verifies']} verifies, {stats['errors']} errors, "
           f"{stats['refused']} refused", file=sys.stderr, flush=True)
     return 0
 
 
 def _duration(text: str) -> float:
-    return profile(f"rtt={text},up=1gbit,down=1gbit").rtt_s
+    try:
+        return profile(f"rtt={text},up=1gbit,down=1gbit").rtt_s
+    except ConfigError:
+        raise ConfigError(f"--jitter {text!r} is not a duration: write e.g. 5ms (0ms for none)") from None
 
 
 def add_link_parser(sub) -> None:

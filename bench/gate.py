@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench import metrics
+from bench.folder import writable_file
 from bench.records import environment
 from bench.verdict import (
     FORMAT,
@@ -128,6 +129,8 @@ def cmd_gate(args: argparse.Namespace, wrap=None) -> int:
     from bench.workload import CLOUD_ALIAS, EDGE_ALIAS, SUITES
 
     path = args.baseline or default_baseline(args.suite)
+    if args.save:
+        writable_file(args.save)  # before minutes of measuring, not after
     baseline = None
     if not args.update:
         baseline = read_gate_file(path)  # bad input fails before minutes of measuring

@@ -17,8 +17,8 @@ import torch
 from tqdm import tqdm
 
 from bench.prompts import load_prompts
-from bench.records import ResultsFile
-from bench.scores import SCORES, score_key
+from bench.records import ResultsFile, read_records
+from bench.scores import SCORE_FIELDS, SCORES, score_key
 from specdec.backends.base import Prompt
 from specdec.errors import ConfigError, InputError
 from specdec.models.loading import LoadedModel, load_model
@@ -51,9 +51,9 @@ def score(out: Path, model: str | None = None, dtype: str = "float32", progress:
     results_path = out / "results.jsonl"
     if not results_path.exists():
         raise InputError(f"{results_path} not found: score a folder written by `specbench run` or `sweep`")
-    rows = [r for r in ResultsFile(results_path).read() if r.get("status", "ok") == "ok"]
+    rows = [r for r in read_records(results_path) if r.get("status", "ok") == "ok"]
     scorer = model or default_scorer(rows)
-    scores = ResultsFile(out / SCORES)
+    scores = ResultsFile(out / SCORES, SCORE_FIELDS)
     previous = scores.read()
     others = {(r.get("scorer"), r.get("scorer_dtype")) for r in previous} - {(scorer, dtype)}
     if others:

@@ -18,7 +18,8 @@ from dataclasses import MISSING, Field, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.prompts import PromptInputs
+from bench.folder import canonical_path
+from bench.prompts import PromptInputs, canonical_prompts
 from bench.sweep_config import AXES, SweepConfig
 from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.engine import Engine
@@ -168,9 +169,17 @@ def values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def engine_from_args(args: argparse.Namespace, log: Callable[[str], object]) -> Engine:
+    """The engine of `run` and `profile`, its settings validated; local model folders and the token
+    file as resolved paths (one folder, one name in the records and the results folder's identity)."""
     spec, decode = SpecConfig(**values(SpecConfig, args)), DecodeConfig(**values(DecodeConfig, args))
-    deploy = DeployConfig(**values(DeployConfig, args))
-    return Engine(**values(EngineConfig, args), spec=spec, decode=decode, deploy=deploy, log=log)
+    deploy = DeployConfig(**{**values(DeployConfig, args), "token_file": canonical_path(args.token_file)})
+    engine = {**values(EngineConfig, args), "edge": canonical_path(args.edge), "cloud": canonical_path(args.cloud)}
+    return Engine(**engine, spec=spec, decode=decode, deploy=deploy, log=log)
+
+
+def inputs_from_args(args: argparse.Namespace) -> PromptInputs:
+    """The prompt settings of `run` and `profile`, validated; a prompts file as its resolved path."""
+    return PromptInputs(**{**values(PromptInputs, args), "prompts": canonical_prompts(args.prompts)})
 
 
 def add_sweep_options(parser: argparse.ArgumentParser) -> None:

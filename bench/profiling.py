@@ -27,7 +27,7 @@ import pandas as pd
 
 from bench import metrics
 from bench.audio import MAX_SECONDS, model_limits, read_audio
-from bench.options import add_run_options, engine_from_args, run_argv
+from bench.options import add_run_options, engine_from_args, inputs_from_args, run_argv
 from bench.prompts import load_prompts
 from bench.records import ResultsFile, environment
 from bench.run import run
@@ -148,8 +148,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.rate < 1:
         raise InputError(f"--rate must be >= 1 sample per second, got {args.rate}")
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
-    engine = engine_from_args(args, log=say)  # validates the settings before anything runs
-    records = load_prompts(args.prompts)[: args.limit]
+    engine, inputs = engine_from_args(args, log=say), inputs_from_args(args)  # validated before anything runs
+    records = load_prompts(inputs.prompts)[: inputs.limit]
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.audio import MAX_SECONDS
-from specdec.errors import InputError
+from bench.folder import canonical_path
+from specdec.config import check_types
+from specdec.errors import ConfigError, InputError
 
 SETS_DIR = Path(__file__).parent / "prompts"
 SAMPLES_MANIFEST = Path(__file__).parent / "samples" / "manifest.jsonl"  # shipped espeak-ng clips
@@ -42,6 +44,13 @@ class PromptInputs:
         "help": "refuse longer audio clips, in seconds (capped by the model's own window)",
         "flags": ("--max-audio-seconds",)})
 
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit must be >= 1 (the first N prompts), got {self.limit}: leave it unset for all of them")
+        if not self.max_audio_s > 0:
+            raise ConfigError(f"max_audio_s must be > 0 seconds, got {self.max_audio_s}")
+
 
 @dataclass(frozen=True)
 class PromptRecord:
@@ -56,6 +65,12 @@ class PromptRecord:
 
 def prompt_sets() -> list[str]:
     return sorted([p.stem for p in SETS_DIR.glob("*.jsonl")] + list(SHIPPED_AUDIO))
+
+
+def canonical_prompts(spec: str) -> str:
+    """A shipped set by its name, a prompts file by its resolved path (so `p.jsonl` and `./p.jsonl`
+    name one set in the records and the results folder's identity)."""
+    return spec if spec in SHIPPED_AUDIO or spec in prompt_sets() else canonical_path(spec)
 
 
 def resolve_prompts(spec: str) -> Path:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 
+from specdec.errors import InputError
 from specdec.text import punctuation_density
 from specdec.trace import Generation
 
@@ -58,20 +59,47 @@ def result_record(generation: Generation, point: dict, prompt_id: str, latency_s
     }
 
 
-def read_records(path: Path) -> list[dict]:
-    """The complete records of a results.jsonl, read only: a last line still being written (no
+RESULT_FIELDS = ("id", "mode")  # every result record has them, whatever its status
+
+
+def parse_records(data: bytes, path: Path, required: tuple[str, ...] = RESULT_FIELDS) -> list[dict]:
+    """The records in the complete lines of `data` (the contents of `path`). A line that is not a
+    JSON object with the `required` fields means the file was damaged or is not ours: one
+    InputError naming the file and the line, never a traceback from deeper down."""
+    records = []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            why = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+            raise InputError(f"{path} line {number} is not a JSON record ({why}): the file is damaged; restore it, "
+                             "or delete that line (a run or sweep then redoes it)") from None
+        if not isinstance(record, dict) or (missing := [k for k in required if k not in record]):
+            what = f"has no {missing[0]!r} field" if isinstance(record, dict) else "is not a JSON object"
+            raise InputError(f"{path} line {number} {what}: not a record specbench wrote; restore the file, "
+                             "or delete that line")
+        records.append(record)
+    return records
+
+
+def read_records(path: Path, required: tuple[str, ...] = RESULT_FIELDS) -> list[dict]:
+    """The complete records of a JSONL file, read only: a last line still being written (no
     newline yet) is skipped, never cut off the file as `ResultsFile.read` does for a resume,
-    since a sweep may be appending to it while we read."""
-    data = path.read_bytes()
-    complete = data[: data.rfind(b"\n") + 1]
-    return [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
+    since a sweep may be appending to it while we read. Every reader (resume, compare, score,
+    report) parses with `parse_records`, so a damaged file reads the same everywhere."""
+    data = Path(path).read_bytes()
+    return parse_records(data[: data.rfind(b"\n") + 1], Path(path), required)
 
 
 class ResultsFile:
-    """DIR/results.jsonl: appended and flushed per record, so a crash loses nothing written."""
+    """DIR/results.jsonl (or nll.jsonl): appended and flushed per record, so a crash loses nothing
+    written. Only the folder's one writer (bench/folder.py) may cut a torn line off it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, required: tuple[str, ...] = RESULT_FIELDS) -> None:
         self.path = path
+        self.required = required
 
     def read(self) -> list[dict]:
         """The complete records. A last line torn by a kill mid-write is cut off the file, so the
@@ -83,7 +111,7 @@ class ResultsFile:
             data = data[: data.rfind(b"\n") + 1]
             with self.path.open("r+b") as f:
                 f.truncate(len(data))
-        return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+        return parse_records(data, self.path, self.required)
 
     def append(self, record: dict) -> None:
         with self.path.open("a", encoding="utf-8") as f:

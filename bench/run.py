@@ -7,14 +7,14 @@ of the same command redoes only what is not `ok`, so fixing the file and rerunni
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
 from tqdm import tqdm
 
 from bench.audio import MAX_SECONDS, SAMPLING_RATE, model_limits, read_audio
-from bench.prompts import PromptRecord, load_prompts
+from bench.folder import IDENTITY_FILES, claim, has_results, write_identity, writer
+from bench.prompts import PromptInputs, PromptRecord, load_prompts
 from bench.records import ResultsFile, environment, result_record
 from bench.trackers import LatencyTracker, PeakMemoryTracker, tracked
 from specdec.cloud import CloudLost
@@ -23,7 +23,9 @@ from specdec.errors import InputError
 
 
 def point_of(engine: Engine, prompts: str) -> dict:
-    """The settings that identify a result. Spec-only axes are None outside spec mode."""
+    """The settings that identify a result. Spec-only axes are None outside spec mode. Before the
+    models load they are the settings asked for; after, what was used: the server's model as
+    `cloud`, and whether a chat template really wrapped the prompts."""
     spec = engine.spec if engine.mode == "spec" else None
     return {
         "mode": engine.mode,
@@ -46,7 +48,7 @@ def point_of(engine: Engine, prompts: str) -> dict:
         "seed": engine.decode.seed,
         "max_new_tokens": engine.decode.max_new_tokens,
         "constraints": engine.constraints,
-        "chat_template": engine.chat_template,
+        "chat_template": engine.chat_template_used,
         "prompts": prompts,
     }
 
@@ -62,33 +64,35 @@ class FailedSamples(InputError):
 def run(engine: Engine, prompts: str, out: Path, progress: bool = True, limit: int | None = None,
         max_audio_s: float = MAX_SECONDS) -> list[dict]:
     """Generate for every prompt not already done (`ok`) in `out` for this point; return the new
-    records. Raises FailedSamples after the last prompt if any were recorded as failed."""
+    records. Raises FailedSamples after the last prompt if any were recorded as failed.
+
+    Everything is checked before the folder is touched (settings, prompts) and before a model loads
+    (the folder's lock and identity, bench/folder.py); the folder's run.json is written once the
+    models are loaded and the point they give is known."""
+    PromptInputs(prompts, limit, max_audio_s)
     records = load_prompts(prompts)[:limit]
-    out.mkdir(parents=True, exist_ok=True)
-    if engine.remote_cloud:
-        engine.load()  # the server says which cloud model it runs: part of this folder's identity
-    point = point_of(engine, prompts)
-    run_file = out / "run.json"
-    if run_file.exists():
-        previous = json.loads(run_file.read_text())
-        if previous.get("point") != point:
-            changed = sorted(k for k in point if previous.get("point", {}).get(k) != point[k])
-            raise InputError(
-                f"{out} holds results of a different configuration (differs in {', '.join(changed)}): "
-                "use another --out, or delete that folder to start over"
-            )
+    asked = point_of(engine, prompts)
+    with writer(out):
+        claim(out, "run", asked)
+        return _run(engine, prompts, records, asked, out, progress, max_audio_s)
+
+
+def _run(engine: Engine, prompts: str, records: list[PromptRecord], asked: dict, out: Path, progress: bool,
+         max_audio_s: float) -> list[dict]:
     results = ResultsFile(out / "results.jsonl")
     done = {row["id"] for row in results.read() if row.get("status") == "ok"}
     todo = [r for r in records if r.id not in done]
     if not todo:
         return []
     prepare(engine, todo)
-    run_file.write_text(json.dumps({"point": point, "environment": environment(), "load_s": engine.load_seconds()},
-                                   indent=2, ensure_ascii=False))
-    bar = tqdm(total=len(todo), desc=engine.mode, unit="prompt", disable=not progress)
-    rows = [generate_one(engine, record, point, results, after=lambda: bar.update(), max_audio_s=max_audio_s)
-            for record in todo]
-    bar.close()
+    point = point_of(engine, prompts)
+    claim(out, "run", point, key="point")  # e.g. the server at --cloud-url now runs another model
+    if not (has_results(out) and (out / IDENTITY_FILES["run"]).is_file()):  # a resume keeps the first
+        write_identity(out, "run", {"config": asked, "point": point, "environment": environment(),
+                                    "load_s": engine.load_seconds()})
+    with tqdm(total=len(todo), desc=engine.mode, unit="prompt", disable=not progress) as bar:  # closed on errors too
+        rows = [generate_one(engine, record, point, results, after=lambda: bar.update(), max_audio_s=max_audio_s)
+                for record in todo]
     failed = [r for r in rows if r["status"] == "failed"]
     if failed:
         raise FailedSamples(

@@ -9,6 +9,7 @@ from bench.records import read_records
 from bench.sweep_config import AXES
 
 SCORES = "nll.jsonl"
+SCORE_FIELDS = ("key", "id")  # every score record has them
 
 
 def score_key(row: dict) -> str:
@@ -22,4 +23,4 @@ def read_scores(out: Path) -> dict[str, float]:
     path = Path(out) / SCORES
     if not path.is_file():
         return {}
-    return {r["key"]: r["cloud_nll"] for r in read_records(path) if r.get("cloud_nll") is not None}
+    return {r["key"]: r["cloud_nll"] for r in read_records(path, SCORE_FIELDS) if r.get("cloud_nll") is not None}

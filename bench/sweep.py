@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-from contextlib import ExitStack
+import signal
+import threading
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from queue import Empty
@@ -20,31 +22,34 @@ from tqdm import tqdm
 from bench.caps import OVER_MEMORY_EXIT
 from bench.link import BackgroundLink
 from bench.network import profile
-from bench.split import ServerProcess
+from bench.split import ServerProcess, die_with_parent
 from bench.prompts import load_prompts
-from bench.records import ResultsFile, environment
+from bench.folder import IDENTITY_FILES, claim, has_results, os_error_line, write_identity, writer
+from bench.records import ResultsFile, environment, read_records
+from bench.scores import read_scores
+from bench.summary import summarize
 from bench.sweep_config import SweepConfig, result_key
 from bench.worker import exit_worker, run_group
-from specdec.errors import ConfigError, SpecdecError
+from specdec.errors import SpecdecError
 from specdec.remote.protocol import parse_address
 
 
 def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:
-    """Run what is not done yet; returns counts by status."""
-    out.mkdir(parents=True, exist_ok=True)
-    sweep_file = out / "sweep.json"
+    """Run what is not done yet, then write DIR/summary.csv; returns counts by status. The config
+    validated itself; the prompt sets are read before the folder is touched, and the folder is this
+    sweep's alone while it runs (bench/folder.py: its lock and identity)."""
     settings = json.loads(json.dumps(asdict(config)))  # tuples -> lists, as stored
-    if sweep_file.exists():
-        previous = json.loads(sweep_file.read_text()).get("config", {})
-        if previous != settings:
-            changed = sorted(k for k in settings if previous.get(k) != settings[k])
-            raise ConfigError(
-                f"{out} holds a different sweep (differs in {', '.join(changed)}): use another --out, "
-                "or delete that folder to start over"
-            )
-    else:
-        sweep_file.write_text(json.dumps({"config": settings, "environment": environment()}, indent=2, ensure_ascii=False))
     prompts = {name: load_prompts(name)[: config.limit] for name in config.prompts}
+    with writer(out):
+        claim(out, "sweep", settings)
+        if not (has_results(out) and (out / IDENTITY_FILES["sweep"]).is_file()):
+            write_identity(out, "sweep", {"config": settings, "environment": environment()})
+        counts = _run_sweep(config, prompts, out, progress)
+        summarize(read_records(out / "results.jsonl"), read_scores(out)).to_csv(out / "summary.csv", index=False)
+    return counts
+
+
+def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progress: bool) -> dict:
     results = ResultsFile(out / "results.jsonl")
     rows = results.read()
     over_cap = {result_key(r) for r in rows if r.get("status") == "over_memory_cap"}
@@ -56,17 +61,17 @@ def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:
         if ids and key not in over_cap:
             todo.append((point, ids))
     total = sum(len(ids) for _, ids in todo)
-    bar = tqdm(total=total, desc="sweep", unit="prompt", disable=not progress)
     # Baselines first, so speed-ups can be read off a partial sweep.
     order = {"cloud": 0, "edge": 1, "spec": 2}
     with ExitStack() as services:  # servers and links of split points: stopped at the end, on Ctrl-C and on errors
+        # entered first, so it is closed last: an error then starts on a line of its own
+        bar = services.enter_context(tqdm(total=total, desc="sweep", unit="prompt", disable=not progress))
         urls = start_split_services(config, [point for point, _ in todo], services)
         for dtype in config.dtype:
             group = sorted((t for t in todo if t[0]["dtype"] == dtype), key=lambda t: order[t[0]["mode"]])
             while group:
                 finished = _run_worker(config, group, out, bar, urls)
                 group = [t for t in group if json.dumps(t[0], sort_keys=True) not in finished]
-    bar.close()
     counts: dict[str, int] = {}
     for row in results.read():
         counts[row.get("status", "ok")] = counts.get(row.get("status", "ok"), 0) + 1
@@ -100,8 +105,34 @@ def _run_worker(config: SweepConfig, group: list, out: Path, bar: tqdm, urls: di
     hit the memory cap). A worker that dies otherwise raises."""
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: the caps and the RSS are its own
     queue = ctx.Queue()
-    worker = ctx.Process(target=_worker_main, args=(asdict(config), group, str(out), queue, urls), daemon=True)
-    worker.start()
+    worker = ctx.Process(target=_worker_main, args=(asdict(config), group, str(out), queue, urls, os.getpid()),
+                         daemon=True)
+    with sigint_ignored():
+        worker.start()
+    try:
+        return _follow(worker, queue, bar)
+    finally:  # Ctrl-C, SIGTERM (bench/cli.py makes it a KeyboardInterrupt here) or an error: stop the worker
+        if worker.is_alive():
+            worker.terminate()
+        worker.join()
+
+
+@contextmanager
+def sigint_ignored():
+    """Start a worker with SIGINT ignored, which it keeps across exec (and Python then installs no
+    KeyboardInterrupt handler): Ctrl-C reaches the whole process group, and it is this process
+    that stops the worker, so the worker prints no traceback of its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _follow(worker, queue, bar: tqdm) -> set[str]:
     finished: set[str] = set()
     error = None
     while True:
@@ -128,17 +159,24 @@ def _run_worker(config: SweepConfig, group: list, out: Path, bar: tqdm, urls: di
     if error:
         raise SpecdecError(error)
     if worker.exitcode != 0:
-        raise RuntimeError(f"sweep worker died with exit code {worker.exitcode}: rerun to resume")
+        raise SpecdecError(f"a sweep worker died with exit code {worker.exitcode} (killed, or out of memory?): "
+                           "rerun the same command to resume")
     return finished
 
 
-def _worker_main(config_dict: dict, group: list, out: str, queue, urls: dict[str, str]) -> None:
+def _worker_main(config_dict: dict, group: list, out: str, queue, urls: dict[str, str], parent: int) -> None:
+    die_with_parent()  # a sweep killed, even by SIGKILL, leaves no worker appending to its folder
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops this worker on Ctrl-C
     config = SweepConfig.from_mapping(config_dict)
     caps = config.caps()
     caps.apply_cpu()
     try:
         run_group(config, caps, group, Path(out), queue, urls)
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line
-        queue.put(("error", str(e) if isinstance(e, SpecdecError) else f"{type(e).__name__}: {e}"))
+        line = str(e) if isinstance(e, SpecdecError) else os_error_line(e) if isinstance(e, OSError) else \
+            f"{type(e).__name__}: {e}"
+        queue.put(("error", line))
         exit_worker(queue, 1)
     exit_worker(queue, 0)

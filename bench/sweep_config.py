@@ -18,8 +18,9 @@ from pathlib import Path
 
 from bench.caps import EdgeCaps
 from bench.network import profile
-from bench.prompts import PromptInputs
-from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
+from bench.folder import canonical_path
+from bench.prompts import PromptInputs, canonical_prompts
+from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types
 from specdec.errors import ConfigError
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
@@ -79,6 +80,7 @@ class SweepConfig:
     rlimit_as: bool = field(default=False, metadata={"help": "also cap the address space (RLIMIT_AS)"})
 
     def __post_init__(self) -> None:
+        check_types(self)
         for axis in AXES:
             if not getattr(self, axis):
                 raise ConfigError(f"sweep axis {axis!r} is empty: give at least one value")
@@ -98,6 +100,8 @@ class SweepConfig:
             self.spec_config(point)
             self.deploy_config(point)
         self.decode_config()
+        for prompts in self.prompts:
+            PromptInputs(prompts, self.limit, self.max_audio_s)
         self.caps()
         profile(self.network)
 
@@ -113,10 +117,13 @@ class SweepConfig:
             raise ConfigError(f"sweep config {path} not found: check the path") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"sweep config {path} is not valid TOML ({e}): fix that line") from None
-        return cls.from_mapping({**data, **{k: v for k, v in overrides.items() if v is not None}}, source=str(path))
+        return cls.from_mapping({**data, **{k: v for k, v in overrides.items() if v is not None}},
+                                source=f"sweep config {path}")
 
     @classmethod
     def from_mapping(cls, data: dict, source: str = "the sweep options") -> SweepConfig:
+        """Settings from a TOML table or flags: axis values are parsed (flags give text), every
+        other value must already have its field's type (checked in __post_init__)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -129,12 +136,17 @@ class SweepConfig:
                 try:
                     value = tuple(cast(v) for v in value) if cast else value
                 except (TypeError, ValueError):
-                    kind = "true/false values" if cast is parse_bool else "numbers"
+                    kind = {parse_bool: "true/false values", parse_int: "integers"}.get(cast, "numbers")
                     raise ConfigError(f"{source}: {key} must be a list of {kind}, got {list(value)}") from None
             values[key] = value
+        for key in ("edge", "cloud", "token_file"):  # one folder, one name (see bench/folder.py)
+            if isinstance(values.get(key), str):
+                values[key] = canonical_path(values[key])
+        if "prompts" in values and all(isinstance(p, str) for p in values["prompts"]):
+            values["prompts"] = tuple(canonical_prompts(p) for p in values["prompts"])
         try:
             return cls(**values)
-        except TypeError as e:
+        except (TypeError, ConfigError) as e:
             raise ConfigError(f"{source}: {e}") from None
 
     def points(self) -> list[dict]:
@@ -191,7 +203,21 @@ _HINTS = typing.get_type_hints(SweepConfig)
 # The grid axes: the tuple-valued fields, in field order (the order the grid's product is walked).
 AXES = tuple(f.name for f in fields(SweepConfig) if typing.get_origin(_HINTS[f.name]) is tuple)
 SPEC_AXES = tuple(axis for axis in AXES if axis in {f.name for f in fields(SpecConfig)})  # None outside spec points
-NUMERIC_AXES = {axis: typing.get_args(_HINTS[axis])[0] for axis in AXES if typing.get_args(_HINTS[axis])[0] in (int, float)}
+def parse_int(value) -> int:
+    """An int axis value from TOML (an int) or a flag (its digits); 2.5 or true is refused, never
+    rounded into another point."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value)
+    raise ValueError(value)
+
+
+def parse_number(value) -> float:
+    """A float axis value from TOML (a number) or a flag (text such as 0.5, inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(value)
+    return float(value)
 
 
 def parse_bool(value) -> bool:
@@ -204,7 +230,8 @@ def parse_bool(value) -> bool:
     return text in ("true", "on", "yes", "1")
 
 
-NUMERIC_AXES.update({axis: parse_bool for axis in AXES if typing.get_args(_HINTS[axis])[0] is bool})
+_PARSERS = {int: parse_int, float: parse_number, bool: parse_bool}
+NUMERIC_AXES = {axis: _PARSERS[typing.get_args(_HINTS[axis])[0]] for axis in AXES if typing.get_args(_HINTS[axis])[0] in _PARSERS}
 
 
 def result_key(row: dict) -> str:

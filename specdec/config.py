@@ -8,6 +8,8 @@ both commands. Policy and verifier names come from their registries: a new one i
 from __future__ import annotations
 
 import math
+import types
+import typing
 from dataclasses import dataclass, field, fields
 
 from specdec.backends.base import DTYPES
@@ -20,6 +22,45 @@ MODES = ("edge", "cloud", "spec")
 ROLES = {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}  # the models each mode loads
 CONSTRAINT_PROFILES = ("none", "zh")
 UNCERTAINTY = ("max", "mean", "first")
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false"}
+
+
+def _fits(value, hint) -> bool:
+    """`value` is of the declared type: an int is no bool, a float may be written as an int, a
+    tuple's items fit its item type. Types this does not know (callables, ...) pass."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or origin is typing.Union:
+        return any(_fits(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if origin is tuple:
+        return isinstance(value, tuple) and all(_fits(item, args[0]) for item in value)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint) if isinstance(hint, type) and origin is None else True
+
+
+def _type_name(hint) -> str:
+    args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {_type_name(args[0]).removeprefix('an ').removeprefix('a ')}s"
+    if args and typing.get_origin(hint) is not tuple:
+        return " or ".join(_type_name(arg) for arg in args) + (" (or unset)" if len(args) < len(typing.get_args(hint)) else "")
+    return _TYPE_NAMES.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def check_types(config) -> None:
+    """Every field holds a value of its declared type, so a config file's `max_new_tokens = 8.5`
+    or `seed = "x"` is named here, not met as a Python error after the models load."""
+    hints = typing.get_type_hints(type(config))
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if f.init and not _fits(value, hints[f.name]):
+            raise ConfigError(f"{f.name} must be {_type_name(hints[f.name])}, got {value!r}")
 
 
 def check_choices(config) -> None:
@@ -49,6 +90,7 @@ class EngineConfig:
                 "(edge mode never contacts it)"})
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_choices(self)
         if self.cloud_url and self.mode == "cloud":
             raise ConfigError("--cloud-url verifies spec blocks on a server; cloud mode runs the cloud model here: "
@@ -86,6 +128,7 @@ class DeployConfig:
         "help": "with --cloud-url: draft the next block while the server verifies the last one"})
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_choices(self)
         if not self.cloud_timeout_s > 0:
             raise ConfigError(f"cloud_timeout_s must be > 0 seconds, got {self.cloud_timeout_s}")
@@ -98,6 +141,7 @@ class DecodeConfig:
     seed: int = field(default=0, metadata={"help": "seed of the sampling generator"})
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -141,6 +185,7 @@ class SpecConfig:
     )
 
     def __post_init__(self) -> None:
+        check_types(self)
         if not isinstance(self.k, int) or self.k < 1:
             raise ConfigError(f"k must be >= 1, got {self.k}")
         if math.isnan(self.entropy_threshold) or self.entropy_threshold < 0:

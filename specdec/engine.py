@@ -58,11 +58,19 @@ class Engine(EngineConfig):
         """The model whose tokenizer encodes prompts and decodes outputs."""
         return self.model("cloud" if self.mode == "cloud" else "edge")
 
+    @property
+    def chat_template_used(self) -> bool:
+        """Whether prompts are wrapped in a chat template: as asked until the model that encodes
+        them is loaded, then what it really does (a raw-text run must not be recorded as templated)."""
+        loaded = self._models.get("cloud" if self.mode == "cloud" else "edge")
+        return self.chat_template if loaded is None else loaded.uses_chat_template(self.chat_template)
+
     def load(self) -> None:
         """Load every model this mode needs (and no other), and check that they fit together."""
         if self._derived.get("checked"):
             return
         self.primary
+        self.check_positions(prompt_tokens=None)
         if self.remote_cloud:
             self._connect()
         elif self.mode == "spec":
@@ -126,6 +134,24 @@ class Engine(EngineConfig):
     def load_seconds(self) -> dict[str, float]:
         return {role: self.model(role).load_s for role in self.roles}
 
+    def check_positions(self, prompt_tokens: int | None) -> None:
+        """The prompt plus max_new_tokens must fit the positions of every model this process runs
+        (a verifier server checks its own): past them a model extrapolates, or decodes for ever.
+        `prompt_tokens` None: before any prompt, whether even a one-token prompt would fit."""
+        budget = self.decode.max_new_tokens
+        for role in self.roles:
+            loaded = self.model(role)
+            limit = loaded.max_positions
+            if limit is None or (prompt_tokens or 1) + budget <= limit:
+                continue
+            if prompt_tokens is None:
+                raise ConfigError(f"max_new_tokens {budget} does not fit model {loaded.name!r}, which has {limit} "
+                                  f"positions for prompt and output together: lower --max-new-tokens below {limit}")
+            fix = (f"lower --max-new-tokens to {limit - prompt_tokens} or less" if prompt_tokens < limit
+                   else "shorten the prompt")
+            raise InputError(f"the prompt has {prompt_tokens} tokens and max_new_tokens is {budget}, "
+                             f"{prompt_tokens + budget} positions, but model {loaded.name!r} has {limit}: {fix}")
+
     def generate(self, text: str, system: str | None = None, waveform=None, sampling_rate: int = 16000,
                  language: str | None = None) -> Generation:
         self.load()
@@ -133,6 +159,7 @@ class Engine(EngineConfig):
         if waveform is not None and self.mode == "spec" and not self.cloud_side().accepts_audio:
             raise InputError(f"cloud model {self.cloud_name!r} is text-only but the prompt has audio")
         prompt = loaded.encode(text, system, waveform, sampling_rate, self.chat_template, language=language)
+        self.check_positions(prompt.input_ids.numel())
         constraints = self.constraints_for()
         if self.mode == "spec":
             generation = speculative_decode(

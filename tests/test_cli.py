@@ -91,7 +91,7 @@ def test_rerun_resumes_and_a_different_config_is_refused(pair, prompts, tmp_path
     assert run_cli(*args) == 0
     assert "nothing to do" in capsys.readouterr().err
     assert run_cli(*args[:-1], 9) == 2
-    assert "different configuration (differs in max_new_tokens)" in capsys.readouterr().err
+    assert "different run configuration (differs in max_new_tokens: 4 there, 9 here)" in capsys.readouterr().err
     assert len(read(out)) == 4  # nothing lost
 
 

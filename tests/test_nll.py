@@ -8,7 +8,7 @@ import torch
 
 from bench.cli import main
 from bench.nll import output_nll
-from bench.scores import SCORES, read_scores, score_key
+from bench.scores import SCORE_FIELDS, SCORES, read_scores, score_key
 from bench.records import ResultsFile
 from bench.summary import summarize
 from specdec.models.loading import load_model
@@ -50,7 +50,7 @@ def test_score_is_resumable_and_reaches_summary_and_report(swept, tmp_path, caps
     assert pd.read_csv(swept / "summary.csv")["cloud_nll"].isna().all()  # not scored yet
     assert main(["score", str(swept)]) == 0  # scorer: the sweep's cloud, found in the results
     assert pd.read_csv(swept / "summary.csv")["cloud_nll"].notna().all()  # the sweep's summary, rewritten
-    scores = ResultsFile(swept / SCORES).read()
+    scores = ResultsFile(swept / SCORES, SCORE_FIELDS).read()
     rows = ResultsFile(swept / "results.jsonl").read()
     assert {s["key"] for s in scores} == {score_key(r) for r in rows} and len(scores) == len(rows) == 6
     assert all(s["cloud_nll"] > 0 for s in scores)
@@ -62,7 +62,7 @@ def test_score_is_resumable_and_reaches_summary_and_report(swept, tmp_path, caps
         s = next(r for r in spec_rows if r["id"] == c["id"])
         assert by_key[score_key(s)] == pytest.approx(by_key[score_key(c)])
     assert main(["score", str(swept)]) == 0  # rerun: nothing rescored
-    assert len(ResultsFile(swept / SCORES).read()) == 6
+    assert len(ResultsFile(swept / SCORES, SCORE_FIELDS).read()) == 6
     assert "scored 0 outputs (6 already scored" in capsys.readouterr().err
     summary = summarize(rows, by_key).set_index("mode")
     assert summary.loc["cloud", "cloud_nll"] == pytest.approx(sum(by_key[score_key(r)] for r in cloud_rows) / 2)

@@ -220,6 +220,8 @@ def test_malformed_messages_get_an_error_and_a_closed_session(models):
             opening(policy="nonsense"): "policy must be one of",
             opening(prompt_ids=[1, 2, 999]): "token ids in [0, 64)",
             opening(max_new_tokens="eight"): "field 'max_new_tokens' must be int",
+            # 6 prompt tokens + 600 > the tiny cloud's 512 positions: refused before any forward
+            opening(max_new_tokens=600): "need more positions than model",
         }
         for message, reason in cases.items():
             ws = raw_client(url)

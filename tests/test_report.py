@@ -195,8 +195,8 @@ def test_bad_inputs_say_what_to_do(tmp_path):
     write_results(tmp_path, [failed, {**failed, "status": "over_memory_cap"}])
     with pytest.raises(InputError, match=r"no successful results \(1 failed, 1 over_memory_cap\)"):
         build_report(tmp_path, tmp_path / "o")
-    (tmp_path / "results.jsonl").write_text('{"id": 1}\nnot json\n')
-    with pytest.raises(InputError, match="is not valid JSON lines"):
+    (tmp_path / "results.jsonl").write_text('{"id": "p0", "mode": "edge"}\nnot json\n')
+    with pytest.raises(InputError, match="line 2 is not a JSON record"):
         build_report(tmp_path, tmp_path / "o")
     write_results(tmp_path, synthetic_rows())
     with pytest.raises(InputError, match="is not a profile folder"):

@@ -49,7 +49,7 @@ def test_grid_runs_resumes_and_summarizes(pair, prompts, tmp_path, capsys):
     assert sweep(pair, prompts, out, *args) == 0  # resume: nothing recomputed
     assert len(ResultsFile(out / "results.jsonl").read()) == 18
     assert sweep(pair, prompts, out, "--mode", "edge") == 2
-    assert "holds a different sweep (differs in" in capsys.readouterr().err
+    assert "different sweep configuration (differs in" in capsys.readouterr().err
 
 
 def test_memory_cap_is_recorded_and_the_sweep_goes_on(pair, prompts, tmp_path):

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Sequence
 from tqdm import tqdm
 
 from specdec.errors import ModelError
-from specdec.models import registry
+from specdec.models import integrity, registry
 from specdec.models.convert_ct2 import convert_whisper
 
 Log = Callable[[str], object]
@@ -54,7 +54,10 @@ def fetch(alias: str, *, log: Log = print, progress: bool = True) -> Path:
     final = registry.model_dir(alias)
     work = registry.home() / "parts" / alias
     with _locked(work.with_name(alias + ".lock")):
-        if not registry.is_fetched(alias):
+        current = registry.state(alias)
+        if current != "fetched":
+            if current == "damaged":
+                log(f"the cached copy of {alias} is damaged ({registry.damage(alias)}): fetching it again ...")
             log(f"fetching {alias} ({entry.size / 1e6:.0f} MB, one time) ...")
             joined = work / entry.joined_file
             if not joined.exists():
@@ -82,7 +85,9 @@ def fetch(alias: str, *, log: Log = print, progress: bool = True) -> Path:
             source = "gguf_file" if entry.format == "gguf" else "join"
             keys = ("upstream", "format", source, "size", "sha256", "dtype", "parts")
             marker = {k: getattr(entry, k) for k in keys}
-            (tmp / registry.MARKER).write_text(json.dumps({"alias": alias, **marker, "source": "pypi"}, indent=1))
+            files = integrity.record(tmp)  # sizes checked on every use, hashes by `specbench models verify`
+            (tmp / registry.MARKER).write_text(json.dumps({"alias": alias, **marker, "source": "pypi", "files": files},
+                                                          indent=1))
             shutil.rmtree(final, ignore_errors=True)  # a copy made from an older pin
             os.replace(tmp, final)
             log(f"{alias} ready in {final}")

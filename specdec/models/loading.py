@@ -5,6 +5,7 @@ The concrete backends are imported inside the functions that build them: each im
 transformers at load (about 2.5 s here), which `specbench --help` and a bad flag should not pay."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -14,10 +15,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
+from safetensors import SafetensorError
 
 from specdec.backends.base import DTYPES, Backend, Prompt
 from specdec.errors import InputError, ModelError
-from specdec.models import fetch as fetching, registry
+from specdec.models import fetch as fetching, integrity, registry
 from specdec.models.derive import check_derivable, derive, needs_float32, split_name
 
 # Hub ids as the hub validates them: two names that start with a letter or digit.
@@ -43,10 +45,31 @@ class LoadedModel:
         return frozenset(int(i) for i in ids)
 
     @property
+    def max_positions(self) -> int | None:
+        """The longest sequence (prompt + output tokens) the model has positions for, from its
+        config (a decoder's own limit first: Whisper's 448 target positions), or None if unsaid."""
+        config = self.backend.model.config
+        for part in (config, getattr(config, "text_config", None)):
+            for key in ("max_target_positions", "max_position_embeddings"):
+                if isinstance(value := getattr(part, key, None), int):
+                    return value
+        return None
+
+    @property
     def processors(self) -> tuple:
         """Logits processors the model's own decoding rule needs (Whisper's token suppression),
         to run before any profile's: `Constraints(processors=loaded.processors + ...)`."""
         return tuple(getattr(self.backend, "processors", ()))
+
+    def uses_chat_template(self, asked: bool) -> bool:
+        """Whether `encode(..., chat_template=asked)` wraps text in a chat template: Whisper takes no
+        text, an audio (Omni) model always uses its tokenizer's template, a text model when asked
+        and its tokenizer has one."""
+        from specdec.backends.whisper import WhisperBackend
+
+        if isinstance(self.backend, WhisperBackend):
+            return False
+        return uses_chat_template(self.tokenizer, asked or self.backend.accepts_audio)
 
     def encode(self, text: str, system: str | None = None, waveform=None, sampling_rate: int = 16000,
                chat_template: bool = True, language: str | None = None) -> Prompt:
@@ -79,9 +102,13 @@ class LoadedModel:
         return encode_text(self.tokenizer, text, system, chat_template)
 
 
+def uses_chat_template(tokenizer, asked: bool) -> bool:
+    return asked and bool(getattr(tokenizer, "chat_template", None))
+
+
 def encode_text(tokenizer, text: str, system: str | None = None, chat_template: bool = True) -> Prompt:
     """The tokenizer's chat template (with the generation prompt) when it has one and it is wanted."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
+    if uses_chat_template(tokenizer, chat_template):
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
@@ -96,8 +123,11 @@ def resolve(name: str, *, fetch: bool = True, log: Callable[[str], object] = pri
     if Path(name).expanduser().is_dir():
         return Path(name).expanduser()
     if registry.is_alias(name):
-        if registry.is_fetched(name):
+        state = registry.state(name)
+        if state == "fetched":
             return registry.model_dir(name)
+        if state == "damaged":
+            raise ModelError(registry.refetch_hint(name))
         if not fetch:
             raise ModelError(f"model {name!r} is not fetched yet: run `specbench models fetch {name}`")
         return fetching.fetch(name, log=log)
@@ -113,11 +143,15 @@ def cast_copy(location: Path | str, dtype: str, log: Callable[[str], object] = p
     it as bf16 would mmap and touch the whole fp32 file, peaking at fp32 + bf16 bytes: a false edge
     footprint. So a bf16 copy is made once beside it; its weights are bit-identical to casting at load."""
     location = Path(location)
-    if dtype == "float32" or not (location / registry.MARKER).exists():
+    marker = registry.read_marker(location)
+    if dtype == "float32" or marker is None:
         return location
     copy = location / dtype
-    if (copy / registry.MARKER).exists():
+    made = registry.read_marker(copy)
+    if made is not None and not (damaged := integrity.problems(copy, made.get("files"))):
         return copy
+    if made is not None:
+        log(f"the {dtype} copy of {location.name} is damaged ({'; '.join(damaged)}): making it again")
     from transformers import AutoModelForCausalLM
 
     log(f"making a one-time {dtype} copy of {location.name} (halves its load-time peak memory) ...")
@@ -126,8 +160,9 @@ def cast_copy(location: Path | str, dtype: str, log: Callable[[str], object] = p
     model = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[dtype])
     model.save_pretrained(tmp)
     for item in location.iterdir():
-        if item.is_file() and not item.name.endswith(".safetensors") and item.name != "config.json":
-            shutil.copy2(item, tmp / item.name)  # tokenizer, generation config, marker (written last)
+        if item.is_file() and not item.name.endswith(".safetensors") and item.name not in ("config.json", registry.MARKER):
+            shutil.copy2(item, tmp / item.name)  # tokenizer, generation config
+    (tmp / registry.MARKER).write_text(json.dumps({**marker, "files": integrity.record(tmp)}, indent=1))  # last
     del model
     shutil.rmtree(copy, ignore_errors=True)
     tmp.rename(copy)
@@ -150,6 +185,9 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
     hf_logging.disable_progress_bar()  # a sub-second bar per load is noise in run logs
     base, ops = split_name(registry.expand(name))
     location = resolve(base, log=log)
+    if isinstance(location, Path) and (damaged := integrity.problems(location, None)):
+        raise ModelError(f"cannot load model {name!r}: {damaged[0]} in {location}: restore that file, or point at a "
+                         "whole model folder")
     with _load_errors(name, location):
         config = AutoConfig.from_pretrained(location)
     check_derivable(config.model_type, ops)
@@ -165,22 +203,56 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
         torch_dtype = torch.float32 if needs_float32(ops) else DTYPES[dtype]
         if torch_dtype != DTYPES[dtype]:
             log(f"{name}: int8 layers take float32 activations, so it runs in float32, not {dtype}")
-        model = load_whisper(location, torch_dtype, name=name).model
+        with _load_errors(name, location):
+            model = load_whisper(location, torch_dtype, name=name).model
         backend = WhisperBackend(derive(model, ops), name=name)
         feature_extractor = whisper_feature_extractor(location, config.num_mel_bins)
     elif config.model_type in OMNI_MODEL_TYPES:
-        backend = load_omni_thinker(location, DTYPES[dtype], name=name)
+        with _load_errors(name, location):
+            backend = load_omni_thinker(location, DTYPES[dtype], name=name)
         feature_extractor = default_feature_extractor()
     else:
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[dtype])
+        with _load_errors(name, location), _verbosity(hf_logging, hf_logging.ERROR):  # its load report: ours below
+            model, info = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[dtype], output_loading_info=True,
+                                                               ignore_mismatched_sizes=True)
+        check_weights(name, location, info)
         backend = HFCausalBackend(model, name=name)
     return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor)
 
 
+def check_weights(name: str, location: str, info: dict) -> None:
+    """transformers re-initializes at random what it cannot take from the weight files (and says so
+    in a log table): a model with random weights must not run as if it were the one named."""
+    if info["mismatched_keys"]:
+        key, stored, expected = sorted(info["mismatched_keys"], key=lambda entry: entry[0])[0]
+        raise ModelError(f"cannot load model {name!r}: its weights do not fit {Path(location) / 'config.json'} ({key} "
+                         f"is {list(stored)} in the weights, {list(expected)} by the config): restore config.json or "
+                         "the weights")
+    if info["missing_keys"]:
+        missing = sorted(info["missing_keys"])
+        raise ModelError(f"cannot load model {name!r}: the weights in {location} lack {len(missing)} of its tensors "
+                         f"(e.g. {missing[0]}): restore the weight files")
+
+
 @contextmanager
-def _load_errors(name: str, location) -> Iterator[None]:
+def _verbosity(hf_logging, level: int) -> Iterator[None]:
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity(level)
     try:
         yield
-    except (OSError, ValueError) as e:
-        where = "this directory" if Path(location).is_dir() else "a local directory or the model hub (offline here?)"
-        raise ModelError(f"cannot load model {name!r} from {where}: {str(e).splitlines()[0]}") from e
+    finally:
+        hf_logging.set_verbosity(previous)
+
+
+@contextmanager
+def _load_errors(name: str, location) -> Iterator[None]:
+    """One line for whatever a model folder makes loading raise: missing or unreadable files
+    (OSError), bad configs (ValueError), tensors that do not fit (RuntimeError, SafetensorError)."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        where = location if Path(location).is_dir() else "a local directory or the model hub (offline here?)"
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        cause = next((line for line in lines if "mismatch" in line), lines[0]).rstrip(".")
+        fix = "; restore its files, or point at a whole model folder" if Path(location).is_dir() else ""
+        raise ModelError(f"cannot load model {name!r} from {where}: {cause}{fix}") from e

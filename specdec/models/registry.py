@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from specdec.errors import ModelError
+from specdec.models import integrity
 from specdec.models.derive import parse_ops
 
 REGISTRY = Path(__file__).with_name("models.toml")
@@ -188,7 +189,11 @@ def get(alias: str) -> ModelEntry:
 
 
 def home() -> Path:
-    return Path(os.environ.get("SPECBENCH_HOME") or Path.home() / ".cache" / "specbench").expanduser()
+    path = Path(os.environ.get("SPECBENCH_HOME") or Path.home() / ".cache" / "specbench").expanduser()
+    if path.exists() and not path.is_dir():
+        raise ModelError(f"the model cache {path} (SPECBENCH_HOME) is a file, not a folder: point SPECBENCH_HOME at a "
+                         "folder, or unset it for ~/.cache/specbench")
+    return path
 
 
 def model_dir(alias: str) -> Path:
@@ -203,13 +208,45 @@ def expand(name: str) -> str:
     return entry.load_name if entry else name
 
 
-def is_fetched(alias: str) -> bool:
-    """True once the converted copy is complete and was made from the registry's pinned file."""
-    marker = model_dir(alias) / MARKER
+def read_marker(folder: Path) -> dict | None:
+    """The marker of a converted folder (written last: present means complete), or None."""
     try:
-        return json.loads(marker.read_text()).get("sha256") == get(alias).sha256
+        marker = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
-        return False
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def damage(alias: str, hashes: bool = False) -> str | None:
+    """What is wrong with the converted copy of `alias` (its files against the sizes, and with
+    `hashes` the sha256, recorded when it was converted; its safetensors headers), or None."""
+    folder = model_dir(alias)
+    marker = read_marker(folder)
+    if marker is None or marker.get("sha256") != get(alias).sha256:
+        return "not fetched, or fetched from another pin"
+    found = integrity.problems(folder, marker.get("files"), hashes=hashes)
+    return "; ".join(found) if found else None
+
+
+def state(alias: str) -> str:
+    """`fetched`, `not fetched`, or `damaged` (a converted copy whose files changed since)."""
+    marker = read_marker(model_dir(alias))
+    if marker is None or marker.get("sha256") != get(alias).sha256:
+        return "not fetched"
+    return "damaged" if damage(alias) else "fetched"
+
+
+def is_fetched(alias: str) -> bool:
+    """True once the converted copy is complete, was made from the registry's pinned file, and its
+    files still have the sizes recorded then (hashes: `specbench models verify`)."""
+    return state(alias) == "fetched"
+
+
+def refetch_hint(alias: str) -> str:
+    """One line for a damaged cache: what is wrong and the command that repairs it."""
+    base = get(alias).base or alias
+    return (f"the cached copy of {alias!r} in {model_dir(alias)} is damaged ({damage(alias)}): run `specbench models "
+            f"fetch {base}` to fetch it again")
 
 
 def unknown_model(name: str) -> str:

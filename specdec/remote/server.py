@@ -104,6 +104,11 @@ class ServerSession:
             spec.check_decoding(decode_config)
         except SpecdecError as e:
             raise ProtocolError(f"open: {e}") from None
+        limit = model.max_positions
+        if limit is not None and len(prompt_ids) + decode_config.max_new_tokens > limit:
+            raise ProtocolError(f"open: a prompt of {len(prompt_ids)} tokens and max_new_tokens "
+                                f"{decode_config.max_new_tokens} need more positions than model {model.name!r} has "
+                                f"({limit}): lower max_new_tokens", code="too_long")
         self.vocab, self.policy = settings["vocab"], settings["policy"]
         eos_ids = frozenset(token_ids(message, "eos_ids", vocab_limit))
         constraints = build_constraints(model, settings["constraints"], self.vocab, eos_ids)
