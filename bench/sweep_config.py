@@ -125,12 +125,12 @@ class SweepConfig:
         return cast(point[name]) if cast else point[name]
 
     def engine_config(self, point: dict) -> EngineConfig:
-        return EngineConfig(**{f.name: self.setting(point, f.name) for f in fields(EngineConfig)})
+        return EngineConfig(**{f.name: self.setting(point, f.name) for f in fields(EngineConfig) if f.name in _SWEPT})
 
     def spec_config(self, point: dict) -> SpecConfig:
         if point["mode"] != "spec":
             return SpecConfig()
-        return SpecConfig(**{f.name: self.setting(point, f.name) for f in fields(SpecConfig)})
+        return SpecConfig(**{f.name: self.setting(point, f.name) for f in fields(SpecConfig) if f.name in _SWEPT})
 
     def decode_config(self) -> DecodeConfig:
         return DecodeConfig(**{f.name: getattr(self, f.name) for f in fields(DecodeConfig)})
@@ -140,6 +140,8 @@ class SweepConfig:
 
 
 _HINTS = typing.get_type_hints(SweepConfig)
+# A run setting the sweep does not define (yet: cloud_url, draft_stop, ...) keeps the run's default.
+_SWEPT = frozenset(f.name for f in fields(SweepConfig))
 # The grid axes: the tuple-valued fields, in field order (the order the grid's product is walked).
 AXES = tuple(f.name for f in fields(SweepConfig) if typing.get_origin(_HINTS[f.name]) is tuple)
 SPEC_AXES = tuple(axis for axis in AXES if axis in {f.name for f in fields(SpecConfig)})  # None outside spec points
