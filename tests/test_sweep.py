@@ -84,6 +84,59 @@ def test_summary_math_on_synthetic_rows():
     assert point["chrf_vs_cloud"] == 100.0 and point["token_match_vs_cloud"] == 1.0
 
 
+def synthetic(mode, pid, latency, tokens, repeat=0, **kw):
+    base = dict(id=pid, mode=mode, dtype="float32", prompts="p", policy=None, k=None, entropy_threshold=None,
+                accept_threshold=None, verifier=None, status="ok", text="说话人语速平缓，情绪稳定。", tokens=[1, 2, 3],
+                new_tokens=tokens, latency_s=latency, ttft_s=0.1, tpot_s=0.01, num_draft_tokens=0, num_accepted_tokens=0,
+                cloud_calls=0, cycles=tokens, edge_s=0, cloud_s=0, overhead_s=0.0, punct_density=0.1, peak_rss_bytes=1,
+                repeat=repeat)
+    return {**base, **kw}
+
+
+def test_intervals_pair_prompts_with_their_baseline_run():
+    """Prompt difficulty cancels in the paired speed-up: each prompt's spec run is 2x its cloud run,
+    so the interval is [2, 2] however much the prompts differ; the acceptance interval spans the
+    per-prompt rates; with one prompt there is no interval."""
+    spec = dict(policy="greedy", k=4, entropy_threshold=0.0, accept_threshold=0.1, verifier="cached", cycles=2, cloud_calls=1)
+    rows = []
+    for pid, cloud_s, accepted in (("a", 1.0, 8), ("b", 4.0, 4), ("c", 9.0, 2), ("d", 2.0, 6)):
+        rows += [synthetic("cloud", pid, cloud_s, 8),
+                 synthetic("spec", pid, cloud_s / 2, 8, num_draft_tokens=8, num_accepted_tokens=accepted, **spec)]
+    point = summarize(rows).set_index("mode").loc["spec"]
+    assert point["speedup_vs_cloud"] == pytest.approx(2.0)
+    assert (point["speedup_vs_cloud_ci_low"], point["speedup_vs_cloud_ci_high"]) == pytest.approx((2.0, 2.0))
+    assert 0.25 <= point["acceptance_rate_ci_low"] < point["acceptance_rate"] < point["acceptance_rate_ci_high"] <= 1.0
+    assert point["cloud_call_rate_ci_low"] == point["cloud_call_rate_ci_high"] == 0.5
+    assert point["chrf_vs_cloud_ci_low"] == point["chrf_vs_cloud_ci_high"] == 100.0
+    # the same prompts unpaired would scatter: the interval on a noisy pairing is wide
+    noisy = [r if r["mode"] == "cloud" else {**r, "latency_s": r["latency_s"] * (3 if r["id"] in "ab" else 1)} for r in rows]
+    wide = summarize(noisy).set_index("mode").loc["spec"]
+    assert wide["speedup_vs_cloud_ci_low"] < 1.0 < wide["speedup_vs_cloud_ci_high"]
+    one = summarize([r for r in rows if r["id"] == "a"]).set_index("mode").loc["spec"]
+    assert one["speedup_vs_cloud"] == pytest.approx(2.0) and one["speedup_vs_cloud_ci_low"] != one["speedup_vs_cloud_ci_low"]
+
+
+def test_repeats_count_each_prompt_once_with_its_median_time():
+    rows = [synthetic("cloud", pid, latency, 8, repeat=r) for pid in "ab" for r, latency in enumerate((4.0, 40.0, 5.0))]
+    point = summarize(rows).set_index("mode").loc["cloud"]
+    assert point["n_prompts"] == 2 and point["latency_total_s"] == 10.0  # median 5.0 per prompt, not the 40 s outlier
+
+
+def test_terminal_table_shows_every_varying_axis_and_the_intervals():
+    from bench.summary import terminal_table
+
+    spec = dict(k=4, entropy_threshold=0.0, accept_threshold=0.1, verifier="cached", num_draft_tokens=8,
+                num_accepted_tokens=6, cloud_calls=2, cycles=2)
+    rows = [synthetic("cloud", pid, 4.0 + i, 8) for i, pid in enumerate("ab")]
+    rows += [synthetic("spec", pid, 2.0 + i, 8, policy=policy, **spec) for policy in ("greedy", "threshold")
+             for i, pid in enumerate("ab")]
+    table = terminal_table(summarize(rows))
+    header, *lines = table.splitlines()
+    assert "policy" in header.split() and "mode" in header.split() and "k" not in header.split()  # k does not vary
+    assert len({line for line in lines}) == len(lines) == 3  # greedy and threshold rows no longer look alike
+    assert "[" in lines[1] and "-" in lines[1].split("[")[1]
+
+
 def test_expected_speedup_limits():
     assert expected_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)  # nothing accepted: pay for the drafts
     assert expected_speedup(1.0, 4, 0.0) == 5.0  # perfect free drafter: k+1 tokens per cloud call
