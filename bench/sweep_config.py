@@ -46,6 +46,9 @@ class SweepConfig:
     punct_trigger: float | None = SpecConfig.punct_trigger
     chat_template: bool = EngineConfig.chat_template
     limit: int | None = PromptInputs.limit
+    repeats: int = field(default=1, metadata={
+        "help": "timed runs of every (point, prompt), interleaved with the other points; the summary "
+                "takes each prompt's median time"})
     max_audio_s: float = PromptInputs.max_audio_s
     network: str = field(default="none", metadata={"help": "none, wifi, 4g, 5g, or rtt=40ms,up=10mbit,down=50mbit"})
     edge_cores: int | None = field(default=None, metadata={"help": "CPU cores of the edge worker"})
@@ -61,6 +64,8 @@ class SweepConfig:
             raise ConfigError("the sweep has edge or spec points but no edge model: set edge = MODEL")
         if ("spec" in self.mode or "cloud" in self.mode) and not self.cloud:
             raise ConfigError("the sweep has cloud or spec points but no cloud model: set cloud = MODEL")
+        if self.repeats < 1:
+            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
         for point in self.points():  # every point validates as a run would, before anything runs
             self.engine_config(point)
             self.spec_config(point)
