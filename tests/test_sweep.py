@@ -52,6 +52,27 @@ def test_grid_runs_resumes_and_summarizes(pair, prompts, tmp_path, capsys):
     assert "holds a different sweep (differs in" in capsys.readouterr().err
 
 
+def test_points_are_timed_interleaved_per_prompt_and_repeats_resume(pair, prompts, tmp_path):
+    """Within a worker every point runs a prompt before any point runs the next one (the baselines
+    and spec points of a prompt back to back), in a rotating order; --repeats 2 does that round
+    twice, and a rerun finds everything done."""
+    out = tmp_path / "r"
+    args = ("--mode", "cloud,edge,spec", "--k", "1,2", "--policy", "greedy", "--repeats", "2")
+    assert sweep(pair, prompts, out, *args) == 0
+    rows = ResultsFile(out / "results.jsonl").read()
+    points = 4  # cloud, edge, spec k=1, spec k=2
+    assert len(rows) == points * 3 * 2
+    rounds = [rows[i:i + points] for i in range(0, len(rows), points)]
+    for number, round_ in enumerate(rounds):
+        assert {(r["id"], r["repeat"]) for r in round_} == {(f"p{number % 3}", number // 3)}  # one prompt per round
+        assert len({(r["mode"], r["k"]) for r in round_}) == points  # every point once
+    firsts = {(rounds[n][0]["mode"], rounds[n][0]["k"]) for n in range(len(rounds))}
+    assert len(firsts) > 1  # the order rotates
+    assert sweep(pair, prompts, out, *args) == 0 and len(ResultsFile(out / "results.jsonl").read()) == len(rows)
+    summary = summarize(ResultsFile(out / "results.jsonl").read())
+    assert set(summary["n_prompts"]) == {3}  # repeats collapse to one row per prompt
+
+
 def test_memory_cap_is_recorded_and_the_sweep_goes_on(pair, prompts, tmp_path):
     out = tmp_path / "cap"
     # The tiny edge's weights fit in 0.05 GiB, but a Python + torch worker does not.
