@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -110,8 +112,15 @@ def network_fields(row: dict, generation, network) -> dict:
 
 
 def exit_worker(queue, code: int) -> None:
-    """Say goodbye and leave at once. The queue's feeder thread must flush before os._exit."""
+    """Say goodbye and leave. The queue's feeder thread must flush first. From the main thread the
+    worker leaves through SystemExit, so multiprocessing's bootstrap runs this process's finalizers:
+    a semaphore made here (tqdm's lock, created while transformers loads a model) is unlinked, where
+    os._exit left it to the resource tracker's "leaked semaphore objects" warning at the end of every
+    sweep. The memory watchdog's thread (over the cap) cannot raise into the main thread: it leaves at
+    once with os._exit."""
     queue.put(("exit",))
     queue.close()
     queue.join_thread()
+    if threading.current_thread() is threading.main_thread():
+        sys.exit(code)
     os._exit(code)

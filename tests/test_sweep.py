@@ -1,5 +1,9 @@
 """`specbench sweep`: grid, resume, per-point summary, caps and bad configs (tiny models)."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,6 +75,49 @@ def test_points_are_timed_interleaved_per_prompt_and_repeats_resume(pair, prompt
     assert sweep(pair, prompts, out, *args) == 0 and len(ResultsFile(out / "results.jsonl").read()) == len(rows)
     summary = summarize(ResultsFile(out / "results.jsonl").read())
     assert set(summary["n_prompts"]) == {3}  # repeats collapse to one row per prompt
+
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER_WITH_A_LOCK = """
+import multiprocessing
+from bench.worker import exit_worker
+
+def child(queue):
+    from tqdm import tqdm
+    for _ in tqdm(range(2)):  # a progress bar, as transformers shows loading a real model: tqdm makes a semaphore
+        pass
+    exit_worker(queue, 3)
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    worker = ctx.Process(target=child, args=(queue,), daemon=True)
+    worker.start()
+    assert queue.get(timeout=120) == ("exit",)
+    worker.join()
+    print("exit code", worker.exitcode)
+"""
+
+
+def test_a_worker_leaves_no_semaphore_behind(tmp_path):
+    """The worker's shutdown path unlinks what the worker made: no resource-tracker warning."""
+    script = tmp_path / "worker_with_a_lock.py"
+    script.write_text(WORKER_WITH_A_LOCK)
+    # (not -W error: the resource tracker, a process of its own, would then swallow its warning)
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "exit code 3" in done.stdout, done.stderr
+    assert "leaked" not in done.stderr and "Warning" not in done.stderr, done.stderr
+
+
+def test_a_sweep_ends_without_warnings(pair, prompts, tmp_path):
+    """A normal sweep, run as a user runs it: its stderr has no leaked semaphores and no warnings."""
+    done = subprocess.run([sys.executable, "-m", "bench.cli", "sweep", "--edge", pair["edge"], "--cloud", pair["cloud"],
+                           "--prompts", prompts, "--out", str(tmp_path / "s"), "--max-new-tokens", "4",
+                           "--dtype", "float32", "--mode", "cloud,spec", "--k", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "leaked" not in done.stderr and "Warning" not in done.stderr, done.stderr
 
 
 def test_memory_cap_is_recorded_and_the_sweep_goes_on(pair, prompts, tmp_path):
