@@ -14,7 +14,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
+from bench.report.fonts import use_cjk_font  # noqa: E402
 from bench.report.pareto import Front, front_members, set_name  # noqa: E402
+
+use_cjk_font()  # Chinese labels and samples draw as glyphs, not boxes
 
 GIB = 1 << 30
 DPI = 110
