@@ -1,6 +1,8 @@
 """Chinese text in figures draws as glyphs: the pinned Noto Sans SC is checked and registered, a
 Chinese label renders without matplotlib's missing-glyph warning, and no character renders as the
 missing-glyph box (.notdef)."""
+import json
+import re
 import warnings
 
 import matplotlib
@@ -13,6 +15,7 @@ import pytest  # noqa: E402
 
 from bench.report import fonts  # noqa: E402
 from specdec.errors import ConfigError  # noqa: E402
+from tests.test_report import chromium, run_chromium  # noqa: E402,F401  (chromium: a fixture)
 
 LABEL = "说话人语速平缓，情绪稳定。"  # a zh-describe style output
 NOTDEF = "\ue000"  # a private-use code point no font here has: what a missing glyph looks like
@@ -50,3 +53,36 @@ def test_the_font_file_is_the_pinned_one(monkeypatch):
     monkeypatch.setattr(fonts, "SHA256", "0" * 64)
     with pytest.raises(ConfigError, match="not the pinned .*pip install --force-reinstall"):
         fonts.cjk_font_path()
+
+
+# --- the page, in a browser -------------------------------------------------------------------
+GLYPH_CHECK = """<script>
+document.fonts.load('32px "%(family)s"', '%(label)s').then(faces => {
+  const canvas = document.createElement("canvas"); canvas.width = 48; canvas.height = 48;
+  const g = canvas.getContext("2d");
+  const draw = ch => { g.clearRect(0, 0, 48, 48); g.font = '32px "%(family)s", monospace'; g.fillText(ch, 4, 36);
+                       return Array.from(g.getImageData(0, 0, 48, 48).data).join(","); };
+  const box = draw("\\ue000"), glyphs = Array.from('%(label)s', draw);
+  const out = document.createElement("pre"); out.id = "glyph-check";
+  out.textContent = JSON.stringify({faces: faces.length, boxes: glyphs.filter(p => p === box).length,
+                                    distinct: new Set(glyphs).size, chars: glyphs.length});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def test_the_page_draws_chinese_in_a_browser_without_cjk_fonts(chromium, tmp_path):
+    """The @font-face the report embeds covers its Chinese text: in headless Chromium (which has no
+    CJK font here) every character draws its own glyph, none the missing-glyph box."""
+    label = "说话人语速平缓情绪稳定"
+    css = fonts.font_face_css(f"<p>{label}</p>")
+    assert css.startswith("@font-face") and "data:font/woff;base64," in css
+    assert fonts.font_face_css("<p>only latin, and 1.50×</p>") == ""
+    check = GLYPH_CHECK % {"family": fonts.CSS_FAMILY, "label": label}
+    page = tmp_path / "page.html"
+    page.write_text(f'<!DOCTYPE html><meta charset="utf-8"><style>{css}</style><p>{label}</p>{check}', encoding="utf-8")
+    done = run_chromium(chromium, tmp_path / "chrome", "--virtual-time-budget=10000", "--dump-dom", page.as_uri())
+    found = re.search(r'<pre id="glyph-check">(.*?)</pre>', done.stdout, re.S)
+    assert found, f"chromium printed no glyph check: {done.stderr[-1500:]}"
+    result = json.loads(found.group(1))
+    assert result == {"faces": 1, "boxes": 0, "distinct": len(label), "chars": len(label)}, result

@@ -148,5 +148,5 @@ def build_report(results_dir: Path, out: Path | None = None, profile: Path | Non
         "metadata": page.metadata_sections(inputs),
     }
     index = out / "index.html"
-    index.write_text(page.render(context), encoding="utf-8")
+    index.write_text(page.render_index(context), encoding="utf-8")
     return index
