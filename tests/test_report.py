@@ -166,6 +166,19 @@ def test_a_winner_inside_the_noise_is_not_named_as_one():
     assert picks.at["fastest_near_cloud", "separable"] is True and "NOT" not in picks.at["fastest_near_cloud", "why"]
 
 
+def test_bf16_greedy_drift_is_said_plainly(tmp_path):
+    from bench.report.recommend import precision_notes
+
+    rows = [row("cloud", p, text=CLOUD_TEXT) for p in ("p0", "p1")] + [row(prompt=p, text=t) for p, t in
+                                                                      (("p0", CLOUD_TEXT), ("p1", CLOUD_TEXT[:-6] + "mat."))]
+    assert precision_notes(summarize(rows)) == []  # fp32
+    bf16 = [{**r, "dtype": "bfloat16"} for r in rows]
+    notes = precision_notes(summarize(bf16))
+    assert len(notes) == 1 and "bf16 greedy drifts: 1 of 1 greedy spec points" in notes[0] and "fp32" in notes[0]
+    page = build_report(write_results(tmp_path / "r", bf16), tmp_path / "out").read_text(encoding="utf-8")
+    assert "bf16 greedy drifts" in page
+
+
 def test_per_position_acceptance_is_vllm_style(summary):
     table = per_position_acceptance(load_rows(synthetic_rows()), summary)
     labels = point_labels(summary)
