@@ -20,7 +20,7 @@ from bench.records import read_records
 from bench.report.cli import add_report_parser, cmd_report
 from bench.scores import SCORES, read_scores
 from bench.run import run
-from bench.summary import summarize
+from bench.summary import summarize, terminal_table
 from bench.sweep import run_sweep
 from specdec.backends.base import DTYPES
 from specdec.errors import InputError, ModelError, SpecdecError
@@ -55,9 +55,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     summary = summarize(read_records(args.out / "results.jsonl"), read_scores(args.out))
     _say(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     if not summary.empty:
-        columns = [c for c in ("mode", "prompts", "k", "entropy_threshold", "tokens_per_s", "speedup_vs_cloud",
-                               "acceptance_rate", "cloud_call_rate", "chrf_vs_cloud") if c in summary]
-        _say(summary[columns].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+        _say(terminal_table(summary))
+        _say("[low-high]: 95 % interval over prompts (bootstrap); overlapping intervals do not separate two points")
     _say(f"summary: {args.out / 'summary.csv'}")
     return 0
 

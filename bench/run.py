@@ -125,7 +125,7 @@ def generate_one(engine: Engine, record: PromptRecord, point: dict, results: Res
         if record.audio:
             rate, cap_s = model_limits(engine.primary.feature_extractor, max_audio_s)
             waveform = read_audio(record.audio, record.id, rate, cap_s)
-        # Peak memory is not reset here: a point's peak spans its prompts (the worker resets per point).
+        # Peak memory is not reset here: a run's peak spans its prompts (a sweep worker resets it per generation).
         latency, memory = LatencyTracker(), PeakMemoryTracker(reset=False)
         with tracked(memory, latency):
             generation = engine.generate(record.prompt, record.system, waveform, rate, language=record.language)

@@ -8,6 +8,11 @@ step time measured from the edge-only and cloud-only baselines.
 WER and CER are means over the point's rows that carry a `reference` (see bench.health.error_rates:
 CER for Chinese-like languages, WER otherwise); NaN when none do. `cloud_nll` (nats per token of
 the output under the cloud, bench/nll.py) is there once the folder has been scored.
+
+Every ratio and rate a user acts on carries a 95 % interval, `<metric>_ci_low` / `<metric>_ci_high`
+(bench.metrics: percentile bootstrap over prompts, fixed seed): speed-ups resample each prompt with
+its baseline run (paired), acceptance and cloud-call rate recompute the pooled rate, chrF the mean.
+A prompt timed several times (`--repeats`) counts once, with the median of its timings.
 """
 from __future__ import annotations
 
@@ -53,9 +58,9 @@ def summarize(rows: list[dict], scores: dict[str, float] | None = None) -> pd.Da
     frame = load_rows(rows)
     if frame.empty:
         return frame
-    frame = _agreement_with_cloud(frame)
+    frame = _agreement_with_cloud(_median_over_repeats(frame))
     summary = frame.groupby(POINT, sort=False, dropna=False).apply(_point_stats, include_groups=False).reset_index()
-    return _speedups(summary, frame)
+    return _intervals(_speedups(summary, frame), frame)
 
 
 def _point_stats(group: pd.DataFrame) -> pd.Series:
@@ -148,3 +153,86 @@ def _speedups(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
             extra.update(cost_ratio_c=c, theoretical_speedup=theory, speedup_efficiency=metrics.ratio(extra["speedup_vs_cloud"], theory))
         rows.append({**point.to_dict(), **extra})
     return pd.DataFrame(rows)
+
+
+# --- repeats and intervals --------------------------------------------------------------------
+TIMED = ("latency_s", "latency_with_network_s", "ttft_s", "tpot_s", "edge_s", "cloud_s", "overhead_s", "network_s")
+# metric -> (how its interval is computed, the per-prompt columns it needs)
+INTERVALS = {
+    "acceptance_rate": ("pooled", ("num_accepted_tokens", "num_draft_tokens")),
+    "cloud_call_rate": ("pooled", ("cloud_calls", "cycles")),
+    "chrf_vs_cloud": ("mean", ("chrf_vs_cloud",)),
+    "token_match_vs_cloud": ("mean", ("token_match_vs_cloud",)),
+}
+SPEEDUPS = {"speedup_vs_cloud": "cloud", "speedup_vs_edge": "edge"}  # metric -> baseline mode
+
+
+def ci_columns(metric: str) -> tuple[str, str]:
+    return f"{metric}_ci_low", f"{metric}_ci_high"
+
+
+def _median_over_repeats(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (point, prompt): a prompt timed R times (`--repeats`) keeps its first output (greedy
+    or seeded: the same every repeat) and the median of each timing; peak RSS is the largest."""
+    if "repeat" not in frame or frame["repeat"].nunique() <= 1:
+        return frame
+    keys = POINT + ["id"]
+    how = {c: "median" if c in TIMED else "max" if c == "peak_rss_bytes" else "first" for c in frame if c not in keys}
+    return frame.groupby(keys, sort=False, dropna=False, as_index=False).agg(how)
+
+
+def _intervals(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """The `_ci_low` / `_ci_high` columns of every point (NaN where a metric or its baseline is undefined,
+    or with fewer than 2 prompts)."""
+    groups = {key: group.set_index("id") for key, group in frame.groupby(POINT, sort=False, dropna=False)}
+    columns: dict[str, list[float]] = {c: [] for metric in [*INTERVALS, *SPEEDUPS] for c in ci_columns(metric)}
+    for _, point in summary.iterrows():
+        rows = groups[tuple(point[c] for c in POINT)]
+        for metric, (kind, needed) in INTERVALS.items():
+            low, high = float("nan"), float("nan")
+            if all(c in rows for c in needed) and point[metric] == point[metric]:
+                values = [rows[c].astype(float) for c in needed]
+                low, high = metrics.pooled_ratio_ci(*values) if kind == "pooled" else metrics.mean_ci(*values)
+            columns[ci_columns(metric)[0]].append(low)
+            columns[ci_columns(metric)[1]].append(high)
+        for metric, mode in SPEEDUPS.items():
+            low, high = float("nan"), float("nan")
+            base = summary[(summary["mode"] == mode) & (summary["dtype"] == point["dtype"]) & (summary["prompts"] == point["prompts"])]
+            if len(base) and point[metric] == point[metric]:
+                base_rows = groups[tuple(base.iloc[0][c] for c in POINT)]
+                both = rows.index.intersection(base_rows.index)
+                low, high = metrics.speedup_ci(rows.loc[both, "new_tokens"], rows.loc[both, "latency_s"],
+                                               base_rows.loc[both, "new_tokens"], base_rows.loc[both, "latency_s"])
+            columns[ci_columns(metric)[0]].append(low)
+            columns[ci_columns(metric)[1]].append(high)
+    return summary.assign(**columns)
+
+
+def varying_axes(summary: pd.DataFrame) -> list[str]:
+    """The point's axes that take more than one value in `summary` (mode always); "-" (the axis does
+    not apply, e.g. k of a baseline) is not a value."""
+    def values(column: str) -> set:
+        return {str(v) for v in summary[column] if str(v) != "-"}
+    return [c for c in POINT if c == "mode" or (c in summary and len(values(c)) > 1)]
+
+
+def terminal_table(summary: pd.DataFrame) -> str:
+    """The sweep's closing table: every axis that varies (so no two rows look alike) and each
+    ratio or rate with its 95 % interval."""
+    shown = {"tokens_per_s": None, **{m: ci_columns(m) for m in ("speedup_vs_cloud", "speedup_vs_edge", "acceptance_rate",
+                                                                 "cloud_call_rate", "chrf_vs_cloud")}}
+    table = summary[varying_axes(summary)].copy()
+    for metric, interval in shown.items():
+        if metric not in summary:
+            continue
+        table[metric] = [_with_interval(row[metric], *(row[c] for c in interval) if interval else ())
+                         for _, row in summary.iterrows()]
+    return table.to_string(index=False)
+
+
+def _with_interval(value, low=float("nan"), high=float("nan")) -> str:
+    if value != value:
+        return "-"
+    if low != low or high != high:
+        return f"{value:.3g}"
+    return f"{value:.3g} [{low:.3g}-{high:.3g}]"

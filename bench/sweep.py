@@ -3,7 +3,8 @@
 
 Every (point, prompt) record is appended to DIR/results.jsonl as soon as it exists; a rerun of the
 same sweep skips what is done. One worker per (dtype) group loads the models once and reuses them
-across that group's points; CPU caps are applied first thing in the worker.
+across that group's points, timing them interleaved per prompt (bench/worker.py); CPU caps are
+applied first thing in the worker.
 """
 from __future__ import annotations
 
@@ -53,11 +54,12 @@ def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progres
     results = ResultsFile(out / "results.jsonl")
     rows = results.read()
     over_cap = {result_key(r) for r in rows if r.get("status") == "over_memory_cap"}
-    done = {(result_key(r), r["id"]) for r in rows if r.get("status") in ("ok", "failed")}
-    todo = []  # (point, [prompt ids])
+    done = {(result_key(r), r["id"], r.get("repeat", 0)) for r in rows if r.get("status") in ("ok", "failed")}
+    todo = []  # (point, [(prompt id, repeat)]), repeats outer: the worker interleaves points per item
     for point in config.points():
         key = json.dumps(point, sort_keys=True)
-        ids = [r.id for r in prompts[point["prompts"]] if (key, r.id) not in done]
+        ids = [(r.id, repeat) for repeat in range(config.repeats) for r in prompts[point["prompts"]]
+               if (key, r.id, repeat) not in done]
         if ids and key not in over_cap:
             todo.append((point, ids))
     total = sum(len(ids) for _, ids in todo)

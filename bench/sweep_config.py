@@ -61,6 +61,9 @@ class SweepConfig:
     punct_trigger: float | None = SpecConfig.punct_trigger
     chat_template: bool = EngineConfig.chat_template
     limit: int | None = PromptInputs.limit
+    repeats: int = field(default=1, metadata={
+        "help": "timed runs of every (point, prompt), interleaved with the other points; the summary "
+                "takes each prompt's median time"})
     max_audio_s: float = PromptInputs.max_audio_s
     draft_topn: int | None = SpecConfig.draft_topn
     cloud_url: str | None = field(default=None, metadata={
@@ -95,6 +98,8 @@ class SweepConfig:
             profile(link)
         if self.cloud_cores is not None and not 1 <= self.cloud_cores <= len(os.sched_getaffinity(0)):
             raise ConfigError(f"--cloud-cores must be between 1 and {len(os.sched_getaffinity(0))}, got {self.cloud_cores}")
+        if self.repeats < 1:
+            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
         for point in self.points():  # every point validates as a run would, before anything runs
             self.engine_config(point)
             self.spec_config(point)
@@ -200,6 +205,7 @@ class SweepConfig:
 
 
 _HINTS = typing.get_type_hints(SweepConfig)
+# A run setting the sweep does not define (yet: cloud_url, draft_stop, ...) keeps the run's default.
 # The grid axes: the tuple-valued fields, in field order (the order the grid's product is walked).
 AXES = tuple(f.name for f in fields(SweepConfig) if typing.get_origin(_HINTS[f.name]) is tuple)
 SPEC_AXES = tuple(axis for axis in AXES if axis in {f.name for f in fields(SpecConfig)})  # None outside spec points

@@ -3,16 +3,22 @@ bench/baselines/, or a saved run), the tolerances, one `Check` per gated metric 
 `specbench gate` measures (bench/gate.py); `specbench compare` only reads (bench/compare.py); both
 judge with these rules.
 
-Deterministic metrics compare exactly (hashes, counts, flags) or within `rate_abs`; timing ratios
-(higher is better) fail below baseline * (1 - timing_rel). Absolute tokens/s are never gated.
+Deterministic metrics compare exactly (hashes, counts, flags) or within `rate_abs`. A timing ratio
+(higher is better) is judged on its per-repeat values, current against baseline: it fails when the
+one-sided `confidence` upper bound of median(current) / median(baseline) (bootstrap, bench.metrics)
+is below 1 - timing_margin, i.e. when the run shows, with that confidence, a drop larger than the
+drift that unchanged code shows between runs. A drop whose estimate is past the margin but whose
+bound is not is `undecided`: the gate then measures more repeats. Absolute tokens/s are never gated.
 """
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import metrics
 from specdec.errors import InputError
 
 BASELINES = Path(__file__).parent / "baselines"
@@ -23,22 +29,27 @@ REQUIRED = ("format", "suite", "workload", "deterministic", "timing")
 @dataclass(frozen=True)
 class Tolerance:
     rate_abs: float = field(metadata={"help": "largest |current - baseline| of a deterministic float"})
-    timing_rel: float = field(metadata={"help": "a ratio fails below baseline * (1 - timing_rel)"})
+    timing_margin: float = field(metadata={
+        "help": "drift of a timing ratio between runs of unchanged code; only a drop beyond it can fail"})
+    confidence: float = field(default=0.95, metadata={"help": "one-sided confidence of a timing failure"})
 
     def __post_init__(self) -> None:
         if not self.rate_abs >= 0:
             raise ValueError(f"rate_abs must be >= 0, got {self.rate_abs}")
-        if not 0 < self.timing_rel < 1:
-            raise ValueError(f"timing_rel must be in (0, 1), got {self.timing_rel}")
+        if not 0 <= self.timing_margin < 1:
+            raise ValueError(f"timing_margin must be in [0, 1), got {self.timing_margin}")
+        if not 0.5 < self.confidence < 1:
+            raise ValueError(f"confidence must be in (0.5, 1), got {self.confidence}")
 
 
 # tiny: fp32 on a fixed in-process pair: bit-reproducible on one machine and torch version.
 # real: bf16 is just as reproducible on one machine (same kernels, same thread count: repeated runs
 #   gave identical hashes), so rates are exact there too; the baseline is per machine: another
 #   CPU's bf16 kernels may flip near-tie argmaxes, which the hash reports (re-run --update there).
-# timing_rel: the worst drop over repeated runs on unchanged code, with the 2 cores oversubscribed
-#   by other processes, was < 8 %; 25 % leaves 3x margin (bench/baselines/README.md).
-TOLERANCES = {"tiny": Tolerance(rate_abs=1e-9, timing_rel=0.25), "real": Tolerance(rate_abs=1e-9, timing_rel=0.25)}
+# timing_margin: medians of unchanged code moved at most 3 % between tiny runs here, quiet or with a
+#   busy process beside the gate (bench/baselines/README.md); a 20 % slower edge or cloud forward
+#   moves its ratio to HF's own greedy loop by 15-17 %, far past 5 %.
+TOLERANCES = {"tiny": Tolerance(rate_abs=1e-9, timing_margin=0.05), "real": Tolerance(rate_abs=1e-9, timing_margin=0.05)}
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,7 @@ class Check:
     ok: bool
     rule: str  # the tolerance applied, in words
     note: str = ""
+    undecided: bool = False  # timing: a drop past the margin that the repeats cannot yet confirm
 
     def line(self) -> str:
         status = "ok  " if self.ok else "FAIL"
@@ -89,15 +101,30 @@ def compare(baseline: dict, current: dict, tolerance: Tolerance) -> list[Check]:
             ok, rule = base == now, "exact"
         checks.append(Check(metric, "deterministic", base, now, ok, rule))
     for metric in sorted(baseline["timing"].keys() | current["timing"].keys()):
-        base, now = baseline["timing"].get(metric), current["timing"].get(metric)
-        rule = f">= {1 - tolerance.timing_rel:.0%} of baseline"
-        if not (_finite(base) and _finite(now)):
-            checks.append(Check(metric, "timing", base, now, False, rule, "missing"))
-            continue
-        ok = now >= base * (1 - tolerance.timing_rel)
-        note = "improved beyond tolerance: consider --update" if now > base * (1 + tolerance.timing_rel) else ""
-        checks.append(Check(metric, "timing", base, now, ok, rule, note))
+        checks.append(timing_check(metric, baseline, current, tolerance))
     return checks
+
+
+def timing_check(metric: str, baseline: dict, current: dict, tolerance: Tolerance) -> Check:
+    """One timing ratio: fail iff the run shows a drop beyond the margin with the tolerance's
+    confidence (see the module's docstring). A file without per-repeat values has one value."""
+    base, now = baseline["timing"].get(metric), current["timing"].get(metric)
+    floor = 1 - tolerance.timing_margin
+    rule = f"fails if the {tolerance.confidence:.0%} upper bound of current/baseline < {floor:.2f}"
+    if not (_finite(base) and _finite(now)):
+        return Check(metric, "timing", base, now, False, rule, "missing")
+    base_repeats = baseline.get("timing_repeats", {}).get(metric) or [base]
+    now_repeats = current.get("timing_repeats", {}).get(metric) or [now]
+    low, high = metrics.ratio_of_medians_ci(now_repeats, base_repeats, tolerance.confidence)
+    estimate = metrics.ratio(statistics.median(now_repeats), statistics.median(base_repeats))
+    ok = not high < floor
+    note = f"x{estimate:.3f}, bounds {low:.3f}-{high:.3f}"
+    undecided = ok and estimate < floor
+    if undecided:
+        note += ": a drop the repeats cannot yet confirm"
+    elif low > 1 + tolerance.timing_margin:
+        note += ": improved beyond the margin, consider --update"
+    return Check(metric, "timing", base, now, ok, rule, note, undecided)
 
 
 def environment_notes(baseline: dict, current: dict) -> list[str]:

@@ -1,9 +1,16 @@
 """Inside a sweep worker (a fresh process, CPU caps already applied): load models once, run the
-group's points, append every record, police the memory cap."""
+group's points, append every record, police the memory cap.
+
+Timing is interleaved: every point gets its engine first, then the prompts run outer and the points
+inner (round-robin, the order rotated every prompt), so a prompt's baselines and spec points are
+timed back to back and drift of the machine over minutes (another process, thermal state) hits all
+points alike instead of whichever point ran during it. `--repeats R` runs that round R times."""
 from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -14,6 +21,7 @@ from bench.network import network_cost, profile
 from bench.prompts import load_prompts
 from bench.records import ResultsFile
 from bench.run import generate_one, point_of, prepare
+from bench.sweep_config import result_key
 from specdec.cloud import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError
@@ -38,48 +46,66 @@ def run_group(config, caps: EdgeCaps, group: list, out: Path, queue, urls: dict[
         return loaded[(name, dtype)]
 
     results = ResultsFile(out / "results.jsonl")
-    engines: list[Engine] = []
     prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompts}
-    for point, ids in group:
+    done = {(result_key(r), r["id"], r.get("repeat", 0)) for r in results.read()}  # a restarted worker skips these
+    points = []
+    for point, items in group:
         key = json.dumps(point, sort_keys=True)
-        url = urls.get(f"{point['dtype']}|{point['link']}")
+        items = [(i, repeat) for i, repeat in items if (key, i, repeat) not in done]
+        url = urls.get(f"{point['dtype']}|{point['link']}")  # split points: the sweep's server or link
         engine = Engine(**asdict(config.engine_config(point, url)), spec=config.spec_config(point),
                         decode=config.decode_config(), deploy=config.deploy_config(point), loader=loader,
                         log=lambda m: None)
-        engines.append(engine)
-        records = [prompts[point["prompts"]][i] for i in ids]
-        prepare(engine, records)
+        prepare(engine, [prompts[point["prompts"]][i] for i in dict.fromkeys(i for i, _ in items)])
         network = profile(config.network_of(point))
         row_point = {**point_of(engine, point["prompts"]), "link": point["link"], "network": network.name,
                      "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb}
         edge = loaded.get((config.edge, point["dtype"])) if point["mode"] != "cloud" else None
         if caps.memory_bytes and edge is not None:
             caps.check_reachable(weight_bytes(edge), f"edge model {config.edge!r} in {point['dtype']}")
+        points.append((point, key, engine, row_point, network, edge, items))
+    left = {key: len(items) for _, key, *_, items in points}
+    for key in [key for key, n in left.items() if not n]:
+        queue.put(("point_done", key))
+    for point, key, engine, row_point, network, edge, (record_id, repeat) in interleaved(points):
+        record = prompts[point["prompts"]][record_id]
         # Memory that is not the edge's (a cloud model sharing this process) does not count.
         exempt = sum(weight_bytes(m) for m in loaded.values() if m is not edge)
-        reset_peak_rss()
-        for record in records:
-            current = {"id": record.id}
 
-            def over_cap(rss: int, record_id=record.id) -> None:
-                message = (f"point {point['mode']} k={point['k']} thr={point['entropy_threshold']} prompt {record_id}: "
-                           f"edge RSS {rss / (1 << 30):.2f} GiB over the {caps.memory_gb:g} GiB cap")
-                results.append({"id": record_id, **row_point, "status": "over_memory_cap", "error": message})
-                queue.put(("over_cap", key, message))
-                exit_worker(queue, OVER_MEMORY_EXIT)
+        def over_cap(rss: int, record_id=record.id, point=point, key=key, row_point=row_point) -> None:
+            message = (f"point {point['mode']} k={point['k']} thr={point['entropy_threshold']} prompt {record_id}: "
+                       f"edge RSS {rss / (1 << 30):.2f} GiB over the {caps.memory_gb:g} GiB cap")
+            results.append({"id": record_id, **row_point, "status": "over_memory_cap", "error": message})
+            queue.put(("over_cap", key, message))
+            exit_worker(queue, OVER_MEMORY_EXIT)
 
-            watchdog = MemoryWatchdog(caps.memory_bytes, over_cap, exempt) if caps.memory_bytes and edge else nullcontext()
-            with watchdog:
-                try:
-                    generate_one(engine, record, row_point, results, after=lambda: queue.put(("tick",)),
-                                 decorate=lambda row, g: row.update(network_fields(row, g, network)),
-                                 max_audio_s=config.max_audio_s)
-                except (InputError, CloudLost) as e:  # a bad sample or a lost cloud fails alone; the sweep goes on
-                    results.append({**current, **row_point, "status": "failed", "error": str(e)})
-                    queue.put(("tick",))
-        queue.put(("point_done", key))
-    for engine in engines:
-        engine.close()
+        reset_peak_rss()  # points share this process now: each generation's peak is its own
+        watchdog = MemoryWatchdog(caps.memory_bytes, over_cap, exempt) if caps.memory_bytes and edge else nullcontext()
+        with watchdog:
+            try:
+                generate_one(engine, record, {**row_point, "repeat": repeat}, results, after=lambda: queue.put(("tick",)),
+                             decorate=lambda row, g: row.update(network_fields(row, g, network)),
+                             max_audio_s=config.max_audio_s)
+            except (InputError, CloudLost) as e:  # a bad sample or a lost cloud fails alone; the sweep goes on
+                results.append({"id": record.id, **row_point, "repeat": repeat, "status": "failed", "error": str(e)})
+                queue.put(("tick",))
+        left[key] -= 1
+        if not left[key]:
+            queue.put(("point_done", key))
+    for _, _, engine, *_ in points:
+        engine.close()  # hang up on the sweep's servers
+
+
+def interleaved(points: list[tuple]) -> list[tuple]:
+    """(point, ..., item) in round-robin order: the j-th item of every point, then the (j+1)-th; the
+    points' order rotates with j, so no point is always timed first after another's prompt."""
+    order = []
+    for j in range(max((len(p[-1]) for p in points), default=0)):
+        shift = j % len(points)
+        for p in points[shift:] + points[:shift]:
+            if j < len(p[-1]):
+                order.append((*p[:-1], p[-1][j]))
+    return order
 
 
 def network_fields(row: dict, generation, network) -> dict:
@@ -91,8 +117,15 @@ def network_fields(row: dict, generation, network) -> dict:
 
 
 def exit_worker(queue, code: int) -> None:
-    """Say goodbye and leave at once. The queue's feeder thread must flush before os._exit."""
+    """Say goodbye and leave. The queue's feeder thread must flush first. From the main thread the
+    worker leaves through SystemExit, so multiprocessing's bootstrap runs this process's finalizers:
+    a semaphore made here (tqdm's lock, created while transformers loads a model) is unlinked, where
+    os._exit left it to the resource tracker's "leaked semaphore objects" warning at the end of every
+    sweep. The memory watchdog's thread (over the cap) cannot raise into the main thread: it leaves at
+    once with os._exit."""
     queue.put(("exit",))
     queue.close()
     queue.join_thread()
+    if threading.current_thread() is threading.main_thread():
+        sys.exit(code)
     os._exit(code)

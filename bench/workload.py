@@ -33,6 +33,12 @@ TINY = "tiny"  # the edge/cloud name of the in-process pair (bench/tinypair.py)
 ENGINE_MODES = config.MODES  # edge, cloud, spec: the order the gate's passes rotate through
 HF_ASSISTED = "hf_assisted"
 MODES = ENGINE_MODES + (HF_ASSISTED,)
+# Controls for the gate: transformers' own greedy `generate()` on each model alone. They run no
+# code of ours past tokenization, so our edge or cloud forward getting slower shows up as
+# edge/hf_greedy_edge or cloud/hf_greedy_cloud dropping, even when it slows every mode alike and
+# the ratios between our own modes do not move.
+HF_GREEDY = {"hf_greedy_edge": "edge", "hf_greedy_cloud": "cloud"}  # mode -> role
+GATE_MODES = MODES + tuple(HF_GREEDY)
 
 # wrap(mode, role, backend) -> the backend that mode uses for that role: how a test injects a
 # slowed verifier or any other backend change without touching the engine or transformers.
@@ -151,6 +157,8 @@ class Pair:
         torch.set_num_threads(self.workload.threads)  # process-wide; another pair may have changed it
         if mode == HF_ASSISTED:
             return self._hf_assisted(text)
+        if mode in HF_GREEDY:
+            return self._hf_greedy(HF_GREEDY[mode], text)
         start = time.perf_counter()
         generation = self.engines[mode].generate(text)
         wall_s = time.perf_counter() - start
@@ -170,6 +178,20 @@ class Pair:
         )
         tokens = out[0, input_ids.shape[1]:].tolist()
         decoded = cloud.tokenizer.decode(tokens, skip_special_tokens=True)
+        return Output(tokens, decoded, time.perf_counter() - start)
+
+    @torch.inference_mode()
+    def _hf_greedy(self, role: str, text: str) -> Output:
+        loaded = self.models[role]
+        start = time.perf_counter()
+        input_ids = loaded.encode(text).input_ids.view(1, -1)
+        out = loaded.backend.model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+            max_new_tokens=self.workload.max_new_tokens, eos_token_id=sorted(loaded.eos_ids),
+            pad_token_id=loaded.tokenizer.pad_token_id,
+        )
+        tokens = out[0, input_ids.shape[1]:].tolist()
+        decoded = loaded.tokenizer.decode(tokens, skip_special_tokens=True)
         return Output(tokens, decoded, time.perf_counter() - start)
 
     def close(self) -> None:

@@ -84,6 +84,7 @@ def test_gate_files_compare_with_the_gate_rules(tmp_path, capsys):
     base = verdict.read_gate_file(verdict.default_baseline("tiny"))
     worse = copy.deepcopy(base)
     worse["timing"]["spec_vs_cloud"] *= 0.5
+    worse["timing_repeats"]["spec_vs_cloud"] = [v * 0.5 for v in base["timing_repeats"]["spec_vs_cloud"]]
     worse["deterministic"]["spec.acceptance_rate"] -= 0.01
     for name, record in (("a.json", base), ("b.json", worse)):
         verdict.write_gate_file(tmp_path / name, record)

@@ -149,6 +149,36 @@ def test_recommendation_ties_go_to_faster_then_earlier():
     assert picks.at["fewest_calls", "label"] == "(2, 4, greedy)"  # same calls: the faster, then the first
 
 
+def test_a_winner_inside_the_noise_is_not_named_as_one():
+    """Two spec points whose per-prompt speed-ups scatter around the same value: the faster on
+    average still wins the rule, but the "why" says the sweep cannot tell it from the runner-up."""
+    rows = []
+    for i, (fast_s, slow_s) in enumerate([(0.3, 0.5), (0.6, 0.4), (0.4, 0.45), (0.5, 0.35)]):
+        prompt = f"p{i}"
+        rows += [row("cloud", prompt, latency_s=1.0), row(prompt=prompt, thr=0.0, latency_s=fast_s),
+                 row(prompt=prompt, thr=1.0, latency_s=slow_s)]
+    picks = recommend(summarize(rows)).set_index("rule")
+    assert picks.at["fastest_near_cloud", "label"] == "(1, 4, greedy)"  # 40 / 1.7 s beats 40 / 1.8 s
+    assert picks.at["fastest_near_cloud", "separable"] is False
+    assert "NOT separable from the runner-up (0, 4, greedy): 95 % intervals of speed-up" in picks.at["fastest_near_cloud", "why"]
+    clear = [r if r["mode"] == "cloud" or r["entropy_threshold"] == 1.0 else {**r, "latency_s": r["latency_s"] * 3} for r in rows]
+    picks = recommend(summarize(clear)).set_index("rule")
+    assert picks.at["fastest_near_cloud", "separable"] is True and "NOT" not in picks.at["fastest_near_cloud", "why"]
+
+
+def test_bf16_greedy_drift_is_said_plainly(tmp_path):
+    from bench.report.recommend import precision_notes
+
+    rows = [row("cloud", p, text=CLOUD_TEXT) for p in ("p0", "p1")] + [row(prompt=p, text=t) for p, t in
+                                                                      (("p0", CLOUD_TEXT), ("p1", CLOUD_TEXT[:-6] + "mat."))]
+    assert precision_notes(summarize(rows)) == []  # fp32
+    bf16 = [{**r, "dtype": "bfloat16"} for r in rows]
+    notes = precision_notes(summarize(bf16))
+    assert len(notes) == 1 and "bf16 greedy drifts: 1 of 1 greedy spec points" in notes[0] and "fp32" in notes[0]
+    page = build_report(write_results(tmp_path / "r", bf16), tmp_path / "out").read_text(encoding="utf-8")
+    assert "bf16 greedy drifts" in page
+
+
 def test_per_position_acceptance_is_vllm_style(summary):
     table = per_position_acceptance(load_rows(synthetic_rows()), summary)
     labels = point_labels(summary)
@@ -235,7 +265,7 @@ def test_report_from_a_tiny_sweep(tiny_report, tiny_sweep, capsys):
     index = tiny_report / "index.html"
     page = index.read_text(encoding="utf-8")
     sources = re.findall(r'<img src="([^"]+)"', page)
-    assert len(sources) == 9  # six fronts, one heat-map figure, theory, per-position
+    assert len(sources) == 10  # speed-up intervals, six fronts, one heat-map figure, theory, per-position
     assert all(not s.startswith(("/", "http", "file:")) and (tiny_report / s).is_file() for s in sources)
     for section in ("Recommended settings", "All points", "Sample outputs", "Run metadata", "Glossary"):
         assert section in page
@@ -290,7 +320,7 @@ def test_report_opens_in_chromium_after_moving(tiny_report, chromium, tmp_path):
     found = re.search(r'<pre id="image-check">(.*?)</pre>', done.stdout, re.S)
     assert found, f"chromium printed no image check: {done.stderr[-1500:]}"
     images = json.loads(html.unescape(found.group(1)))
-    assert len(images) == 9
+    assert len(images) == 10
     assert [i["src"] for i in images if i["width"] <= 0] == []  # every <img> loaded
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report.png"

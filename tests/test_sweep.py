@@ -1,5 +1,9 @@
 """`specbench sweep`: grid, resume, per-point summary, caps and bad configs (tiny models)."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +56,70 @@ def test_grid_runs_resumes_and_summarizes(pair, prompts, tmp_path, capsys):
     assert "different sweep configuration (differs in" in capsys.readouterr().err
 
 
+def test_points_are_timed_interleaved_per_prompt_and_repeats_resume(pair, prompts, tmp_path):
+    """Within a worker every point runs a prompt before any point runs the next one (the baselines
+    and spec points of a prompt back to back), in a rotating order; --repeats 2 does that round
+    twice, and a rerun finds everything done."""
+    out = tmp_path / "r"
+    args = ("--mode", "cloud,edge,spec", "--k", "1,2", "--policy", "greedy", "--repeats", "2")
+    assert sweep(pair, prompts, out, *args) == 0
+    rows = ResultsFile(out / "results.jsonl").read()
+    points = 4  # cloud, edge, spec k=1, spec k=2
+    assert len(rows) == points * 3 * 2
+    rounds = [rows[i:i + points] for i in range(0, len(rows), points)]
+    for number, round_ in enumerate(rounds):
+        assert {(r["id"], r["repeat"]) for r in round_} == {(f"p{number % 3}", number // 3)}  # one prompt per round
+        assert len({(r["mode"], r["k"]) for r in round_}) == points  # every point once
+    firsts = {(rounds[n][0]["mode"], rounds[n][0]["k"]) for n in range(len(rounds))}
+    assert len(firsts) > 1  # the order rotates
+    assert sweep(pair, prompts, out, *args) == 0 and len(ResultsFile(out / "results.jsonl").read()) == len(rows)
+    summary = summarize(ResultsFile(out / "results.jsonl").read())
+    assert set(summary["n_prompts"]) == {3}  # repeats collapse to one row per prompt
+
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER_WITH_A_LOCK = """
+import multiprocessing
+from bench.worker import exit_worker
+
+def child(queue):
+    from tqdm import tqdm
+    for _ in tqdm(range(2)):  # a progress bar, as transformers shows loading a real model: tqdm makes a semaphore
+        pass
+    exit_worker(queue, 3)
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    worker = ctx.Process(target=child, args=(queue,), daemon=True)
+    worker.start()
+    assert queue.get(timeout=120) == ("exit",)
+    worker.join()
+    print("exit code", worker.exitcode)
+"""
+
+
+def test_a_worker_leaves_no_semaphore_behind(tmp_path):
+    """The worker's shutdown path unlinks what the worker made: no resource-tracker warning."""
+    script = tmp_path / "worker_with_a_lock.py"
+    script.write_text(WORKER_WITH_A_LOCK)
+    # (not -W error: the resource tracker, a process of its own, would then swallow its warning)
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "exit code 3" in done.stdout, done.stderr
+    assert "leaked" not in done.stderr and "Warning" not in done.stderr, done.stderr
+
+
+def test_a_sweep_ends_without_warnings(pair, prompts, tmp_path):
+    """A normal sweep, run as a user runs it: its stderr has no leaked semaphores and no warnings."""
+    done = subprocess.run([sys.executable, "-m", "bench.cli", "sweep", "--edge", pair["edge"], "--cloud", pair["cloud"],
+                           "--prompts", prompts, "--out", str(tmp_path / "s"), "--max-new-tokens", "4",
+                           "--dtype", "float32", "--mode", "cloud,spec", "--k", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "leaked" not in done.stderr and "Warning" not in done.stderr, done.stderr
+
+
 def test_memory_cap_is_recorded_and_the_sweep_goes_on(pair, prompts, tmp_path):
     out = tmp_path / "cap"
     # The tiny edge's weights fit in 0.05 GiB, but a Python + torch worker does not.
@@ -82,6 +150,59 @@ def test_summary_math_on_synthetic_rows():
     assert point["cost_ratio_c"] == 0.25  # cloud 2 tok/s / edge 8 tok/s
     assert point["theoretical_speedup"] == pytest.approx((1 - 0.75**5) / (0.25 * 2.0))
     assert point["chrf_vs_cloud"] == 100.0 and point["token_match_vs_cloud"] == 1.0
+
+
+def synthetic(mode, pid, latency, tokens, repeat=0, **kw):
+    base = dict(id=pid, mode=mode, dtype="float32", prompts="p", policy=None, k=None, entropy_threshold=None,
+                accept_threshold=None, verifier=None, status="ok", text="说话人语速平缓，情绪稳定。", tokens=[1, 2, 3],
+                new_tokens=tokens, latency_s=latency, ttft_s=0.1, tpot_s=0.01, num_draft_tokens=0, num_accepted_tokens=0,
+                cloud_calls=0, cycles=tokens, edge_s=0, cloud_s=0, overhead_s=0.0, punct_density=0.1, peak_rss_bytes=1,
+                repeat=repeat)
+    return {**base, **kw}
+
+
+def test_intervals_pair_prompts_with_their_baseline_run():
+    """Prompt difficulty cancels in the paired speed-up: each prompt's spec run is 2x its cloud run,
+    so the interval is [2, 2] however much the prompts differ; the acceptance interval spans the
+    per-prompt rates; with one prompt there is no interval."""
+    spec = dict(policy="greedy", k=4, entropy_threshold=0.0, accept_threshold=0.1, verifier="cached", cycles=2, cloud_calls=1)
+    rows = []
+    for pid, cloud_s, accepted in (("a", 1.0, 8), ("b", 4.0, 4), ("c", 9.0, 2), ("d", 2.0, 6)):
+        rows += [synthetic("cloud", pid, cloud_s, 8),
+                 synthetic("spec", pid, cloud_s / 2, 8, num_draft_tokens=8, num_accepted_tokens=accepted, **spec)]
+    point = summarize(rows).set_index("mode").loc["spec"]
+    assert point["speedup_vs_cloud"] == pytest.approx(2.0)
+    assert (point["speedup_vs_cloud_ci_low"], point["speedup_vs_cloud_ci_high"]) == pytest.approx((2.0, 2.0))
+    assert 0.25 <= point["acceptance_rate_ci_low"] < point["acceptance_rate"] < point["acceptance_rate_ci_high"] <= 1.0
+    assert point["cloud_call_rate_ci_low"] == point["cloud_call_rate_ci_high"] == 0.5
+    assert point["chrf_vs_cloud_ci_low"] == point["chrf_vs_cloud_ci_high"] == 100.0
+    # the same prompts unpaired would scatter: the interval on a noisy pairing is wide
+    noisy = [r if r["mode"] == "cloud" else {**r, "latency_s": r["latency_s"] * (3 if r["id"] in "ab" else 1)} for r in rows]
+    wide = summarize(noisy).set_index("mode").loc["spec"]
+    assert wide["speedup_vs_cloud_ci_low"] < 1.0 < wide["speedup_vs_cloud_ci_high"]
+    one = summarize([r for r in rows if r["id"] == "a"]).set_index("mode").loc["spec"]
+    assert one["speedup_vs_cloud"] == pytest.approx(2.0) and one["speedup_vs_cloud_ci_low"] != one["speedup_vs_cloud_ci_low"]
+
+
+def test_repeats_count_each_prompt_once_with_its_median_time():
+    rows = [synthetic("cloud", pid, latency, 8, repeat=r) for pid in "ab" for r, latency in enumerate((4.0, 40.0, 5.0))]
+    point = summarize(rows).set_index("mode").loc["cloud"]
+    assert point["n_prompts"] == 2 and point["latency_total_s"] == 10.0  # median 5.0 per prompt, not the 40 s outlier
+
+
+def test_terminal_table_shows_every_varying_axis_and_the_intervals():
+    from bench.summary import terminal_table
+
+    spec = dict(k=4, entropy_threshold=0.0, accept_threshold=0.1, verifier="cached", num_draft_tokens=8,
+                num_accepted_tokens=6, cloud_calls=2, cycles=2)
+    rows = [synthetic("cloud", pid, 4.0 + i, 8) for i, pid in enumerate("ab")]
+    rows += [synthetic("spec", pid, 2.0 + i, 8, policy=policy, **spec) for policy in ("greedy", "threshold")
+             for i, pid in enumerate("ab")]
+    table = terminal_table(summarize(rows))
+    header, *lines = table.splitlines()
+    assert "policy" in header.split() and "mode" in header.split() and "k" not in header.split()  # k does not vary
+    assert len({line for line in lines}) == len(lines) == 3  # greedy and threshold rows no longer look alike
+    assert "[" in lines[1] and "-" in lines[1].split("[")[1]
 
 
 def test_expected_speedup_limits():

@@ -12,7 +12,7 @@ import pandas as pd
 from bench.report import deployment, page, plots
 from bench.report.inputs import ReportInputs, load_inputs
 from bench.report.pareto import FRONTS, fronts_of, point_labels, set_name
-from bench.report.recommend import recommend
+from bench.report.recommend import precision_notes, recommend
 from bench.report.views import per_position_acceptance, point_table, sample_points, side_by_side
 from bench.summary import load_rows
 
@@ -25,12 +25,17 @@ HEATMAP_READ = (
     "least this: 0 = every block, inf = never), columns are k, the tokens drafted per block; each row of panels is one "
     "policy. Speed-up: blue is faster than cloud-only, red slower, white the same. Acceptance: brighter keeps more of "
     "the draft. Cloud calls: brighter means fewer calls. \"—\" is undefined (no block was verified, so there is "
-    "nothing to accept).")
+    "nothing to accept). Under a value, its 95 % interval over prompts.")
+SPEEDUP_READ = (
+    "Every point's speed-up over cloud-only on the same prompts, with its 95 % interval: a bootstrap over prompts "
+    "that keeps each prompt's two runs together (paired), so a hard prompt slows both and cancels. Right of the "
+    "dotted line is faster than cloud-only. Two points whose bars overlap are not told apart by this many prompts: "
+    "pick between them on something else (agreement, cloud calls), or rerun with a larger `limit` or `--repeats`.")
 THEORY_READ = (
     "Each dot is a spec point: across, the speed-up Leviathan et al.'s formula predicts from its acceptance rate, k "
     "and the edge/cloud cost ratio c; up, the speed-up measured. On the solid line the engine delivers what the "
     "acceptance promises. Below it, time goes somewhere the formula does not see (engine overhead outside the model "
-    "forwards, prefill, a cloud call dearer than c says): see the profile. Above it is possible with a threshold > 0, "
+    "forwards, prefill, a cloud call dearer than c says): see the profile. Bars: the measured speed-up's 95 % interval. Above it is possible with a threshold > 0, "
     "since confident blocks skip the cloud and the formula assumes every block is verified. Below the dotted line a "
     "point is slower than cloud-only.")
 PER_POSITION_READ = (
@@ -64,6 +69,9 @@ def _figures(inputs: ReportInputs, labels: pd.Series, per_position: pd.DataFrame
         else:
             figures.append({"name": name, "path": path, "title": title, "how_to_read": how_to_read})
 
+    add(plots.plot_speedups(summary, labels, figures_dir / "speedup_intervals.png"), "speedup_intervals",
+        "Speed-up vs cloud-only, with 95 % intervals", SPEEDUP_READ,
+        "Speed-up intervals: needs a cloud-only baseline and at least one other point.")
     for front in FRONTS:
         add(plots.plot_front(summary, labels, front, figures_dir / f"front_{front.name}.png"), front.name,
             front.title, front.how_to_read, f"{front.title}: no point has both numbers.")
@@ -139,6 +147,7 @@ def build_report(results_dir: Path, out: Path | None = None, profile: Path | Non
         "status_text": page.status_text(inputs),
         "problems": page.problem_lines(inputs),
         "recommendations": page.recommendations_html(recommendations),
+        "precision_notes": precision_notes(summary),
         "figures": [{**f, "src": page.image_src(f["path"], out, embed)} for f in figures],
         "figure_notes": notes,
         "point_tables": point_tables,
@@ -147,5 +156,5 @@ def build_report(results_dir: Path, out: Path | None = None, profile: Path | Non
         "metadata": page.metadata_sections(inputs),
     }
     index = out / "index.html"
-    index.write_text(page.render(context), encoding="utf-8")
+    index.write_text(page.render_index(context), encoding="utf-8")
     return index

@@ -13,6 +13,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
+from bench.report.fonts import font_face_css
 from bench.report.inputs import ReportInputs
 from bench.report.pareto import set_name
 
@@ -147,6 +148,14 @@ def profile_block(copied: list[Path], out: Path, source: Path) -> dict:
         if py_spy.get("status") not in (None, "ok"):
             block["note"] += f" · py-spy: {py_spy.get('status')} ({py_spy.get('reason', '')})"
     return block
+
+
+def render_index(context: dict) -> str:
+    """The report's index.html, carrying a subset of Noto Sans SC for the CJK characters it shows
+    (bench/report/fonts.py): rendered once to learn them, then again with the @font-face rule."""
+    page = render({**context, "font_face": ""})
+    face = font_face_css(page)
+    return render({**context, "font_face": face}) if face else page
 
 
 def render(context: dict, template: str = "index.html.j2") -> str:

@@ -39,7 +39,8 @@ class Front:
 
 _LATENCY_READ = ("Each dot is one setting; further left is faster (median seconds per prompt). "
                  "Highlighted, labelled dots are Pareto-optimal: no other setting is both faster and better on "
-                 "the vertical axis. Pick among them; every grey dot is beaten by a highlighted one.")
+                 "the vertical axis. Pick among them; every grey dot is beaten by a highlighted one. Grey bars: "
+                 "95 % intervals over prompts, where the metric has one (chrF).")
 FRONTS = (
     Front("latency_chrf", "latency / chrF", "latency_p50_s", "chrf_vs_cloud", True, False,
           "median latency per prompt (s, compute only)", "chrF vs cloud-only output (0–100)",
@@ -65,7 +66,7 @@ FRONTS = (
           "Cloud calls vs acceptance",
           "Spec points only (edge-only and cloud-only have no drafts to accept). Left: the edge asks the cloud "
           "less often; up: when it asks, more of its draft is kept (above 0.6 counts as good). "
-          "Highlighted, labelled dots are Pareto-optimal."),
+          "Highlighted, labelled dots are Pareto-optimal. Grey bars: 95 % intervals over prompts."),
     Front("memory_speed", "memory / speed", "peak_rss_bytes", "tokens_per_s", True, False,
           "peak RSS of the process (GiB)", "tokens per second",
           "Memory vs speed",

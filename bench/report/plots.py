@@ -14,7 +14,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
+from bench.report.fonts import use_cjk_font  # noqa: E402
 from bench.report.pareto import Front, front_members, set_name  # noqa: E402
+
+use_cjk_font()  # Chinese labels and samples draw as glyphs, not boxes
 
 GIB = 1 << 30
 DPI = 110
@@ -43,6 +46,26 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _interval(points: pd.DataFrame, column: str, scale: float = 1.0):
+    """[2, n] distances below and above each value to its 95 % interval (summary's `_ci_low` /
+    `_ci_high`), for errorbar; None when the summary has no interval for `column`."""
+    low, high = f"{column}_ci_low", f"{column}_ci_high"
+    if low not in points or not points[low].notna().any():
+        return None
+    value = points[column].to_numpy(float)
+    below = (value - points[low].to_numpy(float)).clip(min=0)
+    above = (points[high].to_numpy(float) - value).clip(min=0)
+    return np.nan_to_num(np.vstack([below, above])) * scale
+
+
+def _error_bars(ax, points: pd.DataFrame, x: str, y: str, x_scale: float = 1.0) -> None:
+    """Grey 95 % interval bars behind the markers, on whichever of x and y has one."""
+    xerr, yerr = _interval(points, x, x_scale), _interval(points, y)
+    if (xerr is not None or yerr is not None) and len(points):
+        ax.errorbar(points[x] * x_scale, points[y], xerr=xerr, yerr=yerr, fmt="none", ecolor="#9a9a9a",
+                    elinewidth=0.9, capsize=2, zorder=1)
+
+
 def _threshold_text(value) -> str:
     value = float(value)
     return "inf" if math.isinf(value) else f"{value:g}"
@@ -61,6 +84,7 @@ def plot_front(summary: pd.DataFrame, labels: pd.Series, front: Front, path: Pat
     for ax, prompts in zip(axes, sets):
         points = data[data["prompts"] == prompts]
         best = points[on_front[points.index]]
+        _error_bars(ax, points, front.x, front.y, scale)
         for mode, marker in MARKERS.items():
             dominated = points[(points["mode"] == mode) & ~on_front[points.index]]
             ax.scatter(dominated[front.x] * scale, dominated[front.y], marker=marker, s=36, color="#b8b8b8",
@@ -117,8 +141,16 @@ def plot_heatmaps(summary: pd.DataFrame, prompts: str, path: Path) -> Path | Non
             else:
                 norm = plt.Normalize(*value_range)
             image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, aspect="auto", origin="lower")
+            intervals = {}  # (i, j) -> "low–high" where the summary has the metric's 95 % interval
+            if f"{column}_ci_low" in group:
+                for _, point in group.iterrows():
+                    low, high = point[f"{column}_ci_low"], point[f"{column}_ci_high"]
+                    if low == low and high == high:
+                        cell = (thresholds.index(float(point["entropy_threshold"])), ks.index(int(point["k"])))
+                        intervals[cell] = f"\n{low:.2f}–{high:.2f}"
             for (i, j), value in np.ndenumerate(grid):
-                ax.text(j, i, "—" if np.isnan(value) else f"{value:.2f}", ha="center", va="center", fontsize=8,
+                text = "—" if np.isnan(value) else f"{value:.2f}{intervals.get((i, j), '')}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=8 if (i, j) not in intervals else 7,
                         color="black", bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.6))
             ax.set_xticks(range(len(ks)), [str(k) for k in ks])
             ax.set_yticks(range(len(thresholds)), [_threshold_text(t) for t in thresholds])
@@ -141,7 +173,8 @@ def plot_theory(summary: pd.DataFrame, labels: pd.Series, path: Path) -> Path | 
         return None
     fig, ax = plt.subplots(figsize=(7, 6))
     for prompts, points in data.groupby("prompts", sort=False):
-        ax.scatter(points["theoretical_speedup"], points["speedup_vs_cloud"], s=40, label=set_name(prompts))
+        _error_bars(ax, points, "theoretical_speedup", "speedup_vs_cloud")
+        ax.scatter(points["theoretical_speedup"], points["speedup_vs_cloud"], s=40, label=set_name(prompts), zorder=2)
         for index, row in points.iterrows():
             ax.annotate(labels[index], (row["theoretical_speedup"], row["speedup_vs_cloud"]), xytext=(4, 3),
                         textcoords="offset points", fontsize=7)
@@ -151,7 +184,7 @@ def plot_theory(summary: pd.DataFrame, labels: pd.Series, path: Path) -> Path | 
     ax.set_xlim(0, top)
     ax.set_ylim(0, top)
     ax.set_xlabel("theoretical speed-up (Leviathan et al. 2023, from acceptance, k and c)")
-    ax.set_ylabel("measured speed-up vs cloud-only (tokens/s ratio)")
+    ax.set_ylabel("measured speed-up vs cloud-only (tokens/s ratio; bars: 95 % interval)")
     ax.set_title("Measured vs theoretical speed-up")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -179,5 +212,32 @@ def plot_per_position(per_position: pd.DataFrame, summary: pd.DataFrame, labels:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.suptitle("Acceptance by draft position (verified blocks only)", fontsize=12)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_speedups(summary: pd.DataFrame, labels: pd.Series, path: Path) -> Path | None:
+    """Every point's speed-up vs cloud-only with its 95 % interval (paired bootstrap over prompts),
+    one panel per prompt set, fastest first: two points whose bars overlap are not told apart by
+    this sweep."""
+    data = summary[summary["speedup_vs_cloud"].notna() & (summary["mode"] != "cloud")]
+    if data.empty:
+        return None
+    sets = list(dict.fromkeys(data["prompts"]))
+    rows = max(len(data[data["prompts"] == p]) for p in sets)
+    fig, axes = _grid(len(sets), width=6.4, height=1.2 + 0.28 * rows, max_cols=2)
+    for ax, prompts in zip(axes, sets):
+        points = data[data["prompts"] == prompts].sort_values("speedup_vs_cloud")
+        y = np.arange(len(points))
+        xerr = _interval(points, "speedup_vs_cloud")
+        colors = ["#d9480f" if mode == "spec" else "#495057" for mode in points["mode"]]
+        ax.errorbar(points["speedup_vs_cloud"], y, xerr=xerr, fmt="none", ecolor="#868e96", elinewidth=1.2, capsize=3)
+        ax.scatter(points["speedup_vs_cloud"], y, c=colors, s=30, zorder=3)
+        ax.axvline(1.0, color="grey", linestyle=":", linewidth=1)
+        ax.set_yticks(y, [labels[i] for i in points.index], fontsize=7)
+        n = int(points["n_prompts"].max())
+        ax.set_xlabel(f"speed-up vs cloud-only (×), 95 % interval over {n} prompts")
+        ax.set_title(f"prompt set: {set_name(prompts)}", fontsize=10)
+        ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     return _save(fig, path)

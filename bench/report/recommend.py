@@ -3,6 +3,11 @@ and the numbers that made it win. Pure functions on the per-point summary.
 
 Thresholds are the ones people used when they compared settings by hand: acceptance > 0.6 was
 "good"; a healthy punctuation density is 10–25 % of characters.
+
+A winner is only named as such when the sweep can tell it from the runner-up: when their 95 %
+intervals (bench/summary.py) on the rule's objective overlap, the "why" says the two are not
+separable and `separable` is False. Speed is judged on the speed-up vs cloud-only's interval: within
+one prompt set it ranks the points as tokens/s does, and its paired bootstrap is the tighter one.
 """
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ from bench.report.pareto import point_labels, set_name
 from specdec.text import PUNCT_DENSITY_HEALTHY
 
 CHRF_TOLERANCE = 1.0  # chrF points (0–100 scale) a point may lose against cloud-only
+# objective -> the summary metric whose 95 % interval says whether the winner beats the runner-up
+INTERVAL_OF = {"tokens_per_s": "speedup_vs_cloud", "cloud_call_rate": "cloud_call_rate"}
 GOOD_ACCEPTANCE = 0.6  # accepted / verified draft tokens
 
 # How a column is named in a "why" line, and how its value is written.
@@ -24,6 +31,7 @@ SHOWN = {
     "chrf_vs_cloud": ("chrF vs cloud", "{:.1f}"),
     "acceptance_rate": ("acceptance", "{:.2f}"),
     "cloud_call_rate": ("cloud calls per block", "{:.2f}"),
+    "speedup_vs_cloud": ("speed-up vs cloud-only", "{:.2f}×"),
     "punct_density": ("punctuation density", "{:.1%}"),
 }
 
@@ -88,7 +96,7 @@ def recommend(summary: pd.DataFrame, rules: tuple[Rule, ...] = RULES) -> pd.Data
         cloud = cloud_points.iloc[0] if len(cloud_points) else None
         for rule in rules:
             row = {"prompts": prompts, "set": set_name(prompts), "rule": rule.name, "rule_text": rule.text,
-                   "point": None, "label": None, "why": ""}
+                   "point": None, "label": None, "why": "", "separable": None}
             if rule.needs_cloud_baseline and cloud is None:
                 why = "no cloud-only point for this prompt set to compare with (sweep with --mode cloud,...)"
                 rows.append({**row, "why": why})
@@ -106,6 +114,41 @@ def recommend(summary: pd.DataFrame, rules: tuple[Rule, ...] = RULES) -> pd.Data
             why = "; ".join(_shown(c, summary.at[best, c]) for c in shown)
             if rule.needs_cloud_baseline:
                 why += f" (cloud-only chrF {cloud['chrf_vs_cloud']:.1f})"
-            rows.append({**row, "point": best, "label": labels[best], "why": why})
+            separable, against = _separable(summary, rule.objective, best, ranked.index[1] if len(ranked) > 1 else None)
+            if separable is False:
+                why += f"; NOT separable from the runner-up {labels[ranked.index[1]]}: {against}"
+            rows.append({**row, "point": best, "label": labels[best], "why": why, "separable": separable})
     # object dtype: `point` stays an index label and a missing pick stays None (not NaN)
-    return pd.DataFrame(rows, columns=["prompts", "set", "rule", "rule_text", "point", "label", "why"], dtype=object)
+    return pd.DataFrame(rows, columns=["prompts", "set", "rule", "rule_text", "point", "label", "why", "separable"],
+                        dtype=object)
+
+
+def _separable(summary: pd.DataFrame, objective: str, best, runner_up) -> tuple[bool | None, str]:
+    """(whether the 95 % intervals of winner and runner-up on the objective are disjoint, the two
+    intervals in words); None when there is no runner-up or no interval to judge by."""
+    metric = INTERVAL_OF.get(objective)
+    if runner_up is None or metric is None or f"{metric}_ci_low" not in summary:
+        return None, ""
+    (b_low, b_high), (r_low, r_high) = ((summary.at[i, f"{metric}_ci_low"], summary.at[i, f"{metric}_ci_high"])
+                                        for i in (best, runner_up))
+    if any(v != v for v in (b_low, b_high, r_low, r_high)):
+        return None, ""
+    name = SHOWN.get(metric, (metric.replace("_", " "), ""))[0]
+    words = (f"95 % intervals of {name} overlap ({summary.at[best, metric]:.2f} [{b_low:.2f}–{b_high:.2f}] vs "
+             f"{summary.at[runner_up, metric]:.2f} [{r_low:.2f}–{r_high:.2f}])")
+    return bool(b_high < r_low or r_high < b_low), words
+
+
+def precision_notes(summary: pd.DataFrame) -> list[str]:
+    """Plain words for greedy spec points in bf16 whose text is not the cloud's own: that is the
+    arithmetic, not the acceptance rule, and fp32 shows it."""
+    greedy = summary[(summary["mode"] == "spec") & (summary["policy"] == "greedy") & (summary["dtype"] == "bfloat16")]
+    drifted = greedy[greedy["chrf_vs_cloud"] < 100]
+    if drifted.empty:
+        return []
+    low, high = drifted["chrf_vs_cloud"].min(), drifted["chrf_vs_cloud"].max()
+    return [f"bf16 greedy drifts: {len(drifted)} of {len(greedy)} greedy spec points score chrF {low:.0f}–{high:.0f} "
+            "against cloud-only, not 100. Greedy verification keeps exactly the cloud's argmax, but in bf16 a "
+            "(k+1)-token verify forward and one-token decoding steps round differently, so a near-tie argmax can flip "
+            "and the texts part from there. Exactness holds in fp32: spec greedy equals cloud-only token for token "
+            "(tests/test_lossless.py); rerun with --dtype float32 to see it on these prompts."]
