@@ -8,18 +8,12 @@ import pytest
 from bench.cli import main
 from specdec.engine import Engine
 from specdec.models.loading import load_model
-from tests.tiny import save_tiny_pair
 
 REQUIRED = (
     "id mode policy k entropy_threshold accept_threshold dtype tokens text new_tokens latency_s ttft_s cycles "
     "cloud_calls num_drafts num_draft_tokens num_accepted_tokens accepted_per_position acceptance_rate "
     "punct_density peak_rss_bytes"
 ).split()
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture

@@ -12,12 +12,6 @@ from bench.scores import SCORE_FIELDS, SCORES, read_scores, score_key
 from bench.records import ResultsFile
 from bench.summary import summarize
 from specdec.models.loading import load_model
-from tests.tiny import save_tiny_pair
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ through the server keeps the cloud's distribution (full and top-N draft uploads)
 cross once per session and the server verifies with them."""
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -20,16 +19,10 @@ from specdec.engine import Engine
 from specdec.models.loading import load_model
 from specdec.backends.base import Prompt
 from specdec.remote.client import RemoteCloud
-from specdec.remote.server import BackgroundServer, ServeConfig
-from tests.tiny import save_tiny_pair
+from specdec.remote.server import BackgroundServer
 
 TEXTS = ["hello world", "what is one two", "yes no . ,", "say three", "write a function to sort a list"]
 GREEDY = dict(entropy_threshold=0.0, policy="greedy")
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")

@@ -34,15 +34,9 @@ from specdec.models.loading import load_model
 from specdec.remote.client import CloudUnreachable, RemoteCloud
 from specdec.remote.protocol import SCHEMA, decode, encode
 from specdec.remote.server import BackgroundServer, ServeConfig
-from tests.tiny import save_tiny_pair
 
 GREEDY = SpecConfig(k=3, entropy_threshold=0, policy="greedy")
 IDS = torch.tensor([3, 17, 5, 22, 9, 40])
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")

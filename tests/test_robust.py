@@ -21,20 +21,6 @@ from bench.cli import main
 from bench.folder import LOCK
 from bench.records import ResultsFile
 from specdec.models import integrity, registry
-from tests.tiny import save_tiny_pair
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory):
-    path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n"
-                            for i, t in enumerate(["hello world", "one two three", "say yes"])))
-    return str(path)
 
 
 def run_args(pair, prompts, out, *extra) -> list[str]:

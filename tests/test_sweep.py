@@ -1,5 +1,4 @@
 """`specbench sweep`: grid, resume, per-point summary, caps and bad configs (tiny models)."""
-import json
 import os
 import subprocess
 import sys
@@ -12,19 +11,6 @@ from bench.records import ResultsFile
 from bench.metrics import expected_speedup
 from bench.summary import summarize
 from bench.sweep_config import SweepConfig
-from tests.tiny import save_tiny_pair
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory):
-    path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n" for i, t in enumerate(["hello world", "one two three", "say yes"])))
-    return str(path)
 
 
 def sweep(pair, prompts, out, *extra):

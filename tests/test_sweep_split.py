@@ -4,7 +4,6 @@ the measured link time beside the modelled one, and nothing is left running afte
 after an interrupted sweep."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,20 +17,6 @@ from bench.cli import main
 from bench.records import ResultsFile
 from bench.sweep_config import SweepConfig
 from specdec.errors import ConfigError
-from tests.tiny import save_tiny_pair
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory):
-    path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n"
-                            for i, t in enumerate(["hello world", "one two three", "say yes"])))
-    return str(path)
 
 
 def servers_of(model_dir: str) -> list[psutil.Process]:
