@@ -54,6 +54,7 @@ RATIOS = {  # name -> (numerator mode, denominator mode)
     "spec_vs_cloud": ("spec", "cloud"),
     "edge_vs_cloud": ("edge", "cloud"),
     "spec_vs_hf_assisted": ("spec", "hf_assisted"),
+    "spec_vs_hf_assisted_defaults": ("spec", "hf_assisted_defaults"),
     "edge_vs_hf_greedy": ("edge", "hf_greedy_edge"),
     "cloud_vs_hf_greedy": ("cloud", "hf_greedy_cloud"),
 }
@@ -102,7 +103,7 @@ def _timed_passes(pair, first: dict, tokens_per_s: dict, identical: list, repeat
 
 
 def _record(workload, first: dict, tokens_per_s: dict, identical: bool, load_start: float) -> dict:
-    from bench.workload import HF_ASSISTED, HF_GREEDY, mode_metrics
+    from bench.workload import HF_ASSISTED, HF_ASSISTED_DEFAULTS, HF_GREEDY, mode_metrics
 
     per_mode = {mode: mode_metrics(outputs) for mode, outputs in first.items()}
     deterministic = {}
@@ -111,6 +112,7 @@ def _record(workload, first: dict, tokens_per_s: dict, identical: bool, load_sta
     tokens = {mode: [o.tokens for o in outputs] for mode, outputs in first.items()}
     deterministic["spec_equals_cloud"] = tokens["spec"] == tokens["cloud"]
     deterministic[f"{HF_ASSISTED}_equals_spec"] = tokens[HF_ASSISTED] == tokens["spec"]
+    deterministic[f"{HF_ASSISTED_DEFAULTS}_equals_spec"] = tokens[HF_ASSISTED_DEFAULTS] == tokens["spec"]
     for mode, role in HF_GREEDY.items():  # our plain decoding loop is transformers' greedy, token for token
         deterministic[f"{mode}_equals_{role}"] = tokens[mode] == tokens[role]
     deterministic["repeats_identical"] = identical

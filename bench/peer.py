@@ -11,15 +11,11 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig
 
+from bench.workload import HF_DEFAULTS
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.models.loading import LoadedModel
-
-# HF's own defaults for an assistant (GenerationConfig's, applied when the assistant sets none).
-HF_DEFAULTS = {k: v for k, v in GenerationConfig()._get_default_generation_params().items()
-               if k in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from bench.workload import HF_ASSISTED, MODES, Pair, mode_metrics
+from bench.workload import HF_ASSISTED, HF_ASSISTED_DEFAULTS, MODES, Pair, mode_metrics
 
 TINY_ROUNDS, REAL_ROUNDS = 5, 2
 
@@ -23,10 +23,10 @@ def bench_mode(benchmark, pair: Pair, mode: str, rounds: int) -> dict:
             "threads": w.threads, **metrics,
             "tokens_per_s_median": metrics["new_tokens"] / benchmark.stats.stats.median}
     # Greedy decoding is lossless: every verifying mode must reproduce the cloud's own tokens.
-    if mode in ("spec", HF_ASSISTED):
+    if mode in ("spec", HF_ASSISTED, HF_ASSISTED_DEFAULTS):
         cloud = [o.tokens for o in reference(pair, "cloud")]
         info["equals_cloud"] = [o.tokens for o in outputs] == cloud
-    if mode == HF_ASSISTED:
+    if mode in (HF_ASSISTED, HF_ASSISTED_DEFAULTS):
         info["equals_engine_spec"] = [o.tokens for o in outputs] == [o.tokens for o in reference(pair, "spec")]
     benchmark.extra_info.update(info)
     return info

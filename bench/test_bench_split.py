@@ -6,13 +6,17 @@
 - protocol overhead per verify call on loopback, no shaping (server time excluded);
 - measured vs modelled link time per generation on the `4g` and `wifi` presets;
 - split (server pinned to core 1, edge to core 0) vs in-process (both cores) tokens/s on `code`,
-  interleaved prompt by prompt so drift hits both alike.
+  interleaved prompt by prompt so drift hits both alike;
+- whether the two cores are independent: a cloud forward on core 1 alone and beside the edge.
 """
 from __future__ import annotations
 
+import multiprocessing
 import statistics
+import time
 
 import pytest
+import torch
 
 from bench.link import BackgroundLink
 from bench.network import profile
@@ -131,3 +135,54 @@ def cached_loader():
         return loaded[(name, dtype)]
 
     return loader
+
+
+def _decode_on_core_0(stop) -> None:
+    """In a child process: the edge model decoding one token at a time on core 0 until `stop`."""
+    pin_threads([0])
+    model = load_model(EDGE_ALIAS, "bfloat16", log=lambda *_: None).backend.model
+    with torch.inference_mode():
+        cache = model(torch.randint(0, 1000, (1, 64)), use_cache=True).past_key_values
+        while not stop.is_set():
+            model(torch.randint(0, 1000, (1, 1)), past_key_values=cache, use_cache=True)
+            cache.crop(-1)
+
+
+@pytest.mark.realmodel
+def test_real_core_contention(benchmark):
+    """Are the two cores independent? A cloud verify-sized forward (5 tokens on a 64-token cache)
+    on core 1, alone and while the edge decodes on core 0 in another process."""
+    if not (is_fetched(EDGE_ALIAS) and is_fetched(CLOUD_ALIAS)):
+        pytest.skip(f"real pair not fetched: run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
+    pin_threads([1])
+    model = load_model(CLOUD_ALIAS, "bfloat16", log=lambda *_: None).backend.model
+
+    def forwards(n: int = 12) -> list[float]:
+        times = []
+        with torch.inference_mode():
+            cache = model(torch.randint(0, 1000, (1, 64)), use_cache=True).past_key_values
+            for _ in range(n):
+                start = time.perf_counter()
+                model(torch.randint(0, 1000, (1, 5)), past_key_values=cache, use_cache=True)
+                cache.crop(-5)
+                times.append(time.perf_counter() - start)
+        return times
+
+    forwards(3)  # warm-up
+    alone, busy = [], []
+    context = multiprocessing.get_context("spawn")
+    for _ in range(2):  # alternate, so drift hits both
+        alone += forwards()
+        stop = context.Event()
+        edge = context.Process(target=_decode_on_core_0, args=(stop,))
+        edge.start()
+        time.sleep(10)  # the edge loads and starts decoding
+        busy += benchmark.pedantic(forwards, rounds=1, iterations=1) if not busy else forwards()
+        stop.set()
+        edge.join(30)
+    pin_threads([0, 1])
+    ratio = statistics.median(busy) / statistics.median(alone)
+    benchmark.extra_info.update({"alone_ms": quantiles([t * 1e3 for t in alone]),
+                                 "beside_edge_ms": quantiles([t * 1e3 for t in busy]), "slowdown": ratio})
+    print(f"\ncloud forward on core 1: alone {statistics.median(alone) * 1e3:.0f} ms, with the edge decoding on "
+          f"core 0 {statistics.median(busy) * 1e3:.0f} ms: x{ratio:.2f}")

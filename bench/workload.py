@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from transformers import GenerationConfig
 
 from bench import metrics, tinypair
 from bench.health import text_health
@@ -31,8 +32,12 @@ from specdec.models.loading import LoadedModel, load_model
 EDGE_ALIAS, CLOUD_ALIAS = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 TINY = "tiny"  # the edge/cloud name of the in-process pair (bench/tinypair.py)
 ENGINE_MODES = config.MODES  # edge, cloud, spec: the order the gate's passes rotate through
-HF_ASSISTED = "hf_assisted"
-MODES = ENGINE_MODES + (HF_ASSISTED,)
+HF_ASSISTED = "hf_assisted"  # HF assisted generation at the workload's fixed k, confidence cut off
+HF_ASSISTED_DEFAULTS = "hf_assisted_defaults"  # HF assisted as shipped: 20 draft tokens cut at confidence 0.4
+MODES = ENGINE_MODES + (HF_ASSISTED, HF_ASSISTED_DEFAULTS)
+# HF's own defaults for an assistant (GenerationConfig's, applied when the assistant sets none).
+HF_DEFAULTS = {key: value for key, value in GenerationConfig()._get_default_generation_params().items()
+               if key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
 # Controls for the gate: transformers' own greedy `generate()` on each model alone. They run no
 # code of ours past tokenization, so our edge or cloud forward getting slower shows up as
 # edge/hf_greedy_edge or cloud/hf_greedy_cloud dropping, even when it slows every mode alike and
@@ -130,12 +135,12 @@ class Pair:
             names = tinypair.save_pair(self._tmp.name, edge_noise=workload.edge_noise)
         self.models = {role: load_model(name, workload.dtype, log=log) for role, name in names.items()}
         self.engines = {mode: self._engine(mode, wrap, log) for mode in ENGINE_MODES}
-        # HF reads the assistant's settings from the assistant's generation_config, not generate()
-        # kwargs; confidence threshold 0 keeps every block at exactly k draft tokens.
-        assistant = self.models["edge"].backend.model.generation_config
-        assistant.num_assistant_tokens = workload.k
-        assistant.num_assistant_tokens_schedule = "constant"
-        assistant.assistant_confidence_threshold = 0.0
+        # Confidence threshold 0 keeps every block at exactly k draft tokens, as our engine's.
+        self.assistant_settings = {
+            HF_ASSISTED: {"num_assistant_tokens": workload.k, "num_assistant_tokens_schedule": "constant",
+                          "assistant_confidence_threshold": 0.0},
+            HF_ASSISTED_DEFAULTS: HF_DEFAULTS,
+        }
 
     def _engine(self, mode: str, wrap: BackendWrap | None, log: Callable[[str], object]) -> Engine:
         by_name = {loaded.name: (role, loaded) for role, loaded in self.models.items()}
@@ -155,8 +160,8 @@ class Pair:
     def generate(self, mode: str, text: str) -> Output:
         """One prompt in one mode."""
         torch.set_num_threads(self.workload.threads)  # process-wide; another pair may have changed it
-        if mode == HF_ASSISTED:
-            return self._hf_assisted(text)
+        if mode in self.assistant_settings:
+            return self._hf_assisted(text, self.assistant_settings[mode])
         if mode in HF_GREEDY:
             return self._hf_greedy(HF_GREEDY[mode], text)
         start = time.perf_counter()
@@ -167,8 +172,11 @@ class Pair:
                       c.num_draft_tokens, c.num_accepted_tokens)
 
     @torch.inference_mode()
-    def _hf_assisted(self, text: str) -> Output:
+    def _hf_assisted(self, text: str, settings: dict) -> Output:
         edge, cloud = self.models["edge"], self.models["cloud"]
+        assistant = edge.backend.model.generation_config
+        for key, value in settings.items():  # HF reads them from the assistant's generation_config
+            setattr(assistant, key, value)
         start = time.perf_counter()
         input_ids = cloud.encode(text).input_ids.view(1, -1)  # the same chat-templated ids as the engine
         out = cloud.backend.model.generate(
