@@ -54,6 +54,7 @@ class Link:
     def __init__(self, profile: NetworkProfile, target: tuple[str, int], jitter_s: float = 0.0) -> None:
         self.profile, self.target, self.jitter_s = profile, target, jitter_s
         self.stats = LinkStats()
+        self.writers: set[asyncio.StreamWriter] = set()  # open sockets, closed when the link stops
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, shape: Direction, counter: str) -> None:
         loop = asyncio.get_running_loop()
@@ -92,6 +93,7 @@ class Link:
         except OSError:
             client_writer.close()
             return
+        self.writers |= {client_writer, server_writer}
         half_rtt = self.profile.rtt_s / 2
         up = Direction(self.profile.uplink_bps, half_rtt, self.jitter_s, random.Random(1))
         down = Direction(self.profile.downlink_bps, half_rtt, self.jitter_s, random.Random(2))
@@ -102,6 +104,7 @@ class Link:
         )
         for writer in (server_writer, client_writer):
             writer.close()
+            self.writers.discard(writer)
 
     async def serve(self, host: str, port: int, stop: asyncio.Event, on_listening=None) -> None:
         server = await asyncio.start_server(self._relay, host, port)
@@ -110,6 +113,8 @@ class Link:
             on_listening(bound_host, bound_port)
         async with server:
             await stop.wait()
+        for writer in self.writers:  # connections still open: close them before their loop goes
+            writer.close()
 
 
 class BackgroundLink:
