@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import threading
 from dataclasses import dataclass, field
 
 from bench.network import NetworkProfile
+from specdec.remote.background import Background
 
 CHUNK_BYTES = 16 * 1024
 
@@ -117,30 +117,10 @@ class Link:
             writer.close()
 
 
-class BackgroundLink:
+class BackgroundLink(Background):
     """The link on a thread of this process: `with BackgroundLink(profile, target) as url:`."""
 
     def __init__(self, profile: NetworkProfile, target: tuple[str, int], jitter_s: float = 0.0,
                  host: str = "127.0.0.1") -> None:
-        self.link, self.host = Link(profile, target, jitter_s), host
-        self.listening = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="link", daemon=True)
-        self.url = ""
-
-    async def _main(self) -> None:
-        self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
-        await self.link.serve(self.host, 0, self.stop, on_listening=self._listening)
-
-    def _listening(self, host: str, port: int) -> None:
-        self.url = f"{host}:{port}"
-        self.listening.set()
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        if not self.listening.wait(10):
-            raise RuntimeError("the link did not start listening within 10 s")
-        return self.url
-
-    def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(10)
+        self.link = Link(profile, target, jitter_s)
+        super().__init__(lambda stop, on_listening: self.link.serve(host, 0, stop, on_listening), "link", 10.0)

@@ -13,7 +13,6 @@ import hmac
 import ipaddress
 import logging
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from specdec.engine import build_constraints
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models.loading import LoadedModel
 from specdec.policies import POLICIES
+from specdec.remote.background import Background
 from specdec.remote.protocol import (
     MAX_DRAFT_TOKENS, OPEN_FIELDS, SCHEMA, ProtocolError, decode, encode, field as get, token_ids,
     tokenizer_sha256, unpack_probs, unpack_tensors,
@@ -254,7 +254,7 @@ def run_server(model: LoadedModel, config: ServeConfig, announce=print) -> dict:
     return server.stats
 
 
-class BackgroundServer:
+class BackgroundServer(Background):
     """The server on a thread of this process, for tests and benchmarks:
 
         with BackgroundServer(model) as url:   # "127.0.0.1:PORT"
@@ -263,27 +263,4 @@ class BackgroundServer:
 
     def __init__(self, model: LoadedModel, config: ServeConfig = ServeConfig()) -> None:
         self.server = VerifierServer(model, config)
-        self.listening = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="verifier-server", daemon=True)
-        self.url = ""
-
-    def _run(self) -> None:
-        async def main() -> None:
-            self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
-            await self.server.serve(self.stop, on_listening=self._listening)
-
-        asyncio.run(main())
-
-    def _listening(self, host: str, port: int) -> None:
-        self.url = f"{host}:{port}"
-        self.listening.set()
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        if not self.listening.wait(30):
-            raise RuntimeError("the verifier server did not start listening within 30 s")
-        return self.url
-
-    def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(30)
+        super().__init__(lambda stop, on_listening: self.server.serve(stop, on_listening), "verifier server")
