@@ -89,7 +89,12 @@ class LocalVerifier:
         return self.logits_of.compute_s
 
     def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict:
-        cloud_logits = self.logits_of.logits(seq, draft_tokens)[:, : self.vocab]  # [n+1, V]
+        return self.decide(seq, draft_tokens, draft_probs, self.logits_of.logits(seq, draft_tokens))
+
+    def decide(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+               logits: torch.Tensor) -> Verdict:
+        """The verdict on a block from its cloud logits [n+1, V] (computed alone or in a shared forward)."""
+        cloud_logits = logits[:, : self.vocab]  # [n+1, V]
         cloud_logits = process_rows(cloud_logits, seq.generated, draft_tokens.tolist(), self.constraints)
         cloud_probs = distribution(cloud_logits, self.decode.temperature)
         accepted, next_token = self.policy(

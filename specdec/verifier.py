@@ -54,6 +54,20 @@ class CachedVerifier:
         self.last_tokens_in = unseen.numel() + draft_tokens.numel()
         return self.session.feed(torch.cat([unseen, draft_tokens]), keep=draft_tokens.numel() + 1)
 
+    def block(self, seq: AcceptedSequence, draft_tokens: torch.Tensor) -> tuple[object, torch.Tensor, int] | None:
+        """What `logits` would feed, on which state, for a forward shared with other sessions
+        (`specdec.batching`): (state, tokens, keep). None when it cannot be shared: a first call
+        whose prompt carries multimodal features goes through the backend's own prefill."""
+        if self.session is None:
+            if self.prompt.features:
+                return None
+            self.session = Session(self.backend, self.prompt)
+            self.session.state, _ = self.backend.prefill(self.prompt, draft_tokens[:0])  # empty: the prompt rides in the block
+        unseen = self.session.unseen(seq)
+        self.last_tokens_in = unseen.numel() + draft_tokens.numel()
+        self.last_sent_features = False
+        return self.session.state, torch.cat([unseen, draft_tokens]), draft_tokens.numel() + 1
+
     def rollback(self, length: int, seq: AcceptedSequence) -> None:
         self.session.rollback(length, seq)
 
@@ -77,6 +91,16 @@ class StatelessVerifier:
         _, logits = self.backend.prefill(self.prompt, tokens, keep=draft_tokens.numel() + 1, use_cache=False)
         self.compute_s += time.perf_counter() - start
         return logits
+
+    def block(self, seq: AcceptedSequence, draft_tokens: torch.Tensor) -> tuple[object, torch.Tensor, int] | None:
+        """As `CachedVerifier.block`: the whole context on a fresh state, dropped after the forward."""
+        if self.prompt.features:
+            return None
+        tokens = torch.cat([seq.ids, draft_tokens])
+        self.last_tokens_in = tokens.numel()
+        self.last_sent_features = False
+        state, _ = self.backend.prefill(self.prompt, tokens[:0])
+        return state, tokens, draft_tokens.numel() + 1
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:
         """Nothing is cached."""

@@ -26,14 +26,14 @@ LAYERS = {
     "backends": (("specdec.backends",), ("errors",)),
     "core": (("specdec", "specdec.config", "specdec.decode", "specdec.session", "specdec.verifier", "specdec.gate",
               "specdec.policies", "specdec.sampling", "specdec.processors", "specdec.trace", "specdec.text",
-              "specdec.tokenstats", "specdec.constraints_zh", "specdec.cloud", "specdec.drafter", "specdec.drafting"),
+              "specdec.tokenstats", "specdec.constraints_zh", "specdec.cloud", "specdec.drafter", "specdec.drafting", "specdec.batching"),
              ("errors", "backends")),
     "models": (("specdec.models",), ("errors", "backends")),
     # The verifier protocol and the edge's client: the engine verifies through them.
     "transport": (("specdec.remote", "specdec.remote.client", "specdec.remote.protocol"), ("errors", "backends", "core")),
     "engine": (("specdec.engine",), ("errors", "backends", "core", "models", "transport")),
     # The verifier server: the cloud side of the protocol, built on the engine's pieces.
-    "serve": (("specdec.remote.server",), ("errors", "backends", "core", "models", "transport", "engine")),
+    "serve": (("specdec.remote.server", "specdec.remote.batcher"), ("errors", "backends", "core", "models", "transport", "engine")),
 }
 # Reports only read results: these never reach a module that loads or runs a model.
 READERS = ("bench.metrics", "bench.summary", "bench.scores", "bench.verdict", "bench.compare", "bench.report")

@@ -209,7 +209,7 @@ def test_malformed_messages_get_an_error_and_a_closed_session(models):
     with background as url:
         cases = {
             b"\xc1not msgpack": "undecodable message",
-            encode("dance"): "expected open or verify or close",
+            encode("dance"): "expected open or verify or generate or close or stats",
             encode("verify", base=6, new=[], draft=[1]): "verify before open",
             opening(policy="nonsense"): "policy must be one of",
             opening(prompt_ids=[1, 2, 999]): "token ids in [0, 64)",

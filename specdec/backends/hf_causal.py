@@ -6,6 +6,7 @@ shifted them and filled outputs with punctuation).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,46 @@ class HFCausalBackend:
     def forward(self, state: CausalState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
         return self._run(state, token_ids, token_ids.numel() if keep is None else keep)
 
+    @functools.cached_property
+    def batchable(self) -> bool:
+        """Rows of several states can share one forward only when every cache layer is a plain
+        growing one (a sliding-window layer's rollback history is kept per cache)."""
+        return all(type(layer).__name__ == "DynamicLayer" for layer in self._new_cache().layers)
+
+    def forward_batch(self, states: list[CausalState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor]:
+        """Feed blocks [n_b] on states of lengths L_b in ONE forward; returns each row's last `keep`
+        logits [keep_b, V], as `forward` would, and appends each row's new keys/values to its own cache.
+
+        Layout: past keys left-padded to max L, blocks right-padded to max n, a [B, maxL + maxn]
+        key mask, and positions L_b + arange(max n) per row. A real query of row b attends to its own
+        past and block prefix only (padding keys are masked; padding queries come after every real
+        one, so no real query sees them), so each row is its single forward up to rounding."""
+        batch, past_len, block_len = len(states), max(s.length for s in states), max(b.numel() for b in blocks)
+        ids = torch.zeros(batch, block_len, dtype=torch.long)
+        mask = torch.zeros(batch, past_len + block_len, dtype=torch.long)
+        for row, (state, block) in enumerate(zip(states, blocks)):
+            ids[row, : block.numel()] = block
+            mask[row, past_len - state.length : past_len + block.numel()] = 1
+        positions = torch.stack([block_positions(s.length, block_len)[0] for s in states])  # [B, max n]
+        cache = DynamicCache(config=self.model.config)
+        if past_len:
+            template = next(s.cache for s in states if s.length)  # shapes and dtype of a filled cache
+            for index in range(len(cache.layers)):
+                like = template.layers[index].keys
+                keys, values = zip(*[_left_padded(s, index, past_len, like) for s in states])
+                cache.update(torch.cat(keys), torch.cat(values), index)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=block_len)
+        logits = []
+        for row, (state, block, keep) in enumerate(zip(states, blocks, keeps)):
+            n = block.numel()
+            for index, layer in enumerate(cache.layers):  # this row's new keys/values into its own cache
+                new = slice(past_len, past_len + n)
+                state.cache.update(layer.keys[row : row + 1, :, new], layer.values[row : row + 1, :, new], index)
+            state.length += n
+            logits.append(out.logits[row, n - keep : n].float())  # [keep, V]
+        return logits
+
     def crop(self, state: CausalState, length: int) -> None:
         if not 0 <= length <= state.length:
             raise ValueError(f"cannot crop a state of length {state.length} to {length}")
@@ -79,3 +120,12 @@ class HFCausalBackend:
         if keep == 0:
             return None
         return out.logits[0, -keep:].float()  # [keep, V]
+
+
+def _left_padded(state: CausalState, index: int, past_len: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer `index` of a state's cache, left-padded with zeros to `past_len` positions [1, H, past_len, D]."""
+    if state.length == 0:  # nothing cached yet: a session's first verify carries its whole prompt
+        empty = like.new_zeros(1, like.shape[1], past_len, like.shape[3])
+        return empty, empty
+    layer, pad = state.cache.layers[index], past_len - state.length
+    return torch.nn.functional.pad(layer.keys, (0, 0, pad, 0)), torch.nn.functional.pad(layer.values, (0, 0, pad, 0))

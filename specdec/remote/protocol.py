@@ -6,8 +6,14 @@ the connection, or the server's idle TTL, whichever comes first.
   edge -> cloud                                         cloud -> edge
   hello  {schema, token}                                ready   {schema, model, vocab_size, tokenizer_sha256, accepts_audio}
   open   {prompt_ids, features, settings...}            (no reply: sent back to back with the first verify)
-  verify {base, new, draft, probs}                      verdict {accepted, token, tokens_in, compute_s, queue_s}
+  verify {base, new, draft, probs}                      verdict {accepted, token, tokens_in, compute_s, queue_s, batch}
+  generate {}                                           generated {tokens, stopped_by, queue_s[], compute_s[], batch[]}
+  stats  {since}                                        stats   {batches: [{t_s, rows, tokens, max_block, positions, forward_s}], next}
   close  {}                                             error   {code, message}, then the server closes the connection
+
+`generate` = cloud-only serving: the server produces every remaining token itself, one batched
+next-token step at a time. `batch` = rows in the forward that served the request (its
+`compute_s` is that whole forward). `stats` needs no session: the batch log from entry `since` on.
 
 `verify.new` = accepted tokens the server has not seen (corrections, bonuses and unescalated blocks
 since its last verdict); `base` = the edge's accepted length, so both sides check they agree.

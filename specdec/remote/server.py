@@ -2,7 +2,10 @@
 
 One asyncio loop speaks the protocol (`specdec.remote.protocol`) on any number of WebSocket
 connections; every model forward runs on ONE compute thread, so requests queue for the model and
-the time they wait is measured apart from the time they compute. Sessions are bounded: at most
+the time they wait is measured apart from the time they compute. Requests of different sessions
+that wait together run as one batched forward (`specdec.remote.batcher`). A session can also ask
+the server to generate every token itself (`generate`): cloud-only serving, batched the same way,
+the baseline a fleet is compared with. Sessions are bounded: at most
 `max_sessions` open at once (one more is refused with the reason), each freed on `close`, when its
 connection ends, or after `session_ttl_s` without a message.
 """
@@ -22,13 +25,15 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from specdec.backends.base import Prompt
-from specdec.cloud import LocalVerifier
+from specdec.batching import Row
+from specdec.cloud import LocalVerifier, Verdict
 from specdec.config import CONSTRAINT_PROFILES, DecodeConfig, SpecConfig
 from specdec.engine import build_constraints
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models.loading import LoadedModel
 from specdec.policies import POLICIES
 from specdec.remote.background import Background
+from specdec.remote.batcher import Batcher
 from specdec.remote.protocol import (
     MAX_DRAFT_TOKENS, OPEN_FIELDS, SCHEMA, ProtocolError, decode, encode, field as get, token_ids,
     tokenizer_sha256, unpack_probs, unpack_tensors,
@@ -49,6 +54,8 @@ class ServeConfig:
     session_ttl_s: float = field(default=300.0, metadata={"help": "free a session after this many idle seconds"})
     max_message_mb: float = field(default=64.0, metadata={"help": "largest message accepted (MiB)"})
     token: str | None = field(default=None, metadata={"help": "shared secret every session must present"})
+    max_batch: int = field(default=16, metadata={"help": "verify requests of different sessions run as one forward, at most this many (1: unbatched)"})
+    batch_window_ms: float = field(default=0.0, metadata={"help": "wait this long for more requests before a forward (0: batch only what already queued)"})
     hello_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -58,6 +65,10 @@ class ServeConfig:
             raise ConfigError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if not self.session_ttl_s > 0:
             raise ConfigError(f"session_ttl_s must be > 0 seconds, got {self.session_ttl_s}")
+        if self.max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1 (1 = unbatched), got {self.max_batch}")
+        if not 0 <= self.batch_window_ms <= 1000:
+            raise ConfigError(f"batch_window_ms must be in [0, 1000] ms, got {self.batch_window_ms}")
         if not self.max_message_mb > 0:
             raise ConfigError(f"max_message_mb must be > 0, got {self.max_message_mb}")
         if not is_loopback(self.host) and not self.token:
@@ -111,7 +122,7 @@ class ServerSession:
                                 f"({limit}): lower max_new_tokens", code="too_long")
         self.vocab, self.policy = settings["vocab"], settings["policy"]
         eos_ids = frozenset(token_ids(message, "eos_ids", vocab_limit))
-        constraints = build_constraints(model, settings["constraints"], self.vocab, eos_ids)
+        self.constraints = constraints = build_constraints(model, settings["constraints"], self.vocab, eos_ids)
         prompt = Prompt(torch.tensor(prompt_ids, dtype=torch.long), features)
         generator = torch.Generator().manual_seed(settings["seed"] + CLOUD_SEED_OFFSET)
         # Mirror of the edge's accepted sequence: it grows by `new` and by the accepted draft tokens.
@@ -120,8 +131,8 @@ class ServerSession:
         self.features_pending = bool(features)
         self.last_active = time.monotonic()
 
-    def verify(self, message: dict) -> dict:
-        """Runs on the compute thread. Validates, verifies, crops, and returns the verdict fields."""
+    def prepare(self, message: dict) -> Row:
+        """Validate a verify message and take in its unseen accepted tokens; returns the block to verify."""
         base = get(message, "base", int)
         new = token_ids(message, "new", self.vocab, self.seq.remaining)
         draft = token_ids(message, "draft", self.vocab, MAX_DRAFT_TOKENS)
@@ -134,24 +145,30 @@ class ServerSession:
         if self.policy == "sample" and probs is None:
             raise ProtocolError("verify: the sample policy needs the draft distributions (`probs`)")
         self.seq.extend(new)
-        start = time.perf_counter()
-        verdict = self.verifier.verify(self.seq, torch.tensor(draft, dtype=torch.long), probs)
-        self.seq.extend(draft[: verdict.accepted])
-        self.verifier.rollback(self.seq.length, self.seq)  # exactly the accepted prefix
-        compute_s = time.perf_counter() - start
-        return {"accepted": verdict.accepted, "token": verdict.next_token, "tokens_in": verdict.tokens_in,
-                "compute_s": compute_s}
+        return Row(self.verifier, self.seq, torch.tensor(draft, dtype=torch.long), probs)
+
+    def accept(self, row: Row, verdict: Verdict) -> None:
+        """After a verify (compute thread): the accepted draft tokens join the mirror, the cache is
+        cropped to exactly that prefix. The correction or bonus arrives with the next `new`."""
+        self.seq.extend(row.draft_tokens[: verdict.accepted].tolist())
+        self.verifier.rollback(self.seq.length, self.seq)
+
+    def step(self, verdict: Verdict) -> None:
+        """After a next-token step of cloud-only serving: the token joins the mirror (the cache
+        holds every position before it)."""
+        self.seq.extend([verdict.next_token])
 
 
 class VerifierServer:
     def __init__(self, model: LoadedModel, config: ServeConfig, log=print) -> None:
         self.model, self.config, self.log = model, config, log
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
+        self.batcher = Batcher(model.backend, self.compute, config.max_batch, config.batch_window_ms / 1e3)
         self.sessions: dict[ServerConnection, ServerSession] = {}
         self.ready = encode("ready", schema=SCHEMA, model=model.name, vocab_size=model.backend.vocab_size,
                             tokenizer_sha256=tokenizer_sha256(model.tokenizer),
                             accepts_audio=model.backend.accepts_audio)
-        self.stats = {"connections": 0, "sessions": 0, "verifies": 0, "errors": 0, "refused": 0}
+        self.stats = {"connections": 0, "sessions": 0, "verifies": 0, "generated": 0, "errors": 0, "refused": 0}
 
     async def handle(self, ws: ServerConnection) -> None:
         self.stats["connections"] += 1
@@ -164,7 +181,7 @@ class VerifierServer:
                 raise ProtocolError("bad or missing token: give the server's --token-file to the client", code="auth")
             await ws.send(self.ready)
             async for raw in ws:
-                await self.dispatch(ws, decode(raw, expect=("open", "verify", "close")))
+                await self.dispatch(ws, decode(raw, expect=("open", "verify", "generate", "close", "stats")))
         except ProtocolError as e:
             self.stats["errors"] += 1
             await self.refuse(ws, e.code, str(e))
@@ -179,6 +196,10 @@ class VerifierServer:
 
     async def dispatch(self, ws: ServerConnection, message: dict) -> None:
         kind = message["type"]
+        if kind == "stats":  # the batch log since entry `since`: the fleet's per-batch cost curve
+            since = get(message, "since", int)
+            await ws.send(encode("stats", batches=self.batcher.log[max(since, 0):], next=len(self.batcher.log)))
+            return
         if kind == "close":
             self.sessions.pop(ws, None)
             return
@@ -196,16 +217,35 @@ class VerifierServer:
         if session is None:
             raise ProtocolError("verify before open: open a session first", code="no_session")
         session.last_active = time.monotonic()
-        queued = time.perf_counter()
-
-        def run() -> dict:
-            started = time.perf_counter()
-            return {**session.verify(message), "queue_s": started - queued}
-
-        reply = await asyncio.get_running_loop().run_in_executor(self.compute, run)
+        if kind == "generate":
+            await ws.send(encode("generated", **await self.generate(session)))
+        else:
+            row = session.prepare(message)
+            served = await self.batcher.submit(row, lambda verdict: session.accept(row, verdict))
+            self.stats["verifies"] += 1
+            await ws.send(encode("verdict", accepted=served.verdict.accepted, token=served.verdict.next_token,
+                                 tokens_in=served.verdict.tokens_in, compute_s=served.compute_s,
+                                 queue_s=served.queue_s, batch=served.batch_rows))
         session.last_active = time.monotonic()
-        self.stats["verifies"] += 1
-        await ws.send(encode("verdict", **reply))
+
+    async def generate(self, session: ServerSession) -> dict:
+        """Cloud-only serving: every token a next-token step of this server, each step queued and
+        batched with every other session's steps and verifies."""
+        empty = torch.empty(0, dtype=torch.long)
+        no_draft = torch.empty(0, session.vocab) if session.policy == "sample" else None
+        steps: list[dict] = []
+        stopped_by = "max_new_tokens"
+        while session.seq.remaining:
+            served = await self.batcher.submit(Row(session.verifier, session.seq, empty, no_draft), session.step)
+            steps.append({"queue_s": served.queue_s, "compute_s": served.compute_s, "batch": served.batch_rows})
+            session.last_active = time.monotonic()
+            if session.constraints.stop.stops(served.verdict.next_token, len(session.seq.generated)):
+                stopped_by = "stop_token"
+                break
+        self.stats["generated"] += 1
+        return {"tokens": session.seq.generated, "stopped_by": stopped_by,
+                "queue_s": [s["queue_s"] for s in steps], "compute_s": [s["compute_s"] for s in steps],
+                "batch": [s["batch"] for s in steps]}
 
     async def refuse(self, ws: ServerConnection, code: str, message: str) -> None:
         try:
@@ -231,9 +271,10 @@ class VerifierServer:
             host, port = server.sockets[0].getsockname()[:2]
             if on_listening:
                 on_listening(host, port)
-            reaper = asyncio.create_task(self.reap())
+            tasks = [asyncio.create_task(self.reap()), asyncio.create_task(self.batcher.run())]
             await stop.wait()
-            reaper.cancel()
+            for task in tasks:
+                task.cancel()
         self.compute.shutdown(wait=True, cancel_futures=True)
 
 

@@ -1,0 +1,96 @@
+"""The server's batcher: verify requests of different sessions that are waiting together become
+one forward (`specdec.batching`).
+
+Requests queue on the event loop. When the compute thread is free the batcher takes the oldest
+request, then every request already queued, and, with a window > 0, waits up to `window_s` more for
+others (`max_batch` rows at most). A window of 0 adds no latency: batches form only from requests
+that queued while the previous forward ran. Each forward is logged (rows, tokens, seconds), which is
+the per-batch cost curve the fleet report draws.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from specdec.backends.base import Backend
+from specdec.batching import Row, verify_rows
+from specdec.cloud import Verdict
+
+
+@dataclass
+class Request:
+    row: Row
+    finish: Callable[[Verdict], None]  # runs on the compute thread right after the forward (accept, crop)
+    future: asyncio.Future
+    queued: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True)
+class Served:
+    """What one request got: its verdict and what it waited for."""
+
+    verdict: Verdict
+    queue_s: float  # queued -> its batch's forward began
+    compute_s: float  # the batch's forward(s), whole
+    batch_rows: int
+
+
+class Batcher:
+    def __init__(self, backend: Backend, compute: ThreadPoolExecutor, max_batch: int = 16, window_s: float = 0.0) -> None:
+        self.backend, self.compute, self.max_batch, self.window_s = backend, compute, max_batch, window_s
+        self.queue: asyncio.Queue[Request] = asyncio.Queue()
+        self.log: list[dict] = []  # one entry per forward: t_s (since start), rows, tokens, max_block, positions, forward_s
+        self.started = time.perf_counter()
+
+    async def submit(self, row: Row, finish: Callable[[Verdict], None]) -> Served:
+        request = Request(row, finish, asyncio.get_running_loop().create_future())
+        await self.queue.put(request)
+        return await request.future
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect(loop)
+            if not batch:
+                continue
+            began = time.perf_counter()
+            try:
+                verdicts, forward_s = await loop.run_in_executor(self.compute, self._forward, batch)
+            except Exception as e:  # a bug in one forward fails its requests; the server goes on
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(e)
+                continue
+            self.log.append({"t_s": began - self.started, "rows": len(batch),
+                             "tokens": sum(v.tokens_in for v in verdicts),  # fed: unseen accepted + draft
+                             "max_block": max(v.tokens_in for v in verdicts),
+                             "positions": sum(r.row.draft_tokens.numel() + 1 for r in batch),  # scored
+                             "forward_s": forward_s})
+            for request, verdict in zip(batch, verdicts):
+                if not request.future.done():  # its session may have gone meanwhile
+                    request.future.set_result(Served(verdict, began - request.queued, forward_s, len(batch)))
+
+    async def _collect(self, loop) -> list[Request]:
+        batch = [await self.queue.get()]
+        deadline = loop.time() + self.window_s
+        while len(batch) < self.max_batch:
+            if not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self.queue.get(), remaining))
+            except asyncio.TimeoutError:
+                break
+        return [r for r in batch if not r.future.done()]  # a cancelled request: its client is gone
+
+    def _forward(self, batch: list[Request]) -> tuple[list[Verdict], float]:
+        verdicts, forward_s = verify_rows(self.backend, [r.row for r in batch])
+        for request, verdict in zip(batch, verdicts):
+            request.finish(verdict)
+        return verdicts, forward_s
