@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench import metrics
 from bench.compare import add_compare_parser, cmd_compare
-from bench.deploy import add_link_parser, add_serve_parser, cmd_link, cmd_serve
+from bench.deploy import add_fleet_parser, add_link_parser, add_serve_parser, cmd_fleet, cmd_link, cmd_serve
 from bench.gate import add_gate_parser, cmd_gate
 from bench.nll import score
 from bench.folder import os_error_line, writer
@@ -132,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_score_parser(sub)
     add_serve_parser(sub)
     add_link_parser(sub)
+    add_fleet_parser(sub)
     models = sub.add_parser("models", help="the offline model registry")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("list", help="registry aliases and whether they are fetched (and whole: file sizes)")
@@ -145,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models, "report": cmd_report, "profile": cmd_profile,
             "gate": cmd_gate, "compare": cmd_compare, "score": cmd_score,
-            "serve": cmd_serve, "link": cmd_link}
+            "serve": cmd_serve, "link": cmd_link, "fleet": cmd_fleet}
 
 
 def _stop(signum, frame) -> None:

@@ -1,4 +1,5 @@
-"""`specbench serve` (the cloud verifier as a server) and `specbench link` (a shaped TCP relay)."""
+"""`specbench serve` (the cloud verifier as a server), `specbench link` (a shaped TCP relay) and
+`specbench fleet` (many edges against one server, and cloud-only serving of as many)."""
 from __future__ import annotations
 
 import argparse
@@ -8,9 +9,18 @@ import signal
 import sys
 from pathlib import Path
 
+import dataclasses
+
 from bench.caps import parse_cores, pin_cores
+from bench.fleet import run_fleet
+from bench.fleet_config import FleetConfig
+from bench.fleet_summary import summarize_fleet
+from bench.options import DEFINED_IN, _off, field_options, parse_list, values
+from bench.folder import canonical_path
 from bench.link import Link
+from bench.prompts import canonical_prompts
 from bench.network import PRESETS, NetworkProfile, profile
+from specdec.config import DecodeConfig, SpecConfig
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.protocol import parse_address, read_token
@@ -28,12 +38,17 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--session-ttl", type=float, default=ServeConfig.session_ttl_s, help="free a session idle this many s")
     p.add_argument("--max-message-mb", type=float, default=ServeConfig.max_message_mb, help="largest message (MiB)")
     p.add_argument("--token-file", type=Path, help="file holding a shared secret every client must present")
+    p.add_argument("--max-batch", type=int, default=ServeConfig.max_batch,
+                   help="verify requests of different sessions run as one forward, at most this many (1: unbatched)")
+    p.add_argument("--batch-window-ms", type=float, default=ServeConfig.batch_window_ms,
+                   help="wait this long for more requests before a forward (default 0: batch what already queued)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     token = read_token(args.token_file) if args.token_file else None
     config = ServeConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
-                         session_ttl_s=args.session_ttl, max_message_mb=args.max_message_mb, token=token)
+                         session_ttl_s=args.session_ttl, max_message_mb=args.max_message_mb, token=token,
+                         max_batch=args.max_batch, batch_window_ms=args.batch_window_ms)
     if args.cores:
         pin_cores(parse_cores(args.cores))
     model = load_model(args.model, args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -42,7 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:  # the address: taken, or not this machine's
         raise ConfigError(f"cannot serve on {args.host}:{args.port}: {e.strerror or e}; pick another --host or --port "
                           "(--port 0 picks a free one)") from None
-    print(f"stopped: {stats['sessions']} sessions, {stats['verifies']} verifies, {stats['errors']} errors, "
+    print(f"stopped: {stats['sessions']} sessions, {stats['verifies']} verifies, {stats['generated']} generated, {stats['errors']} errors, "
           f"{stats['refused']} refused", file=sys.stderr, flush=True)
     return 0
 
@@ -98,4 +113,45 @@ def cmd_link(args: argparse.Namespace) -> int:
     asyncio.run(main())
     print(f"stopped: {link.stats.connections} connections, {link.stats.up_bytes} B up, {link.stats.down_bytes} B down",
           file=sys.stderr, flush=True)
+    return 0
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(item) for item in parse_list(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of fleet sizes, e.g. 1,2,4,8") from None
+
+
+def add_fleet_parser(sub) -> None:
+    p = sub.add_parser("fleet", help="N edges against one verifier server for each N (replayed or real), beside "
+                                     "cloud-only serving of the same N: the server's capacity curve")
+    p.add_argument("--out", required=True, type=Path, help="results directory (rerun to resume)")
+    for cls in (FleetConfig, SpecConfig, DecodeConfig):
+        for option in field_options(cls):
+            if option.name == "clients":
+                option = dataclasses.replace(option, parse=_sizes)
+            source = DEFINED_IN.get(option.name)
+            if option.help is None and source is not None:  # a run setting: its help, choices and aliases
+                help_text = source.metadata.get("help")
+                option = dataclasses.replace(option, help=_off(help_text) if option.action == "store_false" else help_text,
+                                             choices=source.metadata.get("choices") if option.action == "store" else None,
+                                             flags=(*option.flags, *source.metadata.get("flags", ())))
+            option.add_to(p)
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    spec, decode = SpecConfig(**values(SpecConfig, args)), DecodeConfig(**values(DecodeConfig, args))
+    config = FleetConfig(**{**values(FleetConfig, args), "prompts": canonical_prompts(args.prompts),
+                            "edge": canonical_path(args.edge), "cloud": canonical_path(args.cloud),
+                            "edge_replay": canonical_path(args.edge_replay), "token_file": canonical_path(args.token_file)})
+    counts = run_fleet(config, spec, decode, args.out)
+    summary = summarize_fleet(args.out)
+    print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())), file=sys.stderr, flush=True)
+    if not summary.empty:
+        columns = ["mode", "clients", "server_accepted_tokens_per_s", "edge_tokens_per_s_p50", "verify_latency_p50_s",
+                   "mean_batch_size", "cloud_busy_fraction"]
+        print(summary[[c for c in columns if c in summary]].to_string(index=False, float_format=lambda v: f"{v:.3g}"),
+              file=sys.stderr, flush=True)
+    print(f"summary: {args.out / 'summary.csv'}", file=sys.stderr, flush=True)
     return 0

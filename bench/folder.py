@@ -23,7 +23,7 @@ from typing import Iterator
 from specdec.errors import InputError
 
 LOCK = ".specbench.lock"
-IDENTITY_FILES = {"run": "run.json", "sweep": "sweep.json"}
+IDENTITY_FILES = {"run": "run.json", "sweep": "sweep.json", "fleet": "fleet.json"}
 RESULTS = "results.jsonl"
 _held: dict[Path, int] = {}  # folders this process holds, so a command may re-enter its own lock
 
@@ -137,7 +137,7 @@ def claim(out: Path, kind: str, settings: dict, key: str = "config") -> None:
         return
     found = [k for k, name in IDENTITY_FILES.items() if (out / name).is_file()]
     if not found:
-        raise InputError(f"{out} holds {RESULTS} but neither run.json nor sweep.json: specbench did not write it; "
+        raise InputError(f"{out} holds {RESULTS} but none of {', '.join(IDENTITY_FILES.values())}: specbench did not write it; "
                          "use another --out")
     if kind not in found:
         raise InputError(f"{out} holds the results of a `specbench {found[0]}`; a {kind} does not add to them: "

@@ -56,6 +56,8 @@ def result_record(generation: Generation, point: dict, prompt_id: str, latency_s
         "block_len_mean": sum(lengths) / len(lengths) if lengths else None,
         "block_len_hist": [lengths.count(n) for n in range(1, max(lengths, default=0) + 1)],  # [i]: blocks of i+1 tokens
         "trace": [asdict(cycle) for cycle in generation.cycles],
+        # split runs: the ids the edge sent, so `specbench fleet --edge-replay` can replay this trace
+        **({"prompt_ids": generation.prompt_ids} if split else {}),
     }
 
 

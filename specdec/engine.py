@@ -170,4 +170,5 @@ class Engine(EngineConfig):
         else:
             generation = autoregressive_decode(loaded.backend, prompt, self.decode, constraints, role=self.mode)
         generation.text = loaded.tokenizer.decode(generation.tokens, skip_special_tokens=True)
+        generation.prompt_ids = prompt.input_ids.tolist()
         return generation

@@ -81,6 +81,7 @@ class Generation:
     cycles: list[Cycle] = field(default_factory=list)
     text: str = ""
     prompt_tokens: int = 0
+    prompt_ids: list[int] = field(default_factory=list)  # as encoded (set by the engine): what a replay re-sends
     prefill_s: float = 0.0  # first forward of the edge (or the mode's model): prompt + first step
     ttft_s: float = 0.0  # start -> first emitted token
     decode_s: float = 0.0  # start -> last token
