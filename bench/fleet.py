@@ -27,7 +27,7 @@ from tqdm import tqdm
 from bench.fleet_clients import Script, cloud_only, replay, script_of, server_info, server_log
 from bench.fleet_config import FleetConfig
 from bench.fleet_summary import BATCHES, LEVELS, summarize_fleet
-from bench.folder import IDENTITY_FILES, claim, has_results, write_identity, writer
+from bench.folder import IDENTITY_FILES, claim, differences, has_results, write_identity, writer
 from bench.link import Link
 from bench.network import profile
 from bench.prompts import load_prompts
@@ -84,9 +84,9 @@ def replay_scripts(config: FleetConfig, settings: dict, prompts: list[str]) -> d
     scripts = {r["id"]: script_of(r) for r in matching}
     missing = [p for p in prompts if p not in scripts]
     if missing:
-        seen = sorted({tuple((name, r.get(name)) for name in REPLAY_MATCH if r.get(name) != wanted[name])
-                       for r in records})
-        hint = f"; its records differ in {dict(seen[0])}" if seen and seen[0] else ""
+        nearest = min(records, key=lambda r: sum(r.get(n) != wanted[n] for n in REPLAY_MATCH), default=None)
+        hint = ("; its split records differ in " + differences({n: nearest.get(n) for n in REPLAY_MATCH},
+                                                               {n: wanted[n] for n in REPLAY_MATCH})) if nearest else ""
         raise InputError(f"--edge-replay {config.edge_replay} has no finished split generation of prompt "
                          f"{missing[0]!r} ({config.prompts}) at this point{hint}: record it with `specbench run --mode "
                          "spec --cloud-url ...` and the same settings")

@@ -1,0 +1,224 @@
+"""The fleet report (`specbench report` on a `specbench fleet` folder): the capacity curve, the batch
+sizes the server ran, the per-batch cost curve, and the capacity model that extrapolates it. Reads
+DIR's raw files through bench/fleet_summary.py; measures nothing.
+
+The capacity model (on paper, from measured inputs; every assumption is printed beside it):
+  a forward of B rows feeding m tokens each costs  tau(B) = a + b·B·m   (the fitted cost curve);
+  an edge cycles through  g (its own drafting) + rtt (the link) + tau(B)  per verify, and receives
+  alpha tokens per verify, so its rate is  r(B) = alpha / (g + rtt + tau(B));
+  edges one server carries at a target rate r*:  B* = floor((alpha/r* - g - rtt - a) / (b·m)).
+  Cloud-only serving, one token per step and no link per token:  r_c(B) = 1 / (a + b·B),
+  users per server  B_c = floor((1/r* - a) / b).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from bench.fleet_summary import cost_curve, level_table, read_fleet, summarize_fleet  # noqa: E402
+from bench.network import profile  # noqa: E402
+from bench.report import page  # noqa: E402
+
+COLORS = {"spec": "#4C72B0", "cloud": "#C44E52"}
+NAMES = {"spec": "speculative (edges draft, server verifies)", "cloud": "cloud-only serving"}
+FLEET_SIZES = (100, 1000)
+TARGETS = (0.8, 0.5)  # target per-edge rates, as fractions of one edge's measured rate alone
+
+CAPACITY_READ = (
+    "Across: N, the edges served at once by one server. Solid, left axis: tokens per second the server delivered to "
+    "all its clients together (bars: min to max over repeats). Dashed, right axis: what one edge got (median tokens/s "
+    "of its generations). Blue is speculative decoding (each client an edge drafting and the server verifying its "
+    "blocks); red is the same N clients served cloud-only (the server generates every token). Batching shows as a "
+    "solid line that rises while the dashed one stays flat; where the dashed line falls, each edge pays for sharing.")
+BATCH_READ = (
+    "How many sessions each server forward carried, per fleet size: bars are the share of forwards with that many "
+    "rows. A window of 0 ms batches only what queued while the previous forward ran.")
+COST_READ = (
+    "Every server forward of the fleet: across, the token ids it fed (all rows), up, its seconds; colour, its rows. "
+    "The line is the least-squares fit a + b·tokens the capacity model uses: a is what a forward costs for reading the "
+    "weights once, b what each extra token adds once the matmuls are busy. On a memory-bound forward b·tokens stays "
+    "small beside a (batching is nearly free); where the points bend up, the forward has turned compute-bound.")
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_capacity(summary: pd.DataFrame, path: Path) -> Path | None:
+    if summary.empty:
+        return None
+    fig, left = plt.subplots(figsize=(7.5, 4.6))
+    right = left.twinx()
+    for mode, rows in summary.groupby("mode"):
+        rows = rows.sort_values("clients")
+        y = rows["server_accepted_tokens_per_s"]
+        error = [y - rows["server_accepted_tokens_per_s_min"], rows["server_accepted_tokens_per_s_max"] - y]
+        left.errorbar(rows["clients"], y, yerr=error, color=COLORS[mode], marker="o", capsize=3,
+                      label=f"{NAMES[mode]}: server tok/s")
+        right.plot(rows["clients"], rows["edge_tokens_per_s_p50"], color=COLORS[mode], marker="s", linestyle="--",
+                   label=f"{NAMES[mode]}: per-edge tok/s")
+    left.set_xscale("log", base=2)
+    left.set_xticks(sorted(summary["clients"].unique()), [str(n) for n in sorted(summary["clients"].unique())])
+    left.set_xlabel("clients N (edges sharing one server)")
+    left.set_ylabel("server: tokens/s delivered to all clients")
+    right.set_ylabel("per edge: median tokens/s of a generation")
+    left.set_ylim(bottom=0)
+    right.set_ylim(bottom=0)
+    handles = [h for ax in (left, right) for h in ax.get_legend_handles_labels()[0]]
+    labels = [label for ax in (left, right) for label in ax.get_legend_handles_labels()[1]]
+    left.legend(handles, labels, fontsize=8, loc="upper left")
+    left.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_batch_sizes(summary: pd.DataFrame, path: Path) -> Path | None:
+    if summary.empty:
+        return None
+    modes = sorted(summary["mode"].unique())
+    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 3.8), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        rows = summary[summary["mode"] == mode].sort_values("clients")
+        width = 0.8 / max(len(rows), 1)
+        for i, (_, row) in enumerate(rows.iterrows()):
+            hist = np.array(json.loads(row["batch_hist"]), dtype=float)
+            if hist.sum():
+                ax.bar(np.arange(1, hist.size + 1) + (i - len(rows) / 2) * width, hist / hist.sum(), width,
+                       label=f"N = {row['clients']}")
+        ax.set_title(NAMES[mode], fontsize=10)
+        ax.set_xlabel("rows (sessions) in a forward")
+        ax.set_ylabel("share of forwards")
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_cost_curve(batches: list[dict], fit: dict, path: Path) -> Path | None:
+    if not batches:
+        return None
+    tokens = np.array([b["tokens"] for b in batches], dtype=float)
+    seconds = np.array([b["forward_s"] for b in batches], dtype=float)
+    rows = np.array([b["rows"] for b in batches], dtype=float)
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    points = ax.scatter(tokens, seconds * 1e3, c=rows, cmap="viridis", s=12, alpha=0.7)
+    fig.colorbar(points, ax=ax, label="rows in the forward")
+    if not math.isnan(fit["a_s"]):
+        x = np.linspace(0, tokens.max(), 50)
+        ax.plot(x, (fit["a_s"] + fit["b_s_per_token"] * x) * 1e3, color="black",
+                label=f"fit: {fit['a_s'] * 1e3:.1f} ms + {fit['b_s_per_token'] * 1e3:.2f} ms/token (R² {fit['r2']:.2f})")
+        ax.legend(fontsize=8)
+    ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlabel("token ids fed by the forward (all rows)")
+    ax.set_ylabel("forward time (ms)")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def edge_profile(records: list[dict], summary: pd.DataFrame, link: str) -> dict | None:
+    """What one edge does alone (spec at the smallest N): tokens per verify, tokens fed per verify,
+    its own time per verify (drafting, outside the wait), and the link's RTT."""
+    smallest = summary[summary["mode"] == "spec"]["clients"].min()
+    alone = [r for r in records if r["mode"] == "spec" and r["status"] == "ok" and r["clients"] == smallest]
+    verifies = sum(r["verifies"] for r in alone)
+    if not verifies:
+        return None
+    edge_s = sum(r["latency_s"] - sum(r["verify_wait_s"]) for r in alone)
+    rate = summary[(summary["mode"] == "spec") & (summary["clients"] == smallest)]["edge_tokens_per_s_p50"].iloc[0]
+    return {"alpha": sum(r["new_tokens"] for r in alone) / verifies,
+            "m": sum(r["positions"] for r in alone) / verifies,  # draft + 1; the fed ids are these plus the prompt once
+            "g_s": max(edge_s, 0.0) / verifies, "rtt_s": profile(link).rtt_s, "alone_tokens_per_s": rate}
+
+
+def capacity_model(fit: dict, edge: dict | None) -> tuple[pd.DataFrame, list[str]]:
+    """Edges (and cloud-only users) one server carries at target per-edge rates, and the servers
+    100 / 1,000 of them need."""
+    if edge is None or math.isnan(fit["a_s"]) or fit["b_s_per_token"] <= 0:
+        return pd.DataFrame(), []
+    a, b = fit["a_s"], fit["b_s_per_token"]
+    rows = []
+    for share in TARGETS:
+        target = share * edge["alone_tokens_per_s"]
+        per_server = math.floor((edge["alpha"] / target - edge["g_s"] - edge["rtt_s"] - a) / (b * edge["m"]))
+        per_server_cloud = math.floor((1 / target - a) / b)
+        row = {"target per-edge tok/s": f"{target:.2f} ({share:.0%} of one edge alone)",
+               "edges per server (spec)": max(per_server, 0), "users per server (cloud-only)": max(per_server_cloud, 0),
+               "beyond measured forwards": "yes" if max(per_server, 0) * edge["m"] > fit["tokens_max"] else "no"}
+        for fleet in FLEET_SIZES:
+            row[f"servers for {fleet:,} (spec)"] = math.ceil(fleet / per_server) if per_server > 0 else "—"
+            row[f"servers for {fleet:,} (cloud-only)"] = math.ceil(fleet / per_server_cloud) if per_server_cloud > 0 else "—"
+        rows.append(row)
+    assumptions = [
+        f"a forward costs a + b·tokens with a = {a * 1e3:.1f} ms, b = {b * 1e3:.3f} ms per token (fit over "
+        f"{fit['forwards']} measured forwards, up to {fit['tokens_max']:.0f} tokens; R² {fit['r2']:.2f}); beyond the "
+        "largest measured forward it is extrapolated as a straight line (compute-bound)",
+        f"an edge receives alpha = {edge['alpha']:.2f} tokens per verify and feeds m = {edge['m']:.2f} tokens per "
+        f"verify; it spends g = {edge['g_s'] * 1e3:.0f} ms of its own per verify and the link adds "
+        f"rtt = {edge['rtt_s'] * 1e3:.0f} ms (measured on one edge alone, this fleet's settings)",
+        "every edge's block rides in every forward (one batch per cycle, no queueing beyond it), unlimited --max-batch, "
+        "KV-cache memory not a limit, one server = one copy of this machine",
+        "cloud-only: one token per step per user, streamed (no round trip per token), the same cost curve",
+    ]
+    return pd.DataFrame(rows), assumptions
+
+
+def build_fleet_report(results_dir: Path, out: Path, embed: bool = False) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in (out / "figures").glob("*.png"):
+        stale.unlink()
+    records, _, batches = read_fleet(results_dir)
+    summary = summarize_fleet(results_dir)
+    identity = json.loads((results_dir / "fleet.json").read_text(encoding="utf-8"))
+    config = identity["config"]
+    fit = cost_curve(batches)
+    model, assumptions = capacity_model(fit, edge_profile(records, summary, config["fleet"]["link"]))
+    figures = []
+    for name, title, read, draw in (
+            ("capacity", "Capacity: server throughput and per-edge rate against N", CAPACITY_READ,
+             lambda p: plot_capacity(summary, p)),
+            ("batch_sizes", "Batch sizes the server ran", BATCH_READ, lambda p: plot_batch_sizes(summary, p)),
+            ("cost_curve", "Per-batch cost curve", COST_READ, lambda p: plot_cost_curve(batches, fit, p))):
+        path = draw(out / "figures" / f"{name}.png")
+        if path is not None:
+            figures.append({"title": title, "read": read, "src": page.image_src(path, out, embed)})
+    shown = ["mode", "clients", "repeats", "server_accepted_tokens_per_s", "server_accepted_tokens_per_s_min",
+             "server_accepted_tokens_per_s_max", "throughput_vs_smallest", "throughput_vs_cloud_only",
+             "edge_tokens_per_s_p50", "edge_tokens_per_s_p90", "verify_latency_p50_s", "verify_latency_p99_s",
+             "mean_batch_size", "cloud_busy_fraction", "accepted_tokens_per_cloud_s", "replay_mismatches"]
+    table = summary[[c for c in shown if c in summary]].round(3) if not summary.empty else summary
+    fleet = config["fleet"]
+    shared = {r.get("cores_shared") for r in records if r.get("edge_kind") == "process"}
+    notes = []
+    if shared - {None}:
+        notes.append(f"Real edge processes shared this machine's {shared.pop()} cores with each other and with the "
+                     "server: per-edge rates are lower than on separate devices, and they fall with N partly for that.")
+    mismatches = int(summary["replay_mismatches"].sum()) if "replay_mismatches" in summary else 0
+    if mismatches:
+        notes.append(f"{mismatches} replayed verdicts differed from the recording ({config['fleet']['dtype']}): in "
+                     "bfloat16 a batched forward may round a near-tie differently; in float32 it is a server bug.")
+    context = {
+        "title": f"specbench fleet report: {results_dir.resolve().name}",
+        "source": str(results_dir), "generated": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "settings": [(k, page.value_text(k, v)) for k, v in {**fleet, **config["spec"], **config["decode"]}.items()],
+        "table": page.table_html(table, "points"), "figures": figures, "notes": notes,
+        "model": page.table_html(model) if not model.empty else "", "assumptions": assumptions,
+        "levels": len(level_table(results_dir)),
+    }
+    index = out / "index.html"
+    index.write_text(page.render(context, "fleet.html.j2"), encoding="utf-8")
+    return index
+
+
+def is_fleet_folder(results_dir: Path) -> bool:
+    return (Path(results_dir) / "fleet.json").is_file()
+
