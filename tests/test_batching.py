@@ -36,8 +36,8 @@ def models(pair):
     return {role: load_model(path, "float32") for role, path in pair.items()}
 
 
-def spec(k: int) -> SpecConfig:
-    return SpecConfig(k=k, entropy_threshold=0.0, policy="greedy")
+def spec(k: int, verifier: str = "cached") -> SpecConfig:
+    return SpecConfig(k=k, entropy_threshold=0.0, policy="greedy", verifier=verifier)
 
 
 def decisions(generation) -> tuple:
@@ -67,11 +67,11 @@ def concurrently(jobs: list) -> list:
     return results
 
 
-def over_server(models, url: str, ids: list[int], k: int):
+def over_server(models, url: str, ids: list[int], k: int, verifier: str = "cached"):
     remote = RemoteCloud(url)
     remote.connect()
     try:
-        return speculative_decode(models["edge"].backend, remote, Prompt(torch.tensor(ids)), spec(k), DECODE)
+        return speculative_decode(models["edge"].backend, remote, Prompt(torch.tensor(ids)), spec(k, verifier), DECODE)
     finally:
         remote.close()
 
@@ -102,15 +102,19 @@ def test_forward_batch_gives_each_row_its_single_forward(models):
         assert torch.allclose(backend.forward(a, step), backend.forward(b, step), atol=1e-5)
 
 
-def test_batched_server_equals_unbatched_and_in_process(models):
+@pytest.mark.parametrize("verifiers", [("cached",) * 4, ("cached", "stateless", "cached", "stateless")])
+def test_batched_server_equals_unbatched_and_in_process(models, verifiers):
+    """Stateless rows (whole context, no cache kept) batch with cached ones."""
     in_process = [speculative_decode(models["edge"].backend, LocalCloud(models["cloud"].backend),
-                                     Prompt(torch.tensor(ids)), spec(k), DECODE) for ids, k in SESSIONS]
+                                     Prompt(torch.tensor(ids)), spec(k, v), DECODE)
+                  for (ids, k), v in zip(SESSIONS, verifiers)]
     runs = {}
     for name, config in {"unbatched": ServeConfig(max_batch=1),
                          "batched": ServeConfig(max_batch=4, batch_window_ms=40)}.items():
         background = BackgroundServer(models["cloud"], config)
         with background as url:
-            runs[name] = concurrently([lambda ids=ids, k=k: over_server(models, url, ids, k) for ids, k in SESSIONS])
+            runs[name] = concurrently([lambda ids=ids, k=k, v=v: over_server(models, url, ids, k, v)
+                                       for (ids, k), v in zip(SESSIONS, verifiers)])
             runs[name + "_log"] = list(background.server.batcher.log)
     assert [decisions(g) for g in runs["batched"]] == [decisions(g) for g in in_process]
     assert [decisions(g) for g in runs["unbatched"]] == [decisions(g) for g in in_process]
