@@ -172,6 +172,37 @@ def capacity_model(fit: dict, edge: dict | None) -> tuple[pd.DataFrame, list[str
     return pd.DataFrame(rows), assumptions
 
 
+def findings(summary: pd.DataFrame) -> list[str]:
+    """What the curve says in words: throughput gained by batching, and where cloud-only catches up."""
+    lines = []
+    spec = summary[summary["mode"] == "spec"].sort_values("clients")
+    if len(spec) > 1:
+        last = spec.iloc[-1]
+        spread = (f" (over repeats {last['throughput_vs_smallest_min']:.2f}–{last['throughput_vs_smallest_max']:.2f})"
+                  if last.get("repeats", 1) > 1 else " (one repeat: no spread)")
+        lines.append(f"Speculative: the server delivered {last['throughput_vs_smallest']:.2f}× the tokens/s at N = "
+                     f"{last['clients']} as at N = {spec.iloc[0]['clients']}{spread}; each edge got "
+                     f"{last['edge_tokens_per_s_p50']:.2f} tok/s (median) against {spec.iloc[0]['edge_tokens_per_s_p50']:.2f}.")
+    if "throughput_vs_cloud_only" in spec:
+        both = spec.dropna(subset=["throughput_vs_cloud_only"])
+        behind = both[both["throughput_vs_cloud_only"] <= 1.0]
+        if both.empty:
+            pass
+        elif behind.empty:
+            lines.append("Cloud-only serving did not catch up with speculative serving at any measured N.")
+        elif behind.iloc[0]["clients"] == both.iloc[0]["clients"]:
+            lines.append(f"Cloud-only serving delivered at least as many tokens/s as speculative serving from the smallest "
+                         f"N on: spec/cloud-only {both.iloc[0]['throughput_vs_cloud_only']:.2f}× at N = "
+                         f"{both.iloc[0]['clients']}, {both.iloc[-1]['throughput_vs_cloud_only']:.2f}× at N = "
+                         f"{both.iloc[-1]['clients']}.")
+        else:
+            first = behind.iloc[0]
+            lines.append(f"Cloud-only serving caught up at N = {first['clients']}: spec/cloud-only "
+                         f"{first['throughput_vs_cloud_only']:.2f}× there (at N = {both.iloc[0]['clients']}: "
+                         f"{both.iloc[0]['throughput_vs_cloud_only']:.2f}×).")
+    return lines
+
+
 def build_fleet_report(results_dir: Path, out: Path, embed: bool = False) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for stale in (out / "figures").glob("*.png"):
@@ -211,6 +242,7 @@ def build_fleet_report(results_dir: Path, out: Path, embed: bool = False) -> Pat
         "source": str(results_dir), "generated": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "settings": [(k, page.value_text(k, v)) for k, v in {**fleet, **config["spec"], **config["decode"]}.items()],
         "table": page.table_html(table, "points"), "figures": figures, "notes": notes,
+        "findings": findings(summary) if not summary.empty else [],
         "model": page.table_html(model) if not model.empty else "", "assumptions": assumptions,
         "levels": len(level_table(results_dir)),
     }
