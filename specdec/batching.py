@@ -1,4 +1,4 @@
-"""The blocks of several sessions verified in one forward: what lets one cloud serve many edges.
+"""The blocks of several sessions verified in shared forwards: what lets one cloud serve many edges.
 
 At small batch a forward is memory-bound (the weights are read once per forward, whatever the
 rows), so B blocks cost far less than B forwards until the matmuls turn compute-bound. Each row
@@ -6,7 +6,11 @@ keeps its own KV cache; `HFCausalBackend.forward_batch` pads them into one forwa
 row back exactly its own positions, so a row's verdict is the one it gets alone (fp32: equal up to
 rounding; tested token for token against the unbatched server and in process).
 
-    verdicts, forward_s = verify_rows(backend, [Row(verifier, seq, draft_tokens, draft_probs), ...])
+Padding costs compute: every row of a forward is as long as its longest block. A session's first
+call carries its whole prompt (tens to hundreds of tokens) while a steady-state verify carries
+k + 1, so rows are grouped by block length (`length_groups`) and each group is one forward.
+
+    verdicts, forwards = verify_rows(backend, [Row(verifier, seq, draft_tokens, draft_probs), ...])
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from specdec.backends.base import Backend
 from specdec.cloud import LocalVerifier, Verdict
 from specdec.session import AcceptedSequence
 
+GROUP_SLACK_TOKENS = 8  # rows whose blocks differ by at most this many tokens (or 2x) share a forward
+
 
 @dataclass
 class Row:
@@ -30,29 +36,62 @@ class Row:
     draft_probs: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class Forward:
+    """One model forward of a batch: which rows, how many token ids it fed, when and how long."""
+
+    rows: tuple[int, ...]
+    tokens: int
+    max_block: int
+    start: float  # time.perf_counter()
+    seconds: float
+
+
 def shares_forwards(backend: Backend) -> bool:
     return bool(getattr(backend, "batchable", False))
 
 
-def verify_rows(backend: Backend, rows: list[Row]) -> tuple[list[Verdict], float]:
-    """Verdicts for every row, and the seconds spent in model forwards. Rows that cannot share a
+def length_groups(lengths: dict[int, int]) -> list[list[int]]:
+    """Row indices grouped so that padding stays small: sorted by block length, a new group starts
+    where a block is more than twice and more than GROUP_SLACK_TOKENS longer than the group's shortest."""
+    groups: list[list[int]] = []
+    shortest = 0
+    for i in sorted(lengths, key=lengths.get):
+        n = lengths[i]
+        if groups and (n <= 2 * shortest or n - shortest <= GROUP_SLACK_TOKENS):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+            shortest = n
+    return groups
+
+
+def verify_rows(backend: Backend, rows: list[Row]) -> tuple[list[Verdict], list[Forward]]:
+    """Verdicts for every row, and the forwards that computed them. Rows that cannot share a
     forward (a backend without `forward_batch`, a first call carrying audio) run alone."""
-    start = time.perf_counter()
     logits: list[torch.Tensor | None] = [None] * len(rows)
+    forwards: list[Forward] = []
+    plans = {}
     if len(rows) > 1 and shares_forwards(backend):
-        plans = {i: row.verifier.logits_of.block(row.seq, row.draft_tokens) for i, row in enumerate(rows)}
-        shared = [i for i, plan in plans.items() if plan is not None]
-        if len(shared) == 1:
-            state, tokens, keep = plans[shared[0]]
-            logits[shared[0]] = backend.forward(state, tokens, keep)
-        elif shared:
-            states, blocks, keeps = zip(*(plans[i] for i in shared))
-            for i, row_logits in zip(shared, backend.forward_batch(list(states), list(blocks), list(keeps))):
-                logits[i] = row_logits
+        plans = {i: plan for i, row in enumerate(rows)
+                 if (plan := row.verifier.logits_of.block(row.seq, row.draft_tokens)) is not None}
+    for group in length_groups({i: plan[1].numel() for i, plan in plans.items()}):
+        start = time.perf_counter()
+        states, blocks, keeps = zip(*(plans[i] for i in group))
+        if len(group) == 1:
+            outputs = [backend.forward(states[0], blocks[0], keeps[0])]
+        else:
+            outputs = backend.forward_batch(list(states), list(blocks), list(keeps))
+        for i, row_logits in zip(group, outputs):
+            logits[i] = row_logits
+        forwards.append(Forward(tuple(group), sum(b.numel() for b in blocks), max(b.numel() for b in blocks), start,
+                                time.perf_counter() - start))
     for i, row in enumerate(rows):
         if logits[i] is None:
+            start = time.perf_counter()
             logits[i] = row.verifier.logits_of.logits(row.seq, row.draft_tokens)
-    forward_s = time.perf_counter() - start
+            fed = row.verifier.logits_of.last_tokens_in
+            forwards.append(Forward((i,), fed, fed, start, time.perf_counter() - start))
     verdicts = [row.verifier.decide(row.seq, row.draft_tokens, row.draft_probs, row_logits)
                 for row, row_logits in zip(rows, logits)]
-    return verdicts, forward_s
+    return verdicts, forwards

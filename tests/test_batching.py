@@ -220,3 +220,12 @@ def test_session_cap_holds_under_load(models):
             want = speculative_decode(models["edge"].backend, LocalCloud(models["cloud"].backend),
                                       Prompt(torch.tensor(ids)), spec(k), long)
             assert decisions(got) == decisions(want) and len(got.tokens) == 300
+
+
+def test_rows_share_a_forward_only_with_blocks_of_similar_length():
+    """A first call (its whole prompt) is not padded together with k + 1-token verifies."""
+    from specdec.batching import length_groups
+
+    groups = length_groups({0: 5, 1: 120, 2: 4, 3: 5, 4: 131, 5: 1, 6: 300})
+    assert sorted(sorted(g) for g in groups) == [[0, 2, 3, 5], [1, 4], [6]]
+    assert length_groups({}) == [] and length_groups({7: 3}) == [[7]]

@@ -3,9 +3,10 @@ one forward (`specdec.batching`).
 
 Requests queue on the event loop. When the compute thread is free the batcher takes the oldest
 request, then every request already queued, and, with a window > 0, waits up to `window_s` more for
-others (`max_batch` rows at most). A window of 0 adds no latency: batches form only from requests
-that queued while the previous forward ran. Each forward is logged (rows, tokens, seconds), which is
-the per-batch cost curve the fleet report draws.
+others (`max_batch` requests at most). A window of 0 adds no latency: batches form only from
+requests that queued while the previous forward ran. A batch runs as one forward per group of
+similar block lengths (`specdec.batching`). Each forward is logged (rows, tokens, seconds): the
+per-batch cost curve the fleet report draws.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specdec.backends.base import Backend
-from specdec.batching import Row, verify_rows
+from specdec.batching import Forward, Row, verify_rows
 from specdec.cloud import Verdict
 
 
@@ -33,16 +34,16 @@ class Served:
     """What one request got: its verdict and what it waited for."""
 
     verdict: Verdict
-    queue_s: float  # queued -> its batch's forward began
-    compute_s: float  # the batch's forward(s), whole
-    batch_rows: int
+    queue_s: float  # queued -> its forward began
+    compute_s: float  # its forward, whole (shared with the other rows in it)
+    batch_rows: int  # rows in its forward
 
 
 class Batcher:
     def __init__(self, backend: Backend, compute: ThreadPoolExecutor, max_batch: int = 16, window_s: float = 0.0) -> None:
         self.backend, self.compute, self.max_batch, self.window_s = backend, compute, max_batch, window_s
         self.queue: asyncio.Queue[Request] = asyncio.Queue()
-        self.log: list[dict] = []  # one entry per forward: t_s (since start), rows, tokens, max_block, positions, forward_s
+        self.log: list[dict] = []  # one entry per forward: t_s (since start), rows, tokens, max_block, positions, forward_s, batch (requests taken together)
         self.started = time.perf_counter()
 
     async def submit(self, row: Row, finish: Callable[[Verdict], None]) -> Served:
@@ -56,22 +57,23 @@ class Batcher:
             batch = await self._collect(loop)
             if not batch:
                 continue
-            began = time.perf_counter()
             try:
-                verdicts, forward_s = await loop.run_in_executor(self.compute, self._forward, batch)
+                verdicts, forwards = await loop.run_in_executor(self.compute, self._forward, batch)
             except Exception as e:  # a bug in one forward fails its requests; the server goes on
                 for request in batch:
                     if not request.future.done():
                         request.future.set_exception(e)
                 continue
-            self.log.append({"t_s": began - self.started, "rows": len(batch),
-                             "tokens": sum(v.tokens_in for v in verdicts),  # fed: unseen accepted + draft
-                             "max_block": max(v.tokens_in for v in verdicts),
-                             "positions": sum(r.row.draft_tokens.numel() + 1 for r in batch),  # scored
-                             "forward_s": forward_s})
-            for request, verdict in zip(batch, verdicts):
-                if not request.future.done():  # its session may have gone meanwhile
-                    request.future.set_result(Served(verdict, began - request.queued, forward_s, len(batch)))
+            for forward in forwards:
+                self.log.append({"t_s": forward.start - self.started, "rows": len(forward.rows), "tokens": forward.tokens,
+                                 "max_block": forward.max_block,
+                                 "positions": sum(batch[i].row.draft_tokens.numel() + 1 for i in forward.rows),  # scored
+                                 "forward_s": forward.seconds, "batch": len(batch)})
+                for i in forward.rows:
+                    request = batch[i]
+                    if not request.future.done():  # its session may have gone meanwhile
+                        request.future.set_result(Served(verdicts[i], forward.start - request.queued, forward.seconds,
+                                                         len(forward.rows)))
 
     async def _collect(self, loop) -> list[Request]:
         batch = [await self.queue.get()]
@@ -89,8 +91,8 @@ class Batcher:
                 break
         return [r for r in batch if not r.future.done()]  # a cancelled request: its client is gone
 
-    def _forward(self, batch: list[Request]) -> tuple[list[Verdict], float]:
-        verdicts, forward_s = verify_rows(self.backend, [r.row for r in batch])
+    def _forward(self, batch: list[Request]) -> tuple[list[Verdict], list[Forward]]:
+        verdicts, forwards = verify_rows(self.backend, [r.row for r in batch])
         for request, verdict in zip(batch, verdicts):
             request.finish(verdict)
-        return verdicts, forward_s
+        return verdicts, forwards
