@@ -2,8 +2,9 @@
 
 - per level (mode, N, repeat): server throughput = tokens the clients received / the level's wall
   time; the edges' own rate (median, and `p90` = the rate 90 % of generations reach, i.e. the 10th
-  percentile of tokens/s); verify round trips p50/p99 as the client measured them; the server's
-  batches (mean rows per forward, the share of wall time it spent in forwards);
+  percentile of tokens/s); verify round trips p50/p99 as the client measured them, and the server's
+  share of one apart: queued (waiting for the model) and computing; the server's forwards (mean
+  rows per forward, the share of wall time it spent in forwards);
 - per (mode, N): the median over repeats, with min and max where repeats > 1, and the ratios a user
   acts on, paired by repeat: throughput against N = 1, spec against cloud-only serving;
 - the per-batch cost curve: forward seconds against the tokens a forward fed, fitted as
@@ -22,7 +23,8 @@ from bench.records import read_records
 
 LEVELS, BATCHES = "levels.jsonl", "batches.jsonl"
 METRICS = ("server_accepted_tokens_per_s", "server_verified_tokens_per_s", "edge_tokens_per_s_p50",
-           "edge_tokens_per_s_p90", "verify_latency_p50_s", "verify_latency_p99_s", "mean_batch_size",
+           "edge_tokens_per_s_p90", "verify_latency_p50_s", "verify_latency_p99_s", "server_queue_p50_s",
+           "server_compute_p50_s", "mean_batch_size",
            "cloud_busy_fraction", "accepted_tokens_per_cloud_s")
 
 
@@ -42,6 +44,8 @@ def level_stats(level: dict, records: list[dict], batches: list[dict]) -> dict:
     wall = level["wall_s"]
     rates = np.array([r["tokens_per_s"] for r in ok], dtype=float)
     waits = np.array([w for r in ok for w in r.get("verify_wait_s", [])], dtype=float)
+    queued = np.array([w for r in ok for w in r.get("server_queue_s", [])], dtype=float)
+    computed = np.array([w for r in ok for w in r.get("server_compute_s", [])], dtype=float)
     rows = np.array([b["rows"] for b in batches], dtype=float)
     forward_s = sum(b["forward_s"] for b in batches)
     new_tokens = sum(r["new_tokens"] for r in ok)
@@ -55,6 +59,8 @@ def level_stats(level: dict, records: list[dict], batches: list[dict]) -> dict:
         "edge_tokens_per_s_p90": quantile(rates, 0.1),  # the rate 90 % of generations reach
         "verify_latency_p50_s": quantile(waits, 0.5),
         "verify_latency_p99_s": quantile(waits, 0.99),
+        "server_queue_p50_s": quantile(queued, 0.5),  # of a verify (or step): waiting for the model
+        "server_compute_p50_s": quantile(computed, 0.5),  # ... and its forward
         "mean_batch_size": float(rows.mean()) if rows.size else math.nan,
         "cloud_busy_fraction": forward_s / wall,
         "accepted_tokens_per_cloud_s": new_tokens / forward_s if forward_s else math.nan,

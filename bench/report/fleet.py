@@ -225,7 +225,8 @@ def build_fleet_report(results_dir: Path, out: Path, embed: bool = False) -> Pat
     shown = ["mode", "clients", "repeats", "server_accepted_tokens_per_s", "server_accepted_tokens_per_s_min",
              "server_accepted_tokens_per_s_max", "throughput_vs_smallest", "throughput_vs_cloud_only",
              "edge_tokens_per_s_p50", "edge_tokens_per_s_p90", "verify_latency_p50_s", "verify_latency_p99_s",
-             "mean_batch_size", "cloud_busy_fraction", "accepted_tokens_per_cloud_s", "replay_mismatches"]
+             "server_queue_p50_s", "server_compute_p50_s", "mean_batch_size", "cloud_busy_fraction",
+             "accepted_tokens_per_cloud_s", "replay_mismatches"]
     table = summary[[c for c in shown if c in summary]].round(3) if not summary.empty else summary
     fleet = config["fleet"]
     shared = {r.get("cores_shared") for r in records if r.get("edge_kind") == "process"}
