@@ -229,3 +229,14 @@ def test_rows_share_a_forward_only_with_blocks_of_similar_length():
     groups = length_groups({0: 5, 1: 120, 2: 4, 3: 5, 4: 131, 5: 1, 6: 300})
     assert sorted(sorted(g) for g in groups) == [[0, 2, 3, 5], [1, 4], [6]]
     assert length_groups({}) == [] and length_groups({7: 3}) == [[7]]
+
+
+def test_cloud_only_steps_of_all_sessions_share_each_forward(models):
+    """Window 0: a session's next step re-queues before the next batch is taken, so a closed loop
+    of 8 sessions does not split into cohorts that alternate (it did: forwards of 7 and 1 rows)."""
+    background = BackgroundServer(models["cloud"], ServeConfig(max_batch=16, batch_window_ms=0))
+    ids = [[1, 2, 3 + i] for i in range(8)]
+    with background as url:
+        concurrently([lambda i=i: generate_remote(url, i, 30, []) for i in ids])
+        rows = [b["rows"] for b in background.server.batcher.log]
+    assert sum(r == 8 for r in rows) >= 0.75 * len(rows), rows

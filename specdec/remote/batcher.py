@@ -21,6 +21,9 @@ from specdec.batching import Forward, Row, verify_rows
 from specdec.cloud import Verdict
 
 
+YIELDS = 3  # event-loop turns between answering a batch and taking the next (future -> coroutine -> queue)
+
+
 @dataclass
 class Request:
     row: Row
@@ -74,6 +77,11 @@ class Batcher:
                     if not request.future.done():  # its session may have gone meanwhile
                         request.future.set_result(Served(verdicts[i], forward.start - request.queued, forward.seconds,
                                                          len(forward.rows)))
+            # Let the requests just answered run on to their next submit (a cloud-only session's next
+            # step is immediate) before the next batch is taken: otherwise a closed loop splits into
+            # cohorts that alternate, each forward carrying half of them.
+            for _ in range(YIELDS):
+                await asyncio.sleep(0)
 
     async def _collect(self, loop) -> list[Request]:
         batch = [await self.queue.get()]
