@@ -21,11 +21,13 @@ Ray is imported here only, on first use: the base install has no Ray (`pip insta
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import multiprocessing
 import os
 import socket
+import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -160,9 +162,41 @@ def shards(group: list, n: int) -> list[list]:
             for part in parts]
 
 
+def claim_cores(n: int) -> list[int]:
+    """`n` of this node's cores no other sweep task holds: one lock file per core, held until this
+    process ends. Ray counts CPUs but does not say which: two tasks pinned to the first n cores, as
+    a lone local worker is, would share them."""
+    folder = Path(tempfile.gettempdir()) / "specbench-cores"
+    folder.mkdir(exist_ok=True)
+    cores = []
+    for core in sorted(os.sched_getaffinity(0)):
+        fd = os.open(folder / str(core), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _claimed.append(fd)  # kept open: the kernel releases the lock when this worker ends
+        cores.append(core)
+        if len(cores) == n:
+            return cores
+    raise ConfigError(f"node {node_info()['hostname']} has {len(cores)} free cores for --edge-cores {n}: its Ray "
+                      "CPUs overstate its cores; start it with `ray start --num-cpus` at most its core count")
+
+
+_claimed: list[int] = []
+
+
 def group_task(config_dict: dict, group: list) -> Iterator[tuple]:
-    """On a node: the sweep worker as a child process, its messages relayed as they come; first
-    where it runs, last its exit code."""
+    """On a node: the sweep worker as a child process on cores of its own, its messages relayed as
+    they come; first where it runs, last its exit code."""
+    if config_dict["edge_cores"]:  # the worker's caps take the first cores of the affinity it inherits
+        try:
+            os.sched_setaffinity(0, claim_cores(config_dict["edge_cores"]))
+        except ConfigError as e:
+            yield ("error", str(e))
+            yield ("exitcode", 1)
+            return
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     worker = ctx.Process(target=worker_main, args=(config_dict, group, None, queue, {}, os.getpid()), daemon=True)
@@ -216,7 +250,7 @@ class RayExecutor:
         self.slots = {dtype: check_room(nodes, request) for dtype, request in self.requests.items()}
 
     def run(self, todo: list, results: ResultsFile, bar) -> None:
-        remote = self.ray.remote(group_task)
+        remote = self.ray.remote(max_calls=1)(group_task)  # a fresh Ray worker per task: its cores and locks are its own
         config_dict = asdict(self.config)
         running: dict[object, Task] = {}
         over_cap: set[str] = set()

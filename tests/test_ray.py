@@ -165,3 +165,16 @@ def test_the_report_warns_when_one_comparison_spans_nodes():
     assert node_notes([row("cloud", "n1"), row("spec", "n1"), row("cloud", "n2", "zh")]) == []
     (note,) = node_notes([row("cloud", "n1"), row("spec", "n2"), row("cloud", "n1", "zh")])
     assert note.startswith("code (float32): timing points come from 2 different nodes (n1: n1 cpu; n2: n2 cpu)")
+
+
+def test_tasks_on_one_node_claim_different_cores():
+    """Ray counts CPUs but does not say which: each task takes cores no other task holds, and a node
+    whose Ray CPUs overstate its cores is one line."""
+    script = ("from bench.cluster import claim_cores\nfrom specdec.errors import ConfigError\n"
+              "claimed = [claim_cores(1) for _ in range(len(__import__('os').sched_getaffinity(0)))]\n"
+              "print(sorted(c for cores in claimed for c in cores) == sorted(__import__('os').sched_getaffinity(0)))\n"
+              "try:\n    claim_cores(1)\nexcept ConfigError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = done.stdout.splitlines()
+    assert lines[0] == "True" and "free cores for --edge-cores 1: its Ray CPUs overstate its cores" in lines[1], done
