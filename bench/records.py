@@ -122,6 +122,19 @@ class ResultsFile:
             os.fsync(f.fileno())
 
 
+def node_info() -> dict:
+    """The machine a record was measured on, so reports can tell a cluster's machines apart."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    except OSError:  # not Linux
+        pass
+    return {"hostname": platform.node(), "cpu_model": cpu}
+
+
 def environment() -> dict:
     import torch
     import transformers

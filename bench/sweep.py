@@ -1,5 +1,5 @@
 """`specbench sweep`: the grid (bench/sweep_config.py) run in capped worker processes
-(bench/worker.py).
+(bench/worker.py), on this machine or as tasks on a Ray cluster (bench/cluster.py).
 
 Every (point, prompt) record is appended to DIR/results.jsonl as soon as it exists; a rerun of the
 same sweep skips what is done. One worker per (dtype) group loads the models once and reuses them
@@ -21,16 +21,17 @@ from queue import Empty
 from tqdm import tqdm
 
 from bench.caps import OVER_MEMORY_EXIT
+from bench.cluster import RayExecutor, ray_executor
 from bench.link import BackgroundLink
 from bench.network import profile
-from bench.split import ServerProcess, die_with_parent
+from bench.split import ServerProcess
 from bench.prompts import load_prompts
-from bench.folder import IDENTITY_FILES, claim, has_results, os_error_line, write_identity, writer
+from bench.folder import IDENTITY_FILES, claim, has_results, write_identity, writer
 from bench.records import ResultsFile, environment, read_records
 from bench.scores import read_scores
 from bench.summary import summarize
 from bench.sweep_config import SweepConfig, result_key
-from bench.worker import exit_worker, run_group
+from bench.worker import worker_main
 from specdec.errors import SpecdecError
 from specdec.remote.protocol import parse_address
 
@@ -39,18 +40,22 @@ def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:
     """Run what is not done yet, then write DIR/summary.csv; returns counts by status. The config
     validated itself; the prompt sets are read before the folder is touched, and the folder is this
     sweep's alone while it runs (bench/folder.py: its lock and identity)."""
-    settings = json.loads(json.dumps(asdict(config)))  # tuples -> lists, as stored
+    settings = config.identity()
     prompts = {name: load_prompts(name)[: config.limit] for name in config.prompts}
-    with writer(out):
-        claim(out, "sweep", settings)
-        if not (has_results(out) and (out / IDENTITY_FILES["sweep"]).is_file()):
-            write_identity(out, "sweep", {"config": settings, "environment": environment()})
-        counts = _run_sweep(config, prompts, out, progress)
-        summarize(read_records(out / "results.jsonl"), read_scores(out)).to_csv(out / "summary.csv", index=False)
+    with ExitStack() as placement:
+        # --executor ray: the cluster is joined and checked for room before the folder is touched
+        cluster = placement.enter_context(ray_executor(config)) if config.executor == "ray" else None
+        with writer(out):
+            claim(out, "sweep", settings)
+            if not (has_results(out) and (out / IDENTITY_FILES["sweep"]).is_file()):
+                write_identity(out, "sweep", {"config": settings, "environment": environment()})
+            counts = _run_sweep(config, prompts, out, progress, cluster)
+            summarize(read_records(out / "results.jsonl"), read_scores(out)).to_csv(out / "summary.csv", index=False)
     return counts
 
 
-def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progress: bool) -> dict:
+def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progress: bool,
+               cluster: RayExecutor | None = None) -> dict:
     results = ResultsFile(out / "results.jsonl")
     rows = results.read()
     over_cap = {result_key(r) for r in rows if r.get("status") == "over_memory_cap"}
@@ -69,11 +74,14 @@ def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progres
         # entered first, so it is closed last: an error then starts on a line of its own
         bar = services.enter_context(tqdm(total=total, desc="sweep", unit="prompt", disable=not progress))
         urls = start_split_services(config, [point for point, _ in todo], services)
-        for dtype in config.dtype:
-            group = sorted((t for t in todo if t[0]["dtype"] == dtype), key=lambda t: order[t[0]["mode"]])
-            while group:
-                finished = _run_worker(config, group, out, bar, urls)
-                group = [t for t in group if json.dumps(t[0], sort_keys=True) not in finished]
+        if cluster is not None:  # this process writes what the cluster's tasks send back
+            cluster.run(sorted(todo, key=lambda t: order[t[0]["mode"]]), results, bar)
+        else:
+            for dtype in config.dtype:
+                group = sorted((t for t in todo if t[0]["dtype"] == dtype), key=lambda t: order[t[0]["mode"]])
+                while group:
+                    finished = _run_worker(config, group, out, bar, urls)
+                    group = [t for t in group if json.dumps(t[0], sort_keys=True) not in finished]
     counts: dict[str, int] = {}
     for row in results.read():
         counts[row.get("status", "ok")] = counts.get(row.get("status", "ok"), 0) + 1
@@ -107,7 +115,7 @@ def _run_worker(config: SweepConfig, group: list, out: Path, bar: tqdm, urls: di
     hit the memory cap). A worker that dies otherwise raises."""
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: the caps and the RSS are its own
     queue = ctx.Queue()
-    worker = ctx.Process(target=_worker_main, args=(asdict(config), group, str(out), queue, urls, os.getpid()),
+    worker = ctx.Process(target=worker_main, args=(asdict(config), group, str(out), queue, urls, os.getpid()),
                          daemon=True)
     with sigint_ignored():
         worker.start()
@@ -164,21 +172,3 @@ def _follow(worker, queue, bar: tqdm) -> set[str]:
         raise SpecdecError(f"a sweep worker died with exit code {worker.exitcode} (killed, or out of memory?): "
                            "rerun the same command to resume")
     return finished
-
-
-def _worker_main(config_dict: dict, group: list, out: str, queue, urls: dict[str, str], parent: int) -> None:
-    die_with_parent()  # a sweep killed, even by SIGKILL, leaves no worker appending to its folder
-    if os.getppid() != parent:  # it died before prctl took effect
-        os._exit(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops this worker on Ctrl-C
-    config = SweepConfig.from_mapping(config_dict)
-    caps = config.caps()
-    caps.apply_cpu()
-    try:
-        run_group(config, caps, group, Path(out), queue, urls)
-    except Exception as e:  # noqa: BLE001 - reported to the parent as one line
-        line = str(e) if isinstance(e, SpecdecError) else os_error_line(e) if isinstance(e, OSError) else \
-            f"{type(e).__name__}: {e}"
-        queue.put(("error", line))
-        exit_worker(queue, 1)
-    exit_worker(queue, 0)

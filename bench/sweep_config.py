@@ -13,7 +13,7 @@ import json
 import os
 import tomllib
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from bench.caps import EdgeCaps
@@ -22,10 +22,15 @@ from bench.folder import canonical_path
 from bench.prompts import PromptInputs, canonical_prompts
 from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types
 from specdec.errors import ConfigError
+from specdec.remote.protocol import parse_address
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 DEPLOYMENTS = ("inproc", "split")
 SPLIT_AXES = ("link", "overlap")  # None outside split points
+EXECUTORS = ("local", "ray")
+# Where a sweep runs, not what it measures: left out of the results folder's identity, so a sweep
+# started on a cluster resumes on a laptop and the other way round.
+PLACEMENT = ("executor", "ray_address")
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,12 @@ class SweepConfig:
     edge_memory_gb: float | None = field(default=None, metadata={
         "help": "edge RSS cap (GiB); a point over it is recorded, the sweep goes on"})
     rlimit_as: bool = field(default=False, metadata={"help": "also cap the address space (RLIMIT_AS)"})
+    executor: str = field(default="local", metadata={
+        "help": "local: worker processes on this machine; ray: each group of points as Ray tasks on a cluster "
+                "(pip install -e '.[cluster]')", "choices": EXECUTORS})
+    ray_address: str | None = field(default=None, metadata={
+        "help": "--executor ray: the cluster to join, auto (the one `ray start` runs here) or HOST:PORT of its "
+                "head; unset: start a Ray instance sized to this machine"})
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -98,6 +109,7 @@ class SweepConfig:
             profile(link)
         if self.cloud_cores is not None and not 1 <= self.cloud_cores <= len(os.sched_getaffinity(0)):
             raise ConfigError(f"--cloud-cores must be between 1 and {len(os.sched_getaffinity(0))}, got {self.cloud_cores}")
+        self._check_executor()
         if self.repeats < 1:
             raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
         for point in self.points():  # every point validates as a run would, before anything runs
@@ -107,8 +119,31 @@ class SweepConfig:
         self.decode_config()
         for prompts in self.prompts:
             PromptInputs(prompts, self.limit, self.max_audio_s)
-        self.caps()
+        if self.executor == "local":  # on a cluster the caps are checked against the node a task lands on
+            self.caps()
         profile(self.network)
+
+    def _check_executor(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"unknown executor {self.executor!r}: use one of {', '.join(EXECUTORS)}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ConfigError("--ray-address is for --executor ray: add --executor ray, or drop --ray-address")
+        if self.executor != "ray":
+            return
+        if self.ray_address not in (None, "auto"):
+            parse_address(self.ray_address, "--ray-address")
+        if any(p["deployment"] == "split" for p in self.points()):
+            raise ConfigError("--executor ray runs in-process points only: a split point's server and shaped link run "
+                              "beside the sweep's driver, out of reach of the cluster's tasks; run split points with "
+                              "--executor local")
+        if self.edge_cores is not None and self.edge_cores < 1:
+            raise ConfigError(f"--edge-cores must be >= 1, got {self.edge_cores}")
+        if self.edge_memory_gb is not None and not self.edge_memory_gb > 0:
+            raise ConfigError(f"--edge-memory-gb must be > 0, got {self.edge_memory_gb}")
+
+    def identity(self) -> dict:
+        """The settings a results folder is bound to (bench/folder.py), as stored: tuples as lists."""
+        return {k: v for k, v in json.loads(json.dumps(asdict(self))).items() if k not in PLACEMENT}
 
     @classmethod
     def from_toml(cls, path: Path, **overrides) -> SweepConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 from contextlib import nullcontext
@@ -19,12 +20,14 @@ from bench.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog
 from bench.trackers import reset_peak_rss
 from bench.network import network_cost, profile
 from bench.prompts import load_prompts
-from bench.records import ResultsFile
+from bench.folder import os_error_line
+from bench.records import ResultsFile, node_info
+from bench.split import die_with_parent
 from bench.run import generate_one, point_of, prepare
-from bench.sweep_config import result_key
+from bench.sweep_config import SweepConfig, result_key
 from specdec.cloud import CloudLost
 from specdec.engine import Engine
-from specdec.errors import InputError
+from specdec.errors import InputError, SpecdecError
 from specdec.models.loading import LoadedModel, load_model
 
 
@@ -32,7 +35,8 @@ def weight_bytes(model: LoadedModel) -> int:
     return sum(p.numel() * p.element_size() for p in model.backend.model.parameters())
 
 
-def run_group(config, caps: EdgeCaps, group: list, out: Path, queue, urls: dict[str, str]) -> None:
+def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[str, str]) -> None:
+    """`results`: the folder's ResultsFile here, or StreamedResults on a cluster's node."""
     import torch
 
     if caps.cores:
@@ -45,7 +49,6 @@ def run_group(config, caps: EdgeCaps, group: list, out: Path, queue, urls: dict[
             loaded[(name, dtype)] = load_model(name, dtype, log=log)
         return loaded[(name, dtype)]
 
-    results = ResultsFile(out / "results.jsonl")
     prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompts}
     done = {(result_key(r), r["id"], r.get("repeat", 0)) for r in results.read()}  # a restarted worker skips these
     points = []
@@ -59,7 +62,7 @@ def run_group(config, caps: EdgeCaps, group: list, out: Path, queue, urls: dict[
         prepare(engine, [prompts[point["prompts"]][i] for i in dict.fromkeys(i for i, _ in items)])
         network = profile(config.network_of(point))
         row_point = {**point_of(engine, point["prompts"]), "link": point["link"], "network": network.name,
-                     "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb}
+                     "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb, "node": node_info()}
         edge = loaded.get((config.edge, point["dtype"])) if point["mode"] != "cloud" else None
         if caps.memory_bytes and edge is not None:
             caps.check_reachable(weight_bytes(edge), f"edge model {config.edge!r} in {point['dtype']}")
@@ -94,6 +97,46 @@ def run_group(config, caps: EdgeCaps, group: list, out: Path, queue, urls: dict[
             queue.put(("point_done", key))
     for _, _, engine, *_ in points:
         engine.close()  # hang up on the sweep's servers
+
+
+class StreamedResults:
+    """The records of a worker on a cluster's node: sent on its queue for the sweep's driver, the one
+    writer of results.jsonl (bench/cluster.py), never written on the node. The driver gives a
+    task only what is not done, so there is nothing to read back."""
+
+    def __init__(self, queue) -> None:
+        self.queue = queue
+
+    def read(self) -> list[dict]:
+        return []
+
+    def append(self, record: dict) -> None:
+        self.queue.put(("record", record))
+
+
+def worker_main(config_dict: dict, group: list, out: str | None, queue, urls: dict[str, str], parent: int) -> None:
+    """A sweep worker process: caps first, then the group. `out`: the results folder, or None to
+    stream the records to the parent (a Ray task relaying them to the sweep's driver)."""
+    die_with_parent()  # a sweep killed, even by SIGKILL, leaves no worker appending to its folder
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops this worker on Ctrl-C
+    try:  # on a cluster's node the settings meet this machine for the first time (its cores)
+        config = SweepConfig.from_mapping(config_dict)
+        caps = config.caps()
+    except SpecdecError as e:
+        queue.put(("error", str(e)))
+        exit_worker(queue, 1)
+    caps.apply_cpu()
+    results = ResultsFile(Path(out) / "results.jsonl") if out is not None else StreamedResults(queue)
+    try:
+        run_group(config, caps, group, results, queue, urls)
+    except Exception as e:  # noqa: BLE001 - reported to the parent as one line
+        line = str(e) if isinstance(e, SpecdecError) else os_error_line(e) if isinstance(e, OSError) else \
+            f"{type(e).__name__}: {e}"
+        queue.put(("error", line))
+        exit_worker(queue, 1)
+    exit_worker(queue, 0)
 
 
 def interleaved(points: list[tuple]) -> list[tuple]:

@@ -152,3 +152,20 @@ def precision_notes(summary: pd.DataFrame) -> list[str]:
             "(k+1)-token verify forward and one-token decoding steps round differently, so a near-tie argmax can flip "
             "and the texts part from there. Exactness holds in fp32: spec greedy equals cloud-only token for token "
             "(tests/test_lossless.py); rerun with --dtype float32 to see it on these prompts."]
+
+
+def node_notes(rows: list[dict]) -> list[str]:
+    """A comparison (the points of one prompt set and dtype, each speed-up taken against their
+    baselines) whose timings come from more than one machine (records of `--executor ray` say which):
+    a cluster's nodes differ in speed, so tokens/s and latencies mix machines. Speed-ups stay paired
+    per prompt, and a prompt's points run on one node."""
+    nodes: dict[tuple, set] = {}
+    for row in rows:
+        if row.get("status", "ok") == "ok" and isinstance(row.get("node"), dict):
+            node = (row["node"].get("hostname"), row["node"].get("cpu_model"))
+            nodes.setdefault((row.get("prompts"), row.get("dtype")), set()).add(node)
+    return [f"{set_name(prompts)} ({dtype}): timing points come from {len(found)} different nodes "
+            f"({'; '.join(f'{host}: {cpu}' for host, cpu in sorted(found, key=str))}). Tokens/s and latencies mix "
+            "machines of different speed; speed-ups pair each prompt with its baselines on one node. Rerun on one "
+            "node (or one machine type) before comparing absolute speeds."
+            for (prompts, dtype), found in nodes.items() if len(found) > 1]
