@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from bench.caps import parse_cores
 from bench.fleet_clients import Script, cloud_only, replay, script_of, server_info, server_log
 from bench.fleet_config import FleetConfig
 from bench.fleet_summary import BATCHES, LEVELS, summarize_fleet
@@ -65,6 +66,10 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
             url = config.cloud_url or services.enter_context(ServerProcess(
                 config.cloud, config.dtype, config.cloud_cores, "--max-batch", str(config.max_batch),
                 "--batch-window-ms", str(config.batch_window_ms), "--max-sessions", str(2 * max(config.clients) + 2)))
+            if config.cloud and config.cloud_cores:  # this process and its edge processes: the other cores
+                others = sorted(os.sched_getaffinity(0) - set(parse_cores(config.cloud_cores, "--cloud-cores")))
+                if others:
+                    os.sched_setaffinity(0, others)
             fleet = Fleet(config, spec, decode, settings, prompts, scripts, url, token, out, bar)
             asyncio.run(fleet.run(plan))
     summarize_fleet(out).to_csv(out / "summary.csv", index=False)

@@ -13,11 +13,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict
 
 import torch
 
 from bench.network import NetworkProfile, network_cost
+from specdec.errors import ConfigError
 from specdec.trace import Generation
 
 
@@ -60,14 +62,26 @@ class ServerProcess:
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> str:
-        self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        self.errors = tempfile.TemporaryFile(mode="w+")  # its last line says why, if it does not start
+        self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.errors, text=True,
                                         preexec_fn=die_with_parent)
         line = self.process.stdout.readline()
         if not line.startswith("listening on "):
             self.process.kill()
-            raise RuntimeError(f"`specbench serve` did not start: {self.args}")
+            self.process.wait(30)
+            self.errors.seek(0)
+            lines = [text.strip() for text in self.errors.read().splitlines() if text.strip()]
+            self.errors.close()
+            why = lines[-1].removeprefix("error: ") if lines else f"exit code {self.process.returncode}"
+            raise ConfigError(f"the verifier server did not start ({why}): "
+                              f"`specbench {' '.join(self.args[3:])}` shows it on its own")
         return line.split()[-1]
 
     def __exit__(self, *exc) -> None:
         self.process.terminate()
-        self.process.wait(30)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:  # stuck (swapping, a forward that will not end): no waiting on it
+            self.process.kill()
+            self.process.wait(30)
+        self.errors.close()

@@ -66,9 +66,14 @@ def length_groups(lengths: dict[int, int]) -> list[list[int]]:
     return groups
 
 
+@torch.inference_mode()  # thread-local: the server calls this on its compute thread
 def verify_rows(backend: Backend, rows: list[Row]) -> tuple[list[Verdict], list[Forward]]:
     """Verdicts for every row, and the forwards that computed them. Rows that cannot share a
-    forward (a backend without `forward_batch`, a first call carrying audio) run alone."""
+    forward (a backend without `forward_batch`, a first call carrying audio) run alone.
+
+    Without inference mode every forward would record an autograd graph, and each cached key
+    would keep its forward's activations alive for the session's life: a server carrying 16
+    sessions grew past 24 GB."""
     logits: list[torch.Tensor | None] = [None] * len(rows)
     forwards: list[Forward] = []
     plans = {}

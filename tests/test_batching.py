@@ -240,3 +240,32 @@ def test_cloud_only_steps_of_all_sessions_share_each_forward(models):
         concurrently([lambda i=i: generate_remote(url, i, 30, []) for i in ids])
         rows = [b["rows"] for b in background.server.batcher.log]
     assert sum(r == 8 for r in rows) >= 0.75 * len(rows), rows
+
+
+def test_the_server_keeps_no_autograd_graph_in_its_caches(models):
+    """Forwards on the server's compute thread run in inference mode: a cache tensor carrying a
+    grad_fn would keep its forward's activations alive for the session's life (a server carrying
+    16 sessions grew past 24 GB)."""
+    background = BackgroundServer(models["cloud"], ServeConfig(max_batch=4, batch_window_ms=30))
+    with background as url:
+        clients = []
+        for i in range(3):  # three sessions, verified together, left open
+            ws = connect(f"ws://{url}/", compression=None)
+            ws.send(encode("hello", schema=SCHEMA, token=None))
+            decode(ws.recv(timeout=10))
+            ws.send(encode("open", prompt_ids=[2, 3, 4 + i], features=None, max_new_tokens=8, temperature=0.0, seed=0,
+                           policy="greedy", accept_threshold=0.1, verifier="cached", constraints="none", eos_ids=[],
+                           vocab=64))
+            ws.send(encode("verify", base=3, new=[], draft=[5, 6, 7]))
+            clients.append(ws)
+        for ws in clients:
+            assert decode(ws.recv(timeout=30))["type"] == "verdict"
+        server = background.server
+        assert max(b["rows"] for b in server.batcher.log) >= 2
+        caches = [s.verifier.logits_of.session.state.cache for s in server.sessions.values()]
+        assert len(caches) == 3
+        for cache in caches:
+            for layer in cache.layers:
+                assert layer.keys.grad_fn is None and not layer.keys.requires_grad and layer.keys.is_inference()
+        for ws in clients:
+            ws.close()

@@ -171,3 +171,22 @@ def test_fleet_needs_its_edges_and_its_server(prompts, tmp_path, capsys):
                           (["--edge-replay", str(tmp_path), "--cloud-url", "127.0.0.1:9"], "no results.jsonl there")):
         assert main(["fleet", "--prompts", prompts, "--out", str(tmp_path / "o"), *args]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_fleet_starts_its_own_server_and_says_why_when_it_cannot(pair, prompts, recording, tmp_path, capsys):
+    cores = sorted(os.sched_getaffinity(0))
+    out = tmp_path / "own"
+    before = os.sched_getaffinity(0)
+    try:
+        assert fleet("--edge-replay", str(recording), "--cloud", pair["cloud"], "--cloud-cores", str(cores[-1]),
+                     "--prompts", prompts, "--clients", "2", "--no-baseline", "--out", str(out)) == 0
+    finally:
+        os.sched_setaffinity(0, before)  # the fleet moved this process off the server's core
+    records, _, _ = read_fleet(out)
+    assert len(records) == 6 and all(r["replay_mismatches"] == 0 for r in records)
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    assert fleet("--edge-replay", str(recording), "--cloud", str(empty), "--prompts", prompts, "--clients", "1",
+                 "--out", str(tmp_path / "none")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: the verifier server did not start (") and "Traceback" not in "\n".join(err)

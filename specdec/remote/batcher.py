@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from specdec.backends.base import Backend
 from specdec.batching import Forward, Row, verify_rows
 from specdec.cloud import Verdict
@@ -99,6 +101,7 @@ class Batcher:
                 break
         return [r for r in batch if not r.future.done()]  # a cancelled request: its client is gone
 
+    @torch.inference_mode()  # the accepting and cropping too: they touch inference tensors
     def _forward(self, batch: list[Request]) -> tuple[list[Verdict], list[Forward]]:
         verdicts, forwards = verify_rows(self.backend, [r.row for r in batch])
         for request, verdict in zip(batch, verdicts):
