@@ -153,7 +153,8 @@ async def replay(url: str, script: Script, vocab: int, token: str | None = None,
             server_length = step.base + verdict["accepted"]
         await server.send("close")
     await asyncio.sleep(script.tail_s)
-    return {"latency_s": time.perf_counter() - start, "new_tokens": script.new_tokens, "verifies": len(waits),
+    return {"latency_s": time.perf_counter() - start, "new_tokens": script.new_tokens,
+            "prompt_tokens": len(script.prompt_ids), "verifies": len(waits),
             "positions": positions, "accepted_draft_tokens": accepted_total,
             "draft_tokens": sum(len(s.draft) for s in script.steps), "replay_mismatches": mismatches,
             "verify_wait_s": waits, "server_queue_s": queues, "server_compute_s": computes, "batch": batches}
@@ -170,7 +171,8 @@ async def cloud_only(url: str, script: Script, vocab: int, token: str | None = N
         reply = await server.receive("generated")
         await server.send("close")
     steps = [q + c for q, c in zip(reply["queue_s"], reply["compute_s"])]
-    return {"latency_s": time.perf_counter() - start, "new_tokens": len(reply["tokens"]), "verifies": len(steps),
+    return {"latency_s": time.perf_counter() - start, "new_tokens": len(reply["tokens"]),
+            "prompt_tokens": len(script.prompt_ids), "verifies": len(steps),
             "positions": len(steps), "tokens_match": reply["tokens"] == script.tokens,
             "verify_wait_s": steps, "server_queue_s": reply["queue_s"], "server_compute_s": reply["compute_s"],
             "batch": reply["batch"]}
