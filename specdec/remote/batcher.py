@@ -40,7 +40,7 @@ class Served:
 
     verdict: Verdict
     queue_s: float  # queued -> its forward began
-    compute_s: float  # its forward, whole (shared with the other rows in it)
+    compute_s: float  # its forward began -> its batch was decided and cropped (shared with the rows beside it)
     batch_rows: int  # rows in its forward
 
 
@@ -63,7 +63,7 @@ class Batcher:
             if not batch:
                 continue
             try:
-                verdicts, forwards = await loop.run_in_executor(self.compute, self._forward, batch)
+                verdicts, forwards, ended = await loop.run_in_executor(self.compute, self._forward, batch)
             except Exception as e:  # a bug in one forward fails its requests; the server goes on
                 for request in batch:
                     if not request.future.done():
@@ -77,8 +77,8 @@ class Batcher:
                 for i in forward.rows:
                     request = batch[i]
                     if not request.future.done():  # its session may have gone meanwhile
-                        request.future.set_result(Served(verdicts[i], forward.start - request.queued, forward.seconds,
-                                                         len(forward.rows)))
+                        request.future.set_result(Served(verdicts[i], forward.start - request.queued,
+                                                         ended - forward.start, len(forward.rows)))
             # Let the requests just answered run on to their next submit (a cloud-only session's next
             # step is immediate) before the next batch is taken: otherwise a closed loop splits into
             # cohorts that alternate, each forward carrying half of them.
@@ -102,8 +102,9 @@ class Batcher:
         return [r for r in batch if not r.future.done()]  # a cancelled request: its client is gone
 
     @torch.inference_mode()  # the accepting and cropping too: they touch inference tensors
-    def _forward(self, batch: list[Request]) -> tuple[list[Verdict], list[Forward]]:
+    def _forward(self, batch: list[Request]) -> tuple[list[Verdict], list[Forward], float]:
+        """The batch's forwards, verdicts (constraints, policy) and crops; and when all were done."""
         verdicts, forwards = verify_rows(self.backend, [r.row for r in batch])
         for request, verdict in zip(batch, verdicts):
             request.finish(verdict)
-        return verdicts, forwards
+        return verdicts, forwards, time.perf_counter()
