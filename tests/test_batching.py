@@ -269,3 +269,20 @@ def test_the_server_keeps_no_autograd_graph_in_its_caches(models):
                 assert layer.keys.grad_fn is None and not layer.keys.requires_grad and layer.keys.is_inference()
         for ws in clients:
             ws.close()
+
+
+def test_the_batch_log_keeps_the_newest_entries_and_their_indices():
+    """A long-lived server keeps a bounded log; `stats since=i` still means entry i."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specdec.remote.batcher import Batcher
+
+    batcher = Batcher(backend=None, compute=ThreadPoolExecutor(max_workers=1))
+    batcher.log = deque(maxlen=3)
+    for i in range(5):
+        batcher.logged += 1
+        batcher.log.append({"i": i})
+    assert batcher.entries(0) == ([{"i": 2}, {"i": 3}, {"i": 4}], 5)  # 0 and 1 are gone
+    assert batcher.entries(4) == ([{"i": 4}], 5) and batcher.entries(5) == ([], 5) and batcher.entries(1 << 40) == ([], 5)
+    batcher.compute.shutdown()

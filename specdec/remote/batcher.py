@@ -11,7 +11,9 @@ per-batch cost curve the fleet report draws.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -23,6 +25,7 @@ from specdec.batching import Forward, Row, verify_rows
 from specdec.cloud import Verdict
 
 
+LOG_ENTRIES = 100_000  # forwards kept for `stats` (a fleet level reads its own as it ends)
 YIELDS = 3  # event-loop turns between answering a batch and taking the next (future -> coroutine -> queue)
 
 
@@ -48,7 +51,10 @@ class Batcher:
     def __init__(self, backend: Backend, compute: ThreadPoolExecutor, max_batch: int = 16, window_s: float = 0.0) -> None:
         self.backend, self.compute, self.max_batch, self.window_s = backend, compute, max_batch, window_s
         self.queue: asyncio.Queue[Request] = asyncio.Queue()
-        self.log: list[dict] = []  # one entry per forward: t_s (since start), rows, tokens, max_block, positions, forward_s, batch (requests taken together)
+        # One entry per forward: t_s (since start), rows, tokens, max_block, positions, forward_s, batch
+        # (requests taken together). The newest LOG_ENTRIES only: a long-lived server must not grow.
+        self.log: deque[dict] = deque(maxlen=LOG_ENTRIES)
+        self.logged = 0  # entries ever logged: entry i is log[i - (logged - len(log))] while kept
         self.started = time.perf_counter()
 
     async def submit(self, row: Row, finish: Callable[[Verdict], None]) -> Served:
@@ -70,6 +76,7 @@ class Batcher:
                         request.future.set_exception(e)
                 continue
             for forward in forwards:
+                self.logged += 1
                 self.log.append({"t_s": forward.start - self.started, "rows": len(forward.rows), "tokens": forward.tokens,
                                  "max_block": forward.max_block,
                                  "positions": sum(batch[i].row.draft_tokens.numel() + 1 for i in forward.rows),  # scored
@@ -102,6 +109,11 @@ class Batcher:
         return [r for r in batch if not r.future.done()]  # a cancelled request: its client is gone
 
     @torch.inference_mode()  # the accepting and cropping too: they touch inference tensors
+    def entries(self, since: int) -> tuple[list[dict], int]:
+        """The entries from index `since` on (those still kept), and the index to ask from next."""
+        first_kept = self.logged - len(self.log)
+        return list(itertools.islice(self.log, max(since - first_kept, 0), None)), self.logged
+
     def _forward(self, batch: list[Request]) -> tuple[list[Verdict], list[Forward], float]:
         """The batch's forwards, verdicts (constraints, policy) and crops; and when all were done."""
         verdicts, forwards = verify_rows(self.backend, [r.row for r in batch])

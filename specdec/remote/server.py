@@ -198,7 +198,8 @@ class VerifierServer:
         kind = message["type"]
         if kind == "stats":  # the batch log since entry `since`: the fleet's per-batch cost curve
             since = get(message, "since", int)
-            await ws.send(encode("stats", batches=self.batcher.log[max(since, 0):], next=len(self.batcher.log)))
+            batches, following = self.batcher.entries(since)
+            await ws.send(encode("stats", batches=batches, next=following))
             return
         if kind == "close":
             self.sessions.pop(ws, None)
