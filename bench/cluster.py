@@ -31,13 +31,12 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from queue import Empty
 from typing import Iterator
 
 from bench.caps import OVER_MEMORY_EXIT
 from bench.records import ResultsFile, node_info
 from bench.sweep_config import SweepConfig, result_key
-from bench.worker import worker_main
+from bench.worker import messages, worker_main
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models import registry
 from specdec.remote.protocol import parse_address
@@ -202,16 +201,7 @@ def group_task(config_dict: dict, group: list) -> Iterator[tuple]:
     worker = ctx.Process(target=worker_main, args=(config_dict, group, None, queue, {}, os.getpid()), daemon=True)
     worker.start()
     yield ("started", node_info(), os.getpid())
-    while True:
-        try:
-            message = queue.get(timeout=0.5)
-        except Empty:
-            if worker.is_alive():
-                continue
-            break  # died without saying so (killed, or out of memory)
-        yield message
-        if message[0] == "exit":
-            break
+    yield from messages(worker, queue)
     worker.join()
     yield ("exitcode", worker.exitcode)
 

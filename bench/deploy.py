@@ -9,13 +9,11 @@ import signal
 import sys
 from pathlib import Path
 
-import dataclasses
-
 from bench.caps import parse_cores, pin_cores
 from bench.fleet import run_fleet
 from bench.fleet_config import FleetConfig
 from bench.fleet_summary import summarize_fleet
-from bench.options import DEFINED_IN, _off, field_options, parse_list, values
+from bench.options import field_options, values
 from bench.folder import canonical_path
 from bench.link import Link
 from bench.prompts import canonical_prompts
@@ -116,27 +114,12 @@ def cmd_link(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(item) for item in parse_list(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of fleet sizes, e.g. 1,2,4,8") from None
-
-
 def add_fleet_parser(sub) -> None:
     p = sub.add_parser("fleet", help="N edges against one verifier server for each N (replayed or real), beside "
                                      "cloud-only serving of the same N: the server's capacity curve")
     p.add_argument("--out", required=True, type=Path, help="results directory (rerun to resume)")
     for cls in (FleetConfig, SpecConfig, DecodeConfig):
         for option in field_options(cls):
-            if option.name == "clients":
-                option = dataclasses.replace(option, parse=_sizes)
-            source = DEFINED_IN.get(option.name)
-            if option.help is None and source is not None:  # a run setting: its help, choices and aliases
-                help_text = source.metadata.get("help")
-                option = dataclasses.replace(option, help=_off(help_text) if option.action == "store_false" else help_text,
-                                             choices=source.metadata.get("choices") if option.action == "store" else None,
-                                             flags=(*option.flags, *source.metadata.get("flags", ())))
             option.add_to(p)
 
 

@@ -52,9 +52,10 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
     scripts = replay_scripts(config, settings, prompts) if config.edge_replay else {}
     token = read_token(config.token_file) if config.token_file else None
     with writer(out):
-        claim(out, "fleet", settings)
+        identity = {**settings["fleet"], **settings["spec"], **settings["decode"]}  # flat: a refusal names the field
+        claim(out, "fleet", identity)
         if not (has_results(out) and (out / IDENTITY_FILES["fleet"]).is_file()):
-            write_identity(out, "fleet", {"config": settings, "environment": environment()})
+            write_identity(out, "fleet", {"config": identity, "environment": environment()})
         done = {(lv["mode"], lv["clients"], lv["repeat"]) for lv in ResultsFile(out / LEVELS, ("mode", "clients")).read()}
         modes = ("spec", "cloud") if config.baseline else ("spec",)
         # Sizes interleaved within a repeat, and spec beside cloud-only at each size: drift hits both.

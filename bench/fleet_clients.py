@@ -91,7 +91,7 @@ class Connection:
         except (OSError, InvalidHandshake, asyncio.TimeoutError) as e:
             raise CloudLost(f"cannot reach the verifier server at {self.url}: {e}") from None
         await self.send("hello", schema=SCHEMA, token=self.token)
-        await self.receive("ready")
+        self.ready = await self.receive("ready")  # model, vocab_size, tokenizer fingerprint
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -188,13 +188,5 @@ async def server_log(url: str, since: int, token: str | None = None, timeout_s: 
 
 async def server_info(url: str, token: str | None = None, timeout_s: float = 30.0) -> dict:
     """The server's `ready`: model, vocab_size, tokenizer fingerprint."""
-    connection = Connection(url, token, timeout_s)
-    try:
-        connection.ws = await asyncio.wait_for(connect(f"ws://{url}/", compression=None), timeout_s)
-    except (OSError, InvalidHandshake, asyncio.TimeoutError) as e:
-        raise CloudLost(f"cannot reach the verifier server at {url}: {e}") from None
-    try:
-        await connection.send("hello", schema=SCHEMA, token=token)
-        return await connection.receive("ready")
-    finally:
-        await connection.ws.close()
+    async with Connection(url, token, timeout_s) as server:
+        return server.ready

@@ -105,22 +105,36 @@ def _off(help_text: str | None) -> str | None:
 
 
 def field_options(cls: type) -> list[Option]:
-    """The run-style options of a config dataclass: typed, with the field's default."""
+    """The run-style options of a config dataclass: typed, with the field's default. A field that
+    copies a run setting (`dtype: str = EngineConfig.dtype`) takes that setting's help, choices and
+    aliases; a tuple field takes a comma-separated list."""
     hints, options = typing.get_type_hints(cls), []
     for f in fields(cls):
         if not f.init:
             continue
+        source = f if f.metadata.get("help") else DEFINED_IN.get(f.name, f)
         kind = _value_type(hints[f.name])
         required = f.default is MISSING and f.default_factory is MISSING
         default = None if required else f.default
-        help_text, choices = f.metadata.get("help"), f.metadata.get("choices")
+        help_text, choices = source.metadata.get("help"), source.metadata.get("choices")
         if kind is bool and default is True:
             options.append(Option(f.name, _negated(f), "store_false", None, default, False, _off(help_text), None))
         elif kind is bool:
-            options.append(Option(f.name, _flags(f, f), "store_true", None, default, False, help_text, None))
+            options.append(Option(f.name, _flags(f, source), "store_true", None, default, False, help_text, None))
         else:
-            options.append(Option(f.name, _flags(f, f), "store", PARSERS[kind], default, required, help_text, choices))
+            parse = _comma_list(PARSERS[kind]) if typing.get_origin(hints[f.name]) is tuple else PARSERS[kind]
+            options.append(Option(f.name, _flags(f, source), "store", parse, default, required, help_text, choices))
     return options
+
+
+def _comma_list(parse: Callable[[str], Any]) -> Callable[[str], tuple]:
+    def parse_all(text: str) -> tuple:
+        try:
+            return tuple(parse(item) for item in parse_list(text))
+        except (ValueError, argparse.ArgumentTypeError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list, e.g. 1,2,4") from None
+
+    return parse_all
 
 
 def sweep_options() -> list[Option]:

@@ -16,7 +16,6 @@ import threading
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from queue import Empty
 
 from tqdm import tqdm
 
@@ -31,7 +30,7 @@ from bench.records import ResultsFile, environment, read_records
 from bench.scores import read_scores
 from bench.summary import summarize
 from bench.sweep_config import SweepConfig, result_key
-from bench.worker import worker_main
+from bench.worker import messages, worker_main
 from specdec.errors import SpecdecError
 from specdec.remote.protocol import parse_address
 
@@ -145,13 +144,7 @@ def sigint_ignored():
 def _follow(worker, queue, bar: tqdm) -> set[str]:
     finished: set[str] = set()
     error = None
-    while True:
-        try:
-            message = queue.get(timeout=0.5)
-        except Empty:
-            if worker.is_alive():
-                continue
-            break  # died without saying so (killed, or out of memory)
+    for message in messages(worker, queue):
         kind = message[0]
         if kind == "tick":
             bar.update()
@@ -161,8 +154,6 @@ def _follow(worker, queue, bar: tqdm) -> set[str]:
                 bar.write(message[2])
         elif kind == "error":
             error = message[1]
-        elif kind == "exit":
-            break
     worker.join()
     if worker.exitcode == OVER_MEMORY_EXIT:
         return finished

@@ -12,9 +12,11 @@ import os
 import signal
 import sys
 import threading
+from queue import Empty
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
+from typing import Iterator
 
 from bench.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog
 from bench.trackers import reset_peak_rss
@@ -137,6 +139,21 @@ def worker_main(config_dict: dict, group: list, out: str | None, queue, urls: di
         queue.put(("error", line))
         exit_worker(queue, 1)
     exit_worker(queue, 0)
+
+
+def messages(worker, queue, poll_s: float = 0.5) -> Iterator[tuple]:
+    """A worker process's messages as they come, through its `exit` message, or until it has ended
+    without one (killed, or out of memory)."""
+    while True:
+        try:
+            message = queue.get(timeout=poll_s)
+        except Empty:
+            if worker.is_alive():
+                continue
+            return
+        yield message
+        if message[0] == "exit":
+            return
 
 
 def interleaved(points: list[tuple]) -> list[tuple]:

@@ -190,3 +190,16 @@ def test_fleet_starts_its_own_server_and_says_why_when_it_cannot(pair, prompts, 
                  "--out", str(tmp_path / "none")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: the verifier server did not start (") and "Traceback" not in "\n".join(err)
+
+
+def test_a_fleet_folder_has_one_configuration_and_is_not_a_runs(prompts, server, recording, tmp_path, capsys):
+    out = tmp_path / "one"
+    base = ["--edge-replay", str(recording), "--cloud-url", server, "--prompts", prompts, "--no-baseline"]
+    assert fleet(*base, "--clients", "1", "--out", str(out)) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".specbench.lock"}
+    capsys.readouterr()
+    assert fleet(*base, "--clients", "1,2", "--out", str(out)) == 2
+    assert "differs in clients: [1] there, [1, 2] here" in capsys.readouterr().err
+    assert fleet(*base, "--clients", "1", "--out", str(recording)) == 2  # a run's folder
+    assert "holds the results of a `specbench run`; a fleet does not add to them" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".specbench.lock"} == before

@@ -267,7 +267,7 @@ def build_fleet_report(results_dir: Path, out: Path, embed: bool = False) -> Pat
     identity = json.loads((results_dir / "fleet.json").read_text(encoding="utf-8"))
     config = identity["config"]
     fit = cost_curve(batches)
-    edge = edge_profile(records, summary, config["fleet"]["link"], config["fleet"]["edge_replay"])
+    edge = edge_profile(records, summary, config["link"], config["edge_replay"])
     check, model, assumptions = capacity_model(fit, edge, summary)
     figures = []
     for name, title, read, draw in (
@@ -284,7 +284,6 @@ def build_fleet_report(results_dir: Path, out: Path, embed: bool = False) -> Pat
              "server_queue_p50_s", "server_compute_p50_s", "mean_batch_size", "cloud_busy_fraction",
              "accepted_tokens_per_cloud_s", "replay_mismatches"]
     table = summary[[c for c in shown if c in summary]].round(3) if not summary.empty else summary
-    fleet = config["fleet"]
     shared = {r.get("cores_shared") for r in records if r.get("edge_kind") == "process"}
     notes = []
     if shared - {None}:
@@ -292,12 +291,12 @@ def build_fleet_report(results_dir: Path, out: Path, embed: bool = False) -> Pat
                      "server: per-edge rates are lower than on separate devices, and they fall with N partly for that.")
     mismatches = int(summary["replay_mismatches"].sum()) if "replay_mismatches" in summary else 0
     if mismatches:
-        notes.append(f"{mismatches} replayed verdicts differed from the recording ({config['fleet']['dtype']}): in "
+        notes.append(f"{mismatches} replayed verdicts differed from the recording ({config['dtype']}): in "
                      "bfloat16 a batched forward may round a near-tie differently; in float32 it is a server bug.")
     context = {
         "title": f"specbench fleet report: {results_dir.resolve().name}",
         "source": str(results_dir), "generated": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "settings": [(k, page.value_text(k, v)) for k, v in {**fleet, **config["spec"], **config["decode"]}.items()],
+        "settings": [(k, page.value_text(k, v)) for k, v in config.items()],
         "table": page.table_html(table, "points"), "figures": figures, "notes": notes,
         "findings": findings(summary) if not summary.empty else [],
         "model": page.table_html(model) if not model.empty else "", "assumptions": assumptions,
