@@ -12,7 +12,6 @@ from pathlib import Path
 from bench.caps import parse_cores, pin_cores
 from bench.fleet import run_fleet
 from bench.fleet_config import FleetConfig
-from bench.fleet_summary import summarize_fleet
 from bench.options import field_options, values
 from bench.folder import canonical_path
 from bench.link import Link
@@ -128,8 +127,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     config = FleetConfig(**{**values(FleetConfig, args), "prompts": canonical_prompts(args.prompts),
                             "edge": canonical_path(args.edge), "cloud": canonical_path(args.cloud),
                             "edge_replay": canonical_path(args.edge_replay), "token_file": canonical_path(args.token_file)})
-    counts = run_fleet(config, spec, decode, args.out)
-    summary = summarize_fleet(args.out)
+    counts, summary = run_fleet(config, spec, decode, args.out)
     print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())), file=sys.stderr, flush=True)
     if not summary.empty:
         columns = ["mode", "clients", "server_accepted_tokens_per_s", "edge_tokens_per_s_p50", "verify_latency_p50_s",

@@ -22,6 +22,7 @@ from contextlib import AsyncExitStack, ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
+import pandas as pd
 from tqdm import tqdm
 
 from bench.caps import parse_cores
@@ -44,8 +45,9 @@ REPLAY_MATCH = ("k", "entropy_threshold", "accept_threshold", "policy", "verifie
                 "max_new_tokens", "temperature", "seed", "dtype", "constraints")
 
 
-def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: Path, progress: bool = True) -> dict:
-    """Run every level not done yet, then write DIR/summary.csv; returns counts by status."""
+def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: Path,
+              progress: bool = True) -> tuple[dict, pd.DataFrame]:
+    """Run every level not done yet, then write DIR/summary.csv; returns counts by status and the summary."""
     config.check_spec(spec)
     settings = json.loads(json.dumps({"fleet": asdict(config), "spec": asdict(spec), "decode": asdict(decode)}))
     prompts = [r.id for r in load_prompts(config.prompts)[: config.limit]]
@@ -73,11 +75,12 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
                     os.sched_setaffinity(0, others)
             fleet = Fleet(config, spec, decode, settings, prompts, scripts, url, token, out, bar)
             asyncio.run(fleet.run(plan))
-    summarize_fleet(out).to_csv(out / "summary.csv", index=False)
+        summary = summarize_fleet(out)
+        summary.to_csv(out / "summary.csv", index=False)
     counts: dict[str, int] = {}
     for row in read_records(out / "results.jsonl"):
         counts[row["status"]] = counts.get(row["status"], 0) + 1
-    return counts
+    return counts, summary
 
 
 def replay_scripts(config: FleetConfig, settings: dict, prompts: list[str]) -> dict[str, Script]:
