@@ -8,6 +8,7 @@ batched the same way equals the cloud's own greedy decoding; a session that vani
 not disturb the others; the session cap holds under load."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -16,6 +17,7 @@ import torch
 from websockets.sync.client import connect
 
 from specdec.backends.base import Prompt
+from specdec.backends.hf_causal import HFCausalBackend
 from specdec.cloud import LocalCloud
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.decode import autoregressive_decode, speculative_decode
@@ -269,6 +271,45 @@ def test_the_server_keeps_no_autograd_graph_in_its_caches(models):
                 assert layer.keys.grad_fn is None and not layer.keys.requires_grad and layer.keys.is_inference()
         for ws in clients:
             ws.close()
+
+
+class CropWatcher(HFCausalBackend):
+    """The tiny cloud, noting whether each crop of a cache ran in inference mode."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.crops_in_inference_mode: list[bool] = []
+
+    def crop(self, state, length: int) -> None:
+        self.crops_in_inference_mode.append(torch.is_inference_mode_enabled())
+        super().crop(state, length)
+
+
+def test_a_batched_verify_accepts_and_crops_in_inference_mode(models):
+    """The crop after a batched verify runs on the compute thread inside the batcher's inference
+    mode, like the forward before it: outside it, the cut of a cache's inference tensors runs
+    with autograd on (the decorator meant for it once sat on the log reader instead)."""
+    watcher = CropWatcher(models["cloud"].backend.model)
+    background = BackgroundServer(dataclasses.replace(models["cloud"], backend=watcher),
+                                  ServeConfig(max_batch=4, batch_window_ms=30))
+    with background as url:
+        clients = []
+        for i in range(3):  # three sessions, verified together
+            ws = connect(f"ws://{url}/", compression=None)
+            ws.send(encode("hello", schema=SCHEMA, token=None))
+            decode(ws.recv(timeout=10))
+            ws.send(encode("open", prompt_ids=[2, 3, 4 + i], features=None, max_new_tokens=8, temperature=0.0, seed=0,
+                           policy="greedy", accept_threshold=0.1, verifier="cached", constraints="none", eos_ids=[],
+                           vocab=64))
+            ws.send(encode("verify", base=3, new=[], draft=[5, 6, 7]))
+            clients.append(ws)
+        for ws in clients:
+            assert decode(ws.recv(timeout=30))["type"] == "verdict"
+        assert max(b["rows"] for b in background.server.batcher.log) >= 2  # the batched path ran
+        for ws in clients:
+            ws.close()
+    assert len(watcher.crops_in_inference_mode) == 3, watcher.crops_in_inference_mode  # one per verify
+    assert all(watcher.crops_in_inference_mode), watcher.crops_in_inference_mode
 
 
 def test_the_batch_log_keeps_the_newest_entries_and_their_indices():

@@ -108,14 +108,16 @@ class Batcher:
                 break
         return [r for r in batch if not r.future.done()]  # a cancelled request: its client is gone
 
-    @torch.inference_mode()  # the accepting and cropping too: they touch inference tensors
     def entries(self, since: int) -> tuple[list[dict], int]:
         """The entries from index `since` on (those still kept), and the index to ask from next."""
         first_kept = self.logged - len(self.log)
         return list(itertools.islice(self.log, max(since - first_kept, 0), None)), self.logged
 
+    @torch.inference_mode()  # thread-local: entered here, on the compute thread, it covers the crops too
     def _forward(self, batch: list[Request]) -> tuple[list[Verdict], list[Forward], float]:
-        """The batch's forwards, verdicts (constraints, policy) and crops; and when all were done."""
+        """The batch's forwards, verdicts (constraints, policy) and crops; and when all were done.
+        The crops (`finish`) cut the caches' inference tensors: `verify_rows`' own inference mode
+        ends when it returns, so this one must span them."""
         verdicts, forwards = verify_rows(self.backend, [r.row for r in batch])
         for request, verdict in zip(batch, verdicts):
             request.finish(verdict)
