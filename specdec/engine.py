@@ -9,25 +9,15 @@ from typing import Callable
 
 from specdec.cloud import Cloud, LocalCloud
 from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
-from specdec.constraints_zh import zh_profile
 from specdec.decode import autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError, InputError
 from specdec.models.loading import LoadedModel, load_model
-from specdec.processors import Constraints, StopRule
+from specdec.processors import Constraints
+from specdec.profiles import build_constraints
 from specdec.remote.client import RemoteCloud, SessionSettings
 from specdec.remote.protocol import read_token, tokenizer_sha256
 from specdec.tokenstats import PunctuationTable
 from specdec.trace import Generation
-
-
-def build_constraints(loaded: LoadedModel, profile: str, vocab: int, eos_ids: frozenset[int] | None = None) -> Constraints:
-    """The model's own decoding rules (Whisper's token suppression) first, then the profile's.
-    `eos_ids` default to the model's; a verifier server takes the edge's, so both sides stop alike."""
-    eos_ids = loaded.eos_ids if eos_ids is None else eos_ids
-    if profile == "zh":
-        zh = zh_profile(loaded.tokenizer, eos_ids, vocab)
-        return Constraints(loaded.processors + zh.processors, zh.stop)
-    return Constraints(loaded.processors, StopRule(eos_ids=eos_ids))
 
 
 @dataclass(frozen=True, eq=False)

@@ -31,9 +31,12 @@ LAYERS = {
     "models": (("specdec.models",), ("errors", "backends")),
     # The verifier protocol and the edge's client: the engine verifies through them.
     "transport": (("specdec.remote", "specdec.remote.client", "specdec.remote.protocol"), ("errors", "backends", "core")),
-    "engine": (("specdec.engine",), ("errors", "backends", "core", "models", "transport")),
-    # The verifier server: the cloud side of the protocol, built on the engine's pieces.
-    "serve": (("specdec.remote.server", "specdec.remote.batcher"), ("errors", "backends", "core", "models", "transport", "engine")),
+    # What both the engine and the server build from a loaded model (its decoding constraints).
+    "assembly": (("specdec.profiles",), ("errors", "backends", "core", "models")),
+    "engine": (("specdec.engine",), ("errors", "backends", "core", "models", "transport", "assembly")),
+    # The verifier server: the cloud side of the protocol, built on the core and a loaded model;
+    # never on the engine (the edge's facade), so neither side's changes ripple into the other.
+    "serve": (("specdec.remote.server", "specdec.remote.batcher"), ("errors", "backends", "core", "models", "transport", "assembly")),
 }
 # Reports only read results: these never reach a module that loads or runs a model.
 READERS = ("bench.metrics", "bench.summary", "bench.scores", "bench.verdict", "bench.compare", "bench.report")

@@ -28,10 +28,10 @@ from specdec.backends.base import Prompt
 from specdec.batching import Row
 from specdec.cloud import LocalVerifier, Verdict
 from specdec.config import CONSTRAINT_PROFILES, DecodeConfig, SpecConfig
-from specdec.engine import build_constraints
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models.loading import LoadedModel
 from specdec.policies import POLICIES
+from specdec.profiles import build_constraints
 from specdec.remote.background import Background
 from specdec.remote.batcher import Batcher
 from specdec.remote.protocol import (
