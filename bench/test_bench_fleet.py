@@ -20,8 +20,8 @@ import torch
 
 from bench.workload import CLOUD_ALIAS
 from specdec.backends.base import Prompt
-from specdec.batching import Row, verify_rows
-from specdec.cloud import LocalVerifier
+from specdec.batching import BatchRow, verify_rows
+from specdec.cloud import LocalCloudSession
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.models.loading import load_model
 from specdec.models.registry import is_fetched
@@ -31,20 +31,20 @@ from specdec.session import AcceptedSequence
 K = 4
 
 
-def sessions(backend, count: int, prompt_len: int, vocab: int) -> list[Row]:
+def sessions(backend, count: int, prompt_len: int, vocab: int) -> list[BatchRow]:
     """`count` sessions with a cached prompt each, ready to verify a K-token draft."""
     generator = torch.Generator().manual_seed(0)
     rows = []
     for i in range(count):
         ids = torch.randint(0, vocab, (prompt_len + i,), generator=generator)  # lengths differ, as they do
         seq = AcceptedSequence(ids, 8)
-        verifier = LocalVerifier(backend, Prompt(ids), SpecConfig(k=K, policy="greedy"), DecodeConfig(max_new_tokens=8),
-                                 Constraints(), vocab, torch.Generator())
+        cloud = LocalCloudSession(backend, Prompt(ids), SpecConfig(k=K, policy="greedy"), DecodeConfig(max_new_tokens=8),
+                                  Constraints(), vocab, torch.Generator())
         draft = torch.randint(0, vocab, (K,), generator=generator)
-        rows.append(Row(verifier, seq, draft))
+        rows.append(BatchRow(cloud, seq, draft))
     verify_rows(backend, rows)  # prefill every prompt once
     for row in rows:
-        row.verifier.rollback(row.seq.length - 1, row.seq)
+        row.cloud.rollback(row.seq.length - 1, row.seq)
     return rows
 
 
@@ -58,7 +58,7 @@ def cost_curve(backend, sizes: tuple[int, ...], prompt_len: int, vocab: int, rou
             verify_rows(backend, rows)
             elapsed = time.perf_counter() - start
             for row in rows:  # back to the same state: last accepted token unseen
-                row.verifier.rollback(row.seq.length - 1, row.seq)
+                row.cloud.rollback(row.seq.length - 1, row.seq)
             if round_:  # round 0 warms up
                 times[size].append(elapsed)
     base = times[sizes[0]]

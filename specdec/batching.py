@@ -10,7 +10,7 @@ Padding costs compute: every row of a forward is as long as its longest block. A
 call carries its whole prompt (tens to hundreds of tokens) while a steady-state verify carries
 k + 1, so rows are grouped by block length (`length_groups`) and each group is one forward.
 
-    verdicts, forwards = verify_rows(backend, [Row(verifier, seq, draft_tokens, draft_probs), ...])
+    verdicts, forwards = verify_rows(backend, [BatchRow(cloud_session, seq, draft_tokens, draft_probs), ...])
 """
 from __future__ import annotations
 
@@ -20,17 +20,17 @@ from dataclasses import dataclass
 import torch
 
 from specdec.backends.base import Backend
-from specdec.cloud import LocalVerifier, Verdict
+from specdec.cloud import LocalCloudSession, Verdict
 from specdec.session import AcceptedSequence
 
 GROUP_SLACK_TOKENS = 8  # rows whose blocks differ by at most this many tokens (or 2x) share a forward
 
 
 @dataclass
-class Row:
+class BatchRow:
     """One session's block in a batch."""
 
-    verifier: LocalVerifier
+    cloud: LocalCloudSession
     seq: AcceptedSequence
     draft_tokens: torch.Tensor  # [n], n >= 0 (0: a plain next-token step, as in cloud-only serving)
     draft_probs: torch.Tensor | None = None
@@ -67,7 +67,7 @@ def length_groups(lengths: dict[int, int]) -> list[list[int]]:
 
 
 @torch.inference_mode()  # thread-local: the server calls this on its compute thread
-def verify_rows(backend: Backend, rows: list[Row]) -> tuple[list[Verdict], list[Forward]]:
+def verify_rows(backend: Backend, rows: list[BatchRow]) -> tuple[list[Verdict], list[Forward]]:
     """Verdicts for every row, and the forwards that computed them. Rows that cannot share a
     forward (a backend without `forward_batch`, a first call carrying audio) run alone.
 
@@ -79,7 +79,7 @@ def verify_rows(backend: Backend, rows: list[Row]) -> tuple[list[Verdict], list[
     plans = {}
     if len(rows) > 1 and shares_forwards(backend):
         plans = {i: plan for i, row in enumerate(rows)
-                 if (plan := row.verifier.logits_of.block(row.seq, row.draft_tokens)) is not None}
+                 if (plan := row.cloud.verifier.block(row.seq, row.draft_tokens)) is not None}
     for group in length_groups({i: plan[1].numel() for i, plan in plans.items()}):
         start = time.perf_counter()
         states, blocks, keeps = zip(*(plans[i] for i in group))
@@ -94,9 +94,9 @@ def verify_rows(backend: Backend, rows: list[Row]) -> tuple[list[Verdict], list[
     for i, row in enumerate(rows):
         if logits[i] is None:
             start = time.perf_counter()
-            logits[i] = row.verifier.logits_of.logits(row.seq, row.draft_tokens)
-            fed = row.verifier.logits_of.last_tokens_in
+            logits[i] = row.cloud.verifier.logits(row.seq, row.draft_tokens)
+            fed = row.cloud.verifier.last_tokens_in
             forwards.append(Forward((i,), fed, fed, start, time.perf_counter() - start))
-    verdicts = [row.verifier.decide(row.seq, row.draft_tokens, row.draft_probs, row_logits)
+    verdicts = [row.cloud.decide(row.seq, row.draft_tokens, row.draft_probs, row_logits)
                 for row, row_logits in zip(rows, logits)]
     return verdicts, forwards

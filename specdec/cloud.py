@@ -2,9 +2,12 @@
 behind a verifier server (`specdec.remote`):
 
     cloud = LocalCloud(backend)                                   # or RemoteCloud(url)
-    verifier = cloud.open(prompt, spec, decode, constraints, vocab, generator)
-    verdict = verifier.verify(seq, draft_tokens, draft_probs)     # logits -> processors -> policy
-    verifier.rollback(length, seq); verifier.close()
+    session = cloud.open(prompt, spec, decode, constraints, vocab, generator)   # one per generation
+    verdict = session.verify(seq, draft_tokens, draft_probs)      # logits -> processors -> policy
+    session.rollback(length, seq); session.close()
+
+Names: a `CloudSession` is one generation's conversation with the cloud (verdicts); a verifier
+(`specdec.verifier`, picked by `--verifier`) is the forward inside it that computes the cloud logits.
 
 The acceptance policy runs where the cloud logits are: a remote verify returns the accepted count
 and the next token, never [k+1, V] logits (151,936 floats per position on the real pair).
@@ -44,13 +47,15 @@ class Verdict:
     server_queue_s: float = 0.0  # time the request waited for the server's model (remote only)
 
 
-class Verifier(Protocol):
+class CloudSession(Protocol):
+    """One generation's verdicts from the cloud: opened on the first escalation, closed at the end."""
+
     compute_s: float  # cloud seconds inside model forwards for this generation
     round_trip_hint_s: float | None  # a first guess of a verify's round trip, before one is measured
 
     def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor) -> Verdict: ...
 
-    # A remote verifier also splits `verify` in three, so the edge can draft while it waits:
+    # A remote session also splits `verify` in three, so the edge can draft while it waits:
     # send(seq, draft_tokens, draft_probs); ready() -> bool (never blocks); receive() -> Verdict
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None: ...
@@ -63,7 +68,7 @@ class Cloud(Protocol):
     accepts_audio: bool
 
     def open(self, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig, constraints: Constraints, vocab: int,
-             generator: torch.Generator) -> Verifier: ...
+             generator: torch.Generator) -> CloudSession: ...
 
 
 def process_rows(logits: torch.Tensor, history: list[int], block: list[int], constraints: Constraints) -> torch.Tensor:
@@ -73,23 +78,23 @@ def process_rows(logits: torch.Tensor, history: list[int], block: list[int], con
     return torch.stack([constraints.apply(history + block[:i], row) for i, row in enumerate(logits)])
 
 
-class LocalVerifier:
+class LocalCloudSession:
     """One explicit cloud forward per block ([n+1, V] logits), the decoding constraints on each
     row, temperature once, then the acceptance policy. The server runs this same class."""
 
     def __init__(self, backend: Backend, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig,
                  constraints: Constraints, vocab: int, generator: torch.Generator) -> None:
-        self.logits_of = make_verifier(spec.verifier, backend, prompt)
+        self.verifier = make_verifier(spec.verifier, backend, prompt)
         self.policy = make_policy(spec.policy, spec.accept_threshold)
         self.decode, self.constraints, self.vocab, self.generator = decode, constraints, vocab, generator
         self.round_trip_hint_s = None  # in process there is nothing to overlap with
 
     @property
     def compute_s(self) -> float:
-        return self.logits_of.compute_s
+        return self.verifier.compute_s
 
     def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict:
-        return self.decide(seq, draft_tokens, draft_probs, self.logits_of.logits(seq, draft_tokens))
+        return self.decide(seq, draft_tokens, draft_probs, self.verifier.logits(seq, draft_tokens))
 
     def decide(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                logits: torch.Tensor) -> Verdict:
@@ -100,10 +105,10 @@ class LocalVerifier:
         accepted, next_token = self.policy(
             draft_tokens, draft_probs, cloud_logits, cloud_probs, self.decode.do_sample, self.generator
         )
-        return Verdict(accepted, int(next_token), self.logits_of.last_tokens_in, self.logits_of.last_sent_features)
+        return Verdict(accepted, int(next_token), self.verifier.last_tokens_in, self.verifier.last_sent_features)
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:
-        self.logits_of.rollback(length, seq)
+        self.verifier.rollback(length, seq)
 
     def close(self) -> None:
         """Nothing to release: the cache goes with this object."""
@@ -124,8 +129,8 @@ class LocalCloud:
         return self.backend.accepts_audio
 
     def open(self, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig, constraints: Constraints, vocab: int,
-             generator: torch.Generator) -> LocalVerifier:
-        return LocalVerifier(self.backend, prompt, spec, decode, constraints, vocab, generator)
+             generator: torch.Generator) -> LocalCloudSession:
+        return LocalCloudSession(self.backend, prompt, spec, decode, constraints, vocab, generator)
 
 
 def as_cloud(cloud: Backend | Cloud) -> Cloud:

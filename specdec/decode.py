@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from specdec.backends.base import Backend, Prompt
-from specdec.cloud import Cloud, CloudLost, Verdict, Verifier, as_cloud
+from specdec.cloud import Cloud, CloudLost, CloudSession, Verdict, as_cloud
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.drafter import Drafter
 from specdec.drafting import make_schedule, make_stop
@@ -104,7 +104,7 @@ def speculative_decode(
     drafter = Drafter(edge_session, vocab, constraints, decode.temperature, generator, spec.draft_topn,
                       make_stop(spec.draft_stop))
     schedule = make_schedule(spec.k_schedule, spec.k)
-    verifier = None  # opened on the first escalation: a block never escalated costs the cloud nothing
+    cloud_session = None  # opened on the first escalation: a block never escalated costs the cloud nothing
     counters, cycles = Counters(accepted_per_position=[0] * spec.k), []
     ttft_s, stopped_by, degraded = 0.0, "max_new_tokens", False
     round_trip_s = None  # expected send -> verdict time; no drafting ahead until one was measured
@@ -112,7 +112,7 @@ def speculative_decode(
     try:
         while seq.remaining and stopped_by != "stop_token":
             base, t_start_s = seq.length, time.perf_counter() - start
-            edge_before, cloud_before = edge_session.compute_s, verifier.compute_s if verifier else 0.0
+            edge_before, cloud_before = edge_session.compute_s, cloud_session.compute_s if cloud_session else 0.0
             draft_tokens, draft_probs = drafter.draft(seq, block_size(schedule.k, seq.remaining))
             draft_list = draft_tokens.tolist()
             stop_at = first_stop(draft_list, len(seq.generated), constraints)
@@ -130,17 +130,17 @@ def speculative_decode(
                 ahead = block_size(schedule.k, seq.remaining - n - 1) if overlap and stop_at is None and \
                     seq.remaining - n > 1 else 0
                 try:
-                    verifier = verifier or cloud.open(prompt, spec, decode, constraints, vocab, generator)
-                    round_trip_s = round_trip_s or verifier.round_trip_hint_s
-                    verdict = verify(verifier, drafter, seq, draft_tokens, draft_probs, ahead, cycle, start, round_trip_s)
+                    cloud_session = cloud_session or cloud.open(prompt, spec, decode, constraints, vocab, generator)
+                    round_trip_s = round_trip_s or cloud_session.round_trip_hint_s
+                    verdict = verify(cloud_session, drafter, seq, draft_tokens, draft_probs, ahead, cycle, start, round_trip_s)
                 except CloudLost:
                     if on_cloud_loss != "edge":
                         raise
                     degraded, cycle.escalated = True, False  # keep the draft, unverified; no more calls
                     drafter.settle(False, None)
-                    if verifier is not None:
-                        verifier.close()
-                    verifier = None
+                    if cloud_session is not None:
+                        cloud_session.close()
+                    cloud_session = None
                 else:
                     record_verdict(cycle, verdict)
                     if verdict.wait_s:  # the round trips so far predict the next one (EMA, alpha 0.5)
@@ -160,15 +160,15 @@ def speculative_decode(
             if not drafter.holds_ahead:  # kept ahead tokens sit past the accepted sequence: nothing to crop
                 edge_session.rollback(min(edge_session.length, base + cycle.accepted), seq)
             if cycle.escalated:
-                verifier.rollback(base + cycle.accepted, seq)
+                cloud_session.rollback(base + cycle.accepted, seq)
             cycle.edge_s = edge_session.compute_s - edge_before
-            cycle.cloud_s = verifier.compute_s - cloud_before if cycle.escalated else 0.0
+            cycle.cloud_s = cloud_session.compute_s - cloud_before if cycle.escalated else 0.0
             counters.add(cycle)
             cycles.append(cycle)
             ttft_s = ttft_s or time.perf_counter() - start
     finally:
-        if verifier is not None:
-            verifier.close()
+        if cloud_session is not None:
+            cloud_session.close()
 
     return Generation(
         tokens=seq.generated, counters=counters, cycles=cycles, prompt_tokens=seq.prompt_len, prefill_s=edge_session.prefill_s,
@@ -178,20 +178,20 @@ def speculative_decode(
     )
 
 
-def verify(verifier: Verifier, drafter: Drafter, seq: AcceptedSequence, draft_tokens: torch.Tensor,
+def verify(cloud_session: CloudSession, drafter: Drafter, seq: AcceptedSequence, draft_tokens: torch.Tensor,
            draft_probs: torch.Tensor, ahead: int, cycle: Cycle, start: float, round_trip_s: float | None) -> Verdict:
     """One verify call; with `ahead` > 0 and a round trip measured before, draft up to that many
     tokens of the next block meanwhile, within the expected round trip."""
     sent = time.perf_counter()
     cycle.t_sent_s = sent - start
     if not ahead or round_trip_s is None:
-        verdict = verifier.verify(seq, draft_tokens, draft_probs)
+        verdict = cloud_session.verify(seq, draft_tokens, draft_probs)
     else:
-        verifier.send(seq, draft_tokens, draft_probs)
-        drafter.draft_ahead(seq, cycle.draft_tokens, ahead, verifier.ready, deadline=sent + round_trip_s)
+        cloud_session.send(seq, draft_tokens, draft_probs)
+        drafter.draft_ahead(seq, cycle.draft_tokens, ahead, cloud_session.ready, deadline=sent + round_trip_s)
         cycle.ahead_guess = drafter.guess
         waiting = time.perf_counter()
-        verdict = verifier.receive()
+        verdict = cloud_session.receive()
         cycle.edge_wait_s = time.perf_counter() - waiting
     cycle.t_reply_s = time.perf_counter() - start
     return verdict

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from specdec.drafting import StopRule
+from specdec.drafting import DraftStop
 from specdec.processors import Constraints
 from specdec.sampling import choose, distribution, entropy_nats
 from specdec.session import AcceptedSequence, Session
@@ -38,7 +38,7 @@ def top_n(probs: torch.Tensor, n: int) -> torch.Tensor:
 
 class Drafter:
     def __init__(self, session: Session, vocab: int, constraints: Constraints, temperature: float,
-                 generator: torch.Generator, topn: int | None = None, stop_rule: StopRule | None = None) -> None:
+                 generator: torch.Generator, topn: int | None = None, stop_rule: DraftStop | None = None) -> None:
         self.session, self.vocab, self.constraints = session, vocab, constraints
         self.temperature, self.generator, self.topn, self.stop_rule = temperature, generator, topn, stop_rule
         self.guess: int | None = None  # the bonus token the ahead tokens were drafted after

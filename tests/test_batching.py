@@ -264,7 +264,7 @@ def test_the_server_keeps_no_autograd_graph_in_its_caches(models):
             assert decode(ws.recv(timeout=30))["type"] == "verdict"
         server = background.server
         assert max(b["rows"] for b in server.batcher.log) >= 2
-        caches = [s.verifier.logits_of.session.state.cache for s in server.sessions.values()]
+        caches = [s.cloud.verifier.session.state.cache for s in server.sessions.values()]
         assert len(caches) == 3
         for cache in caches:
             for layer in cache.layers:

@@ -10,6 +10,6 @@ it is sent, only fewer are sent.
 from __future__ import annotations
 
 from specdec.drafting import constant, entropy, heuristic, pmin  # noqa: F401  (each registers itself)
-from specdec.drafting.base import SCHEDULES, STOPS, KSchedule, StopRule, make_schedule, make_stop, parse_stop
+from specdec.drafting.base import SCHEDULES, STOPS, DraftStop, KSchedule, make_schedule, make_stop, parse_stop
 
-__all__ = ["SCHEDULES", "STOPS", "KSchedule", "StopRule", "make_schedule", "make_stop", "parse_stop"]
+__all__ = ["SCHEDULES", "STOPS", "DraftStop", "KSchedule", "make_schedule", "make_stop", "parse_stop"]

@@ -9,7 +9,7 @@ import torch
 from specdec.errors import ConfigError
 
 
-class StopRule(Protocol):
+class DraftStop(Protocol):
     def __call__(self, dist: torch.Tensor, entropy_nats: float) -> bool:
         """After drafting a token from `dist` [V]: end the block here?"""
         ...
@@ -23,7 +23,7 @@ class KSchedule(Protocol):
         ...
 
 
-STOPS: dict[str, Callable[[float], StopRule]] = {}  # name -> factory(parameter)
+STOPS: dict[str, Callable[[float], DraftStop]] = {}  # name -> factory(parameter)
 SCHEDULES: dict[str, Callable[[int], KSchedule]] = {}  # name -> factory(k_max)
 STOP_HELP = "none, entropy:NATS (stop after a token whose entropy >= NATS) or pmin:P (top-1 probability < P)"
 
@@ -57,7 +57,7 @@ def parse_stop(text: str) -> tuple[str, float | None]:
     return name, parameter
 
 
-def make_stop(text: str) -> StopRule | None:
+def make_stop(text: str) -> DraftStop | None:
     name, parameter = parse_stop(text)
     return None if name == "none" else STOPS[name](parameter)
 

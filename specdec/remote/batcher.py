@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from specdec.backends.base import Backend
-from specdec.batching import Forward, Row, verify_rows
+from specdec.batching import BatchRow, Forward, verify_rows
 from specdec.cloud import Verdict
 
 
@@ -30,8 +30,8 @@ YIELDS = 3  # event-loop turns between answering a batch and taking the next (fu
 
 
 @dataclass
-class Request:
-    row: Row
+class QueuedRow:
+    row: BatchRow
     finish: Callable[[Verdict], None]  # runs on the compute thread right after the forward (accept, crop)
     future: asyncio.Future
     queued: float = field(default_factory=time.perf_counter)
@@ -50,15 +50,15 @@ class Served:
 class Batcher:
     def __init__(self, backend: Backend, compute: ThreadPoolExecutor, max_batch: int = 16, window_s: float = 0.0) -> None:
         self.backend, self.compute, self.max_batch, self.window_s = backend, compute, max_batch, window_s
-        self.queue: asyncio.Queue[Request] = asyncio.Queue()
+        self.queue: asyncio.Queue[QueuedRow] = asyncio.Queue()
         # One entry per forward: t_s (since start), rows, tokens, max_block, positions, forward_s, batch
         # (requests taken together). The newest LOG_ENTRIES only: a long-lived server must not grow.
         self.log: deque[dict] = deque(maxlen=LOG_ENTRIES)
         self.logged = 0  # entries ever logged: entry i is log[i - (logged - len(log))] while kept
         self.started = time.perf_counter()
 
-    async def submit(self, row: Row, finish: Callable[[Verdict], None]) -> Served:
-        request = Request(row, finish, asyncio.get_running_loop().create_future())
+    async def submit(self, row: BatchRow, finish: Callable[[Verdict], None]) -> Served:
+        request = QueuedRow(row, finish, asyncio.get_running_loop().create_future())
         await self.queue.put(request)
         return await request.future
 
@@ -92,7 +92,7 @@ class Batcher:
             for _ in range(YIELDS):
                 await asyncio.sleep(0)
 
-    async def _collect(self, loop) -> list[Request]:
+    async def _collect(self, loop) -> list[QueuedRow]:
         batch = [await self.queue.get()]
         deadline = loop.time() + self.window_s
         while len(batch) < self.max_batch:
@@ -114,7 +114,7 @@ class Batcher:
         return list(itertools.islice(self.log, max(since - first_kept, 0), None)), self.logged
 
     @torch.inference_mode()  # thread-local: entered here, on the compute thread, it covers the crops too
-    def _forward(self, batch: list[Request]) -> tuple[list[Verdict], list[Forward], float]:
+    def _forward(self, batch: list[QueuedRow]) -> tuple[list[Verdict], list[Forward], float]:
         """The batch's forwards, verdicts (constraints, policy) and crops; and when all were done.
         The crops (`finish`) cut the caches' inference tensors: `verify_rows`' own inference mode
         ends when it returns, so this one must span them."""

@@ -146,7 +146,7 @@ class RemoteCloud:
         return self.info["accepts_audio"]
 
     def open(self, prompt: Prompt, spec: SpecConfig, decode_config: DecodeConfig, constraints: Constraints, vocab: int,
-             generator: torch.Generator) -> RemoteVerifier:
+             generator: torch.Generator) -> RemoteCloudSession:
         """`constraints` is the edge's copy: the server builds its own from `settings.constraints`."""
         if not self.connected:
             try:
@@ -160,11 +160,11 @@ class RemoteCloud:
             accept_threshold=float(spec.accept_threshold), verifier=spec.verifier,
             constraints=self.settings.constraints, eos_ids=list(self.settings.eos_ids), vocab=vocab,
         )
-        return RemoteVerifier(self, opening, prompt.input_ids.numel(), bool(prompt.features),
+        return RemoteCloudSession(self, opening, prompt.input_ids.numel(), bool(prompt.features),
                               spec.policy == "sample", spec.draft_topn)
 
 
-class RemoteVerifier:
+class RemoteCloudSession:
     """One session. `server_length` is how much of the accepted sequence the server holds."""
 
     def __init__(self, cloud: RemoteCloud, opening: bytes, prompt_len: int, has_features: bool, send_probs: bool,

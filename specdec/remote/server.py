@@ -25,8 +25,8 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from specdec.backends.base import Prompt
-from specdec.batching import Row
-from specdec.cloud import LocalVerifier, Verdict
+from specdec.batching import BatchRow
+from specdec.cloud import LocalCloudSession, Verdict
 from specdec.config import CONSTRAINT_PROFILES, DecodeConfig, SpecConfig
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models.loading import LoadedModel
@@ -89,7 +89,7 @@ def is_loopback(host: str) -> bool:
 
 class ServerSession:
     """One edge generation on the server: a mirror of the edge's accepted sequence (the server's
-    one source of truth) and the cloud verifier built on it."""
+    one source of truth) and the cloud session built on it."""
 
     def __init__(self, model: LoadedModel, message: dict) -> None:
         vocab_limit = model.backend.vocab_size
@@ -127,11 +127,11 @@ class ServerSession:
         generator = torch.Generator().manual_seed(settings["seed"] + CLOUD_SEED_OFFSET)
         # Mirror of the edge's accepted sequence: it grows by `new` and by the accepted draft tokens.
         self.seq = AcceptedSequence(prompt.input_ids, decode_config.max_new_tokens)
-        self.verifier = LocalVerifier(model.backend, prompt, spec, decode_config, constraints, self.vocab, generator)
+        self.cloud = LocalCloudSession(model.backend, prompt, spec, decode_config, constraints, self.vocab, generator)
         self.features_pending = bool(features)
         self.last_active = time.monotonic()
 
-    def prepare(self, message: dict) -> Row:
+    def prepare(self, message: dict) -> BatchRow:
         """Validate a verify message and take in its unseen accepted tokens; returns the block to verify."""
         base = get(message, "base", int)
         new = token_ids(message, "new", self.vocab, self.seq.remaining)
@@ -145,13 +145,13 @@ class ServerSession:
         if self.policy == "sample" and probs is None:
             raise ProtocolError("verify: the sample policy needs the draft distributions (`probs`)")
         self.seq.extend(new)
-        return Row(self.verifier, self.seq, torch.tensor(draft, dtype=torch.long), probs)
+        return BatchRow(self.cloud, self.seq, torch.tensor(draft, dtype=torch.long), probs)
 
-    def accept(self, row: Row, verdict: Verdict) -> None:
+    def accept(self, row: BatchRow, verdict: Verdict) -> None:
         """After a verify (compute thread): the accepted draft tokens join the mirror, the cache is
         cropped to exactly that prefix. The correction or bonus arrives with the next `new`."""
         self.seq.extend(row.draft_tokens[: verdict.accepted].tolist())
-        self.verifier.rollback(self.seq.length, self.seq)
+        self.cloud.rollback(self.seq.length, self.seq)
 
     def step(self, verdict: Verdict) -> None:
         """After a next-token step of cloud-only serving: the token joins the mirror (the cache
@@ -237,7 +237,7 @@ class VerifierServer:
         steps: list[dict] = []
         stopped_by = "max_new_tokens"
         while session.seq.remaining:
-            served = await self.batcher.submit(Row(session.verifier, session.seq, empty, no_draft), session.step)
+            served = await self.batcher.submit(BatchRow(session.cloud, session.seq, empty, no_draft), session.step)
             steps.append({"queue_s": served.queue_s, "compute_s": served.compute_s, "batch": served.batch_rows})
             session.last_active = time.monotonic()
             if session.constraints.stop.stops(served.verdict.next_token, len(session.seq.generated)):
