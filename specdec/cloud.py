@@ -15,7 +15,7 @@ and the next token, never [k+1, V] logits (151,936 floats per position on the re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -51,7 +51,7 @@ class CloudSession(Protocol):
     """One generation's verdicts from the cloud: opened on the first escalation, closed at the end."""
 
     compute_s: float  # cloud seconds inside model forwards for this generation
-    round_trip_hint_s: float | None  # a first guess of a verify's round trip, before one is measured
+    round_trip_s: float | None  # expected send -> verdict time (remote only; None: nothing to overlap with)
 
     def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor) -> Verdict: ...
 
@@ -87,7 +87,7 @@ class LocalCloudSession:
         self.verifier = make_verifier(spec.verifier, backend, prompt)
         self.policy = make_policy(spec.policy, spec.accept_threshold)
         self.decode, self.constraints, self.vocab, self.generator = decode, constraints, vocab, generator
-        self.round_trip_hint_s = None  # in process there is nothing to overlap with
+        self.round_trip_s = None  # in process there is nothing to overlap with
 
     @property
     def compute_s(self) -> float:
@@ -136,3 +136,42 @@ class LocalCloud:
 def as_cloud(cloud: Backend | Cloud) -> Cloud:
     """A backend is a cloud in this process; anything with `open` already is a cloud."""
     return cloud if hasattr(cloud, "open") else LocalCloud(cloud)
+
+
+class CloudLink:
+    """The cloud as one generation sees it. The session opens on the first escalation (a block
+    never escalated costs the cloud nothing) and closes with `close`. A lost cloud (`CloudLost`)
+    fails the generation, or with on_loss "edge" closes the session and answers None from then on:
+    the generation goes on edge-only (degraded), its draft blocks kept unverified."""
+
+    def __init__(self, cloud: Cloud, opening: tuple, on_loss: str = "fail") -> None:  # on_loss: config.ON_CLOUD_LOSS
+        self.cloud, self.opening, self.on_loss = cloud, opening, on_loss  # opening: cloud.open's arguments
+        self.session: CloudSession | None = None
+        self.lost = False
+
+    @property
+    def compute_s(self) -> float:
+        return self.session.compute_s if self.session is not None else 0.0
+
+    def verify(self, verify_on: Callable[[CloudSession], Verdict]) -> Verdict | None:
+        """One block's verdict: `verify_on(session)` runs the call (the drafter drafts ahead while
+        a remote session answers). None: the cloud is lost and the generation goes on edge-only."""
+        if self.lost:
+            return None
+        try:
+            self.session = self.session or self.cloud.open(*self.opening)
+            return verify_on(self.session)
+        except CloudLost:
+            if self.on_loss != "edge":
+                raise
+            self.lost = True
+            self.close()
+            return None
+
+    def rollback(self, length: int, seq: AcceptedSequence) -> None:
+        self.session.rollback(length, seq)
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+        self.session = None

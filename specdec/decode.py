@@ -16,9 +16,9 @@ from typing import Callable
 import torch
 
 from specdec.backends.base import Backend, Prompt
-from specdec.cloud import Cloud, CloudLost, CloudSession, Verdict, as_cloud
+from specdec.cloud import Cloud, CloudLink, Verdict, as_cloud
 from specdec.config import DecodeConfig, SpecConfig
-from specdec.drafter import Drafter
+from specdec.drafter import Drafter, block_size
 from specdec.drafting import make_schedule, make_stop
 from specdec.gate import should_escalate
 from specdec.processors import Constraints
@@ -35,13 +35,6 @@ def first_stop(tokens: list[int], n_before: int, constraints: Constraints) -> in
         if constraints.stop.stops(token, n_before + i + 1):
             return i
     return None
-
-
-def block_size(k: int, remaining: int) -> int:
-    """Draft tokens for the next block. Near the budget, leave one slot for the cloud's correction
-    or bonus token (as HF's assisted generation does): drafting the token the bonus supplies
-    anyway costs an edge step for nothing."""
-    return max(1, min(k, remaining - 1))
 
 
 def draft(
@@ -92,8 +85,9 @@ def speculative_decode(
 ) -> Generation:
     """Edge drafts, the gate escalates uncertain blocks, the cloud verifies them in one forward.
     `cloud` is a backend in this process or a remote cloud (`specdec.remote.RemoteCloud`).
-    on_cloud_loss: "fail" raises CloudLost; "edge" finishes the generation edge-only (degraded).
-    overlap: while a block is verified remotely, draft the next one (see `specdec.drafter`)."""
+    on_cloud_loss: "fail" raises CloudLost; "edge" finishes the generation edge-only (degraded,
+    see `specdec.cloud.CloudLink`). overlap: while a block is verified remotely, draft the next one
+    (see `specdec.drafter`)."""
     spec.check_decoding(decode)
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(decode.seed)
@@ -102,17 +96,17 @@ def speculative_decode(
     seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
     edge_session = Session(edge, prompt)
     drafter = Drafter(edge_session, vocab, constraints, decode.temperature, generator, spec.draft_topn,
-                      make_stop(spec.draft_stop))
+                      make_stop(spec.draft_stop), overlap)
+    link = CloudLink(cloud, (prompt, spec, decode, constraints, vocab, generator), on_cloud_loss)
     schedule = make_schedule(spec.k_schedule, spec.k)
-    cloud_session = None  # opened on the first escalation: a block never escalated costs the cloud nothing
     counters, cycles = Counters(accepted_per_position=[0] * spec.k), []
-    ttft_s, stopped_by, degraded = 0.0, "max_new_tokens", False
-    round_trip_s = None  # expected send -> verdict time; no drafting ahead until one was measured
+    ttft_s, stopped_by = 0.0, "max_new_tokens"
 
     try:
         while seq.remaining and stopped_by != "stop_token":
             base, t_start_s = seq.length, time.perf_counter() - start
-            edge_before, cloud_before = edge_session.compute_s, cloud_session.compute_s if cloud_session else 0.0
+            edge_before, cloud_before = edge_session.compute_s, link.compute_s
+            # draft
             draft_tokens, draft_probs = drafter.draft(seq, block_size(schedule.k, seq.remaining))
             draft_list = draft_tokens.tolist()
             stop_at = first_stop(draft_list, len(seq.generated), constraints)
@@ -120,31 +114,27 @@ def speculative_decode(
                 n = stop_at + 1
                 draft_tokens, draft_probs, draft_list = draft_tokens[:n], draft_probs[:n], draft_list[:n]
             n = len(draft_list)
+            # gate
             entropies = entropy_nats(draft_probs)
             density = punct_density(draft_list) if punct_density and spec.punct_trigger is not None else None
-            escalate = not degraded and should_escalate(entropies, density, spec)
+            escalate = not link.lost and should_escalate(entropies, density, spec)
             cycle = Cycle(draft_list, entropies.tolist(), escalate, accepted=n, t_start_s=t_start_s)
 
+            # verify
             if cycle.escalated:
-                # Room after this block for its bonus and at least one more draft token.
-                ahead = block_size(schedule.k, seq.remaining - n - 1) if overlap and stop_at is None and \
-                    seq.remaining - n > 1 else 0
-                try:
-                    cloud_session = cloud_session or cloud.open(prompt, spec, decode, constraints, vocab, generator)
-                    round_trip_s = round_trip_s or cloud_session.round_trip_hint_s
-                    verdict = verify(cloud_session, drafter, seq, draft_tokens, draft_probs, ahead, cycle, start, round_trip_s)
-                except CloudLost:
-                    if on_cloud_loss != "edge":
-                        raise
-                    degraded, cycle.escalated = True, False  # keep the draft, unverified; no more calls
+                room = seq.remaining - n - 1 if stop_at is None else 0  # after this block and its bonus
+                verdict = link.verify(lambda session: drafter.verify(session, seq, draft_tokens, draft_probs,
+                                                                     schedule.k, room))
+                if drafter.sent_at is not None:
+                    cycle.t_sent_s = drafter.sent_at - start
+                if verdict is None:  # the cloud is lost: keep the draft, unverified (edge-only from now on)
+                    cycle.escalated = False
                     drafter.settle(False, None)
-                    if cloud_session is not None:
-                        cloud_session.close()
-                    cloud_session = None
                 else:
+                    # accept
+                    cycle.t_reply_s = time.perf_counter() - start
+                    cycle.ahead_guess, cycle.edge_wait_s = drafter.guess, drafter.wait_s
                     record_verdict(cycle, verdict)
-                    if verdict.wait_s:  # the round trips so far predict the next one (EMA, alpha 0.5)
-                        round_trip_s = verdict.wait_s if round_trip_s is None else 0.5 * (round_trip_s + verdict.wait_s)
                     schedule.update(n, verdict.accepted)
                     # The bonus is free only if there is room for it and the block did not end generation.
                     if verdict.accepted < n or (n < seq.remaining and stop_at is None):
@@ -157,44 +147,25 @@ def speculative_decode(
             if first_stop(emitted, len(seq.generated), constraints) is not None:
                 stopped_by = "stop_token"
             seq.extend(emitted)
+            # rollback
             if not drafter.holds_ahead:  # kept ahead tokens sit past the accepted sequence: nothing to crop
                 edge_session.rollback(min(edge_session.length, base + cycle.accepted), seq)
             if cycle.escalated:
-                cloud_session.rollback(base + cycle.accepted, seq)
+                link.rollback(base + cycle.accepted, seq)
             cycle.edge_s = edge_session.compute_s - edge_before
-            cycle.cloud_s = cloud_session.compute_s - cloud_before if cycle.escalated else 0.0
+            cycle.cloud_s = link.compute_s - cloud_before if cycle.escalated else 0.0
             counters.add(cycle)
             cycles.append(cycle)
             ttft_s = ttft_s or time.perf_counter() - start
     finally:
-        if cloud_session is not None:
-            cloud_session.close()
+        link.close()
 
     return Generation(
         tokens=seq.generated, counters=counters, cycles=cycles, prompt_tokens=seq.prompt_len, prefill_s=edge_session.prefill_s,
         ttft_s=ttft_s, decode_s=time.perf_counter() - start, edge_s=edge_session.compute_s,
-        cloud_s=sum(c.cloud_s for c in cycles), stopped_by=stopped_by, degraded=degraded,
+        cloud_s=sum(c.cloud_s for c in cycles), stopped_by=stopped_by, degraded=link.lost,
         features_bytes=sum(t.numel() * t.element_size() for t in prompt.features.values()),
     )
-
-
-def verify(cloud_session: CloudSession, drafter: Drafter, seq: AcceptedSequence, draft_tokens: torch.Tensor,
-           draft_probs: torch.Tensor, ahead: int, cycle: Cycle, start: float, round_trip_s: float | None) -> Verdict:
-    """One verify call; with `ahead` > 0 and a round trip measured before, draft up to that many
-    tokens of the next block meanwhile, within the expected round trip."""
-    sent = time.perf_counter()
-    cycle.t_sent_s = sent - start
-    if not ahead or round_trip_s is None:
-        verdict = cloud_session.verify(seq, draft_tokens, draft_probs)
-    else:
-        cloud_session.send(seq, draft_tokens, draft_probs)
-        drafter.draft_ahead(seq, cycle.draft_tokens, ahead, cloud_session.ready, deadline=sent + round_trip_s)
-        cycle.ahead_guess = drafter.guess
-        waiting = time.perf_counter()
-        verdict = cloud_session.receive()
-        cycle.edge_wait_s = time.perf_counter() - waiting
-    cycle.t_reply_s = time.perf_counter() - start
-    return verdict
 
 
 def record_verdict(cycle: Cycle, verdict: Verdict) -> None:

@@ -23,10 +23,18 @@ from typing import Callable
 
 import torch
 
+from specdec.cloud import CloudSession, Verdict
 from specdec.drafting import DraftStop
 from specdec.processors import Constraints
 from specdec.sampling import choose, distribution, entropy_nats
 from specdec.session import AcceptedSequence, Session
+
+
+def block_size(k: int, remaining: int) -> int:
+    """Draft tokens for the next block. Near the budget, leave one slot for the cloud's correction
+    or bonus token (as HF's assisted generation does): drafting the token the bonus supplies
+    anyway costs an edge step for nothing."""
+    return max(1, min(k, remaining - 1))
 
 
 def top_n(probs: torch.Tensor, n: int) -> torch.Tensor:
@@ -38,9 +46,13 @@ def top_n(probs: torch.Tensor, n: int) -> torch.Tensor:
 
 class Drafter:
     def __init__(self, session: Session, vocab: int, constraints: Constraints, temperature: float,
-                 generator: torch.Generator, topn: int | None = None, stop_rule: DraftStop | None = None) -> None:
+                 generator: torch.Generator, topn: int | None = None, stop_rule: DraftStop | None = None,
+                 overlap: bool = False) -> None:
         self.session, self.vocab, self.constraints = session, vocab, constraints
         self.temperature, self.generator, self.topn, self.stop_rule = temperature, generator, topn, stop_rule
+        self.overlap = overlap  # draft ahead while a remote session verifies
+        self.sent_at: float | None = None  # time.perf_counter() when this cycle's verify call began
+        self.wait_s = 0.0  # the edge idle after drafting ahead, waiting for the last verdict
         self.guess: int | None = None  # the bonus token the ahead tokens were drafted after
         self.ahead: list[tuple[torch.Tensor, torch.Tensor]] = []  # (token, dist) drafted after the guess
         self.ahead_stopped = False  # the stop rule ended the ahead block
@@ -69,7 +81,7 @@ class Drafter:
         """Up to n tokens after the accepted sequence, fewer if the stop rule ends the block ->
         (tokens [m], draft_probs [m, V]). Starts from the tokens drafted ahead, when kept."""
         drafted, stopped = self.ahead, self.ahead_stopped
-        self.ahead, self.ahead_stopped, self.guess = [], False, None
+        self.ahead, self.ahead_stopped, self.guess, self.sent_at = [], False, None, None
         # Unseen accepted tokens go in as ONE forward, never token by token.
         feed = drafted[-1][0].view(1) if drafted else self.session.unseen(seq)
         history = seq.generated + [int(token) for token, _ in drafted]
@@ -80,6 +92,24 @@ class Drafter:
             feed = token.view(1)
         drafted = drafted[:n]
         return torch.stack([t for t, _ in drafted]), torch.stack([d for _, d in drafted])
+
+    def verify(self, cloud: CloudSession, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
+               next_k: int, room: int) -> Verdict:
+        """The block's verdict from `cloud`. With overlap on and a round trip to fill (a remote
+        session: `round_trip_s` known), send it, draft up to block_size(next_k, room) tokens of the
+        next block until the verdict is expected, then read it. `room`: tokens left after this
+        block and its bonus (0 when the block ends the generation)."""
+        self.sent_at, self.wait_s = time.perf_counter(), 0.0
+        round_trip_s = cloud.round_trip_s
+        if not self.overlap or room < 1 or round_trip_s is None:
+            return cloud.verify(seq, draft_tokens, draft_probs)
+        cloud.send(seq, draft_tokens, draft_probs)
+        self.draft_ahead(seq, draft_tokens.tolist(), block_size(next_k, room), cloud.ready,
+                         deadline=self.sent_at + round_trip_s)
+        waiting = time.perf_counter()
+        verdict = cloud.receive()
+        self.wait_s = time.perf_counter() - waiting
+        return verdict
 
     def draft_ahead(self, seq: AcceptedSequence, block: list[int], n: int, reply_ready: Callable[[], bool],
                     deadline: float) -> None:

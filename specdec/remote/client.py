@@ -170,7 +170,9 @@ class RemoteCloudSession:
     def __init__(self, cloud: RemoteCloud, opening: bytes, prompt_len: int, has_features: bool, send_probs: bool,
                  topn: int | None) -> None:
         self.cloud, self.opening, self.has_features = cloud, opening, has_features
-        self.round_trip_hint_s = cloud.handshake_s
+        # Expected send -> verdict time: the handshake's bare round trip until a verify is measured,
+        # then the round trips so far (EMA, alpha 0.5). Drafting ahead stops at its expected end.
+        self.round_trip_s = cloud.handshake_s
         self.server_length = prompt_len  # the prompt goes up with `open`
         self.send_probs, self.topn = send_probs, topn
         self.compute_s = 0.0
@@ -213,6 +215,8 @@ class RemoteCloudSession:
         # Send -> the verdict's last byte on the socket: the round trip itself, even when the edge
         # was still drafting ahead when it landed (then it reads the verdict later: edge_wait_s).
         wait_s = sock.last_arrival - pending["start"]
+        if wait_s:
+            self.round_trip_s = wait_s if self.round_trip_s is None else 0.5 * (self.round_trip_s + wait_s)
         self.compute_s += reply["compute_s"]
         self.server_length = pending["base"] + reply["accepted"]
         return Verdict(
