@@ -20,7 +20,7 @@ import torch
 
 from bench.workload import CLOUD_ALIAS
 from specdec.backends.base import Prompt
-from specdec.batching import BatchRow, verify_rows
+from specdec.batching import BatchRow, batch_logits
 from specdec.cloud import LocalCloudSession
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.models.loading import load_model
@@ -41,10 +41,10 @@ def sessions(backend, count: int, prompt_len: int, vocab: int) -> list[BatchRow]
         cloud = LocalCloudSession(backend, Prompt(ids), SpecConfig(k=K, policy="greedy"), DecodeConfig(max_new_tokens=8),
                                   Constraints(), vocab, torch.Generator())
         draft = torch.randint(0, vocab, (K,), generator=generator)
-        rows.append(BatchRow(cloud, seq, draft))
-    verify_rows(backend, rows)  # prefill every prompt once
+        rows.append(BatchRow(cloud.verifier, seq, draft))
+    batch_logits(backend, rows)  # prefill every prompt once
     for row in rows:
-        row.cloud.rollback(row.seq.length - 1, row.seq)
+        row.verifier.rollback(row.seq.length - 1, row.seq)
     return rows
 
 
@@ -55,10 +55,10 @@ def cost_curve(backend, sizes: tuple[int, ...], prompt_len: int, vocab: int, rou
         for size in sizes[round_ % len(sizes):] + sizes[: round_ % len(sizes)]:  # rotating order
             rows = pool[:size]
             start = time.perf_counter()
-            verify_rows(backend, rows)
+            batch_logits(backend, rows)
             elapsed = time.perf_counter() - start
             for row in rows:  # back to the same state: last accepted token unseen
-                row.cloud.rollback(row.seq.length - 1, row.seq)
+                row.verifier.rollback(row.seq.length - 1, row.seq)
             if round_:  # round 0 warms up
                 times[size].append(elapsed)
     base = times[sizes[0]]

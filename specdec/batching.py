@@ -10,7 +10,10 @@ Padding costs compute: every row of a forward is as long as its longest block. A
 call carries its whole prompt (tens to hundreds of tokens) while a steady-state verify carries
 k + 1, so rows are grouped by block length (`length_groups`) and each group is one forward.
 
-    verdicts, forwards = verify_rows(backend, [BatchRow(cloud_session, seq, draft_tokens, draft_probs), ...])
+    logits, forwards = batch_logits(backend, [BatchRow(verifier, seq, draft_tokens, draft_probs), ...])
+
+Only the forwards happen here: each row's logits go back to its owner, which decides (constraints,
+policy) and crops (`specdec.remote.server.ServerSession.conclude`).
 """
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from specdec.backends.base import Backend
-from specdec.cloud import LocalCloudSession, Verdict
 from specdec.session import AcceptedSequence
+from specdec.verifier import CachedVerifier, StatelessVerifier
 
 GROUP_SLACK_TOKENS = 8  # rows whose blocks differ by at most this many tokens (or 2x) share a forward
 
@@ -30,7 +33,7 @@ GROUP_SLACK_TOKENS = 8  # rows whose blocks differ by at most this many tokens (
 class BatchRow:
     """One session's block in a batch."""
 
-    cloud: LocalCloudSession
+    verifier: CachedVerifier | StatelessVerifier  # the session's cloud-logits forward
     seq: AcceptedSequence
     draft_tokens: torch.Tensor  # [n], n >= 0 (0: a plain next-token step, as in cloud-only serving)
     draft_probs: torch.Tensor | None = None
@@ -67,9 +70,9 @@ def length_groups(lengths: dict[int, int]) -> list[list[int]]:
 
 
 @torch.inference_mode()  # thread-local: the server calls this on its compute thread
-def verify_rows(backend: Backend, rows: list[BatchRow]) -> tuple[list[Verdict], list[Forward]]:
-    """Verdicts for every row, and the forwards that computed them. Rows that cannot share a
-    forward (a backend without `forward_batch`, a first call carrying audio) run alone.
+def batch_logits(backend: Backend, rows: list[BatchRow]) -> tuple[list[torch.Tensor], list[Forward]]:
+    """Every row's cloud logits [n+1, V], and the forwards that computed them. Rows that cannot
+    share a forward (a backend without `forward_batch`, a first call carrying audio) run alone.
 
     Without inference mode every forward would record an autograd graph, and each cached key
     would keep its forward's activations alive for the session's life: a server carrying 16
@@ -79,7 +82,7 @@ def verify_rows(backend: Backend, rows: list[BatchRow]) -> tuple[list[Verdict], 
     plans = {}
     if len(rows) > 1 and shares_forwards(backend):
         plans = {i: plan for i, row in enumerate(rows)
-                 if (plan := row.cloud.verifier.block(row.seq, row.draft_tokens)) is not None}
+                 if (plan := row.verifier.block(row.seq, row.draft_tokens)) is not None}
     for group in length_groups({i: plan[1].numel() for i, plan in plans.items()}):
         start = time.perf_counter()
         states, blocks, keeps = zip(*(plans[i] for i in group))
@@ -94,9 +97,7 @@ def verify_rows(backend: Backend, rows: list[BatchRow]) -> tuple[list[Verdict], 
     for i, row in enumerate(rows):
         if logits[i] is None:
             start = time.perf_counter()
-            logits[i] = row.cloud.verifier.logits(row.seq, row.draft_tokens)
-            fed = row.cloud.verifier.last_tokens_in
+            logits[i] = row.verifier.logits(row.seq, row.draft_tokens)
+            fed = row.verifier.last_tokens_in
             forwards.append(Forward((i,), fed, fed, start, time.perf_counter() - start))
-    verdicts = [row.cloud.decide(row.seq, row.draft_tokens, row.draft_probs, row_logits)
-                for row, row_logits in zip(rows, logits)]
-    return verdicts, forwards
+    return logits, forwards

@@ -7,6 +7,9 @@ others (`max_batch` requests at most). A window of 0 adds no latency: batches fo
 requests that queued while the previous forward ran. A batch runs as one forward per group of
 similar block lengths (`specdec.batching`). Each forward is logged (rows, tokens, seconds): the
 per-batch cost curve the fleet report draws.
+
+One batch, on the compute thread, reads in one direction: the forwards (`batch_logits`), then each
+request's session concludes from its row's logits (verdict, then its mirror and cache follow).
 """
 from __future__ import annotations
 
@@ -16,12 +19,12 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Protocol
 
 import torch
 
 from specdec.backends.base import Backend
-from specdec.batching import BatchRow, Forward, verify_rows
+from specdec.batching import BatchRow, Forward, batch_logits
 from specdec.cloud import Verdict
 
 
@@ -29,10 +32,17 @@ LOG_ENTRIES = 100_000  # forwards kept for `stats` (a fleet level reads its own 
 YIELDS = 3  # event-loop turns between answering a batch and taking the next (future -> coroutine -> queue)
 
 
+class Concludes(Protocol):
+    def conclude(self, row: BatchRow, logits: torch.Tensor) -> Verdict:
+        """On the compute thread, right after the forward: the verdict on `row` from its logits
+        [n+1, V], and the session's state brought in line with it (accept, crop)."""
+        ...
+
+
 @dataclass
 class QueuedRow:
+    session: Concludes
     row: BatchRow
-    finish: Callable[[Verdict], None]  # runs on the compute thread right after the forward (accept, crop)
     future: asyncio.Future
     queued: float = field(default_factory=time.perf_counter)
 
@@ -57,8 +67,8 @@ class Batcher:
         self.logged = 0  # entries ever logged: entry i is log[i - (logged - len(log))] while kept
         self.started = time.perf_counter()
 
-    async def submit(self, row: BatchRow, finish: Callable[[Verdict], None]) -> Served:
-        request = QueuedRow(row, finish, asyncio.get_running_loop().create_future())
+    async def submit(self, session: Concludes, row: BatchRow) -> Served:
+        request = QueuedRow(session, row, asyncio.get_running_loop().create_future())
         await self.queue.put(request)
         return await request.future
 
@@ -116,9 +126,8 @@ class Batcher:
     @torch.inference_mode()  # thread-local: entered here, on the compute thread, it covers the crops too
     def _forward(self, batch: list[QueuedRow]) -> tuple[list[Verdict], list[Forward], float]:
         """The batch's forwards, verdicts (constraints, policy) and crops; and when all were done.
-        The crops (`finish`) cut the caches' inference tensors: `verify_rows`' own inference mode
-        ends when it returns, so this one must span them."""
-        verdicts, forwards = verify_rows(self.backend, [r.row for r in batch])
-        for request, verdict in zip(batch, verdicts):
-            request.finish(verdict)
+        The crops (`conclude`) cut the caches' inference tensors: `batch_logits`' own inference
+        mode ends when it returns, so this one must span them."""
+        logits, forwards = batch_logits(self.backend, [r.row for r in batch])
+        verdicts = [r.session.conclude(r.row, row_logits) for r, row_logits in zip(batch, logits)]
         return verdicts, forwards, time.perf_counter()

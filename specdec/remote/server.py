@@ -145,18 +145,25 @@ class ServerSession:
         if self.policy == "sample" and probs is None:
             raise ProtocolError("verify: the sample policy needs the draft distributions (`probs`)")
         self.seq.extend(new)
-        return BatchRow(self.cloud, self.seq, torch.tensor(draft, dtype=torch.long), probs)
+        return BatchRow(self.cloud.verifier, self.seq, torch.tensor(draft, dtype=torch.long), probs)
 
-    def accept(self, row: BatchRow, verdict: Verdict) -> None:
-        """After a verify (compute thread): the accepted draft tokens join the mirror, the cache is
-        cropped to exactly that prefix. The correction or bonus arrives with the next `new`."""
-        self.seq.extend(row.draft_tokens[: verdict.accepted].tolist())
-        self.cloud.rollback(self.seq.length, self.seq)
+    def next_step(self) -> BatchRow:
+        """A next-token step of cloud-only serving: a block with no draft."""
+        no_draft = torch.empty(0, self.vocab) if self.policy == "sample" else None
+        return BatchRow(self.cloud.verifier, self.seq, torch.empty(0, dtype=torch.long), no_draft)
 
-    def step(self, verdict: Verdict) -> None:
-        """After a next-token step of cloud-only serving: the token joins the mirror (the cache
-        holds every position before it)."""
-        self.seq.extend([verdict.next_token])
+    def conclude(self, row: BatchRow, logits: torch.Tensor) -> Verdict:
+        """After the forward (compute thread): the verdict from the row's logits, then the mirror
+        follows it. A verify: the accepted draft tokens join the mirror and the cache is cropped to
+        exactly that prefix (the correction or bonus arrives with the next `new`). A next-token step:
+        the token joins the mirror (the cache holds every position before it)."""
+        verdict = self.cloud.decide(self.seq, row.draft_tokens, row.draft_probs, logits)
+        if row.draft_tokens.numel():
+            self.seq.extend(row.draft_tokens[: verdict.accepted].tolist())
+            self.cloud.rollback(self.seq.length, self.seq)
+        else:
+            self.seq.extend([verdict.next_token])
+        return verdict
 
 
 class VerifierServer:
@@ -222,7 +229,7 @@ class VerifierServer:
             await ws.send(encode("generated", **await self.generate(session)))
         else:
             row = session.prepare(message)
-            served = await self.batcher.submit(row, lambda verdict: session.accept(row, verdict))
+            served = await self.batcher.submit(session, row)
             self.stats["verifies"] += 1
             await ws.send(encode("verdict", accepted=served.verdict.accepted, token=served.verdict.next_token,
                                  tokens_in=served.verdict.tokens_in, compute_s=served.compute_s,
@@ -232,12 +239,10 @@ class VerifierServer:
     async def generate(self, session: ServerSession) -> dict:
         """Cloud-only serving: every token a next-token step of this server, each step queued and
         batched with every other session's steps and verifies."""
-        empty = torch.empty(0, dtype=torch.long)
-        no_draft = torch.empty(0, session.vocab) if session.policy == "sample" else None
         steps: list[dict] = []
         stopped_by = "max_new_tokens"
         while session.seq.remaining:
-            served = await self.batcher.submit(BatchRow(session.cloud, session.seq, empty, no_draft), session.step)
+            served = await self.batcher.submit(session, session.next_step())
             steps.append({"queue_s": served.queue_s, "compute_s": served.compute_s, "batch": served.batch_rows})
             session.last_active = time.monotonic()
             if session.constraints.stop.stops(served.verdict.next_token, len(session.seq.generated)):
