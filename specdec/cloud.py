@@ -15,7 +15,7 @@ and the next token, never [k+1, V] logits (151,936 floats per position on the re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -138,6 +138,13 @@ def as_cloud(cloud: Backend | Cloud) -> Cloud:
     return cloud if hasattr(cloud, "open") else LocalCloud(cloud)
 
 
+class VerifyCall(Protocol):
+    def __call__(self, session: CloudSession) -> Verdict:
+        """One block's verify on an open session: plainly, or drafting ahead while it is in flight
+        (`specdec.drafter.Drafter.verify`)."""
+        ...
+
+
 class CloudLink:
     """The cloud as one generation sees it. The session opens on the first escalation (a block
     never escalated costs the cloud nothing) and closes with `close`. A lost cloud (`CloudLost`)
@@ -153,7 +160,7 @@ class CloudLink:
     def compute_s(self) -> float:
         return self.session.compute_s if self.session is not None else 0.0
 
-    def verify(self, verify_on: Callable[[CloudSession], Verdict]) -> Verdict | None:
+    def verify(self, verify_on: VerifyCall) -> Verdict | None:
         """One block's verdict: `verify_on(session)` runs the call (the drafter drafts ahead while
         a remote session answers). None: the cloud is lost and the generation goes on edge-only."""
         if self.lost:
