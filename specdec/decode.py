@@ -131,7 +131,6 @@ def speculative_decode(
                     cycle.escalated = False
                     drafter.settle(False, None)
                 else:
-                    # accept
                     cycle.t_reply_s = time.perf_counter() - start
                     cycle.ahead_guess, cycle.edge_wait_s = drafter.guess, drafter.wait_s
                     record_verdict(cycle, verdict)
@@ -143,6 +142,7 @@ def speculative_decode(
                     cycle.ahead_kept, cycle.ahead_wasted = drafter.settle(
                         verdict.accepted == n, cycle.extra_token if cycle.extra_kind == "bonus" else None)
 
+            # accept
             emitted = draft_list[: cycle.accepted] + ([cycle.extra_token] if cycle.extra_kind else [])
             if first_stop(emitted, len(seq.generated), constraints) is not None:
                 stopped_by = "stop_token"
