@@ -45,13 +45,16 @@ class LoadedModel:
         declared = getattr(model.generation_config, "eos_token_id", None) if model is not None else None
         for value in (self.tokenizer.eos_token_id, declared, getattr(self.backend, "eos_ids", None)):
             if value is not None:
-                ids.update(value if isinstance(value, (list, tuple)) else [value])
+                ids.update(value if isinstance(value, (list, tuple, frozenset)) else [value])
         return frozenset(int(i) for i in ids)
 
     @property
     def max_positions(self) -> int | None:
         """The longest sequence (prompt + output tokens) the model has positions for, from its
-        config (a decoder's own limit first: Whisper's 448 target positions), or None if unsaid."""
+        config (a decoder's own limit first: Whisper's 448 target positions), or None if unsaid;
+        llama.cpp's backend says how many positions its context holds."""
+        if not hasattr(self.backend, "model"):
+            return getattr(self.backend, "max_positions", None)
         config = self.backend.model.config
         for part in (config, getattr(config, "text_config", None)):
             for key in ("max_target_positions", "max_position_embeddings"):
