@@ -264,3 +264,10 @@ partner = "g"
     with pytest.raises(ModelError, match="@int8 derives a torch model"):
         load_model("h", "float32", runtime="llamacpp", **QUIET)
     assert json.loads((registry.model_dir("g") / registry.MARKER).read_text())["gguf_file"] == "g.gguf"
+    shutil.rmtree(registry.model_dir("g"))  # converting again reuses the kept file once its sha256 checks out ...
+    fetch.fetch("g", **QUIET, progress=False)
+    assert registry.is_fetched("g") and len(installs) == 2
+    kept.write_bytes(b"\0" * len(blob))  # ... and joins afresh when it does not
+    shutil.rmtree(registry.model_dir("g"))
+    fetch.fetch("g", **QUIET, progress=False)
+    assert kept.read_bytes() == blob and len(installs) == 3

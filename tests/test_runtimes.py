@@ -135,3 +135,18 @@ def test_a_broken_llamacpp_install_is_one_line_too(pair, prompts, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: runtime llamacpp needs llama-cpp-python, which cannot be "
                                                    "imported (libllama.so: cannot open shared object file)"), lines
     assert "pip install 'specbench[llamacpp]'" in lines[0]
+
+
+def test_edge_only_never_builds_the_cloud_whatever_its_runtime(pair):
+    """The cloud named here does not even exist: an edge-only run must not try to load it."""
+    loads = []
+
+    def loader(name, dtype, log=print, **runtime):
+        loads.append((name, runtime))
+        return load_model(name, dtype, log=log, **runtime)
+
+    engine = Engine(mode="edge", edge=pair["edge"], edge_runtime="torch-int8", cloud="/nowhere/cloud.gguf",
+                    cloud_runtime="llamacpp", dtype="float32", decode=DecodeConfig(max_new_tokens=4), loader=loader,
+                    log=lambda m: None)
+    assert len(engine.generate("hello world").tokens) == 4
+    assert loads == [(pair["edge"], {"runtime": "torch-int8"})]

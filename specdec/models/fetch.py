@@ -63,7 +63,8 @@ def fetch(alias: str, *, log: Log = print, progress: bool = True) -> Path:
                 log(f"the cached copy of {alias} is damaged ({registry.damage(alias)}): fetching it again ...")
             log(f"fetching {alias} ({entry.size / 1e6:.0f} MB, one time) ...")
             kept = registry.gguf_path(alias) if entry.format == "gguf" else None
-            joined = kept if kept and _kept(kept, entry) else _joined(entry, work, log, progress)
+            reuse = kept and _kept(kept, entry, hashed=True)  # a re-fetch of a damaged folder downloads nothing
+            joined = kept if reuse else _joined(entry, work, log, progress)
             log(f"converting to safetensors ({entry.dtype}) ...")
             tmp = final.with_name(alias + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
@@ -108,8 +109,17 @@ def fetch_gguf(alias: str, *, log: Log = print, progress: bool = True) -> Path:
     return kept
 
 
-def _kept(path: Path, entry: registry.ModelEntry) -> bool:
-    return path.is_file() and path.stat().st_size == entry.size
+def _kept(path: Path, entry: registry.ModelEntry, hashed: bool = False) -> bool:
+    """The kept GGUF is whole: its size (milliseconds), and with `hashed` its sha256 (seconds per GB)."""
+    if not (path.is_file() and path.stat().st_size == entry.size):
+        return False
+    if not hashed:
+        return True
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest() == entry.sha256
 
 
 def _joined(entry: registry.ModelEntry, work: Path, log: Log, progress: bool) -> Path:
