@@ -106,15 +106,21 @@ def test_close_to_torch_fp32_on_the_same_weights(pair, ggufs, backend):
         assert torch.equal(logits.argmax(-1), reference.argmax(-1))
 
 
-def test_states_give_their_sequence_back(backend):
-    """A stateless forward frees its sequence at once; a dropped state when it is collected."""
-    free = len(backend._free_seqs)
-    _, logits = backend.prefill(Prompt(sequence(5)[:1]), sequence(5), keep=1, use_cache=False)
-    assert logits.shape == (1, 64) and len(backend._free_seqs) == free
-    states = [backend.prefill(Prompt(sequence(5)[:1]), sequence(5)[:4])[0] for _ in range(3)]
-    assert len({s.seq for s in states}) == 3 and len(backend._free_seqs) == free - 3
-    del states
-    assert len(backend._free_seqs) == free
+def test_states_give_their_sequence_back(ggufs):
+    """A context of 4 sequences: a stateless forward frees its sequence at once, a dropped state when it is
+    collected (its cells freed before the next forward), so 20 states one after another fit; a fifth
+    state held at once is one line."""
+    backend = LlamaCppBackend(ggufs["cloud"], n_seq_max=4, kv_type="f32")
+    ids = sequence(5)
+    _, reference = backend.prefill(Prompt(ids[:1]), ids, keep=1, use_cache=False)
+    for _ in range(20):
+        state, logits = backend.prefill(Prompt(ids[:1]), ids, keep=1)
+        assert torch.equal(logits, reference)  # a reused sequence starts empty
+        del state
+    held = [backend.prefill(Prompt(ids[:1]), ids[:4])[0] for _ in range(4)]
+    assert len({s.seq for s in held}) == 4
+    with pytest.raises(ModelError, match="all 4 llama.cpp sequences are in use"):
+        backend.prefill(Prompt(ids[:1]), ids[:4])
 
 
 def generate_all(engine: Engine) -> list:

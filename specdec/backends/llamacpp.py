@@ -26,7 +26,6 @@ and a block of n rows may round differently from n single steps.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import weakref
 from dataclasses import dataclass, field
@@ -110,6 +109,7 @@ class LlamaCppBackend:
         self._batch = llama.llama_batch_init(n_batch, 0, 1)
         self.n_seq_max = n_seq_max
         self._free_seqs = list(range(n_seq_max - 1, -1, -1))  # pop() takes 0 first
+        self._dropped: list[int] = []  # sequences of dropped states, their cells not yet freed
         self.eos_ids = frozenset(t for t in (llama.llama_vocab_eos(self._vocab), llama.llama_vocab_eot(self._vocab)) if t >= 0)
         kv_bytes = 2 if kv_type == "f16" else 4
         head_dim = llama.llama_model_n_embd(self._model) // max(1, llama.llama_model_n_head(self._model))
@@ -127,8 +127,9 @@ class LlamaCppBackend:
         state = self._new_state()
         logits = self._run(state, token_ids, keep) if token_ids.numel() else None
         if not use_cache:
-            state._release()  # its cells freed and the sequence back in the pool now, not when the state is dropped
+            state._release()  # the sequence back to the pool now, not when the state is dropped
             state.length = 0
+            self._reclaim()
         return state, logits
 
     def forward(self, state: LlamaState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
@@ -142,7 +143,16 @@ class LlamaCppBackend:
         state.length = length
 
     # --- internals ----------------------------------------------------------------------
+    def _reclaim(self) -> None:
+        """Free the cells of dropped states' sequences. Runs where forwards run: a state may be dropped
+        on another thread (a server session closed on its event loop) while this context decodes."""
+        while self._dropped:
+            seq = self._dropped.pop()
+            self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
+            self._free_seqs.append(seq)
+
     def _new_state(self) -> LlamaState:
+        self._reclaim()
         if not self._free_seqs:
             raise ModelError(f"model {self.name!r}: all {self.n_seq_max} llama.cpp sequences are in use "
                              "(one per open session): close sessions or lower --max-sessions")
@@ -154,6 +164,7 @@ class LlamaCppBackend:
 
     def _run(self, state: LlamaState, token_ids: torch.Tensor, keep: int) -> torch.Tensor | None:
         """Feed token_ids [n] at positions state.length .. +n-1; logits [keep, V] of the last rows."""
+        self._reclaim()
         n = token_ids.numel()
         if state.length + n > self.max_positions:
             raise InputError(f"model {self.name!r} holds {self.max_positions} positions in its llama.cpp context; "
@@ -186,11 +197,10 @@ class LlamaCppBackend:
 
 
 def _give_back(backend_ref: weakref.ref, seq: int) -> None:
-    """A dropped state's sequence: its cells freed and its id back in the pool."""
+    """A dropped state's sequence, queued for `_reclaim` (list.append is atomic: any thread may drop a state)."""
     backend = backend_ref()
-    if backend is not None and backend._finalizer.alive:
-        backend._lib.llama_memory_seq_rm(backend._memory, seq, -1, -1)
-        backend._free_seqs.append(seq)
+    if backend is not None:
+        backend._dropped.append(seq)
 
 
 def _free(llama, batch, ctx, model) -> None:

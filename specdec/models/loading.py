@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 
 from specdec.backends.base import DTYPES, RUNTIMES, Backend, Prompt, check_runtime
 from specdec.backends.llamacpp import LlamaCppBackend  # imports llama_cpp only when it builds one
-from specdec.errors import ConfigError, InputError, ModelError
+from specdec.errors import InputError, ModelError
 from specdec.models import fetch as fetching, integrity, registry
 from specdec.models.derive import INT8, check_derivable, derive, needs_float32, split_name
 
