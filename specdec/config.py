@@ -12,7 +12,7 @@ import types
 import typing
 from dataclasses import dataclass, field, fields
 
-from specdec.backends.base import DTYPES
+from specdec.backends.base import DTYPES, RUNTIMES, check_runtime
 from specdec.drafting import SCHEDULES, parse_stop
 from specdec.errors import ConfigError
 from specdec.policies import POLICIES
@@ -79,8 +79,13 @@ class EngineConfig:
                                 "choices": MODES})
     edge: str | None = field(default=None, metadata={"help": "edge (draft) model: registry alias, local directory or hub id"})
     cloud: str | None = field(default=None, metadata={"help": "cloud (verify) model: registry alias, local directory or hub id"})
-    dtype: str = field(default="bfloat16", metadata={"help": "weights and activations (float32 for exactness checks)",
-                                                      "choices": tuple(DTYPES)})
+    dtype: str = field(default="bfloat16", metadata={"help": "weights and activations of the torch runtime (float32 "
+                                                              "for exactness checks)", "choices": tuple(DTYPES)})
+    edge_runtime: str = field(default="torch", metadata={
+        "help": "what runs the edge: torch (in --dtype), torch-int8 (dynamic int8 Linear layers, float32 "
+                "activations) or llamacpp (the registry's GGUF file as shipped, or a .gguf path)", "choices": RUNTIMES})
+    cloud_runtime: str = field(default="torch", metadata={
+        "help": "what runs the cloud loaded here: torch, torch-int8 or llamacpp, as --edge-runtime", "choices": RUNTIMES})
     constraints: str = field(default="none", metadata={"help": "decoding profile (zh: one short Chinese sentence)",
                                                         "choices": CONSTRAINT_PROFILES})
     chat_template: bool = field(default=True, metadata={"help": "wrap the prompt in the tokenizer's chat template, "
@@ -95,6 +100,14 @@ class EngineConfig:
         if self.cloud_url and self.mode == "cloud":
             raise ConfigError("--cloud-url verifies spec blocks on a server; cloud mode runs the cloud model here: "
                               "drop --cloud-url or use --mode spec")
+        if self.remote_cloud and self.cloud_runtime != "torch":
+            raise ConfigError("--cloud-runtime chooses what runs a cloud loaded here; with --cloud-url the server's "
+                              "model runs as that server was started: drop --cloud-runtime")
+        for role in self.roles:
+            runtime, name = getattr(self, f"{role}_runtime"), getattr(self, role)
+            check_runtime(runtime, f"--{role}-runtime")
+            if runtime != "llamacpp" and isinstance(name, str) and name.endswith(".gguf"):
+                raise ConfigError(f"{role} {name!r} is a GGUF file, which llama.cpp runs: add --{role}-runtime llamacpp")
         missing = [role for role in self.roles if not getattr(self, role)]
         if missing:
             flags = " and ".join(f"--{role} MODEL" for role in missing)

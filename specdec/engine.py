@@ -40,7 +40,10 @@ class Engine(EngineConfig):
     def model(self, role: str) -> LoadedModel:
         """The edge or cloud model, loaded on first use."""
         if role not in self._models:
-            self._models[role] = self.loader(getattr(self, role), self.dtype, log=self.log)
+            runtime = getattr(self, f"{role}_runtime")
+            # A loader that predates runtimes takes (name, dtype, log): it is asked for torch only.
+            extra = {} if runtime == "torch" else {"runtime": runtime}
+            self._models[role] = self.loader(getattr(self, role), self.dtype, log=self.log, **extra)
         return self._models[role]
 
     @property

@@ -142,12 +142,13 @@ def test_derivation_names(tmp_path):
         derive(tiny_whisper().to(torch.bfloat16), ("int8",))
 
 
-def test_derivations_are_whisper_only(tmp_path):
+def test_layer_truncation_is_whisper_only(tmp_path):
+    """A causal LM takes the int8 derivations (tests/test_runtimes.py), not decN."""
     from tests.tiny import save_tiny_pair
 
     paths = save_tiny_pair(tmp_path)
     with pytest.raises(ModelError, match="Whisper only"):
-        load_model(paths["cloud"] + "@int8", "float32", **QUIET)
+        load_model(paths["cloud"] + "@dec1", "float32", **QUIET)
 
 
 def test_ct2_fetch_joins_verifies_converts_and_loads(tmp_path, monkeypatch):

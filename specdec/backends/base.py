@@ -10,14 +10,27 @@ Positions are always explicit: a block fed on a state of length L occupies posit
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from specdec.errors import InputError, ModelError
+from specdec.errors import ConfigError, InputError, ModelError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a backend runs in, by name
+
+# What runs a model's forwards: torch in DTYPES (hf_causal.py and friends), torch with dynamic int8
+# Linear layers (specdec.models.derive, float32 activations), or llama.cpp on a GGUF file (llamacpp.py).
+RUNTIMES = ("torch", "torch-int8", "llamacpp")
+LLAMACPP_EXTRA = "pip install 'specbench[llamacpp]'"  # pins llama-cpp-python (built from source: ~5 min)
+
+
+def check_runtime(runtime: str, flag: str = "runtime") -> None:
+    """The runtime's package is installed, checked without importing it (llama_cpp loads its
+    shared library on import)."""
+    if runtime == "llamacpp" and importlib.util.find_spec("llama_cpp") is None:
+        raise ConfigError(f"{flag} llamacpp needs llama-cpp-python, which is not installed: {LLAMACPP_EXTRA}")
 
 
 @dataclass

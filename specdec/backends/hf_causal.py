@@ -35,7 +35,8 @@ class HFCausalBackend:
     def __init__(self, model: PreTrainedModel, name: str = "") -> None:
         self.model = model.eval()
         self.name = name or model.config.name_or_path or type(model).__name__
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        weight = model.get_output_embeddings().weight
+        self.vocab_size = (weight() if callable(weight) else weight).shape[0]  # a dynamic int8 head's is a method
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):

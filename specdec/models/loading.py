@@ -1,8 +1,9 @@
 """Load a model by name (local directory, registry alias, or hub id) into a backend + tokenizer,
 and turn prompt text (and audio) into a `Prompt` for it.
 
-The concrete backends are imported inside the functions that build them: each imports
-transformers at load (about 2.5 s here), which `specbench --help` and a bad flag should not pay."""
+The concrete torch backends are imported inside the functions that build them: each imports
+transformers at load (about 2.5 s here), which `specbench --help` and a bad flag should not pay.
+llama.cpp's backend is light to import: it loads llama_cpp only when it builds a model."""
 from __future__ import annotations
 
 import json
@@ -17,10 +18,11 @@ from typing import Any, Callable, Iterator
 import torch
 from safetensors import SafetensorError
 
-from specdec.backends.base import DTYPES, Backend, Prompt
+from specdec.backends.base import DTYPES, RUNTIMES, Backend, Prompt, check_runtime
+from specdec.backends.llamacpp import LlamaCppBackend  # imports llama_cpp only when it builds one
 from specdec.errors import InputError, ModelError
 from specdec.models import fetch as fetching, integrity, registry
-from specdec.models.derive import check_derivable, derive, needs_float32, split_name
+from specdec.models.derive import INT8, check_derivable, derive, needs_float32, split_name
 
 # Hub ids as the hub validates them: two names that start with a letter or digit.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
@@ -39,15 +41,20 @@ class LoadedModel:
     def eos_ids(self) -> frozenset[int]:
         """Every id the model or its tokenizer declares as end of sequence."""
         ids = set()
-        for value in (self.tokenizer.eos_token_id, getattr(self.backend.model.generation_config, "eos_token_id", None)):
+        model = getattr(self.backend, "model", None)  # a torch model; llama.cpp's backend declares its own
+        declared = getattr(model.generation_config, "eos_token_id", None) if model is not None else None
+        for value in (self.tokenizer.eos_token_id, declared, getattr(self.backend, "eos_ids", None)):
             if value is not None:
-                ids.update(value if isinstance(value, (list, tuple)) else [value])
+                ids.update(value if isinstance(value, (list, tuple, frozenset)) else [value])
         return frozenset(int(i) for i in ids)
 
     @property
     def max_positions(self) -> int | None:
         """The longest sequence (prompt + output tokens) the model has positions for, from its
-        config (a decoder's own limit first: Whisper's 448 target positions), or None if unsaid."""
+        config (a decoder's own limit first: Whisper's 448 target positions), or None if unsaid;
+        llama.cpp's backend says how many positions its context holds."""
+        if not hasattr(self.backend, "model"):
+            return getattr(self.backend, "max_positions", None)
         config = self.backend.model.config
         for part in (config, getattr(config, "text_config", None)):
             for key in ("max_target_positions", "max_position_embeddings"):
@@ -169,10 +176,13 @@ def cast_copy(location: Path | str, dtype: str, log: Callable[[str], object] = p
     return copy
 
 
-def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print) -> LoadedModel:
-    """Resolve `name` (fetching a registry alias on first use) and load it for CPU inference.
+def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print,
+               runtime: str | None = None) -> LoadedModel:
+    """Resolve `name` (fetching a registry alias on first use) and load it for CPU inference in
+    `runtime` (specdec.backends.base.RUNTIMES; None: llamacpp for a `.gguf` file, else torch).
     `NAME@OPS` (or a derived registry alias) loads NAME and derives an edge from it in memory
-    (`specdec.models.derive`); int8 derivations run in float32 whatever `dtype` says."""
+    (`specdec.models.derive`); int8 derivations run in float32 whatever `dtype` says, and
+    runtime torch-int8 is NAME@int8. llamacpp runs the GGUF file itself and ignores `dtype`."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -182,8 +192,15 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
 
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    runtime = runtime or ("llamacpp" if name.endswith(".gguf") else "torch")
+    if runtime not in RUNTIMES:
+        raise ModelError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     hf_logging.disable_progress_bar()  # a sub-second bar per load is noise in run logs
+    if runtime == "llamacpp":
+        return load_gguf(name, log)
     base, ops = split_name(registry.expand(name))
+    if runtime == "torch-int8" and not set(INT8) & set(ops):
+        ops = (*ops, "int8")
     location = resolve(base, log=log)
     if isinstance(location, Path) and (damaged := integrity.problems(location, None)):
         raise ModelError(f"cannot load model {name!r}: {damaged[0]} in {location}: restore that file, or point at a "
@@ -191,33 +208,68 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
     with _load_errors(name, location):
         config = AutoConfig.from_pretrained(location)
     check_derivable(config.model_type, ops)
+    run_dtype = "float32" if needs_float32(ops) else dtype
+    if run_dtype != dtype:
+        log(f"{name}: int8 layers take float32 activations, so it runs in float32, not {dtype}")
     if config.model_type not in WHISPER_MODEL_TYPES:
         # Whisper registry copies are fp16 (exact for their CTranslate2 source) and cast at load.
-        location = cast_copy(location, dtype, log)
+        location = cast_copy(location, run_dtype, log)
     start = time.perf_counter()
     with _load_errors(name, location):
         tokenizer = AutoTokenizer.from_pretrained(location)
     location = str(location)
     feature_extractor = None
     if config.model_type in WHISPER_MODEL_TYPES:
-        torch_dtype = torch.float32 if needs_float32(ops) else DTYPES[dtype]
-        if torch_dtype != DTYPES[dtype]:
-            log(f"{name}: int8 layers take float32 activations, so it runs in float32, not {dtype}")
         with _load_errors(name, location):
-            model = load_whisper(location, torch_dtype, name=name).model
+            model = load_whisper(location, DTYPES[run_dtype], name=name).model
         backend = WhisperBackend(derive(model, ops), name=name)
         feature_extractor = whisper_feature_extractor(location, config.num_mel_bins)
     elif config.model_type in OMNI_MODEL_TYPES:
+        if ops:
+            raise ModelError(f"cannot load {name!r}: derivations (@{'+'.join(ops)}, runtime torch-int8) are not "
+                             "implemented for the Omni thinker: use runtime torch")
         with _load_errors(name, location):
             backend = load_omni_thinker(location, DTYPES[dtype], name=name)
         feature_extractor = default_feature_extractor()
     else:
         with _load_errors(name, location), _verbosity(hf_logging, hf_logging.ERROR):  # its load report: ours below
-            model, info = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[dtype], output_loading_info=True,
+            model, info = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[run_dtype], output_loading_info=True,
                                                                ignore_mismatched_sizes=True)
         check_weights(name, location, info)
-        backend = HFCausalBackend(model, name=name)
+        backend = HFCausalBackend(derive(model, ops), name=name)
     return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor)
+
+
+def load_gguf(name: str, log: Callable[[str], object] = print) -> LoadedModel:
+    """Runtime llamacpp: a registry GGUF entry (its kept, verified file; the tokenizer and stop
+    tokens of its converted folder, so both runtimes encode and stop alike) or a `.gguf` path (the
+    tokenizer of the folder beside it when it has one, else the one in the file's metadata)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    check_runtime("llamacpp")
+    base, ops = split_name(registry.expand(name))
+    if ops:
+        raise ModelError(f"cannot load {name!r} in llama.cpp: @{'+'.join(ops)} derives a torch model, and llama.cpp "
+                         "runs the GGUF file as shipped: drop the derivation, or use runtime torch-int8")
+    if registry.is_alias(base):
+        gguf, folder, from_file = fetching.fetch_gguf(base, log=log), registry.model_dir(base), False
+    elif base.endswith(".gguf"):
+        gguf = Path(base).expanduser()
+        if not gguf.is_file():
+            raise ModelError(f"GGUF file {base!r} does not exist: check the path")
+        folder = gguf.parent
+        from_file = not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+    else:
+        raise ModelError(f"runtime llamacpp runs a GGUF file: {name!r} is neither a registry GGUF entry nor a .gguf "
+                         "path (a model folder or hub id runs in torch)")
+    start = time.perf_counter()
+    backend = LlamaCppBackend(gguf, name=name)  # first: it names a damaged file in one line
+    with _load_errors(name, folder):
+        tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": gguf.name} if from_file else {}))
+    if (folder / "generation_config.json").is_file():  # the converted folder's stop tokens, as torch reads them
+        declared = GenerationConfig.from_pretrained(folder).eos_token_id
+        backend.eos_ids |= frozenset(declared if isinstance(declared, (list, tuple)) else [declared] if declared is not None else [])
+    return LoadedModel(name, str(gguf), backend, tokenizer, time.perf_counter() - start)
 
 
 def check_weights(name: str, location: str, info: dict) -> None:

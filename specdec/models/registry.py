@@ -202,6 +202,16 @@ def model_dir(alias: str) -> Path:
     return home() / "models" / (entry.base or entry.alias)
 
 
+def gguf_path(alias: str) -> Path:
+    """Where a GGUF entry's joined, checksum-verified file is kept after conversion (llama.cpp runs
+    it as shipped); a derived entry shares its base's."""
+    entry = get(alias)
+    if entry.format != "gguf":
+        raise ModelError(f"model {alias!r} is a {entry.format} ({entry.family}) model, not a GGUF file: "
+                         "runtime llamacpp runs GGUF entries or a .gguf path")
+    return home() / "gguf" / entry.gguf_file
+
+
 def expand(name: str) -> str:
     """A derived alias -> `base@ops` (see specdec.models.derive); any other name unchanged."""
     entry = _registry().get(name)
