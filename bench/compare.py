@@ -27,7 +27,8 @@ from pathlib import Path
 from bench.verdict import TOLERANCES, Check, compare as gate_compare, read_gate_file, show_value, verdict
 from bench.records import read_records
 from bench.report import page
-from bench.summary import POINT, summarize
+from bench.point import Point
+from bench.summary import summarize
 from specdec.errors import InputError
 
 # summary column -> (better direction, gate rule: "deterministic" | "timing" | None = shown only)
@@ -96,23 +97,12 @@ def read_results_dir(path: Path):
     return summary, rows
 
 
-def point_label(point: dict) -> str:
-    """`spec bfloat16 code greedy k=4 thr=0 p>=0.1 cached`: the summary's point, readable."""
-    parts = [str(point["mode"]), str(point["dtype"]), Path(str(point["prompts"])).stem]
-    for key, short in (("policy", ""), ("k", "k="), ("entropy_threshold", "thr="), ("accept_threshold", "p>="),
-                       ("verifier", "")):
-        value = point.get(key)
-        if value not in ("-", None):
-            parts.append(f"{short}{value:g}" if isinstance(value, float) else f"{short}{value}")
-    return " ".join(parts)
-
-
 def _point_hashes(rows: list[dict]) -> dict[str, str]:
     """Per point: sha256 of its token ids ordered by prompt id (as the gate hashes per mode)."""
     by_point: dict[str, dict] = {}
     for row in rows:
         if row.get("status", "ok") == "ok":
-            key = point_label({k: ("-" if row.get(k) is None else row.get(k)) for k in POINT})
+            key = Point.from_row(row).label()
             by_point.setdefault(key, {})[row["id"]] = row["tokens"]
     return {key: hashlib.sha256(json.dumps([ids[i] for i in sorted(ids)]).encode()).hexdigest()
             for key, ids in by_point.items()}
@@ -120,8 +110,8 @@ def _point_hashes(rows: list[dict]) -> dict[str, str]:
 
 def compare_results(base_dir: Path, current_dir: Path) -> list[Row]:
     (base, base_rows), (now, now_rows) = read_results_dir(base_dir), read_results_dir(current_dir)
-    base_points = {point_label(r): r for r in base.to_dict("records")}
-    now_points = {point_label(r): r for r in now.to_dict("records")}
+    base_points = {Point.from_row(r).label(): r for r in base.to_dict("records")}
+    now_points = {Point.from_row(r).label(): r for r in now.to_dict("records")}
     common = [p for p in base_points if p in now_points]
     if not common:
         raise InputError(f"{base_dir} and {current_dir} share no point (mode, dtype, prompts, k, ...): nothing to compare")
