@@ -108,7 +108,7 @@ class SweepConfig(RunSettings):
             self.engine_config(point)
             self.spec_config(point)
             self.deploy_config(point)
-        self.decode_config()
+            self.decode_config(point)
         for prompts in self.prompts:
             PromptInputs(prompts, self.limit, self.max_audio_s)
         if self.executor == "local":  # on a cluster the caps are checked against the node a task lands on
@@ -223,8 +223,8 @@ class SweepConfig(RunSettings):
             return SpecConfig()
         return SpecConfig(**{f.name: self.setting(point, f.name) for f in fields(SpecConfig)})
 
-    def decode_config(self) -> DecodeConfig:
-        return DecodeConfig(**{f.name: getattr(self, f.name) for f in fields(DecodeConfig)})
+    def decode_config(self, point: dict) -> DecodeConfig:
+        return DecodeConfig(**{f.name: self.setting(point, f.name) for f in fields(DecodeConfig)})
 
     def caps(self) -> EdgeCaps:
         return EdgeCaps(cores=self.edge_cores, memory_gb=self.edge_memory_gb, rlimit_as=self.rlimit_as)

@@ -59,7 +59,7 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
         items = [(i, repeat) for i, repeat in items if (key, i, repeat) not in done]
         url = urls.get(f"{point['dtype']}|{point['link']}")  # split points: the sweep's server or link
         engine = Engine(**asdict(config.engine_config(point, url)), spec=config.spec_config(point),
-                        decode=config.decode_config(), deploy=config.deploy_config(point), loader=loader,
+                        decode=config.decode_config(point), deploy=config.deploy_config(point), loader=loader,
                         log=lambda m: None)
         prepare(engine, [prompts[point["prompts"]][i] for i in dict.fromkeys(i for i, _ in items)])
         network = profile(config.network_of(point))
