@@ -22,7 +22,6 @@ Ray is imported here only, on first use: the base install has no Ray (`pip insta
 from __future__ import annotations
 
 import fcntl
-import json
 import math
 import multiprocessing
 import os
@@ -35,7 +34,8 @@ from typing import Iterator
 
 from bench.caps import OVER_MEMORY_EXIT
 from bench.records import ResultsFile, node_info
-from bench.sweep_config import SweepConfig, result_key
+from bench.point import Point
+from bench.sweep_config import SweepConfig
 from bench.worker import messages, worker_main
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models import registry
@@ -219,7 +219,7 @@ class Task:
     def left(self, over_cap: set[str]) -> list:
         out = []
         for point, items in self.group:
-            key = json.dumps(point, sort_keys=True)
+            key = Point.from_row(point).key()
             todo = [it for it in items if (key, *it) not in self.done]
             if todo and key not in over_cap:
                 out.append((point, todo))
@@ -282,7 +282,7 @@ class RayExecutor:
             row = message[1]
             results.append(row)
             if row.get("status") in ("ok", "failed"):
-                task.done.add((result_key(row), row["id"], row.get("repeat", 0)))
+                task.done.add((Point.from_row(row).key(), row["id"], row.get("repeat", 0)))
         elif kind == "tick":
             bar.update()
         elif kind == "over_cap":

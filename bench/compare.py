@@ -24,30 +24,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.metric_registry import compared, direction
 from bench.verdict import TOLERANCES, Check, compare as gate_compare, read_gate_file, show_value, verdict
 from bench.records import read_records
 from bench.report import page
-from bench.summary import POINT, summarize
+from bench.point import Point
+from bench.summary import summarize
 from specdec.errors import InputError
 
-# summary column -> (better direction, gate rule: "deterministic" | "timing" | None = shown only)
-RESULT_METRICS = {
-    "tokens_per_s": ("higher", None),
-    "latency_p50_s": ("lower", None),
-    "ttft_p50_s": ("lower", None),
-    "speedup_vs_cloud": ("higher", "timing"),
-    "speedup_vs_edge": ("higher", "timing"),
-    "acceptance_rate": ("higher", "deterministic"),
-    "cloud_call_rate": ("lower", "deterministic"),
-    "token_match_vs_cloud": ("higher", "deterministic"),
-    "chrf_vs_cloud": ("higher", "deterministic"),
-    "repeat_3gram": ("lower", "deterministic"),
-    "punct_band_distance": ("lower", "deterministic"),
-    "peak_rss_bytes": ("lower", None),
-}
-# gate metric suffix -> better direction (others: neutral, e.g. hashes, punctuation density)
-GATE_DIRECTIONS = {"acceptance_rate": "higher", "cloud_call_rate": "lower", "cloud_calls_per_token": "lower",
-                   "cloud_calls": "lower", "repeat_3gram": "lower", "immediate_repeats": "lower"}
 DTYPE_SUITE = {"float32": "tiny", "bfloat16": "real"}
 
 
@@ -96,23 +80,12 @@ def read_results_dir(path: Path):
     return summary, rows
 
 
-def point_label(point: dict) -> str:
-    """`spec bfloat16 code greedy k=4 thr=0 p>=0.1 cached`: the summary's point, readable."""
-    parts = [str(point["mode"]), str(point["dtype"]), Path(str(point["prompts"])).stem]
-    for key, short in (("policy", ""), ("k", "k="), ("entropy_threshold", "thr="), ("accept_threshold", "p>="),
-                       ("verifier", "")):
-        value = point.get(key)
-        if value not in ("-", None):
-            parts.append(f"{short}{value:g}" if isinstance(value, float) else f"{short}{value}")
-    return " ".join(parts)
-
-
 def _point_hashes(rows: list[dict]) -> dict[str, str]:
     """Per point: sha256 of its token ids ordered by prompt id (as the gate hashes per mode)."""
     by_point: dict[str, dict] = {}
     for row in rows:
         if row.get("status", "ok") == "ok":
-            key = point_label({k: ("-" if row.get(k) is None else row.get(k)) for k in POINT})
+            key = Point.from_row(row).label()
             by_point.setdefault(key, {})[row["id"]] = row["tokens"]
     return {key: hashlib.sha256(json.dumps([ids[i] for i in sorted(ids)]).encode()).hexdigest()
             for key, ids in by_point.items()}
@@ -120,8 +93,8 @@ def _point_hashes(rows: list[dict]) -> dict[str, str]:
 
 def compare_results(base_dir: Path, current_dir: Path) -> list[Row]:
     (base, base_rows), (now, now_rows) = read_results_dir(base_dir), read_results_dir(current_dir)
-    base_points = {point_label(r): r for r in base.to_dict("records")}
-    now_points = {point_label(r): r for r in now.to_dict("records")}
+    base_points = {Point.from_row(r).label(): r for r in base.to_dict("records")}
+    now_points = {Point.from_row(r).label(): r for r in now.to_dict("records")}
     common = [p for p in base_points if p in now_points]
     if not common:
         raise InputError(f"{base_dir} and {current_dir} share no point (mode, dtype, prompts, k, ...): nothing to compare")
@@ -132,21 +105,22 @@ def compare_results(base_dir: Path, current_dir: Path) -> list[Row]:
         tolerance = TOLERANCES[DTYPE_SUITE.get(b["dtype"], "real")]
         rows.append(Row(label, "tokens_sha256", base_hash.get(label), now_hash.get(label), None, True,
                         base_hash.get(label) == now_hash.get(label), "exact"))
-        for metric, (direction, rule) in RESULT_METRICS.items():
+        for judged in compared():  # bench/metric_registry.py: which way is better, how it is judged
+            metric, better, rule = judged.name, judged.direction, judged.compared
             bv, cv = _clean(b.get(metric)), _clean(c.get(metric))
             if bv is None and cv is None:
                 continue  # not defined at this point (e.g. acceptance of cloud mode)
             if rule == "deterministic":
                 ok = _number(bv) and _number(cv) and abs(cv - bv) <= tolerance.rate_abs
-                rows.append(Row(label, metric, bv, cv, direction, True, ok, f"±{tolerance.rate_abs:g}"))
+                rows.append(Row(label, metric, bv, cv, better, True, ok, f"±{tolerance.rate_abs:g}"))
             elif rule == "timing":
                 high = _clean(c.get(f"{metric}_ci_high"))
                 high = high if _number(high) else cv  # no interval (one prompt): the estimate itself
                 floor = 1 - tolerance.timing_margin
                 ok = _number(bv) and _number(cv) and high >= bv * floor
-                rows.append(Row(label, metric, bv, cv, direction, True, ok, f"95 % interval reaches >= {floor:.0%} of baseline"))
+                rows.append(Row(label, metric, bv, cv, better, True, ok, f"95 % interval reaches >= {floor:.0%} of baseline"))
             else:
-                rows.append(Row(label, metric, bv, cv, direction, False, True, "shown, not gated"))
+                rows.append(Row(label, metric, bv, cv, better, False, True, "shown, not gated"))
     return rows
 
 
@@ -165,7 +139,7 @@ def compare_gate_files(base_path: Path, current_path: Path) -> list[Row]:
     for mode in base.get("tokens_per_s", {}):
         bv, cv = (_median(r.get("tokens_per_s", {}).get(mode)) for r in (base, now))
         if bv is not None or cv is not None:
-            rows.append(Row(suite, f"{mode}.tokens_per_s", bv, cv, "higher", False, True, "shown, not gated"))
+            rows.append(Row(suite, f"{mode}.tokens_per_s", bv, cv, direction("tokens_per_s"), False, True, "shown, not gated"))
     return rows
 
 
@@ -174,8 +148,7 @@ def _median(values) -> float | None:
 
 
 def _row_from_check(suite: str, check: Check) -> Row:
-    direction = "higher" if check.kind == "timing" else GATE_DIRECTIONS.get(check.metric.rsplit(".", 1)[-1])
-    return Row(suite, check.metric, check.baseline, check.current, direction, True, check.ok, check.rule)
+    return Row(suite, check.metric, check.baseline, check.current, check.direction, True, check.ok, check.rule)
 
 
 def compare_paths(base: Path, current: Path) -> list[Row]:

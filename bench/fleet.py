@@ -32,6 +32,7 @@ from bench.fleet_summary import BATCHES, LEVELS, summarize_fleet
 from bench.folder import IDENTITY_FILES, claim, differences, has_results, write_identity, writer
 from bench.link import Link
 from bench.network import profile
+from bench.point import FIELDS
 from bench.prompts import load_prompts
 from bench.records import ResultsFile, environment, read_records
 from bench.split import ServerProcess, die_with_parent
@@ -39,11 +40,6 @@ from specdec.cloud import CloudLost
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.errors import InputError
 from specdec.remote.protocol import read_token
-
-# Settings a replayed record must share with the fleet's (the rest, e.g. overlap, is the recording's own).
-REPLAY_MATCH = ("k", "entropy_threshold", "accept_threshold", "policy", "verifier", "draft_stop", "k_schedule",
-                "max_new_tokens", "temperature", "seed", "dtype", "constraints")
-
 
 def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: Path,
               progress: bool = True) -> tuple[dict, pd.DataFrame]:
@@ -86,16 +82,17 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
 def replay_scripts(config: FleetConfig, settings: dict, prompts: list[str]) -> dict[str, Script]:
     """One script per prompt from the replay folder: its split records of this point and prompt set."""
     source = Path(config.edge_replay) / "results.jsonl"
-    wanted = {**settings["spec"], **settings["decode"], "dtype": config.dtype, "constraints": config.constraints}
+    # A replayed record shares every point field the fleet sets (the rest, e.g. overlap, is the recording's own).
+    fleet_sets = {**settings["spec"], **settings["decode"], "dtype": config.dtype, "constraints": config.constraints}
+    wanted = {name: value for name, value in fleet_sets.items() if name in FIELDS}
     records = [r for r in read_records(source) if r.get("deployment") == "split" and r.get("status") == "ok"
                and r.get("mode") == "spec" and r.get("prompts") == config.prompts and r.get("repeat", 0) == 0]
-    matching = [r for r in records if all(r.get(name) == wanted[name] for name in REPLAY_MATCH)]
+    matching = [r for r in records if all(r.get(name) == value for name, value in wanted.items())]
     scripts = {r["id"]: script_of(r) for r in matching}
     missing = [p for p in prompts if p not in scripts]
     if missing:
-        nearest = min(records, key=lambda r: sum(r.get(n) != wanted[n] for n in REPLAY_MATCH), default=None)
-        hint = ("; its split records differ in " + differences({n: nearest.get(n) for n in REPLAY_MATCH},
-                                                               {n: wanted[n] for n in REPLAY_MATCH})) if nearest else ""
+        nearest = min(records, key=lambda r: sum(r.get(n) != wanted[n] for n in wanted), default=None)
+        hint = ("; its split records differ in " + differences({n: nearest.get(n) for n in wanted}, wanted)) if nearest else ""
         raise InputError(f"--edge-replay {config.edge_replay} has no finished split generation of prompt "
                          f"{missing[0]!r} ({config.prompts}) at this point{hint}: record it with `specbench run --mode "
                          "spec --cloud-url ...` and the same settings")

@@ -10,7 +10,7 @@ import time
 
 from bench.prompts import load_prompts
 from bench.records import result_record
-from bench.run import point_of
+from bench.point import Point
 from bench.trackers import LatencyTracker, PeakMemoryTracker, tracked
 from specdec.cloud import CloudLost
 from specdec.config import DecodeConfig, DeployConfig, SpecConfig
@@ -40,7 +40,7 @@ def main(job: dict) -> int:
             latency, memory = LatencyTracker(), PeakMemoryTracker(reset=False)
             with tracked(memory, latency):
                 generation = engine.generate(record.prompt, record.system)
-            row = result_record(generation, {**point_of(engine, job["prompts"]), **point}, prompt_id, latency.elapsed_s,
+            row = result_record(generation, {**Point.of(engine, job["prompts"]).record(), **point}, prompt_id, latency.elapsed_s,
                                 memory.peak_rss_bytes)
             escalated = [c for c in generation.cycles if c.escalated]
             row.update(verifies=len(escalated), positions=sum(len(c.draft_tokens) + 1 for c in escalated),

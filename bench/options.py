@@ -20,11 +20,11 @@ from typing import Any, Callable
 
 from bench.folder import canonical_path
 from bench.prompts import PromptInputs, canonical_prompts
-from bench.sweep_config import AXES, SweepConfig
+from bench.point import AXES, RUN_SETTINGS
+from bench.sweep_config import SweepConfig
 from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.engine import Engine
 
-RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConfig)
 # Where each setting is defined (its help, choices and aliases), for the sweep's copy of it.
 DEFINED_IN = {f.name: f for cls in RUN_SETTINGS for f in fields(cls)}
 

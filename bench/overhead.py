@@ -18,7 +18,8 @@ from bench.caps import MemoryWatchdog
 from bench.network import profile
 from bench.prompts import PromptRecord
 from bench.records import ResultsFile
-from bench.run import generate_one, point_of
+from bench.point import Point
+from bench.run import generate_one
 from bench.worker import network_fields
 from bench.workload import Pair
 
@@ -37,7 +38,7 @@ def harness_overhead(pair: Pair, mode: str = "spec", repeats: int = 3, network: 
     times. overhead = sum of per-prompt median instrumented / sum of per-prompt median bare - 1."""
     engine = pair.engines[mode]
     records = [PromptRecord(id=f"p{i}", prompt=text) for i, text in enumerate(pair.workload.prompts)]
-    point = {**point_of(engine, "workload"), "network": network}
+    point = {**Point.of(engine, "workload").record(), "network": network}
     net = profile(network)
     bare: dict[str, list[float]] = {r.id: [] for r in records}
     harness: dict[str, list[float]] = {r.id: [] for r in records}

@@ -14,43 +14,13 @@ from tqdm import tqdm
 
 from bench.audio import MAX_SECONDS, SAMPLING_RATE, model_limits, read_audio
 from bench.folder import IDENTITY_FILES, claim, has_results, write_identity, writer
+from bench.point import Point
 from bench.prompts import PromptInputs, PromptRecord, load_prompts
 from bench.records import ResultsFile, environment, result_record
 from bench.trackers import LatencyTracker, PeakMemoryTracker, tracked
 from specdec.cloud import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError
-
-
-def point_of(engine: Engine, prompts: str) -> dict:
-    """The settings that identify a result. Spec-only axes are None outside spec mode. Before the
-    models load they are the settings asked for; after, what was used: the server's model as
-    `cloud`, and whether a chat template really wrapped the prompts."""
-    spec = engine.spec if engine.mode == "spec" else None
-    return {
-        "mode": engine.mode,
-        "edge": engine.edge if engine.mode != "cloud" else None,
-        "cloud": engine.cloud_name if engine.mode != "edge" else None,
-        "deployment": "split" if engine.remote_cloud else "inproc",
-        "dtype": engine.dtype,
-        "policy": spec and spec.policy,
-        "k": spec and spec.k,
-        "entropy_threshold": spec and spec.entropy_threshold,
-        "accept_threshold": spec and spec.accept_threshold,
-        "verifier": spec and spec.verifier,
-        "uncertainty": spec and spec.uncertainty,
-        "punct_trigger": spec and spec.punct_trigger,
-        "draft_stop": spec and spec.draft_stop,
-        "k_schedule": spec and spec.k_schedule,
-        "draft_topn": spec and spec.draft_topn,
-        "overlap": engine.deploy.overlap if engine.remote_cloud else None,
-        "temperature": engine.decode.temperature,
-        "seed": engine.decode.seed,
-        "max_new_tokens": engine.decode.max_new_tokens,
-        "constraints": engine.constraints,
-        "chat_template": engine.chat_template_used,
-        "prompts": prompts,
-    }
 
 
 class FailedSamples(InputError):
@@ -71,7 +41,7 @@ def run(engine: Engine, prompts: str, out: Path, progress: bool = True, limit: i
     models are loaded and the point they give is known."""
     PromptInputs(prompts, limit, max_audio_s)
     records = load_prompts(prompts)[:limit]
-    asked = point_of(engine, prompts)
+    asked = Point.of(engine, prompts).record()  # before the models load: as asked
     with writer(out):
         claim(out, "run", asked)
         return _run(engine, prompts, records, asked, out, progress, max_audio_s)
@@ -85,7 +55,7 @@ def _run(engine: Engine, prompts: str, records: list[PromptRecord], asked: dict,
     if not todo:
         return []
     prepare(engine, todo)
-    point = point_of(engine, prompts)
+    point = Point.of(engine, prompts).record()  # as used: the server's model, the chat template really applied
     claim(out, "run", point, key="point")  # e.g. the server at --cloud-url now runs another model
     if not (has_results(out) and (out / IDENTITY_FILES["run"]).is_file()):  # a resume keeps the first
         write_identity(out, "run", {"config": asked, "point": point, "environment": environment(),

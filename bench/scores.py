@@ -2,19 +2,18 @@
 record per (point, prompt), read by the summary and the report. Reading it loads no model."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from bench.point import Point
 from bench.records import read_records
-from bench.sweep_config import AXES
 
 SCORES = "nll.jsonl"
 SCORE_FIELDS = ("key", "id")  # every score record has them
 
 
 def score_key(row: dict) -> str:
-    """Which (point, prompt) a score belongs to (the sweep's point axes + the prompt id)."""
-    return json.dumps({**{axis: row.get(axis) for axis in AXES}, "id": row["id"]}, sort_keys=True)
+    """Which (point, prompt) a score belongs to (the point's key with the prompt's id)."""
+    return Point.from_row(row).key(id=row["id"])
 
 
 def read_scores(out: Path) -> dict[str, float]:

@@ -20,19 +20,15 @@ import pandas as pd
 
 from bench import metrics
 from bench.health import chrf, error_rates, text_health, token_match_rate
+from bench.point import COLUMNS
 from bench.scores import score_key
-from bench.sweep_config import AXES, SPEC_AXES
-
-# A point is its values on the sweep's axes; the summary lists what ran first (mode, dtype,
-# prompts), then the spec axes with the policy first, since it names the rule.
-POINT = [axis for axis in AXES if axis not in SPEC_AXES] + sorted(SPEC_AXES, key=lambda axis: axis != "policy")
 
 
 def load_rows(rows: list[dict]) -> pd.DataFrame:
     frame = pd.DataFrame([r for r in rows if r.get("status", "ok") == "ok"])
     if frame.empty:
         return frame
-    for column in POINT:  # results written before an axis existed lack it: "-" as for a spec-only axis
+    for column in COLUMNS:  # results written before an axis existed lack it: "-" as for a spec-only axis
         values = frame[column] if column in frame else pd.Series(None, index=frame.index)
         frame[column] = values.astype(object).where(values.notna(), "-")
     health = frame["text"].map(text_health).apply(pd.Series)
@@ -59,7 +55,7 @@ def summarize(rows: list[dict], scores: dict[str, float] | None = None) -> pd.Da
     if frame.empty:
         return frame
     frame = _agreement_with_cloud(_median_over_repeats(frame))
-    summary = frame.groupby(POINT, sort=False, dropna=False).apply(_point_stats, include_groups=False).reset_index()
+    summary = frame.groupby(COLUMNS, sort=False, dropna=False).apply(_point_stats, include_groups=False).reset_index()
     return _intervals(_speedups(summary, frame), frame)
 
 
@@ -176,7 +172,7 @@ def _median_over_repeats(frame: pd.DataFrame) -> pd.DataFrame:
     or seeded: the same every repeat) and the median of each timing; peak RSS is the largest."""
     if "repeat" not in frame or frame["repeat"].nunique() <= 1:
         return frame
-    keys = POINT + ["id"]
+    keys = COLUMNS + ["id"]
     how = {c: "median" if c in TIMED else "max" if c == "peak_rss_bytes" else "first" for c in frame if c not in keys}
     return frame.groupby(keys, sort=False, dropna=False, as_index=False).agg(how)
 
@@ -184,10 +180,10 @@ def _median_over_repeats(frame: pd.DataFrame) -> pd.DataFrame:
 def _intervals(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
     """The `_ci_low` / `_ci_high` columns of every point (NaN where a metric or its baseline is undefined,
     or with fewer than 2 prompts)."""
-    groups = {key: group.set_index("id") for key, group in frame.groupby(POINT, sort=False, dropna=False)}
+    groups = {key: group.set_index("id") for key, group in frame.groupby(COLUMNS, sort=False, dropna=False)}
     columns: dict[str, list[float]] = {c: [] for metric in [*INTERVALS, *SPEEDUPS] for c in ci_columns(metric)}
     for _, point in summary.iterrows():
-        rows = groups[tuple(point[c] for c in POINT)]
+        rows = groups[tuple(point[c] for c in COLUMNS)]
         for metric, (kind, needed) in INTERVALS.items():
             low, high = float("nan"), float("nan")
             if all(c in rows for c in needed) and point[metric] == point[metric]:
@@ -199,7 +195,7 @@ def _intervals(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
             low, high = float("nan"), float("nan")
             base = summary[(summary["mode"] == mode) & (summary["dtype"] == point["dtype"]) & (summary["prompts"] == point["prompts"])]
             if len(base) and point[metric] == point[metric]:
-                base_rows = groups[tuple(base.iloc[0][c] for c in POINT)]
+                base_rows = groups[tuple(base.iloc[0][c] for c in COLUMNS)]
                 both = rows.index.intersection(base_rows.index)
                 low, high = metrics.speedup_ci(rows.loc[both, "new_tokens"], rows.loc[both, "latency_s"],
                                                base_rows.loc[both, "new_tokens"], base_rows.loc[both, "latency_s"])
@@ -213,7 +209,7 @@ def varying_axes(summary: pd.DataFrame) -> list[str]:
     not apply, e.g. k of a baseline) is not a value."""
     def values(column: str) -> set:
         return {str(v) for v in summary[column] if str(v) != "-"}
-    return [c for c in POINT if c == "mode" or (c in summary and len(values(c)) > 1)]
+    return [c for c in COLUMNS if c == "mode" or (c in summary and len(values(c)) > 1)]
 
 
 def terminal_table(summary: pd.DataFrame) -> str:

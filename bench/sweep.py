@@ -8,7 +8,6 @@ applied first thing in the worker.
 """
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import signal
@@ -29,7 +28,8 @@ from bench.folder import IDENTITY_FILES, claim, has_results, write_identity, wri
 from bench.records import ResultsFile, environment, read_records
 from bench.scores import read_scores
 from bench.summary import summarize
-from bench.sweep_config import SweepConfig, result_key
+from bench.point import Point
+from bench.sweep_config import SweepConfig
 from bench.worker import messages, worker_main
 from specdec.errors import SpecdecError
 from specdec.remote.protocol import parse_address
@@ -57,11 +57,11 @@ def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progres
                cluster: RayExecutor | None = None) -> dict:
     results = ResultsFile(out / "results.jsonl")
     rows = results.read()
-    over_cap = {result_key(r) for r in rows if r.get("status") == "over_memory_cap"}
-    done = {(result_key(r), r["id"], r.get("repeat", 0)) for r in rows if r.get("status") in ("ok", "failed")}
+    over_cap = {Point.from_row(r).key() for r in rows if r.get("status") == "over_memory_cap"}
+    done = {(Point.from_row(r).key(), r["id"], r.get("repeat", 0)) for r in rows if r.get("status") in ("ok", "failed")}
     todo = []  # (point, [(prompt id, repeat)]), repeats outer: the worker interleaves points per item
     for point in config.points():
-        key = json.dumps(point, sort_keys=True)
+        key = Point.from_row(point).key()
         ids = [(r.id, repeat) for repeat in range(config.repeats) for r in prompts[point["prompts"]]
                if (key, r.id, repeat) not in done]
         if ids and key not in over_cap:
@@ -80,7 +80,7 @@ def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progres
                 group = sorted((t for t in todo if t[0]["dtype"] == dtype), key=lambda t: order[t[0]["mode"]])
                 while group:
                     finished = _run_worker(config, group, out, bar, urls)
-                    group = [t for t in group if json.dumps(t[0], sort_keys=True) not in finished]
+                    group = [t for t in group if Point.from_row(t[0]).key() not in finished]
     counts: dict[str, int] = {}
     for row in results.read():
         counts[row.get("status", "ok")] = counts.get(row.get("status", "ok"), 0) + 1

@@ -2,9 +2,10 @@
 edge caps). Running it is bench/sweep.py; the `sweep` command's flags come from these fields
 (bench/options.py).
 
-Every setting of a run (EngineConfig, SpecConfig, DecodeConfig, PromptInputs) is a field
-here under its own name, with the run's default; the grid axes hold tuples of values. Each point
-is validated by building the run's own configs from it, before anything runs.
+Every setting of a run (EngineConfig, SpecConfig, DecodeConfig, DeployConfig, PromptInputs) is a
+field here under its own name, with the run's default, generated from them; the grid axes (the
+point's fields that take lists, bench/point.py's AXES) hold tuples of values. Each point is
+validated by building the run's own configs from it, before anything runs.
 """
 from __future__ import annotations
 
@@ -13,69 +14,60 @@ import json
 import os
 import tomllib
 import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
 
 from bench.caps import EdgeCaps
 from bench.network import profile
 from bench.folder import canonical_path
+from bench.point import AXES, DEPLOYMENTS, SETTING_TYPES, SETTINGS, blank
 from bench.prompts import PromptInputs, canonical_prompts
 from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types
 from specdec.errors import ConfigError
 from specdec.remote.protocol import parse_address
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
-DEPLOYMENTS = ("inproc", "split")
-SPLIT_AXES = ("link", "overlap")  # None outside split points
 EXECUTORS = ("local", "ray")
 # Where a sweep runs, not what it measures: left out of the results folder's identity, so a sweep
 # started on a cluster resumes on a laptop and the other way round.
 PLACEMENT = ("executor", "ray_address")
+# The sweep's own default where a run has none, or where a sweep's differs from a run's.
+SWEEP_DEFAULTS = {"mode": ("cloud", "edge", "spec"), "prompts": ("zh-describe",), "link": ("none",)}
+SWEEP_HELP = {"cloud_url": "split points: verify on this running server instead of starting one"}
+
+
+def _run_settings() -> list[tuple[str, object, object]]:
+    """Every run setting (bench/point.py's RUN_SETTINGS) and point field as a sweep field under its
+    own name, with the run's default; a point axis (AXES) holds a tuple of values."""
+    generated, seen = [], set()
+    for name, f in SETTINGS.items():
+        if name in seen or not f.init:
+            continue
+        seen.add(name)
+        hint = SETTING_TYPES[name]
+        metadata = {**f.metadata, "help": SWEEP_HELP[name]} if name in SWEEP_HELP else f.metadata
+        if name in AXES:
+            (value,) = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+            default = SWEEP_DEFAULTS.get(name, (f.default,))
+            generated.append((name, tuple[value, ...], field(default=default, metadata=metadata)))
+        else:
+            generated.append((name, hint, field(default=SWEEP_DEFAULTS.get(name, f.default), metadata=metadata)))
+    return generated
+
+
+# The run settings, generated: a setting added to specdec/config.py (or an axis added to AXES) is here at once.
+RunSettings = make_dataclass("RunSettings", _run_settings(), frozen=True)
 
 
 @dataclass(frozen=True)
-class SweepConfig:
-    edge: str | None = EngineConfig.edge
-    cloud: str | None = EngineConfig.cloud
-    # The grid, in the order its product is walked (baselines are then run first, see sweep.py).
-    mode: tuple[str, ...] = ("cloud", "edge", "spec")
-    k: tuple[int, ...] = (SpecConfig.k,)
-    entropy_threshold: tuple[float, ...] = (SpecConfig.entropy_threshold,)
-    accept_threshold: tuple[float, ...] = (SpecConfig.accept_threshold,)
-    policy: tuple[str, ...] = (SpecConfig.policy,)
-    verifier: tuple[str, ...] = (SpecConfig.verifier,)
-    draft_stop: tuple[str, ...] = (SpecConfig.draft_stop,)
-    k_schedule: tuple[str, ...] = (SpecConfig.k_schedule,)
-    dtype: tuple[str, ...] = (EngineConfig.dtype,)
-    prompts: tuple[str, ...] = ("zh-describe",)
-    # Split deployment (spec points only): the sweep starts `specbench serve` for the cloud model
-    # (or uses cloud_url) and a shaped link per preset; overlap = draft while a verify is in flight.
-    deployment: tuple[str, ...] = field(default=("inproc",), metadata={
-        "help": "inproc (edge and cloud in one process) or split (the cloud behind `specbench serve`)",
-        "choices": DEPLOYMENTS})
-    link: tuple[str, ...] = field(default=("none",), metadata={
-        "help": "split points: a real shaped link between edge and server (none, wifi, 4g, 5g, or "
-                "rtt=40ms,up=10mbit,down=50mbit)"})
-    overlap: tuple[bool, ...] = (DeployConfig.overlap,)
-    # The same for every point.
-    max_new_tokens: int = DecodeConfig.max_new_tokens
-    temperature: float = DecodeConfig.temperature
-    seed: int = DecodeConfig.seed
-    constraints: str = EngineConfig.constraints
-    uncertainty: str = SpecConfig.uncertainty
-    punct_trigger: float | None = SpecConfig.punct_trigger
-    chat_template: bool = EngineConfig.chat_template
-    limit: int | None = PromptInputs.limit
+class SweepConfig(RunSettings):
+    """The grid of run settings × prompt sets (RunSettings, the axes as tuples, in bench/point.py's
+    grid order), plus where it runs: split points get a `specbench serve` the sweep starts for the cloud
+    model (or cloud_url) and a shaped link per `link` preset; overlap = draft while a verify is in flight."""
+
     repeats: int = field(default=1, metadata={
         "help": "timed runs of every (point, prompt), interleaved with the other points; the summary "
                 "takes each prompt's median time"})
-    max_audio_s: float = PromptInputs.max_audio_s
-    draft_topn: int | None = SpecConfig.draft_topn
-    cloud_url: str | None = field(default=None, metadata={
-        "help": "split points: verify on this running server instead of starting one"})
-    token_file: str | None = DeployConfig.token_file
-    cloud_timeout_s: float = DeployConfig.cloud_timeout_s
-    on_cloud_loss: str = DeployConfig.on_cloud_loss
     cloud_cores: int | None = field(default=None, metadata={
         "help": "split points: CPU cores of the server the sweep starts (the machine's last N; --edge-cores takes "
                 "the first N)"})
@@ -116,7 +108,7 @@ class SweepConfig:
             self.engine_config(point)
             self.spec_config(point)
             self.deploy_config(point)
-        self.decode_config()
+            self.decode_config(point)
         for prompts in self.prompts:
             PromptInputs(prompts, self.limit, self.max_audio_s)
         if self.executor == "local":  # on a cluster the caps are checked against the node a task lands on
@@ -195,9 +187,8 @@ class SweepConfig:
         for combo in itertools.product(*(getattr(self, axis) for axis in AXES)):
             point = dict(zip(AXES, combo))
             if point["mode"] != "spec":
-                point.update({axis: None for axis in SPEC_AXES}, deployment="inproc")
-            if point["deployment"] != "split":
-                point.update({axis: None for axis in SPLIT_AXES})
+                point["deployment"] = "inproc"
+            point = blank(point)
             key = json.dumps(point, sort_keys=True)
             if key not in seen:
                 seen.add(key)
@@ -232,18 +223,16 @@ class SweepConfig:
             return SpecConfig()
         return SpecConfig(**{f.name: self.setting(point, f.name) for f in fields(SpecConfig)})
 
-    def decode_config(self) -> DecodeConfig:
-        return DecodeConfig(**{f.name: getattr(self, f.name) for f in fields(DecodeConfig)})
+    def decode_config(self, point: dict) -> DecodeConfig:
+        return DecodeConfig(**{f.name: self.setting(point, f.name) for f in fields(DecodeConfig)})
 
     def caps(self) -> EdgeCaps:
         return EdgeCaps(cores=self.edge_cores, memory_gb=self.edge_memory_gb, rlimit_as=self.rlimit_as)
 
 
 _HINTS = typing.get_type_hints(SweepConfig)
-# A run setting the sweep does not define (yet: cloud_url, draft_stop, ...) keeps the run's default.
-# The grid axes: the tuple-valued fields, in field order (the order the grid's product is walked).
-AXES = tuple(f.name for f in fields(SweepConfig) if typing.get_origin(_HINTS[f.name]) is tuple)
-SPEC_AXES = tuple(axis for axis in AXES if axis in {f.name for f in fields(SpecConfig)})  # None outside spec points
+
+
 def parse_int(value) -> int:
     """An int axis value from TOML (an int) or a flag (its digits); 2.5 or true is refused, never
     rounded into another point."""
@@ -274,7 +263,3 @@ def parse_bool(value) -> bool:
 _PARSERS = {int: parse_int, float: parse_number, bool: parse_bool}
 NUMERIC_AXES = {axis: _PARSERS[typing.get_args(_HINTS[axis])[0]] for axis in AXES if typing.get_args(_HINTS[axis])[0] in _PARSERS}
 
-
-def result_key(row: dict) -> str:
-    """Which point a result record belongs to."""
-    return json.dumps({axis: row.get(axis) for axis in AXES}, sort_keys=True)

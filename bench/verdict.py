@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import metrics
+from bench.metric_registry import TIMING_RATIO, direction
 from specdec.errors import InputError
 
 BASELINES = Path(__file__).parent / "baselines"
@@ -62,6 +63,13 @@ class Check:
     rule: str  # the tolerance applied, in words
     note: str = ""
     undecided: bool = False  # timing: a drop past the margin that the repeats cannot yet confirm
+
+    @property
+    def direction(self) -> str | None:
+        """Which way is better (bench/metric_registry.py); None for a hash, flag or workload setting."""
+        if self.kind == "timing":
+            return TIMING_RATIO.direction
+        return direction(self.metric) if self.kind == "deterministic" else None
 
     def line(self) -> str:
         status = "ok  " if self.ok else "FAIL"

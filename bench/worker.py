@@ -7,7 +7,6 @@ timed back to back and drift of the machine over minutes (another process, therm
 points alike instead of whichever point ran during it. `--repeats R` runs that round R times."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -25,8 +24,9 @@ from bench.prompts import load_prompts
 from bench.folder import os_error_line
 from bench.records import ResultsFile, node_info
 from bench.split import die_with_parent
-from bench.run import generate_one, point_of, prepare
-from bench.sweep_config import SweepConfig, result_key
+from bench.point import Point
+from bench.run import generate_one, prepare
+from bench.sweep_config import SweepConfig
 from specdec.cloud import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError, SpecdecError
@@ -52,18 +52,18 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
         return loaded[(name, dtype)]
 
     prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompts}
-    done = {(result_key(r), r["id"], r.get("repeat", 0)) for r in results.read()}  # a restarted worker skips these
+    done = {(Point.from_row(r).key(), r["id"], r.get("repeat", 0)) for r in results.read()}  # a restarted worker skips these
     points = []
     for point, items in group:
-        key = json.dumps(point, sort_keys=True)
+        key = Point.from_row(point).key()
         items = [(i, repeat) for i, repeat in items if (key, i, repeat) not in done]
         url = urls.get(f"{point['dtype']}|{point['link']}")  # split points: the sweep's server or link
         engine = Engine(**asdict(config.engine_config(point, url)), spec=config.spec_config(point),
-                        decode=config.decode_config(), deploy=config.deploy_config(point), loader=loader,
+                        decode=config.decode_config(point), deploy=config.deploy_config(point), loader=loader,
                         log=lambda m: None)
         prepare(engine, [prompts[point["prompts"]][i] for i in dict.fromkeys(i for i, _ in items)])
         network = profile(config.network_of(point))
-        row_point = {**point_of(engine, point["prompts"]), "link": point["link"], "network": network.name,
+        row_point = {**Point.of(engine, point["prompts"], point["link"]).record(sweep=True), "network": network.name,
                      "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb, "node": node_info()}
         edge = loaded.get((config.edge, point["dtype"])) if point["mode"] != "cloud" else None
         if caps.memory_bytes and edge is not None:

@@ -3,7 +3,8 @@ verifier through its timing ratios and a lowered acceptance through its determin
 passes on the unchanged workload (also with a busy process beside it), and refuses bad baselines
 with one clear line. Regressions are injected as backend wrappers (our own Backend protocol), never
 by patching transformers. No test asserts an absolute timing: the power tests assert the gate's
-verdict on the CI workload under the CI tolerance, which is what the gate is for."""
+verdict on the CI workload under the CI tolerance, which is what the gate is for. A verdict that
+depends on measured time is a `timing` test (deselected by default, run by .ci/run on its own)."""
 import argparse
 import json
 import subprocess
@@ -109,6 +110,7 @@ def judged(baseline: dict, wrap=None) -> dict[str, verdict.Check]:
     return {c.metric: c for c in checks if not c.ok}
 
 
+@pytest.mark.timing
 def test_unchanged_workload_passes(baseline):
     current = gate.measure(workload.tiny_workload(**SMALL), log=quiet)
     assert failed(baseline, current) == {}
@@ -117,10 +119,12 @@ def test_unchanged_workload_passes(baseline):
     assert current["deterministic"]["repeats_identical"]
 
 
+@pytest.mark.timing
 def test_unchanged_code_passes_the_ci_gate(ci_baseline):
     assert judged(ci_baseline) == {}
 
 
+@pytest.mark.timing
 def test_unchanged_code_passes_with_a_busy_process_beside_it(ci_baseline):
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -130,6 +134,7 @@ def test_unchanged_code_passes_with_a_busy_process_beside_it(ci_baseline):
         busy.wait()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("role", ["cloud", "edge"])
 def test_a_20_percent_slower_forward_fails_the_ci_gate(ci_baseline, role):
     """Slowing one model's forward in every mode leaves some ratios between our own modes flat
@@ -142,6 +147,7 @@ def test_a_20_percent_slower_forward_fails_the_ci_gate(ci_baseline, role):
     assert check.current < check.baseline and "FAIL" in check.line() and "upper bound" in check.line()
 
 
+@pytest.mark.timing
 def test_slowed_verifier_fails_the_timing_ratios_only(baseline):
     current = gate.measure(workload.tiny_workload(**SMALL), wrap=slow_verifier, log=quiet)
     moved = failed(baseline, current)
@@ -186,6 +192,7 @@ def small_suite(monkeypatch):
     monkeypatch.setitem(verdict.TOLERANCES, "tiny", LOOSE)
 
 
+@pytest.mark.timing
 def test_update_then_gate_passes_and_a_regression_exits_1(tmp_path, small_suite, capsys):
     path = tmp_path / "tiny.json"
     assert gate.cmd_gate(gate_args("--baseline", str(path), "--update")) == 0

@@ -19,3 +19,12 @@ def test_readme_opens_with_the_main_job_and_the_test_command():
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert readme_commands()[1] in ci.splitlines()
+
+
+def test_timing_tests_leave_the_default_run_and_ci_runs_them_on_their_own():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert "addopts = \"-m 'not timing'\"" in pyproject and "\n    \"timing:" in pyproject
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert ".venv/bin/pytest -q -m timing" in ci
+    assert ci.index(".venv/bin/pytest -q -m timing") > ci.index(readme_commands()[1])
+    assert "`timing`" in (ROOT / "README.md").read_text()

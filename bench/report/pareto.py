@@ -13,20 +13,20 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from bench.metric_registry import lower_is_better
+
 SPEC_AXES = ("entropy_threshold", "k", "policy")  # the "(thr, k, policy)" of a label
 EXTRA_AXES = ("dtype", "accept_threshold", "verifier")  # named in a label only when they vary
 
 
 @dataclass(frozen=True)
 class Front:
-    """One trade-off: `x` and `y` are summary columns; `*_lower_is_better` say which way is good."""
+    """One trade-off: `x` and `y` are summary columns; which way is good is bench/metric_registry.py's."""
 
     name: str  # file-safe id
     short: str  # how a table names it: "latency / chrF"
     x: str
     y: str
-    x_lower_is_better: bool
-    y_lower_is_better: bool
     x_label: str
     y_label: str
     title: str
@@ -36,38 +36,46 @@ class Front:
         if not self.name.replace("_", "").isalnum():
             raise ValueError(f"front name must be letters, digits and _, got {self.name!r}")
 
+    @property
+    def x_lower_is_better(self) -> bool:
+        return lower_is_better(self.x)
+
+    @property
+    def y_lower_is_better(self) -> bool:
+        return lower_is_better(self.y)
+
 
 _LATENCY_READ = ("Each dot is one setting; further left is faster (median seconds per prompt). "
                  "Highlighted, labelled dots are Pareto-optimal: no other setting is both faster and better on "
                  "the vertical axis. Pick among them; every grey dot is beaten by a highlighted one. Grey bars: "
                  "95 % intervals over prompts, where the metric has one (chrF).")
 FRONTS = (
-    Front("latency_chrf", "latency / chrF", "latency_p50_s", "chrf_vs_cloud", True, False,
+    Front("latency_chrf", "latency / chrF", "latency_p50_s", "chrf_vs_cloud",
           "median latency per prompt (s, compute only)", "chrF vs cloud-only output (0–100)",
           "Latency vs agreement with the cloud",
           _LATENCY_READ + " Up is closer to what the cloud model alone writes (100 = identical text)."),
-    Front("network_chrf", "latency+network / chrF", "latency_with_network_p50_s", "chrf_vs_cloud", True, False,
+    Front("network_chrf", "latency+network / chrF", "latency_with_network_p50_s", "chrf_vs_cloud",
           "median latency per prompt incl. network (s)", "chrF vs cloud-only output (0–100)",
           "Latency with the network vs agreement with the cloud",
           _LATENCY_READ + " Latency here adds the modelled network cost of every cloud call (round trip + "
           "transfer), so settings that call the cloud often move right."),
-    Front("latency_punct", "latency / punctuation", "latency_p50_s", "punct_band_distance", True, True,
+    Front("latency_punct", "latency / punctuation", "latency_p50_s", "punct_band_distance",
           "median latency per prompt (s, compute only)", "distance of punctuation density from 10–25 %",
           "Latency vs punctuation health",
           _LATENCY_READ + " Down is healthier: 0 means the outputs' punctuation density is inside the 10–25 % "
           "band of characters; 0.15 means e.g. 40 % (\"a comma after every character or two\")."),
-    Front("latency_repeat", "latency / repeats", "latency_p50_s", "repeat_3gram", True, True,
+    Front("latency_repeat", "latency / repeats", "latency_p50_s", "repeat_3gram",
           "median latency per prompt (s, compute only)", "repeated content 3-grams (fraction)",
           "Latency vs repetition",
           _LATENCY_READ + " Down is better: the fraction of content 3-grams that repeat an earlier one "
           "(loops like 音色中，音色中 push it up)."),
-    Front("calls_acceptance", "calls / acceptance", "cloud_call_rate", "acceptance_rate", True, False,
+    Front("calls_acceptance", "calls / acceptance", "cloud_call_rate", "acceptance_rate",
           "cloud calls per draft block", "acceptance rate (accepted / verified draft tokens)",
           "Cloud calls vs acceptance",
           "Spec points only (edge-only and cloud-only have no drafts to accept). Left: the edge asks the cloud "
           "less often; up: when it asks, more of its draft is kept (above 0.6 counts as good). "
           "Highlighted, labelled dots are Pareto-optimal. Grey bars: 95 % intervals over prompts."),
-    Front("memory_speed", "memory / speed", "peak_rss_bytes", "tokens_per_s", True, False,
+    Front("memory_speed", "memory / speed", "peak_rss_bytes", "tokens_per_s",
           "peak RSS of the process (GiB)", "tokens per second",
           "Memory vs speed",
           "Left uses less memory (the process's peak resident set: in a sweep worker that can include a "

@@ -16,6 +16,7 @@ from typing import Callable
 
 import pandas as pd
 
+from bench.metric_registry import lower_is_better
 from bench.report.pareto import point_labels, set_name
 from specdec.text import PUNCT_DENSITY_HEALTHY
 
@@ -41,7 +42,6 @@ class Rule:
     name: str  # short id
     text: str  # the rule, as a reader reads it
     objective: str  # summary column optimised among the points that pass `condition`
-    lower_is_better: bool
     condition: Callable[[pd.DataFrame, pd.Series | None], pd.Series]  # (one set's points, its cloud-only point) -> mask
     condition_columns: tuple[str, ...] = ()  # columns the condition reads, shown in the "why"
     needs_cloud_baseline: bool = False
@@ -66,17 +66,17 @@ def _punct_in_band(points: pd.DataFrame, cloud: pd.Series | None) -> pd.Series:
 
 RULES = (
     Rule("fastest", "fastest overall, quality ignored (a reference: what the speed costs)",
-         "tokens_per_s", False, _everything),
+         "tokens_per_s", _everything),
     Rule("fastest_near_cloud", f"fastest within {CHRF_TOLERANCE:g} chrF point of cloud-only",
-         "tokens_per_s", False, _near_cloud, ("chrf_vs_cloud",), needs_cloud_baseline=True),
+         "tokens_per_s", _near_cloud, ("chrf_vs_cloud",), needs_cloud_baseline=True),
     Rule("fastest_near_cloud_network",
          f"lowest median latency with the network, within {CHRF_TOLERANCE:g} chrF point of cloud-only",
-         "latency_with_network_p50_s", True, _near_cloud, ("chrf_vs_cloud",), needs_cloud_baseline=True),
+         "latency_with_network_p50_s", _near_cloud, ("chrf_vs_cloud",), needs_cloud_baseline=True),
     Rule("fewest_calls", f"fewest cloud calls with acceptance ≥ {GOOD_ACCEPTANCE:g}",
-         "cloud_call_rate", True, _good_acceptance, ("acceptance_rate",)),
+         "cloud_call_rate", _good_acceptance, ("acceptance_rate",)),
     Rule("fastest_punct_band",
          "fastest with mean punctuation density in the {:.0%}–{:.0%} band".format(*PUNCT_DENSITY_HEALTHY),
-         "tokens_per_s", False, _punct_in_band, ("punct_density",)),
+         "tokens_per_s", _punct_in_band, ("punct_density",)),
 )
 
 
@@ -108,7 +108,7 @@ def recommend(summary: pd.DataFrame, rules: tuple[Rule, ...] = RULES) -> pd.Data
             ranked = passing.assign(_tps=passing["tokens_per_s"].fillna(float("-inf")),
                                     _chrf=passing["chrf_vs_cloud"].fillna(float("-inf")))
             ranked = ranked.sort_values([rule.objective, "_tps", "_chrf"],
-                                        ascending=[rule.lower_is_better, False, False], kind="stable")
+                                        ascending=[lower_is_better(rule.objective), False, False], kind="stable")
             best = ranked.index[0]
             shown = dict.fromkeys((rule.objective, *rule.condition_columns, "tokens_per_s"))
             why = "; ".join(_shown(c, summary.at[best, c]) for c in shown)

@@ -11,7 +11,7 @@ from bench import metrics
 from bench.health import chrf
 from bench.prompts import load_prompts
 from bench.report.pareto import FRONTS, front_members
-from bench.summary import POINT
+from bench.point import COLUMNS
 from specdec.errors import InputError
 
 GIB = 1 << 30
@@ -72,8 +72,8 @@ def per_position_acceptance(frame: pd.DataFrame, summary: pd.DataFrame) -> pd.Da
     out = []
     if frame.empty:
         return pd.DataFrame(columns=["point", "position", "p_accept", "num_drafts"])
-    index = {tuple(r): i for i, r in zip(summary.index, summary[POINT].itertuples(index=False))}
-    for keys, group in frame[frame["mode"] == "spec"].groupby(POINT, sort=False, dropna=False):
+    index = {tuple(r): i for i, r in zip(summary.index, summary[COLUMNS].itertuples(index=False))}
+    for keys, group in frame[frame["mode"] == "spec"].groupby(COLUMNS, sort=False, dropna=False):
         drafts = int(group["num_drafts"].sum())
         if not drafts or tuple(keys) not in index:
             continue
@@ -108,8 +108,8 @@ def side_by_side(frame: pd.DataFrame, summary: pd.DataFrame, points: list, promp
     ids = list(dict.fromkeys(frame["id"]))[:n_prompts]
     by_point = {}
     for point in points:
-        keys = summary.loc[point, POINT]
-        mask = np.logical_and.reduce([frame[c] == keys[c] for c in POINT])
+        keys = summary.loc[point, COLUMNS]
+        mask = np.logical_and.reduce([frame[c] == keys[c] for c in COLUMNS])
         by_point[point] = frame[mask].drop_duplicates("id", keep="last").set_index("id")
     cloud = frame[frame["mode"] == "cloud"].drop_duplicates("id", keep="last").set_index("id")
     texts = prompt_texts(prompts)
