@@ -21,6 +21,7 @@ import torch
 
 from specdec.backends.base import Backend
 from specdec.cloud import LocalVerifier, Verdict
+from specdec.errors import SpecdecError
 from specdec.session import AcceptedSequence
 
 GROUP_SLACK_TOKENS = 8  # rows whose blocks differ by at most this many tokens (or 2x) share a forward
@@ -34,6 +35,11 @@ class Row:
     seq: AcceptedSequence
     draft_tokens: torch.Tensor  # [n], n >= 0 (0: a plain next-token step, as in cloud-only serving)
     draft_probs: torch.Tensor | None = None
+
+
+class RowFailed(SpecdecError):
+    """One row's verdict could not be decided (its distribution is not finite, its policy raised):
+    that row fails alone, with its own reason; the rows beside it in the forward are unaffected."""
 
 
 @dataclass(frozen=True)
@@ -67,9 +73,10 @@ def length_groups(lengths: dict[int, int]) -> list[list[int]]:
 
 
 @torch.inference_mode()  # thread-local: the server calls this on its compute thread
-def verify_rows(backend: Backend, rows: list[Row]) -> tuple[list[Verdict], list[Forward]]:
+def verify_rows(backend: Backend, rows: list[Row]) -> tuple[list[Verdict | RowFailed], list[Forward]]:
     """Verdicts for every row, and the forwards that computed them. Rows that cannot share a
-    forward (a backend without `forward_batch`, a first call carrying audio) run alone.
+    forward (a backend without `forward_batch`, a first call carrying audio) run alone. Each row
+    is decided on its own: a row that fails gets a `RowFailed` in its place, never its neighbours.
 
     Without inference mode every forward would record an autograd graph, and each cached key
     would keep its forward's activations alive for the session's life: a server carrying 16
@@ -97,6 +104,11 @@ def verify_rows(backend: Backend, rows: list[Row]) -> tuple[list[Verdict], list[
             logits[i] = row.verifier.logits_of.logits(row.seq, row.draft_tokens)
             fed = row.verifier.logits_of.last_tokens_in
             forwards.append(Forward((i,), fed, fed, start, time.perf_counter() - start))
-    verdicts = [row.verifier.decide(row.seq, row.draft_tokens, row.draft_probs, row_logits)
-                for row, row_logits in zip(rows, logits)]
-    return verdicts, forwards
+    return [decide_alone(row, row_logits) for row, row_logits in zip(rows, logits)], forwards
+
+
+def decide_alone(row: Row, logits: torch.Tensor) -> Verdict | RowFailed:
+    try:
+        return row.verifier.decide(row.seq, row.draft_tokens, row.draft_probs, logits)
+    except Exception as e:  # one session's settings or policy must not fail the others in its batch
+        return RowFailed(f"this session's verdict failed: {type(e).__name__}: {e}")
