@@ -158,7 +158,9 @@ def speculative_decode(
                 stopped_by = "stop_token"
             seq.extend(emitted)
             if not drafter.holds_ahead:  # kept ahead tokens sit past the accepted sequence: nothing to crop
-                edge_session.rollback(min(edge_session.length, base + cycle.accepted), seq)
+                # The cache keeps one accepted token unseen, the next draft's first feed: after a
+                # cloud loss with drafting ahead it had fed the whole block (and the guess after it).
+                edge_session.rollback(min(edge_session.length, base + cycle.accepted, seq.length - 1), seq)
             if cycle.escalated:
                 verifier.rollback(base + cycle.accepted, seq)
             cycle.edge_s = edge_session.compute_s - edge_before
