@@ -21,12 +21,17 @@ from typing import Callable
 import torch
 
 from specdec.backends.base import Backend
-from specdec.batching import Forward, Row, verify_rows
+from specdec.batching import Forward, Row, RowFailed, verify_rows
 from specdec.cloud import Verdict
+from specdec.errors import SpecdecError
 
 
 LOG_ENTRIES = 100_000  # forwards kept for `stats` (a fleet level reads its own as it ends)
 YIELDS = 3  # event-loop turns between answering a batch and taking the next (future -> coroutine -> queue)
+
+
+class Stopped(SpecdecError):
+    """The server is shutting down: a request queued or in its forward gets this instead of a verdict."""
 
 
 @dataclass
@@ -56,11 +61,26 @@ class Batcher:
         self.log: deque[dict] = deque(maxlen=LOG_ENTRIES)
         self.logged = 0  # entries ever logged: entry i is log[i - (logged - len(log))] while kept
         self.started = time.perf_counter()
+        self.taken: list[Request] = []  # the batch being collected or on the compute thread now
+        self.stopped: str | None = None  # why no request is taken any more
 
     async def submit(self, row: Row, finish: Callable[[Verdict], None]) -> Served:
+        if self.stopped:
+            raise Stopped(self.stopped)
         request = Request(row, finish, asyncio.get_running_loop().create_future())
         await self.queue.put(request)
         return await request.future
+
+    def stop(self, reason: str) -> None:
+        """Shutting down (the `run` task is cancelled beside this): every request queued or in the
+        forward now gets `Stopped`, so no handler waits for a verdict that will never come."""
+        self.stopped = reason
+        pending = list(self.taken)
+        while not self.queue.empty():
+            pending.append(self.queue.get_nowait())
+        for request in pending:
+            if not request.future.done():
+                request.future.set_exception(Stopped(reason))
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -75,6 +95,8 @@ class Batcher:
                     if not request.future.done():
                         request.future.set_exception(e)
                 continue
+            finally:
+                self.taken = []
             for forward in forwards:
                 self.logged += 1
                 self.log.append({"t_s": forward.start - self.started, "rows": len(forward.rows), "tokens": forward.tokens,
@@ -82,9 +104,13 @@ class Batcher:
                                  "positions": sum(batch[i].row.draft_tokens.numel() + 1 for i in forward.rows),  # scored
                                  "forward_s": forward.seconds, "batch": len(batch)})
                 for i in forward.rows:
-                    request = batch[i]
-                    if not request.future.done():  # its session may have gone meanwhile
-                        request.future.set_result(Served(verdicts[i], forward.start - request.queued,
+                    request, verdict = batch[i], verdicts[i]
+                    if request.future.done():  # its session may have gone meanwhile
+                        continue
+                    if isinstance(verdict, RowFailed):  # this row alone: its neighbours got theirs
+                        request.future.set_exception(verdict)
+                    else:
+                        request.future.set_result(Served(verdict, forward.start - request.queued,
                                                          ended - forward.start, len(forward.rows)))
             # Let the requests just answered run on to their next submit (a cloud-only session's next
             # step is immediate) before the next batch is taken: otherwise a closed loop splits into
@@ -93,7 +119,7 @@ class Batcher:
                 await asyncio.sleep(0)
 
     async def _collect(self, loop) -> list[Request]:
-        batch = [await self.queue.get()]
+        self.taken = batch = [await self.queue.get()]
         deadline = loop.time() + self.window_s
         while len(batch) < self.max_batch:
             if not self.queue.empty():
@@ -112,11 +138,17 @@ class Batcher:
     def entries(self, since: int) -> tuple[list[dict], int]:
         """The entries from index `since` on (those still kept), and the index to ask from next."""
         first_kept = self.logged - len(self.log)
-        return list(itertools.islice(self.log, max(since - first_kept, 0), None)), self.logged
+        start = min(max(since - first_kept, 0), len(self.log))  # islice takes no index past sys.maxsize
+        return list(itertools.islice(self.log, start, None)), self.logged
 
-    def _forward(self, batch: list[Request]) -> tuple[list[Verdict], list[Forward], float]:
+    def _forward(self, batch: list[Request]) -> tuple[list[Verdict | RowFailed], list[Forward], float]:
         """The batch's forwards, verdicts (constraints, policy) and crops; and when all were done."""
         verdicts, forwards = verify_rows(self.backend, [r.row for r in batch])
-        for request, verdict in zip(batch, verdicts):
-            request.finish(verdict)
+        for i, (request, verdict) in enumerate(zip(batch, verdicts)):
+            if isinstance(verdict, RowFailed):
+                continue
+            try:
+                request.finish(verdict)
+            except Exception as e:  # this session's accept or crop: it fails alone
+                verdicts[i] = RowFailed(f"this session's verdict failed: {type(e).__name__}: {e}")
         return verdicts, forwards, time.perf_counter()

@@ -25,7 +25,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from specdec.backends.base import Prompt
-from specdec.batching import Row
+from specdec.batching import Row, RowFailed
 from specdec.cloud import LocalVerifier, Verdict
 from specdec.config import CONSTRAINT_PROFILES, DecodeConfig, SpecConfig
 from specdec.engine import build_constraints
@@ -33,7 +33,7 @@ from specdec.errors import ConfigError, SpecdecError
 from specdec.models.loading import LoadedModel
 from specdec.policies import POLICIES
 from specdec.remote.background import Background
-from specdec.remote.batcher import Batcher
+from specdec.remote.batcher import Batcher, Stopped
 from specdec.remote.protocol import (
     MAX_DRAFT_TOKENS, OPEN_FIELDS, SCHEMA, ProtocolError, decode, encode, field as get, token_ids,
     tokenizer_sha256, unpack_probs, unpack_tensors,
@@ -44,6 +44,10 @@ from specdec.verifier import VERIFIERS
 # The server's sampling stream must not be the edge's: seeding both with the same seed would feed
 # the acceptance test the very uniforms that drew the draft tokens.
 CLOUD_SEED_OFFSET = 0x9E3779B9
+SEED_RANGE = 1 << 64  # torch seeds are 64-bit: the cloud's seed wraps instead of overflowing
+SHUTDOWN_ANSWER_POLLS = 200  # 10 ms each: at most 2 s for requests in flight to get their error verdict
+SHUTDOWN = "the server is shutting down (SIGTERM or SIGINT): retry against a running server"
+log = logging.getLogger("specbench.serve")
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ class ServerSession:
         eos_ids = frozenset(token_ids(message, "eos_ids", vocab_limit))
         self.constraints = constraints = build_constraints(model, settings["constraints"], self.vocab, eos_ids)
         prompt = Prompt(torch.tensor(prompt_ids, dtype=torch.long), features)
-        generator = torch.Generator().manual_seed(settings["seed"] + CLOUD_SEED_OFFSET)
+        generator = torch.Generator().manual_seed((settings["seed"] + CLOUD_SEED_OFFSET) % SEED_RANGE)
         # Mirror of the edge's accepted sequence: it grows by `new` and by the accepted draft tokens.
         self.seq = AcceptedSequence(prompt.input_ids, decode_config.max_new_tokens)
         self.verifier = LocalVerifier(model.backend, prompt, spec, decode_config, constraints, self.vocab, generator)
@@ -165,6 +169,7 @@ class VerifierServer:
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
         self.batcher = Batcher(model.backend, self.compute, config.max_batch, config.batch_window_ms / 1e3)
         self.sessions: dict[ServerConnection, ServerSession] = {}
+        self.answering: set[ServerConnection] = set()  # connections with a request not yet answered
         self.ready = encode("ready", schema=SCHEMA, model=model.name, vocab_size=model.backend.vocab_size,
                             tokenizer_sha256=tokenizer_sha256(model.tokenizer),
                             accepts_audio=model.backend.accepts_audio)
@@ -177,27 +182,38 @@ class VerifierServer:
             if hello.get("schema") != SCHEMA:
                 raise ProtocolError(f"schema {hello.get('schema')!r} is not supported: this server speaks schema {SCHEMA}",
                                     code="schema")
-            if self.config.token and not hmac.compare_digest(str(hello.get("token") or ""), self.config.token):
+            token = hello.get("token")
+            # Compared as UTF-8 bytes: compare_digest refuses str with non-ASCII characters.
+            if self.config.token and not (isinstance(token, str) and
+                                          hmac.compare_digest(token.encode(), self.config.token.encode())):
                 raise ProtocolError("bad or missing token: give the server's --token-file to the client", code="auth")
             await ws.send(self.ready)
             async for raw in ws:
+                self.answering.add(ws)
                 await self.dispatch(ws, decode(raw, expect=("open", "verify", "generate", "close", "stats")))
-        except ProtocolError as e:
+                self.answering.discard(ws)
+        except (ProtocolError, SpecdecError) as e:  # the client's input or its session's own failure: one line
+            code = getattr(e, "code", None) or ("shutdown" if isinstance(e, Stopped) else
+                                                "verify_failed" if isinstance(e, RowFailed) else "refused")
             self.stats["errors"] += 1
-            await self.refuse(ws, e.code, str(e))
+            log.warning("refused a client (%s): %s", code, e)
+            await self.refuse(ws, code, str(e))
         except (ConnectionClosed, asyncio.TimeoutError):
             pass
         except Exception as e:  # a bug must not take the server down: report it, close this session only
             self.stats["errors"] += 1
-            logging.getLogger("specbench.serve").exception("session failed")
+            log.exception("session failed")
             await self.refuse(ws, "internal", f"{type(e).__name__}: {e}")
         finally:
+            self.answering.discard(ws)
             self.sessions.pop(ws, None)
 
     async def dispatch(self, ws: ServerConnection, message: dict) -> None:
         kind = message["type"]
         if kind == "stats":  # the batch log since entry `since`: the fleet's per-batch cost curve
             since = get(message, "since", int)
+            if since < 0:
+                raise ProtocolError(f"stats: since must be >= 0, got {since}")
             batches, following = self.batcher.entries(since)
             await ws.send(encode("stats", batches=batches, next=following))
             return
@@ -274,8 +290,16 @@ class VerifierServer:
                 on_listening(host, port)
             tasks = [asyncio.create_task(self.reap()), asyncio.create_task(self.batcher.run())]
             await stop.wait()
+            # Fail what is queued or computing before the connections close: their handlers await
+            # those verdicts, and leaving this block waits for every handler (a SIGTERM with requests
+            # in flight hung here). Then the connections close (1001, at most close_timeout 2 s).
+            self.batcher.stop(SHUTDOWN)
             for task in tasks:
                 task.cancel()
+            for _ in range(SHUTDOWN_ANSWER_POLLS):  # their error verdicts go out before the close
+                if not self.answering:
+                    break
+                await asyncio.sleep(0.01)
         self.compute.shutdown(wait=True, cancel_futures=True)
 
 
