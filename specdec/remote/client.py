@@ -7,6 +7,7 @@ the socket itself: what crossed, WebSocket framing included.
 """
 from __future__ import annotations
 
+import math
 import socket
 import time
 from dataclasses import dataclass
@@ -20,8 +21,13 @@ from specdec.cloud import CloudLost, Verdict
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.errors import ConfigError
 from specdec.processors import Constraints
-from specdec.remote.protocol import SCHEMA, decode, encode, pack_probs, pack_tensors, parse_address
+from specdec.remote.protocol import (
+    SCHEMA, ProtocolError, decode, encode, pack_probs, pack_tensors, parse_address,
+)
 from specdec.session import AcceptedSequence
+
+
+MAX_REPLY_MB = 16  # a ready or a verdict is bytes long: a server may not send the edge more than this
 
 
 class CloudUnreachable(ConfigError):
@@ -84,10 +90,12 @@ class RemoteCloud:
         self.sock = CountingSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
         try:
             self.ws = connect(f"ws://{self.host}:{self.port}/", sock=self.sock, open_timeout=self.connect_timeout_s,
-                              max_size=None, compression=None, close_timeout=1)
+                              max_size=MAX_REPLY_MB << 20, compression=None, close_timeout=1)
             start = time.perf_counter()
             self.ws.send(encode("hello", schema=SCHEMA, token=self.token))
             ready = self._receive(self.connect_timeout_s, expect=("ready",))
+            self._conforms(ready, {"vocab_size": (int, 1, None), "accepts_audio": (bool, None, None),
+                                   "model": (str, None, None), "tokenizer_sha256": (str, None, None)})
             self.handshake_s = time.perf_counter() - start  # one bare round trip: a floor for a verify's
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError, CloudLost) as e:
             self.close()
@@ -120,7 +128,10 @@ class RemoteCloud:
         return self._check(raw, expect)
 
     def _check(self, raw: bytes, expect: tuple[str, ...]) -> dict:
-        message = decode(raw)
+        try:
+            message = decode(raw)
+        except ProtocolError as e:
+            self._violated(str(e))
         if message["type"] == "error":
             self.close()
             raise CloudLost(f"the cloud verifier at {self.url} refused: {message.get('message')}")
@@ -128,6 +139,23 @@ class RemoteCloud:
             self.close()
             raise CloudLost(f"the cloud verifier at {self.url} sent {message['type']!r} where {expect[0]!r} was due")
         return message
+
+    def _conforms(self, message: dict, fields: dict[str, tuple[type, float | None, float | None]]) -> None:
+        """Each field is present, of its type (an int where a float is due), finite, within [low, high]."""
+        for name, (kind, low, high) in fields.items():
+            value = message.get(name)
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+                self._violated(f"{message['type']}.{name} must be {kind.__name__}, got {type(value).__name__}")
+            if kind is float and not math.isfinite(value) or low is not None and value < low or \
+                    high is not None and value > high:
+                self._violated(f"{message['type']}.{name} = {value!r} is outside [{low}, {high}]")
+
+    def _violated(self, reason: str) -> None:
+        """A reply that breaks the protocol fails this prompt as a lost cloud would, with the reason."""
+        self.close()
+        raise CloudLost(f"the cloud verifier at {self.url} broke the protocol: {reason}")
 
     def _send(self, data: bytes) -> None:
         try:
@@ -161,15 +189,15 @@ class RemoteCloud:
             constraints=self.settings.constraints, eos_ids=list(self.settings.eos_ids), vocab=vocab,
         )
         return RemoteVerifier(self, opening, prompt.input_ids.numel(), bool(prompt.features),
-                              spec.policy == "sample", spec.draft_topn)
+                              spec.policy == "sample", spec.draft_topn, vocab)
 
 
 class RemoteVerifier:
     """One session. `server_length` is how much of the accepted sequence the server holds."""
 
     def __init__(self, cloud: RemoteCloud, opening: bytes, prompt_len: int, has_features: bool, send_probs: bool,
-                 topn: int | None) -> None:
-        self.cloud, self.opening, self.has_features = cloud, opening, has_features
+                 topn: int | None, vocab: int) -> None:
+        self.cloud, self.opening, self.has_features, self.vocab = cloud, opening, has_features, vocab
         self.round_trip_hint_s = cloud.handshake_s
         self.server_length = prompt_len  # the prompt goes up with `open`
         self.send_probs, self.topn = send_probs, topn
@@ -185,7 +213,7 @@ class RemoteVerifier:
         is read by `receive`, so the edge can draft meanwhile."""
         cloud, sock = self.cloud, self.cloud.sock
         self.pending = {"up": sock.sent, "down": sock.received, "first": self.opening is not None,
-                        "start": time.perf_counter(), "base": seq.length, "reply": None}
+                        "start": time.perf_counter(), "base": seq.length, "reply": None, "n": draft_tokens.numel()}
         if self.opening is not None:
             cloud._send(self.opening)
             self.opening = None
@@ -210,6 +238,10 @@ class RemoteVerifier:
             reply = self.cloud._check(pending["reply"], expect=("verdict",))
         else:
             reply = self.cloud._receive(self.cloud.timeout_s, expect=("verdict",))
+        # Checked against what was sent before any of it is used: a server cannot index the edge out of range.
+        self.cloud._conforms(reply, {"accepted": (int, 0, pending["n"]), "token": (int, 0, self.vocab - 1),
+                                     "tokens_in": (int, 0, None), "compute_s": (float, 0, None),
+                                     "queue_s": (float, 0, None)})
         # Send -> the verdict's last byte on the socket: the round trip itself, even when the edge
         # was still drafting ahead when it landed (then it reads the verdict later: edge_wait_s).
         wait_s = sock.last_arrival - pending["start"]
