@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 import threading
 import types
 
+import psutil
 import pytest
 import torch
 from websockets.asyncio.server import serve
@@ -287,3 +291,31 @@ def test_malformed_but_typed_messages_are_one_log_line_each(models, caplog):
     assert not [r for r in caplog.records if r.exc_info], "a malformed message logged a traceback"
     refusals = [r for r in caplog.records if r.getMessage().startswith("refused a client")]
     assert len(refusals) == len(MALFORMED)  # one line each (the seed case is refused for its verify)
+
+
+def test_a_sigkilled_fleet_leaves_no_server_running(pair, models, tmp_path):
+    """The fleet's own server gets SIGTERM from the kernel when the fleet dies (PDEATHSIG) and, with
+    replayed edges in flight, now exits instead of hanging."""
+    settings = ["--dtype", "float32", "--policy", "greedy", "--entropy-threshold", "0", "--k", "3",
+                "--max-new-tokens", "12"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"id": "p{i}", "prompt": "{t}"}}\n' for i, t in enumerate(["hello", "one two"])))
+    with BackgroundServer(models["cloud"]) as url:
+        assert main(["run", "--mode", "spec", "--edge", pair["edge"], "--cloud-url", url, "--prompts", str(prompts),
+                     "--out", str(tmp_path / "rec"), *settings]) == 0
+    out = tmp_path / "fleet"
+    fleet = subprocess.Popen(
+        [sys.executable, "-m", "bench.cli", "fleet", "--edge-replay", str(tmp_path / "rec"), "--cloud", pair["cloud"],
+         "--prompts", str(prompts), "--clients", "1,2,4,8", "--no-baseline", "--out", str(out), *settings],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    servers: list[psutil.Process] = []
+
+    def serving() -> bool:
+        servers[:] = [p for p in psutil.Process(fleet.pid).children(recursive=True) if "serve" in p.cmdline()]
+        return bool(servers) and (out / "results.jsonl").is_file()
+
+    wait_for(serving, "the fleet's server serving its first level", tries=4000)
+    fleet.kill()
+    fleet.wait(30)
+    gone, alive = psutil.wait_procs(servers, timeout=30)  # a generous bound on "process gone"
+    assert servers and not alive, f"the fleet's server outlived it: {alive}"
