@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from specdec.backends.base import Prompt
 from specdec.batching import Row, RowFailed
@@ -60,6 +61,9 @@ class ServeConfig:
     token: str | None = field(default=None, metadata={"help": "shared secret every session must present"})
     max_batch: int = field(default=16, metadata={"help": "verify requests of different sessions run as one forward, at most this many (1: unbatched)"})
     batch_window_ms: float = field(default=0.0, metadata={"help": "wait this long for more requests before a forward (0: batch only what already queued)"})
+    max_connections: int = field(default=256, metadata={"help": "open connections at most; one more is refused at once"})
+    idle_timeout_s: float = field(default=30.0, metadata={"help": "close a connection that holds no session after this many idle seconds"})
+    max_sessions_per_client: int | None = field(default=None, metadata={"help": "open sessions per client address at most (default: --max-sessions)"})
     hello_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -69,6 +73,12 @@ class ServeConfig:
             raise ConfigError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if not self.session_ttl_s > 0:
             raise ConfigError(f"session_ttl_s must be > 0 seconds, got {self.session_ttl_s}")
+        if self.max_connections < 1:
+            raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
+        if not self.idle_timeout_s > 0:
+            raise ConfigError(f"idle_timeout_s must be > 0 seconds, got {self.idle_timeout_s}")
+        if self.max_sessions_per_client is not None and self.max_sessions_per_client < 1:
+            raise ConfigError(f"max_sessions_per_client must be >= 1 (or unset), got {self.max_sessions_per_client}")
         if self.max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1 (1 = unbatched), got {self.max_batch}")
         if not 0 <= self.batch_window_ms <= 1000:
@@ -80,6 +90,11 @@ class ServeConfig:
                 f"refusing to bind {self.host}: only loopback is served without credentials; "
                 "give --token-file FILE (a shared secret) or bind 127.0.0.1"
             )
+
+
+def client_address(ws: ServerConnection) -> str:
+    address = ws.remote_address
+    return str(address[0]) if address else "unknown"
 
 
 def is_loopback(host: str) -> bool:
@@ -170,6 +185,7 @@ class VerifierServer:
         self.batcher = Batcher(model.backend, self.compute, config.max_batch, config.batch_window_ms / 1e3)
         self.sessions: dict[ServerConnection, ServerSession] = {}
         self.answering: set[ServerConnection] = set()  # connections with a request not yet answered
+        self.connections = 0  # open now
         self.ready = encode("ready", schema=SCHEMA, model=model.name, vocab_size=model.backend.vocab_size,
                             tokenizer_sha256=tokenizer_sha256(model.tokenizer),
                             accepts_audio=model.backend.accepts_audio)
@@ -177,7 +193,12 @@ class VerifierServer:
 
     async def handle(self, ws: ServerConnection) -> None:
         self.stats["connections"] += 1
+        self.connections += 1
         try:
+            if self.connections > self.config.max_connections:
+                self.stats["refused"] += 1
+                raise ProtocolError(f"server at capacity: {self.config.max_connections} connections open "
+                                    "(--max-connections); retry later", code="capacity")
             hello = decode(await asyncio.wait_for(ws.recv(), self.config.hello_timeout_s), expect=("hello",))
             if hello.get("schema") != SCHEMA:
                 raise ProtocolError(f"schema {hello.get('schema')!r} is not supported: this server speaks schema {SCHEMA}",
@@ -188,7 +209,14 @@ class VerifierServer:
                                           hmac.compare_digest(token.encode(), self.config.token.encode())):
                 raise ProtocolError("bad or missing token: give the server's --token-file to the client", code="auth")
             await ws.send(self.ready)
-            async for raw in ws:
+            while True:
+                # Without a session a connection costs a slot and nothing else: it may idle only so long.
+                idle_s = None if ws in self.sessions else self.config.idle_timeout_s
+                try:
+                    raw = await asyncio.wait_for(ws.recv(), idle_s)
+                except asyncio.TimeoutError:
+                    raise ProtocolError(f"no session on this connection for {idle_s:g} s: closed",
+                                        code="idle") from None
                 self.answering.add(ws)
                 await self.dispatch(ws, decode(raw, expect=("open", "verify", "generate", "close", "stats")))
                 self.answering.discard(ws)
@@ -205,6 +233,7 @@ class VerifierServer:
             log.exception("session failed")
             await self.refuse(ws, "internal", f"{type(e).__name__}: {e}")
         finally:
+            self.connections -= 1
             self.answering.discard(ws)
             self.sessions.pop(ws, None)
 
@@ -227,6 +256,11 @@ class VerifierServer:
                 self.stats["refused"] += 1
                 raise ProtocolError(f"server at capacity: {len(self.sessions)} sessions open (--max-sessions "
                                     f"{self.config.max_sessions}); retry later or raise --max-sessions", code="capacity")
+            limit, client = self.config.max_sessions_per_client, client_address(ws)
+            if limit is not None and sum(client_address(other) == client for other in self.sessions) >= limit:
+                self.stats["refused"] += 1
+                raise ProtocolError(f"client {client} already holds {limit} sessions (--max-sessions-per-client "
+                                    f"{limit}): close one first", code="capacity")
             self.sessions[ws] = ServerSession(self.model, message)
             self.stats["sessions"] += 1
             return
@@ -235,7 +269,7 @@ class VerifierServer:
             raise ProtocolError("verify before open: open a session first", code="no_session")
         session.last_active = time.monotonic()
         if kind == "generate":
-            await ws.send(encode("generated", **await self.generate(session)))
+            await ws.send(encode("generated", **await self.generate(session, ws)))
         else:
             row = session.prepare(message)
             served = await self.batcher.submit(row, lambda verdict: session.accept(row, verdict))
@@ -245,7 +279,7 @@ class VerifierServer:
                                  queue_s=served.queue_s, batch=served.batch_rows))
         session.last_active = time.monotonic()
 
-    async def generate(self, session: ServerSession) -> dict:
+    async def generate(self, session: ServerSession, ws: ServerConnection) -> dict:
         """Cloud-only serving: every token a next-token step of this server, each step queued and
         batched with every other session's steps and verifies."""
         empty = torch.empty(0, dtype=torch.long)
@@ -253,6 +287,8 @@ class VerifierServer:
         steps: list[dict] = []
         stopped_by = "max_new_tokens"
         while session.seq.remaining:
+            if ws.state is not State.OPEN:  # its client is gone: no more steps for nobody
+                raise ConnectionClosed(None, None)
             served = await self.batcher.submit(Row(session.verifier, session.seq, empty, no_draft), session.step)
             steps.append({"queue_s": served.queue_s, "compute_s": served.compute_s, "batch": served.batch_rows})
             session.last_active = time.monotonic()
