@@ -319,3 +319,40 @@ def test_a_sigkilled_fleet_leaves_no_server_running(pair, models, tmp_path):
     fleet.wait(30)
     gone, alive = psutil.wait_procs(servers, timeout=30)  # a generous bound on "process gone"
     assert servers and not alive, f"the fleet's server outlived it: {alive}"
+
+
+# -- 6. limits ---------------------------------------------------------------------------------------------
+def test_connection_cap_idle_connections_and_sessions_per_client(models):
+    background = BackgroundServer(models["cloud"], ServeConfig(max_connections=3, idle_timeout_s=0.3,
+                                                               max_sessions_per_client=1))
+    with background as url:
+        idle = [raw_client(url) for _ in range(3)]  # hello, then nothing: the cap is full
+        with pytest.raises(CloudUnreachable, match=r"server at capacity: 3 connections open \(--max-connections\)"):
+            RemoteCloud(url).connect()
+        for ws in idle:  # a connection without a session is closed after the idle timeout
+            error, _ = refused(ws)
+            assert error["code"] == "idle" and "no session on this connection for 0.3 s" in error["message"]
+        wait_for(lambda: background.server.connections == 0, "the idle connections closed")
+        holder = raw_client(url)
+        holder.send(opening())
+        holder.send(encode("verify", base=6, new=[], draft=[1]))
+        assert decode(holder.recv(timeout=30))["type"] == "verdict"
+        second = raw_client(url)  # the same address (127.0.0.1) opens a second session
+        second.send(opening())
+        error, _ = refused(second)
+        assert error["code"] == "capacity" and "already holds 1 sessions (--max-sessions-per-client 1)" in error["message"]
+
+
+def test_a_generation_stops_when_its_client_goes(models):
+    """A cloud-only generation of 400 steps (50 ms batch window each: about 20 s) whose client vanishes
+    after it began: the server stops it and frees the session long before its budget."""
+    background = BackgroundServer(models["cloud"], ServeConfig(batch_window_ms=50))
+    with background as url:
+        ws = raw_client(url)
+        ws.send(opening(max_new_tokens=400))
+        ws.send(encode("generate"))
+        wait_for(lambda: background.server.batcher.logged >= 2, "the generation began")
+        ws.socket.close()
+        wait_for(lambda: not background.server.sessions, "the session freed")
+        assert background.server.batcher.logged < 400 and background.server.stats["generated"] == 0
+        still_serves(models, url)
