@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -25,7 +26,7 @@ from specdec.decode import autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.client import CloudUnreachable, RemoteCloud
-from specdec.remote.protocol import SCHEMA, decode, encode
+from specdec.remote.protocol import SCHEMA, decode, encode, read_token, token_file_warning
 from specdec.remote.server import BackgroundServer, ServeConfig
 from tests.test_remote_faults import IDS, opening, raw_client, refused, start_cli_server, still_serves
 
@@ -356,3 +357,36 @@ def test_a_generation_stops_when_its_client_goes(models):
         wait_for(lambda: not background.server.sessions, "the session freed")
         assert background.server.batcher.logged < 400 and background.server.stats["generated"] == 0
         still_serves(models, url)
+
+
+# -- 7. TLS and the token file -------------------------------------------------------------------------------
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl command makes the test's certificate")
+def test_a_tls_round_trip_with_a_self_signed_certificate(models, tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    with BackgroundServer(models["cloud"], ServeConfig(token="s3cret", tls_cert=str(cert), tls_key=str(key))) as url:
+        remote = RemoteCloud(f"wss://{url}", token="s3cret", ca_file=str(cert))
+        remote.connect()
+        generation = speculative_decode(models["edge"].backend, remote, Prompt(IDS), GREEDY, DecodeConfig(max_new_tokens=8))
+        remote.close()
+        assert len(generation.tokens) == 8
+        assert all(c.wire_up_bytes > 0 and c.wait_s > 0 for c in generation.cycles if c.escalated)  # counted over TLS too
+        with pytest.raises(CloudUnreachable, match="CERTIFICATE_VERIFY_FAILED"):  # not trusted: refused
+            RemoteCloud(f"wss://{url}", token="s3cret").connect()
+        with pytest.raises(CloudUnreachable, match="did not complete the handshake"):  # plain ws:// to a TLS server
+            RemoteCloud(url, token="s3cret", connect_timeout_s=5).connect()
+    with pytest.raises(ConfigError, match="cannot load the TLS certificate"):
+        BackgroundServer(models["cloud"], ServeConfig(tls_cert=str(key), tls_key=str(key)))
+    with pytest.raises(ConfigError, match="both --tls-cert and --tls-key"):
+        ServeConfig(tls_cert=str(cert))
+
+
+def test_a_world_readable_token_file_is_warned_about(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    path.chmod(0o644)
+    assert "readable by every user of this machine: chmod 600" in token_file_warning(path)
+    path.chmod(0o600)
+    assert token_file_warning(path) is None and read_token(path) == "s3cret"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import socket
+import ssl
 import time
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ class CloudUnreachable(ConfigError):
     """The verifier server cannot be reached or refused us at the start: nothing was generated."""
 
 
-class CountingSocket(socket.socket):
+class Counting:
     """A TCP socket that counts the bytes it sends and receives, and notes when bytes last arrived
     (the recv side runs on the WebSocket library's reader thread, which reads a reply as soon as it
     lands even while the edge is busy drafting ahead; int increments are atomic under the GIL)."""
@@ -54,6 +55,15 @@ class CountingSocket(socket.socket):
         return data
 
 
+class CountingSocket(Counting, socket.socket):
+    pass
+
+
+class CountingTLSSocket(Counting, ssl.SSLSocket):
+    """The same counts over TLS (wss://): the WebSocket's bytes before encryption (TLS records add
+    about 29 bytes each)."""
+
+
 @dataclass(frozen=True)
 class SessionSettings:
     """What the server needs besides the prompt: the edge's stop ids and constraint profile."""
@@ -64,14 +74,20 @@ class SessionSettings:
 
 class RemoteCloud:
     def __init__(self, url: str, token: str | None = None, settings: SessionSettings = SessionSettings(),
-                 timeout_s: float = 60.0, connect_timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 60.0, connect_timeout_s: float = 10.0, ca_file: str | None = None) -> None:
         if not timeout_s > 0 or not connect_timeout_s > 0:
             raise ConfigError(f"cloud timeouts must be > 0 seconds, got {timeout_s} and {connect_timeout_s}")
         self.url, self.token, self.settings = url, token, settings
         self.host, self.port = parse_address(url, "--cloud-url")
+        # wss://: TLS, the server's certificate checked against the system's authorities (SSL_CERT_FILE
+        # names others) or `ca_file` (a self-signed server's own certificate).
+        self.tls: ssl.SSLContext | None = None
+        if url.strip().startswith("wss://"):
+            self.tls = ssl.create_default_context(cafile=ca_file)
+            self.tls.sslsocket_class = CountingTLSSocket
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.ws: ClientConnection | None = None
-        self.sock: CountingSocket | None = None
+        self.sock: Counting | None = None
         self.info: dict = {}
         self.handshake_s: float | None = None
 
@@ -89,15 +105,18 @@ class RemoteCloud:
         plain.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small request/reply messages
         self.sock = CountingSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
         try:
-            self.ws = connect(f"ws://{self.host}:{self.port}/", sock=self.sock, open_timeout=self.connect_timeout_s,
-                              max_size=MAX_REPLY_MB << 20, compression=None, close_timeout=1)
+            scheme = "wss" if self.tls else "ws"
+            self.ws = connect(f"{scheme}://{self.host}:{self.port}/", sock=self.sock, open_timeout=self.connect_timeout_s,
+                              max_size=MAX_REPLY_MB << 20, compression=None, close_timeout=1, ssl=self.tls,
+                              server_hostname=self.host if self.tls else None)
+            self.sock = self.ws.socket  # over TLS: the wrapping socket, which counts the same way
             start = time.perf_counter()
             self.ws.send(encode("hello", schema=SCHEMA, token=self.token))
             ready = self._receive(self.connect_timeout_s, expect=("ready",))
             self._conforms(ready, {"vocab_size": (int, 1, None), "accepts_audio": (bool, None, None),
                                    "model": (str, None, None), "tokenizer_sha256": (str, None, None)})
             self.handshake_s = time.perf_counter() - start  # one bare round trip: a floor for a verify's
-        except (OSError, InvalidHandshake, InvalidURI, TimeoutError, CloudLost) as e:
+        except (OSError, InvalidHandshake, InvalidURI, TimeoutError, CloudLost, ssl.SSLError) as e:
             self.close()
             raise CloudUnreachable(f"the cloud verifier at {self.url} did not complete the handshake: {e}") from None
         self.info = ready

@@ -140,8 +140,8 @@ def tokenizer_sha256(tokenizer: Any) -> str:
 
 
 def parse_address(text: str, what: str = "address") -> tuple[str, int]:
-    """'HOST:PORT' (or 'ws://HOST:PORT') -> (host, port). IPv6 hosts in brackets: [::1]:8000."""
-    address = text.strip().removeprefix("ws://").rstrip("/")
+    """'HOST:PORT' (or 'ws://HOST:PORT', 'wss://HOST:PORT') -> (host, port). IPv6 hosts in brackets: [::1]:8000."""
+    address = text.strip().removeprefix("wss://").removeprefix("ws://").rstrip("/")
     host, sep, port = address.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -158,3 +158,10 @@ def read_token(path: str | Path) -> str:
     if not token:
         raise ConfigError(f"token file {path} is empty: put a shared secret in it")
     return token
+
+
+def token_file_warning(path: str | Path) -> str | None:
+    """A line to print when other users of this machine can read the secret (mode o+r)."""
+    if Path(path).stat().st_mode & 0o004:
+        return f"warning: token file {path} is readable by every user of this machine: chmod 600 {path}"
+    return None

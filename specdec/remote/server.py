@@ -16,6 +16,7 @@ import hmac
 import ipaddress
 import logging
 import signal
+import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,6 +65,8 @@ class ServeConfig:
     max_connections: int = field(default=256, metadata={"help": "open connections at most; one more is refused at once"})
     idle_timeout_s: float = field(default=30.0, metadata={"help": "close a connection that holds no session after this many idle seconds"})
     max_sessions_per_client: int | None = field(default=None, metadata={"help": "open sessions per client address at most (default: --max-sessions)"})
+    tls_cert: str | None = field(default=None, metadata={"help": "PEM certificate: serve wss:// (TLS) instead of ws://"})
+    tls_key: str | None = field(default=None, metadata={"help": "PEM private key of --tls-cert"})
     hello_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -85,11 +88,26 @@ class ServeConfig:
             raise ConfigError(f"batch_window_ms must be in [0, 1000] ms, got {self.batch_window_ms}")
         if not self.max_message_mb > 0:
             raise ConfigError(f"max_message_mb must be > 0, got {self.max_message_mb}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("TLS needs both --tls-cert and --tls-key (PEM files), or neither")
         if not is_loopback(self.host) and not self.token:
             raise ConfigError(
                 f"refusing to bind {self.host}: only loopback is served without credentials; "
                 "give --token-file FILE (a shared secret) or bind 127.0.0.1"
             )
+
+
+def server_tls(config: ServeConfig) -> ssl.SSLContext | None:
+    """The TLS context of --tls-cert/--tls-key, or None for plain ws:// (a bad file is one line)."""
+    if config.tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"cannot load the TLS certificate {config.tls_cert} with key {config.tls_key}: "
+                          f"{getattr(e, 'strerror', None) or e}; give PEM files that belong together") from None
+    return context
 
 
 def client_address(ws: ServerConnection) -> str:
@@ -181,6 +199,7 @@ class ServerSession:
 class VerifierServer:
     def __init__(self, model: LoadedModel, config: ServeConfig, log=print) -> None:
         self.model, self.config, self.log = model, config, log
+        self.tls = server_tls(config)
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
         self.batcher = Batcher(model.backend, self.compute, config.max_batch, config.batch_window_ms / 1e3)
         self.sessions: dict[ServerConnection, ServerSession] = {}
@@ -319,7 +338,7 @@ class VerifierServer:
 
     async def serve(self, stop: asyncio.Event, on_listening=None) -> None:
         limit = int(self.config.max_message_mb * (1 << 20))
-        async with serve(self.handle, self.config.host, self.config.port, max_size=limit, compression=None,
+        async with serve(self.handle, self.config.host, self.config.port, max_size=limit, compression=None, ssl=self.tls,
                          ping_interval=20, ping_timeout=20, close_timeout=2) as server:
             host, port = server.sockets[0].getsockname()[:2]
             if on_listening:
