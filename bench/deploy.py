@@ -35,6 +35,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--session-ttl", type=float, default=ServeConfig.session_ttl_s, help="free a session idle this many s")
     p.add_argument("--max-message-mb", type=float, default=ServeConfig.max_message_mb, help="largest message (MiB)")
     p.add_argument("--token-file", type=Path, help="file holding a shared secret every client must present")
+    p.add_argument("--share-stats", action="store_true",
+                   help="`stats` shows every client the whole batch log (default: only its own address's forwards)")
     p.add_argument("--tls-cert", help="PEM certificate: serve wss:// (TLS), as the README's two-machine setup needs")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--max-connections", type=int, default=ServeConfig.max_connections,
@@ -53,7 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token = read_token(args.token_file) if args.token_file else None
     if token and (warning := token_file_warning(args.token_file)):
         print(warning, file=sys.stderr, flush=True)
-    config = ServeConfig(tls_cert=args.tls_cert, tls_key=args.tls_key, host=args.host, port=args.port, max_sessions=args.max_sessions,
+    config = ServeConfig(share_stats=args.share_stats, tls_cert=args.tls_cert, tls_key=args.tls_key, host=args.host, port=args.port, max_sessions=args.max_sessions,
                          session_ttl_s=args.session_ttl, max_message_mb=args.max_message_mb, token=token,
                          max_batch=args.max_batch, batch_window_ms=args.batch_window_ms,
                          max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,

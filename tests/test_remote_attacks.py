@@ -390,3 +390,17 @@ def test_a_world_readable_token_file_is_warned_about(tmp_path):
     assert "readable by every user of this machine: chmod 600" in token_file_warning(path)
     path.chmod(0o600)
     assert token_file_warning(path) is None and read_token(path) == "s3cret"
+
+
+def test_stats_answer_with_the_callers_own_forwards_unless_shared(models):
+    for share in (False, True):
+        background = BackgroundServer(models["cloud"], ServeConfig(share_stats=share))
+        with background as url:
+            ws = raw_client(url)
+            ws.send(opening())
+            ws.send(encode("verify", base=6, new=[], draft=[1]))
+            assert decode(ws.recv(timeout=30))["type"] == "verdict"
+            background.server.batcher.owners[0] = frozenset({"192.0.2.1"})  # as if another machine's session
+            ws.send(encode("stats", since=0))
+            batches = decode(ws.recv(timeout=30))["batches"]
+            assert len(batches) == (1 if share else 0)

@@ -39,6 +39,7 @@ class Request:
     row: Row
     finish: Callable[[Verdict], None]  # runs on the compute thread right after the forward (accept, crop)
     future: asyncio.Future
+    owner: str = ""  # the client address the request came from: `stats` shows a client its own forwards
     queued: float = field(default_factory=time.perf_counter)
 
 
@@ -59,15 +60,16 @@ class Batcher:
         # One entry per forward: t_s (since start), rows, tokens, max_block, positions, forward_s, batch
         # (requests taken together). The newest LOG_ENTRIES only: a long-lived server must not grow.
         self.log: deque[dict] = deque(maxlen=LOG_ENTRIES)
+        self.owners: deque[frozenset[str]] = deque(maxlen=LOG_ENTRIES)  # per entry: the clients in that forward
         self.logged = 0  # entries ever logged: entry i is log[i - (logged - len(log))] while kept
         self.started = time.perf_counter()
         self.taken: list[Request] = []  # the batch being collected or on the compute thread now
         self.stopped: str | None = None  # why no request is taken any more
 
-    async def submit(self, row: Row, finish: Callable[[Verdict], None]) -> Served:
+    async def submit(self, row: Row, finish: Callable[[Verdict], None], owner: str = "") -> Served:
         if self.stopped:
             raise Stopped(self.stopped)
-        request = Request(row, finish, asyncio.get_running_loop().create_future())
+        request = Request(row, finish, asyncio.get_running_loop().create_future(), owner)
         await self.queue.put(request)
         return await request.future
 
@@ -103,6 +105,7 @@ class Batcher:
                                  "max_block": forward.max_block,
                                  "positions": sum(batch[i].row.draft_tokens.numel() + 1 for i in forward.rows),  # scored
                                  "forward_s": forward.seconds, "batch": len(batch)})
+                self.owners.append(frozenset(batch[i].owner for i in forward.rows))
                 for i in forward.rows:
                     request, verdict = batch[i], verdicts[i]
                     if request.future.done():  # its session may have gone meanwhile
@@ -135,11 +138,13 @@ class Batcher:
         return [r for r in batch if not r.future.done()]  # a cancelled request: its client is gone
 
     @torch.inference_mode()  # the accepting and cropping too: they touch inference tensors
-    def entries(self, since: int) -> tuple[list[dict], int]:
-        """The entries from index `since` on (those still kept), and the index to ask from next."""
+    def entries(self, since: int, owner: str | None = None) -> tuple[list[dict], int]:
+        """The entries from index `since` on (those still kept; with `owner`, only the forwards that
+        served that client), and the index to ask from next."""
         first_kept = self.logged - len(self.log)
         start = min(max(since - first_kept, 0), len(self.log))  # islice takes no index past sys.maxsize
-        return list(itertools.islice(self.log, start, None)), self.logged
+        kept = itertools.islice(zip(self.log, self.owners), start, None)
+        return [entry for entry, owners in kept if owner is None or owner in owners], self.logged
 
     def _forward(self, batch: list[Request]) -> tuple[list[Verdict | RowFailed], list[Forward], float]:
         """The batch's forwards, verdicts (constraints, policy) and crops; and when all were done."""

@@ -65,6 +65,8 @@ class ServeConfig:
     max_connections: int = field(default=256, metadata={"help": "open connections at most; one more is refused at once"})
     idle_timeout_s: float = field(default=30.0, metadata={"help": "close a connection that holds no session after this many idle seconds"})
     max_sessions_per_client: int | None = field(default=None, metadata={"help": "open sessions per client address at most (default: --max-sessions)"})
+    share_stats: bool = field(default=False, metadata={"help": "`stats` shows every client the whole batch log (default: "
+                                                              "only the forwards that served the asking client's address)"})
     tls_cert: str | None = field(default=None, metadata={"help": "PEM certificate: serve wss:// (TLS) instead of ws://"})
     tls_key: str | None = field(default=None, metadata={"help": "PEM private key of --tls-cert"})
     hello_timeout_s: float = 10.0
@@ -262,7 +264,7 @@ class VerifierServer:
             since = get(message, "since", int)
             if since < 0:
                 raise ProtocolError(f"stats: since must be >= 0, got {since}")
-            batches, following = self.batcher.entries(since)
+            batches, following = self.batcher.entries(since, None if self.config.share_stats else client_address(ws))
             await ws.send(encode("stats", batches=batches, next=following))
             return
         if kind == "close":
@@ -291,7 +293,7 @@ class VerifierServer:
             await ws.send(encode("generated", **await self.generate(session, ws)))
         else:
             row = session.prepare(message)
-            served = await self.batcher.submit(row, lambda verdict: session.accept(row, verdict))
+            served = await self.batcher.submit(row, lambda verdict: session.accept(row, verdict), client_address(ws))
             self.stats["verifies"] += 1
             await ws.send(encode("verdict", accepted=served.verdict.accepted, token=served.verdict.next_token,
                                  tokens_in=served.verdict.tokens_in, compute_s=served.compute_s,
@@ -308,7 +310,8 @@ class VerifierServer:
         while session.seq.remaining:
             if ws.state is not State.OPEN:  # its client is gone: no more steps for nobody
                 raise ConnectionClosed(None, None)
-            served = await self.batcher.submit(Row(session.verifier, session.seq, empty, no_draft), session.step)
+            served = await self.batcher.submit(Row(session.verifier, session.seq, empty, no_draft), session.step,
+                                               client_address(ws))
             steps.append({"queue_s": served.queue_s, "compute_s": served.compute_s, "batch": served.batch_rows})
             session.last_active = time.monotonic()
             if session.constraints.stop.stops(served.verdict.next_token, len(session.seq.generated)):
