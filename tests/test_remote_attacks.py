@@ -404,3 +404,10 @@ def test_stats_answer_with_the_callers_own_forwards_unless_shared(models):
             ws.send(encode("stats", since=0))
             batches = decode(ws.recv(timeout=30))["batches"]
             assert len(batches) == (1 if share else 0)
+
+
+def test_ready_names_the_models_folder_only_to_clients_on_this_machine(models, pair):
+    background = BackgroundServer(models["cloud"])
+    assert decode(background.server.ready)["model"] == pair["cloud"]  # loopback: `specbench score` needs it
+    assert decode(background.server.ready_remote)["model"] == os.path.basename(pair["cloud"]) == "cloud"
+    background.server.compute.shutdown()

@@ -20,6 +20,7 @@ import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from websockets.asyncio.server import ServerConnection, serve
@@ -207,9 +208,13 @@ class VerifierServer:
         self.sessions: dict[ServerConnection, ServerSession] = {}
         self.answering: set[ServerConnection] = set()  # connections with a request not yet answered
         self.connections = 0  # open now
-        self.ready = encode("ready", schema=SCHEMA, model=model.name, vocab_size=model.backend.vocab_size,
-                            tokenizer_sha256=tokenizer_sha256(model.tokenizer),
-                            accepts_audio=model.backend.accepts_audio)
+        ready = dict(schema=SCHEMA, vocab_size=model.backend.vocab_size, tokenizer_sha256=tokenizer_sha256(model.tokenizer),
+                     accepts_audio=model.backend.accepts_audio)
+        # A client on this machine gets the model's folder (`specbench score` loads the cloud from the
+        # records); one elsewhere only the folder's name: the server's file layout is not its business.
+        self.ready = encode("ready", model=model.name, **ready)
+        self.ready_remote = encode("ready", model=Path(model.name).name if Path(model.name).is_dir() else model.name,
+                                   **ready)
         self.stats = {"connections": 0, "sessions": 0, "verifies": 0, "generated": 0, "errors": 0, "refused": 0}
 
     async def handle(self, ws: ServerConnection) -> None:
@@ -229,7 +234,7 @@ class VerifierServer:
             if self.config.token and not (isinstance(token, str) and
                                           hmac.compare_digest(token.encode(), self.config.token.encode())):
                 raise ProtocolError("bad or missing token: give the server's --token-file to the client", code="auth")
-            await ws.send(self.ready)
+            await ws.send(self.ready if is_loopback(client_address(ws)) else self.ready_remote)
             while True:
                 # Without a session a connection costs a slot and nothing else: it may idle only so long.
                 idle_s = None if ws in self.sessions else self.config.idle_timeout_s
