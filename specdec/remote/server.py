@@ -50,7 +50,7 @@ CLOUD_SEED_OFFSET = 0x9E3779B9
 SEED_RANGE = 1 << 64  # torch seeds are 64-bit: the cloud's seed wraps instead of overflowing
 SHUTDOWN_ANSWER_POLLS = 200  # 10 ms each: at most 2 s for requests in flight to get their error verdict
 SHUTDOWN = "the server is shutting down (SIGTERM or SIGINT): retry against a running server"
-log = logging.getLogger("specbench.serve")
+logger = logging.getLogger("specbench.serve")
 
 
 @dataclass(frozen=True)
@@ -250,13 +250,13 @@ class VerifierServer:
             code = getattr(e, "code", None) or ("shutdown" if isinstance(e, Stopped) else
                                                 "verify_failed" if isinstance(e, RowFailed) else "refused")
             self.stats["errors"] += 1
-            log.warning("refused a client (%s): %s", code, e)
+            logger.warning("refused a client (%s): %s", code, e)
             await self.refuse(ws, code, str(e))
         except (ConnectionClosed, asyncio.TimeoutError):
             pass
         except Exception as e:  # a bug must not take the server down: report it, close this session only
             self.stats["errors"] += 1
-            log.exception("session failed")
+            logger.exception("session failed")
             await self.refuse(ws, "internal", f"{type(e).__name__}: {e}")
         finally:
             self.connections -= 1
@@ -313,7 +313,7 @@ class VerifierServer:
         steps: list[dict] = []
         stopped_by = "max_new_tokens"
         while session.seq.remaining:
-            if ws.state is not State.OPEN:  # its client is gone: no more steps for nobody
+            if ws.state is not State.OPEN:  # its client is gone: stop generating for no one
                 raise ConnectionClosed(None, None)
             served = await self.batcher.submit(Row(session.verifier, session.seq, empty, no_draft), session.step,
                                                client_address(ws))
