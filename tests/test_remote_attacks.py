@@ -324,16 +324,18 @@ def test_a_sigkilled_fleet_leaves_no_server_running(pair, models, tmp_path):
 
 # -- 6. limits ---------------------------------------------------------------------------------------------
 def test_connection_cap_idle_connections_and_sessions_per_client(models):
-    background = BackgroundServer(models["cloud"], ServeConfig(max_connections=3, idle_timeout_s=0.3,
-                                                               max_sessions_per_client=1))
-    with background as url:
+    with BackgroundServer(models["cloud"], ServeConfig(max_connections=3)) as url:
         idle = [raw_client(url) for _ in range(3)]  # hello, then nothing: the cap is full
         with pytest.raises(CloudUnreachable, match=r"server at capacity: 3 connections open \(--max-connections\)"):
             RemoteCloud(url).connect()
+    background = BackgroundServer(models["cloud"], ServeConfig(idle_timeout_s=0.3))
+    with background as url:
+        idle = [raw_client(url) for _ in range(3)]
         for ws in idle:  # a connection without a session is closed after the idle timeout
             error, _ = refused(ws)
             assert error["code"] == "idle" and "no session on this connection for 0.3 s" in error["message"]
         wait_for(lambda: background.server.connections == 0, "the idle connections closed")
+    with BackgroundServer(models["cloud"], ServeConfig(max_sessions_per_client=1)) as url:
         holder = raw_client(url)
         holder.send(opening())
         holder.send(encode("verify", base=6, new=[], draft=[1]))
