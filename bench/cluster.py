@@ -25,8 +25,10 @@ import fcntl
 import math
 import multiprocessing
 import os
+import signal
 import socket
 import tempfile
+import threading
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -71,6 +73,9 @@ def joined(address: str | None) -> Iterator[object]:
     if ray.is_initialized():
         yield ray
         return
+    # ray.init replaces SIGTERM's handler with sys.exit(15) (and a native stack dump); the command's
+    # own one makes SIGTERM a Ctrl-C: exit 130 and one line, as with the local executor.
+    on_sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     try:
         if address is None:
             ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, log_to_driver=False,
@@ -81,6 +86,9 @@ def joined(address: str | None) -> Iterator[object]:
         where = "no Ray cluster runs on this machine" if address == "auto" else f"cannot join the Ray cluster at {address}"
         raise ConfigError(f"{where} ({first_line(e)}): start one with `ray start --head`, or drop --ray-address to "
                           "start one for this sweep") from None
+    finally:
+        if on_sigterm is not None:
+            signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield ray
     finally:

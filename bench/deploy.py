@@ -20,7 +20,7 @@ from bench.network import PRESETS, NetworkProfile, profile
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
-from specdec.remote.protocol import parse_address, read_token
+from specdec.remote.protocol import parse_address, read_token, token_file_warning
 from specdec.remote.server import ServeConfig, is_loopback, run_server
 
 
@@ -35,6 +35,16 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--session-ttl", type=float, default=ServeConfig.session_ttl_s, help="free a session idle this many s")
     p.add_argument("--max-message-mb", type=float, default=ServeConfig.max_message_mb, help="largest message (MiB)")
     p.add_argument("--token-file", type=Path, help="file holding a shared secret every client must present")
+    p.add_argument("--share-stats", action="store_true",
+                   help="`stats` shows every client the whole batch log (default: only its own address's forwards)")
+    p.add_argument("--tls-cert", help="PEM certificate: serve wss:// (TLS), as the README's two-machine setup needs")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument("--max-connections", type=int, default=ServeConfig.max_connections,
+                   help="open connections at most; one more is refused at once")
+    p.add_argument("--idle-timeout", type=float, default=ServeConfig.idle_timeout_s,
+                   help="close a connection that holds no session after this many idle seconds")
+    p.add_argument("--max-sessions-per-client", type=int, default=None,
+                   help="open sessions per client address at most (default: --max-sessions)")
     p.add_argument("--max-batch", type=int, default=ServeConfig.max_batch,
                    help="verify requests of different sessions run as one forward, at most this many (1: unbatched)")
     p.add_argument("--batch-window-ms", type=float, default=ServeConfig.batch_window_ms,
@@ -43,9 +53,13 @@ def add_serve_parser(sub) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     token = read_token(args.token_file) if args.token_file else None
-    config = ServeConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
+    if token and (warning := token_file_warning(args.token_file)):
+        print(warning, file=sys.stderr, flush=True)
+    config = ServeConfig(share_stats=args.share_stats, tls_cert=args.tls_cert, tls_key=args.tls_key, host=args.host, port=args.port, max_sessions=args.max_sessions,
                          session_ttl_s=args.session_ttl, max_message_mb=args.max_message_mb, token=token,
-                         max_batch=args.max_batch, batch_window_ms=args.batch_window_ms)
+                         max_batch=args.max_batch, batch_window_ms=args.batch_window_ms,
+                         max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
+                         max_sessions_per_client=args.max_sessions_per_client)
     if args.cores:
         pin_cores(parse_cores(args.cores))
     model = load_model(args.model, args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True))

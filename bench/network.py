@@ -17,6 +17,12 @@ HEADER_BYTES = 64
 TOKEN_BYTES = 4  # one int32 token id; vocabularies of ~150k ids need more than 16 bits
 
 
+# Past these a link is a typo, not a network (`--rtt 1e9s` held every call for 32 years, `--up
+# 1e-30mbit` one byte for ages): a geostationary hop is 0.6 s, a 2G uplink tens of kbit/s.
+MAX_RTT_S = 60.0
+MIN_RATE_BPS = 1e3
+
+
 @dataclass(frozen=True)
 class NetworkProfile:
     name: str
@@ -27,9 +33,15 @@ class NetworkProfile:
     def __post_init__(self) -> None:
         if not (self.rtt_s >= 0 and math.isfinite(self.rtt_s)):
             raise ConfigError(f"network {self.name!r}: rtt_s must be a finite number >= 0, got {self.rtt_s}")
+        if self.rtt_s > MAX_RTT_S:
+            raise ConfigError(f"network {self.name!r}: an rtt of {self.rtt_s:g} s is beyond any network "
+                              f"(at most {MAX_RTT_S:g} s; did you mean ms?)")
         for field in ("uplink_bps", "downlink_bps"):
             if not getattr(self, field) > 0:
                 raise ConfigError(f"network {self.name!r}: {field} must be > 0 (math.inf for free), got {getattr(self, field)}")
+            if getattr(self, field) < MIN_RATE_BPS:
+                raise ConfigError(f"network {self.name!r}: {field} {getattr(self, field):g} bit/s is below any network "
+                                  f"(at least {MIN_RATE_BPS:g} bit/s, i.e. 1kbit)")
 
     def transfer_s(self, uplink_bytes: int, downlink_bytes: int) -> float:
         """Seconds for one call that sends `uplink_bytes` and receives `downlink_bytes`."""

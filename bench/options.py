@@ -3,8 +3,8 @@ per field, with the field's type, default, help and choices, so `run`, `profile`
 the same settings and a setting added to specdec/config.py reaches all three.
 
     --name-with-dashes   one per field (plus any `flags` the field's metadata lists as aliases);
-                         a bool that defaults to True becomes --no-NAME, one that defaults to
-                         False becomes --NAME
+                         a bool is one switch with both spellings, --NAME and --no-NAME
+                         (argparse.BooleanOptionalAction)
     run, profile         EngineConfig + PromptInputs (+ --out) + SpecConfig + DecodeConfig
     sweep                SweepConfig: grid axes take comma-separated lists, and no flag has a
                          default, so a TOML config is overridden only by the flags given
@@ -60,7 +60,7 @@ class Option:
 
     name: str  # the field's name = argparse's dest
     flags: tuple[str, ...]  # the first is the one written back by `argv`
-    action: str  # "store" | "store_false" (--no-NAME) | "store_true" | "store_const_false"
+    action: str  # "store" | "switch" (--NAME / --no-NAME)
     parse: Callable[[str], Any] | None
     default: Any
     required: bool
@@ -71,17 +71,17 @@ class Option:
         extra: dict[str, Any] = {"dest": self.name, "default": self.default, "help": self.help}
         if self.action == "store":
             extra.update(type=self.parse, required=self.required, choices=self.choices)
-        elif self.action == "store_const_false":
-            extra.update(action="store_const", const=False)
         else:
-            extra.update(action=self.action)
+            extra.update(action=argparse.BooleanOptionalAction)
         parser.add_argument(*self.flags, **extra)
 
     def argv(self, value: Any) -> list[str]:
         """The flags that give `value`; nothing for the default."""
         if value is None or (value == self.default and not self.required):
             return []
-        return [self.flags[0], str(value)] if self.action == "store" else [self.flags[0]]
+        if self.action == "switch":
+            return [self.flags[0] if value else "--no-" + self.flags[0].removeprefix("--")]
+        return [self.flags[0], str(value)]
 
 
 def _value_type(hint: Any) -> type:
@@ -93,15 +93,6 @@ def _value_type(hint: Any) -> type:
 
 def _flags(f: Field, source: Field) -> tuple[str, ...]:
     return (f"--{f.name.replace('_', '-')}", *source.metadata.get("flags", ()))
-
-
-def _negated(f: Field) -> tuple[str, ...]:
-    """A setting that is on by default is turned off with --no-NAME."""
-    return (f"--no-{f.name.replace('_', '-')}",)
-
-
-def _off(help_text: str | None) -> str | None:
-    return f"turn off: {help_text}" if help_text else None
 
 
 def field_options(cls: type) -> list[Option]:
@@ -117,10 +108,8 @@ def field_options(cls: type) -> list[Option]:
         required = f.default is MISSING and f.default_factory is MISSING
         default = None if required else f.default
         help_text, choices = source.metadata.get("help"), source.metadata.get("choices")
-        if kind is bool and default is True:
-            options.append(Option(f.name, _negated(f), "store_false", None, default, False, _off(help_text), None))
-        elif kind is bool:
-            options.append(Option(f.name, _flags(f, source), "store_true", None, default, False, help_text, None))
+        if kind is bool:  # one switch, both spellings: `--overlap` and `--no-overlap`
+            options.append(Option(f.name, _flags(f, source), "switch", None, default, False, help_text, None))
         else:
             parse = _comma_list(PARSERS[kind]) if typing.get_origin(hints[f.name]) is tuple else PARSERS[kind]
             options.append(Option(f.name, _flags(f, source), "store", parse, default, required, help_text, choices))
@@ -149,10 +138,8 @@ def sweep_options() -> list[Option]:
             described = "one grid axis, comma-separated" + (f": {help_text}" if help_text else "")
             described += f"; each one of {', '.join(choices)}" if choices else ""
             options.append(Option(f.name, _flags(f, source), "store", parse_list, None, False, described, None))
-        elif kind is bool and f.default is True:
-            options.append(Option(f.name, _negated(f), "store_const_false", None, None, False, _off(help_text), None))
         elif kind is bool:
-            options.append(Option(f.name, _flags(f, source), "store_true", None, None, False, help_text, None))
+            options.append(Option(f.name, _flags(f, source), "switch", None, None, False, help_text, None))
         else:
             options.append(Option(f.name, _flags(f, source), "store", PARSERS[kind], None, False, help_text, choices))
     return options

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.backends.base import Backend
+from specdec.errors import SpecdecError
 from specdec.session import AcceptedSequence
 from specdec.verifier import CachedVerifier, StatelessVerifier
 
@@ -37,6 +38,11 @@ class BatchRow:
     seq: AcceptedSequence
     draft_tokens: torch.Tensor  # [n], n >= 0 (0: a plain next-token step, as in cloud-only serving)
     draft_probs: torch.Tensor | None = None
+
+
+class RowFailed(SpecdecError):
+    """One row's verdict could not be decided (its distribution is not finite, its policy raised):
+    that row fails alone, with its own reason; the rows beside it in the forward are unaffected."""
 
 
 @dataclass(frozen=True)

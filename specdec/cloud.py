@@ -102,6 +102,8 @@ class LocalCloudSession:
         cloud_logits = logits[:, : self.vocab]  # [n+1, V]
         cloud_logits = process_rows(cloud_logits, seq.generated, draft_tokens.tolist(), self.constraints)
         cloud_probs = distribution(cloud_logits, self.decode.temperature)
+        if not bool(torch.isfinite(cloud_probs).all()):
+            raise SpecdecError(f"the cloud distribution is not finite at temperature {self.decode.temperature:g}")
         accepted, next_token = self.policy(
             draft_tokens, draft_probs, cloud_logits, cloud_probs, self.decode.do_sample, self.generator
         )

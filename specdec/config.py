@@ -125,6 +125,9 @@ class EngineConfig:
 
 
 ON_CLOUD_LOSS = ("fail", "edge")
+# Sampling below this temperature is greedy up to rounding, and far below it `logits / T` overflows
+# to inf and the distribution turns NaN (a session at 1e-40 made torch.multinomial raise): refused.
+MIN_TEMPERATURE = 1e-2
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,11 @@ class DecodeConfig:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 <= self.seed < 1 << 64:
+            raise ConfigError(f"seed must be in [0, 2**64), got {self.seed}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"temperature {self.temperature:g} is below {MIN_TEMPERATURE:g}, where the distribution "
+                              "stops being finite: use 0 for greedy decoding, or a temperature >= 0.01")
 
     @property
     def do_sample(self) -> bool:

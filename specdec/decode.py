@@ -129,7 +129,8 @@ def speculative_decode(
                     cycle.t_sent_s = drafter.sent_at - start
                 if verdict is None:  # the cloud is lost: keep the draft, unverified (edge-only from now on)
                     cycle.escalated = False
-                    drafter.settle(False, None)
+                    cycle.ahead_guess = drafter.guess  # what was drafted ahead is dropped with the verdict
+                    cycle.ahead_kept, cycle.ahead_wasted = drafter.settle(False, None)
                 else:
                     cycle.t_reply_s = time.perf_counter() - start
                     cycle.ahead_guess, cycle.edge_wait_s = drafter.guess, drafter.wait_s
@@ -149,7 +150,9 @@ def speculative_decode(
             seq.extend(emitted)
             # rollback
             if not drafter.holds_ahead:  # kept ahead tokens sit past the accepted sequence: nothing to crop
-                edge_session.rollback(min(edge_session.length, base + cycle.accepted), seq)
+                # The cache keeps one accepted token unseen, the next draft's first feed: after a
+                # cloud loss with drafting ahead it had fed the whole block (and the guess after it).
+                edge_session.rollback(min(edge_session.length, base + cycle.accepted, seq.length - 1), seq)
             if cycle.escalated:
                 link.rollback(base + cycle.accepted, seq)
             cycle.edge_s = edge_session.compute_s - edge_before

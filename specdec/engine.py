@@ -15,7 +15,7 @@ from specdec.models.loading import LoadedModel, load_model
 from specdec.processors import Constraints
 from specdec.profiles import build_constraints
 from specdec.remote.client import RemoteCloud, SessionSettings
-from specdec.remote.protocol import read_token, tokenizer_sha256
+from specdec.remote.protocol import read_token, token_file_warning, tokenizer_sha256
 from specdec.tokenstats import PunctuationTable
 from specdec.trace import Generation
 
@@ -80,8 +80,10 @@ class Engine(EngineConfig):
     def _connect(self) -> None:
         edge = self.model("edge")
         token = read_token(self.deploy.token_file) if self.deploy.token_file else None
+        if token and (warning := token_file_warning(self.deploy.token_file)):
+            self.log(warning)
         settings = SessionSettings(self.constraints, tuple(sorted(edge.eos_ids)))
-        remote = RemoteCloud(self.cloud_url, token, settings, timeout_s=self.deploy.cloud_timeout_s)
+        remote = RemoteCloud(self.cloud_url, token, settings, timeout_s=self.deploy.cloud_timeout_s)  # wss://: TLS
         ready = remote.connect()
         self._derived["remote"] = remote
         if ready["tokenizer_sha256"] != tokenizer_sha256(edge.tokenizer):

@@ -320,10 +320,14 @@ def test_the_batch_log_keeps_the_newest_entries_and_their_indices():
     from specdec.remote.batcher import Batcher
 
     batcher = Batcher(backend=None, compute=ThreadPoolExecutor(max_workers=1))
-    batcher.log = deque(maxlen=3)
+    batcher.log, batcher.owners = deque(maxlen=3), deque(maxlen=3)
     for i in range(5):
         batcher.logged += 1
         batcher.log.append({"i": i})
+        batcher.owners.append(frozenset({"10.0.0.1"} if i % 2 else {"10.0.0.2", "10.0.0.3"}))
     assert batcher.entries(0) == ([{"i": 2}, {"i": 3}, {"i": 4}], 5)  # 0 and 1 are gone
     assert batcher.entries(4) == ([{"i": 4}], 5) and batcher.entries(5) == ([], 5) and batcher.entries(1 << 40) == ([], 5)
+    # A client sees only the forwards that served it (unless the server shares the log).
+    assert batcher.entries(0, "10.0.0.1") == ([{"i": 3}], 5) and batcher.entries(0, "10.0.0.3") == ([{"i": 2}, {"i": 4}], 5)
+    assert batcher.entries(0, "10.0.0.9") == ([], 5)
     batcher.compute.shutdown()

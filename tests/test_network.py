@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 import pytest
 
+from bench.cli import main
 from bench.network import (
     HEADER_BYTES,
     PRESETS,
@@ -73,6 +74,8 @@ def test_custom_spec():
         ("rtt=40ms,up=-1mbit,down=50mbit", r"bad up value '-1mbit'"),
         ("rtt=40ms,up=0mbit,down=50mbit", r"uplink_bps must be > 0"),
         ("rtt=40ms,up,down=50mbit", r"bad field 'up'"),
+        ("rtt=1e9s,up=10mbit,down=50mbit", r"an rtt of 1e\+09 s is beyond any network \(at most 60 s"),
+        ("rtt=40ms,up=1e-30mbit,down=50mbit", r"uplink_bps 1e-24 bit/s is below any network"),
     ],
 )
 def test_bad_specs(spec, message):
@@ -142,3 +145,12 @@ def test_real_trace_from_the_engine():
     assert cost.calls == calls
     assert cost.uplink_bytes == sum(4 * c.cloud_tokens_in for c in generation.cycles if c.escalated) + calls * HEADER_BYTES
     assert cost.latency_s >= calls * net.rtt_s
+
+
+def test_a_link_beyond_physical_sense_is_one_line(capsys):
+    for flags in (["--rtt", "1e9s", "--up", "10mbit", "--down", "10mbit"],
+                  ["--rtt", "40ms", "--up", "1e-30mbit", "--down", "10mbit"]):
+        assert main(["link", "--to", "127.0.0.1:9", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: network")
+        assert "beyond any network" in err or "below any network" in err

@@ -83,3 +83,16 @@ def test_a_custom_network_spec_keeps_its_commas_in_a_list():
     assert parse_list("rtt=1ms,up=1mbit,down=1mbit,rtt=2ms,up=2mbit,down=2mbit") == [
         "rtt=1ms,up=1mbit,down=1mbit", "rtt=2ms,up=2mbit,down=2mbit"]
     assert parse_list("2,4,,6") == ["2", "4", "6"]
+
+
+def test_a_switch_takes_both_spellings_in_run_and_sweep(tmp_path):
+    """`run --overlap` was an error while the sweep axis is `--overlap true,false`: one switch now."""
+    parse = build_parser().parse_args
+    base = ["run", "--mode", "spec", "--edge", "e", "--cloud-url", "127.0.0.1:1", "--prompts", "p", "--out", "o"]
+    assert parse(base).overlap is True and parse([*base, "--overlap"]).overlap is True
+    assert parse([*base, "--no-overlap"]).overlap is False
+    assert parse([*base, "--no-chat-template"]).chat_template is False
+    sweep = ["sweep", "--edge", "e", "--cloud", "c", "--out", str(tmp_path)]
+    assert parse([*sweep, "--chat-template"]).chat_template is True and parse(sweep).chat_template is None
+    (switch,) = [o for o in run_options() if o.name == "overlap"]
+    assert (switch.argv(False), switch.argv(True)) == (["--no-overlap"], [])

@@ -124,6 +124,20 @@ def test_a_killed_driver_resumes_with_every_finished_row(cluster, pair, many, tm
     assert len(rows) == 4 * 16 and all(r["status"] == "ok" for r in rows.values())
 
 
+def test_sigterm_stops_a_ray_sweep_as_it_stops_a_local_one(cluster, pair, many, tmp_path):
+    """Ray's driver handler made SIGTERM exit 15 with a native stack dump: now exit 130, one line."""
+    out = tmp_path / "terminated"
+    argv = sweep_args(pair, many, out, "--executor", "ray", "--ray-address", cluster, "--max-new-tokens", 48)
+    driver = subprocess.Popen([sys.executable, "-m", "bench.cli", *argv], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_records(out / "results.jsonl", 1, lambda: driver.poll() is None)
+    finally:
+        driver.send_signal(signal.SIGTERM)
+    assert driver.wait(60) == 130
+    err = driver.stderr.read().strip().splitlines()
+    assert err[-1].startswith("interrupted: results written so far are kept") and "Traceback" not in "\n".join(err)
+
+
 def refused(argv: list[str], capsys, expect: str) -> None:
     capsys.readouterr()
     assert main([str(a) for a in argv]) == 2

@@ -24,12 +24,17 @@ from typing import Protocol
 import torch
 
 from specdec.backends.base import Backend
-from specdec.batching import BatchRow, Forward, batch_logits
+from specdec.batching import BatchRow, Forward, RowFailed, batch_logits
 from specdec.cloud import Verdict
+from specdec.errors import SpecdecError
 
 
 LOG_ENTRIES = 100_000  # forwards kept for `stats` (a fleet level reads its own as it ends)
 YIELDS = 3  # event-loop turns between answering a batch and taking the next (future -> coroutine -> queue)
+
+
+class Stopped(SpecdecError):
+    """The server is shutting down: a request queued or in its forward gets this instead of a verdict."""
 
 
 class Concludes(Protocol):
@@ -44,6 +49,7 @@ class QueuedRow:
     session: Concludes
     row: BatchRow
     future: asyncio.Future
+    owner: str = ""  # the client address the request came from: `stats` shows a client its own forwards
     queued: float = field(default_factory=time.perf_counter)
 
 
@@ -64,13 +70,29 @@ class Batcher:
         # One entry per forward: t_s (since start), rows, tokens, max_block, positions, forward_s, batch
         # (requests taken together). The newest LOG_ENTRIES only: a long-lived server must not grow.
         self.log: deque[dict] = deque(maxlen=LOG_ENTRIES)
+        self.owners: deque[frozenset[str]] = deque(maxlen=LOG_ENTRIES)  # per entry: the clients in that forward
         self.logged = 0  # entries ever logged: entry i is log[i - (logged - len(log))] while kept
         self.started = time.perf_counter()
+        self.taken: list[QueuedRow] = []  # the batch being collected or on the compute thread now
+        self.stopped: str | None = None  # why no request is taken any more
 
-    async def submit(self, session: Concludes, row: BatchRow) -> Served:
-        request = QueuedRow(session, row, asyncio.get_running_loop().create_future())
+    async def submit(self, session: Concludes, row: BatchRow, owner: str = "") -> Served:
+        if self.stopped:
+            raise Stopped(self.stopped)
+        request = QueuedRow(session, row, asyncio.get_running_loop().create_future(), owner)
         await self.queue.put(request)
         return await request.future
+
+    def stop(self, reason: str) -> None:
+        """Shutting down (the `run` task is cancelled beside this): every request queued or in the
+        forward now gets `Stopped`, so no handler waits for a verdict that will never come."""
+        self.stopped = reason
+        pending = list(self.taken)
+        while not self.queue.empty():
+            pending.append(self.queue.get_nowait())
+        for request in pending:
+            if not request.future.done():
+                request.future.set_exception(Stopped(reason))
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -85,16 +107,23 @@ class Batcher:
                     if not request.future.done():
                         request.future.set_exception(e)
                 continue
+            finally:
+                self.taken = []
             for forward in forwards:
                 self.logged += 1
                 self.log.append({"t_s": forward.start - self.started, "rows": len(forward.rows), "tokens": forward.tokens,
                                  "max_block": forward.max_block,
                                  "positions": sum(batch[i].row.draft_tokens.numel() + 1 for i in forward.rows),  # scored
                                  "forward_s": forward.seconds, "batch": len(batch)})
+                self.owners.append(frozenset(batch[i].owner for i in forward.rows))
                 for i in forward.rows:
-                    request = batch[i]
-                    if not request.future.done():  # its session may have gone meanwhile
-                        request.future.set_result(Served(verdicts[i], forward.start - request.queued,
+                    request, verdict = batch[i], verdicts[i]
+                    if request.future.done():  # its session may have gone meanwhile
+                        continue
+                    if isinstance(verdict, RowFailed):  # this row alone: its neighbours got theirs
+                        request.future.set_exception(verdict)
+                    else:
+                        request.future.set_result(Served(verdict, forward.start - request.queued,
                                                          ended - forward.start, len(forward.rows)))
             # Let the requests just answered run on to their next submit (a cloud-only session's next
             # step is immediate) before the next batch is taken: otherwise a closed loop splits into
@@ -103,7 +132,7 @@ class Batcher:
                 await asyncio.sleep(0)
 
     async def _collect(self, loop) -> list[QueuedRow]:
-        batch = [await self.queue.get()]
+        self.taken = batch = [await self.queue.get()]
         deadline = loop.time() + self.window_s
         while len(batch) < self.max_batch:
             if not self.queue.empty():
@@ -118,16 +147,27 @@ class Batcher:
                 break
         return [r for r in batch if not r.future.done()]  # a cancelled request: its client is gone
 
-    def entries(self, since: int) -> tuple[list[dict], int]:
-        """The entries from index `since` on (those still kept), and the index to ask from next."""
+    def entries(self, since: int, owner: str | None = None) -> tuple[list[dict], int]:
+        """The entries from index `since` on (those still kept; with `owner`, only the forwards that
+        served that client), and the index to ask from next."""
         first_kept = self.logged - len(self.log)
-        return list(itertools.islice(self.log, max(since - first_kept, 0), None)), self.logged
+        start = min(max(since - first_kept, 0), len(self.log))  # islice takes no index past sys.maxsize
+        kept = itertools.islice(zip(self.log, self.owners), start, None)
+        return [entry for entry, owners in kept if owner is None or owner in owners], self.logged
 
     @torch.inference_mode()  # thread-local: entered here, on the compute thread, it covers the crops too
-    def _forward(self, batch: list[QueuedRow]) -> tuple[list[Verdict], list[Forward], float]:
+    def _forward(self, batch: list[QueuedRow]) -> tuple[list[Verdict | RowFailed], list[Forward], float]:
         """The batch's forwards, verdicts (constraints, policy) and crops; and when all were done.
         The crops (`conclude`) cut the caches' inference tensors: `batch_logits`' own inference
         mode ends when it returns, so this one must span them."""
         logits, forwards = batch_logits(self.backend, [r.row for r in batch])
-        verdicts = [r.session.conclude(r.row, row_logits) for r, row_logits in zip(batch, logits)]
-        return verdicts, forwards, time.perf_counter()
+        return [_conclude_alone(r, row_logits) for r, row_logits in zip(batch, logits)], forwards, time.perf_counter()
+
+
+def _conclude_alone(request: QueuedRow, logits: torch.Tensor) -> Verdict | RowFailed:
+    """One session's verdict, accept and crop; if any of it raises (a distribution that is not
+    finite, a policy error) that row fails alone, its neighbours in the forward keep theirs."""
+    try:
+        return request.session.conclude(request.row, logits)
+    except Exception as e:  # one session's settings or policy must not fail the others in its batch
+        return RowFailed(f"this session's verdict failed: {type(e).__name__}: {e}")

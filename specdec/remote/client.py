@@ -7,7 +7,9 @@ the socket itself: what crossed, WebSocket framing included.
 """
 from __future__ import annotations
 
+import math
 import socket
+import ssl
 import time
 from dataclasses import dataclass
 
@@ -20,15 +22,20 @@ from specdec.cloud import CloudLost, Verdict
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.errors import ConfigError
 from specdec.processors import Constraints
-from specdec.remote.protocol import SCHEMA, decode, encode, pack_probs, pack_tensors, parse_address
+from specdec.remote.protocol import (
+    SCHEMA, ProtocolError, decode, encode, pack_probs, pack_tensors, parse_address,
+)
 from specdec.session import AcceptedSequence
+
+
+MAX_REPLY_MB = 16  # a ready or a verdict is bytes long: a server may not send the edge more than this
 
 
 class CloudUnreachable(ConfigError):
     """The verifier server cannot be reached or refused us at the start: nothing was generated."""
 
 
-class CountingSocket(socket.socket):
+class Counting:
     """A TCP socket that counts the bytes it sends and receives, and notes when bytes last arrived
     (the recv side runs on the WebSocket library's reader thread, which reads a reply as soon as it
     lands even while the edge is busy drafting ahead; int increments are atomic under the GIL)."""
@@ -48,6 +55,15 @@ class CountingSocket(socket.socket):
         return data
 
 
+class CountingSocket(Counting, socket.socket):
+    pass
+
+
+class CountingTLSSocket(Counting, ssl.SSLSocket):
+    """The same counts over TLS (wss://): the WebSocket's bytes before encryption (TLS records add
+    about 29 bytes each)."""
+
+
 @dataclass(frozen=True)
 class SessionSettings:
     """What the server needs besides the prompt: the edge's stop ids and constraint profile."""
@@ -58,14 +74,20 @@ class SessionSettings:
 
 class RemoteCloud:
     def __init__(self, url: str, token: str | None = None, settings: SessionSettings = SessionSettings(),
-                 timeout_s: float = 60.0, connect_timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 60.0, connect_timeout_s: float = 10.0, ca_file: str | None = None) -> None:
         if not timeout_s > 0 or not connect_timeout_s > 0:
             raise ConfigError(f"cloud timeouts must be > 0 seconds, got {timeout_s} and {connect_timeout_s}")
         self.url, self.token, self.settings = url, token, settings
         self.host, self.port = parse_address(url, "--cloud-url")
+        # wss://: TLS, the server's certificate checked against the system's authorities (SSL_CERT_FILE
+        # names others) or `ca_file` (a self-signed server's own certificate).
+        self.tls: ssl.SSLContext | None = None
+        if url.strip().startswith("wss://"):
+            self.tls = ssl.create_default_context(cafile=ca_file)
+            self.tls.sslsocket_class = CountingTLSSocket
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.ws: ClientConnection | None = None
-        self.sock: CountingSocket | None = None
+        self.sock: Counting | None = None
         self.info: dict = {}
         self.handshake_s: float | None = None
 
@@ -83,13 +105,22 @@ class RemoteCloud:
         plain.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small request/reply messages
         self.sock = CountingSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
         try:
-            self.ws = connect(f"ws://{self.host}:{self.port}/", sock=self.sock, open_timeout=self.connect_timeout_s,
-                              max_size=None, compression=None, close_timeout=1)
+            scheme = "wss" if self.tls else "ws"
+            self.ws = connect(f"{scheme}://{self.host}:{self.port}/", sock=self.sock, open_timeout=self.connect_timeout_s,
+                              max_size=MAX_REPLY_MB << 20, compression=None, close_timeout=1, ssl=self.tls,
+                              server_hostname=self.host if self.tls else None)
+            self.sock = self.ws.socket  # over TLS: the wrapping socket, which counts the same way
             start = time.perf_counter()
             self.ws.send(encode("hello", schema=SCHEMA, token=self.token))
             ready = self._receive(self.connect_timeout_s, expect=("ready",))
+            self._conforms(ready, {"vocab_size": (int, 1, None), "accepts_audio": (bool, None, None),
+                                   "model": (str, None, None), "tokenizer_sha256": (str, None, None)})
             self.handshake_s = time.perf_counter() - start  # one bare round trip: a floor for a verify's
-        except (OSError, InvalidHandshake, InvalidURI, TimeoutError, CloudLost) as e:
+        except ConnectionClosed as e:  # refused before our hello went out (a server at capacity closes at once)
+            reason = e.rcvd.reason if e.rcvd and e.rcvd.reason else "connection lost"
+            self.close()
+            raise CloudUnreachable(f"the cloud verifier at {self.url} did not complete the handshake: {reason}") from None
+        except (OSError, InvalidHandshake, InvalidURI, TimeoutError, CloudLost, ssl.SSLError) as e:
             self.close()
             raise CloudUnreachable(f"the cloud verifier at {self.url} did not complete the handshake: {e}") from None
         self.info = ready
@@ -120,7 +151,10 @@ class RemoteCloud:
         return self._check(raw, expect)
 
     def _check(self, raw: bytes, expect: tuple[str, ...]) -> dict:
-        message = decode(raw)
+        try:
+            message = decode(raw)
+        except ProtocolError as e:
+            self._violated(str(e))
         if message["type"] == "error":
             self.close()
             raise CloudLost(f"the cloud verifier at {self.url} refused: {message.get('message')}")
@@ -128,6 +162,23 @@ class RemoteCloud:
             self.close()
             raise CloudLost(f"the cloud verifier at {self.url} sent {message['type']!r} where {expect[0]!r} was due")
         return message
+
+    def _conforms(self, message: dict, fields: dict[str, tuple[type, float | None, float | None]]) -> None:
+        """Each field is present, of its type (an int where a float is due), finite, within [low, high]."""
+        for name, (kind, low, high) in fields.items():
+            value = message.get(name)
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+                self._violated(f"{message['type']}.{name} must be {kind.__name__}, got {type(value).__name__}")
+            if kind is float and not math.isfinite(value) or low is not None and value < low or \
+                    high is not None and value > high:
+                self._violated(f"{message['type']}.{name} = {value!r} is outside [{low}, {high}]")
+
+    def _violated(self, reason: str) -> None:
+        """A reply that breaks the protocol fails this prompt as a lost cloud would, with the reason."""
+        self.close()
+        raise CloudLost(f"the cloud verifier at {self.url} broke the protocol: {reason}")
 
     def _send(self, data: bytes) -> None:
         try:
@@ -161,15 +212,15 @@ class RemoteCloud:
             constraints=self.settings.constraints, eos_ids=list(self.settings.eos_ids), vocab=vocab,
         )
         return RemoteCloudSession(self, opening, prompt.input_ids.numel(), bool(prompt.features),
-                              spec.policy == "sample", spec.draft_topn)
+                                  spec.policy == "sample", spec.draft_topn, vocab)
 
 
 class RemoteCloudSession:
     """One session. `server_length` is how much of the accepted sequence the server holds."""
 
     def __init__(self, cloud: RemoteCloud, opening: bytes, prompt_len: int, has_features: bool, send_probs: bool,
-                 topn: int | None) -> None:
-        self.cloud, self.opening, self.has_features = cloud, opening, has_features
+                 topn: int | None, vocab: int) -> None:
+        self.cloud, self.opening, self.has_features, self.vocab = cloud, opening, has_features, vocab
         # Expected send -> verdict time: the handshake's bare round trip until a verify is measured,
         # then the round trips so far (EMA, alpha 0.5). Drafting ahead stops at its expected end.
         self.round_trip_s = cloud.handshake_s
@@ -187,7 +238,7 @@ class RemoteCloudSession:
         is read by `receive`, so the edge can draft meanwhile."""
         cloud, sock = self.cloud, self.cloud.sock
         self.pending = {"up": sock.sent, "down": sock.received, "first": self.opening is not None,
-                        "start": time.perf_counter(), "base": seq.length, "reply": None}
+                        "start": time.perf_counter(), "base": seq.length, "reply": None, "n": draft_tokens.numel()}
         if self.opening is not None:
             cloud._send(self.opening)
             self.opening = None
@@ -212,6 +263,10 @@ class RemoteCloudSession:
             reply = self.cloud._check(pending["reply"], expect=("verdict",))
         else:
             reply = self.cloud._receive(self.cloud.timeout_s, expect=("verdict",))
+        # Checked against what was sent before any of it is used: a server cannot index the edge out of range.
+        self.cloud._conforms(reply, {"accepted": (int, 0, pending["n"]), "token": (int, 0, self.vocab - 1),
+                                     "tokens_in": (int, 0, None), "compute_s": (float, 0, None),
+                                     "queue_s": (float, 0, None)})
         # Send -> the verdict's last byte on the socket: the round trip itself, even when the edge
         # was still drafting ahead when it landed (then it reads the verdict later: edge_wait_s).
         wait_s = sock.last_arrival - pending["start"]

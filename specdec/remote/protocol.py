@@ -117,13 +117,21 @@ def unpack_probs(data: Any, n: int, vocab: int) -> torch.Tensor:
         probs = tensors["probs"]
         if probs.dtype != torch.float32 or probs.shape != (n, vocab):
             raise ProtocolError(f"probs must be float32 [{n}, {vocab}], got {probs.dtype} {list(probs.shape)}")
-        return probs
+        return checked_distributions(probs)
     index, value = tensors.get("index"), tensors.get("value")
     if index is None or value is None or index.shape != value.shape or index.ndim != 2 or index.shape[0] != n:
         raise ProtocolError(f"top-N probs must be `index` and `value` of one shape [{n}, N]")
     if index.dtype != torch.int32 or value.dtype != torch.float32 or bool((index < 0).any() | (index >= vocab).any()):
         raise ProtocolError(f"top-N probs: int32 indices in [0, {vocab}) and float32 values expected")
-    return torch.zeros(n, vocab).scatter_(-1, index.long(), value)
+    return checked_distributions(torch.zeros(n, vocab).scatter_(-1, index.long(), value))
+
+
+def checked_distributions(probs: torch.Tensor) -> torch.Tensor:
+    """[n, V] rows that are distributions: finite, >= 0, each summing to a positive total (the
+    policy divides by them and draws from them)."""
+    if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()) or bool((probs.sum(-1) <= 0).any()):
+        raise ProtocolError("probs must be finite, non-negative rows with a positive sum")
+    return probs
 
 
 def tokenizer_sha256(tokenizer: Any) -> str:
@@ -132,8 +140,8 @@ def tokenizer_sha256(tokenizer: Any) -> str:
 
 
 def parse_address(text: str, what: str = "address") -> tuple[str, int]:
-    """'HOST:PORT' (or 'ws://HOST:PORT') -> (host, port). IPv6 hosts in brackets: [::1]:8000."""
-    address = text.strip().removeprefix("ws://").rstrip("/")
+    """'HOST:PORT' (or 'ws://HOST:PORT', 'wss://HOST:PORT') -> (host, port). IPv6 hosts in brackets: [::1]:8000."""
+    address = text.strip().removeprefix("wss://").removeprefix("ws://").rstrip("/")
     host, sep, port = address.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -150,3 +158,10 @@ def read_token(path: str | Path) -> str:
     if not token:
         raise ConfigError(f"token file {path} is empty: put a shared secret in it")
     return token
+
+
+def token_file_warning(path: str | Path) -> str | None:
+    """A line to print when other users of this machine can read the secret (mode o+r)."""
+    if Path(path).stat().st_mode & 0o004:
+        return f"warning: token file {path} is readable by every user of this machine: chmod 600 {path}"
+    return None

@@ -16,16 +16,19 @@ import hmac
 import ipaddress
 import logging
 import signal
+import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from specdec.backends.base import Prompt
-from specdec.batching import BatchRow
+from specdec.batching import BatchRow, RowFailed
 from specdec.cloud import LocalCloudSession, Verdict
 from specdec.config import CONSTRAINT_PROFILES, DecodeConfig, SpecConfig
 from specdec.errors import ConfigError, SpecdecError
@@ -33,7 +36,7 @@ from specdec.models.loading import LoadedModel
 from specdec.policies import POLICIES
 from specdec.profiles import build_constraints
 from specdec.remote.background import Background
-from specdec.remote.batcher import Batcher
+from specdec.remote.batcher import Batcher, Stopped
 from specdec.remote.protocol import (
     MAX_DRAFT_TOKENS, OPEN_FIELDS, SCHEMA, ProtocolError, decode, encode, field as get, token_ids,
     tokenizer_sha256, unpack_probs, unpack_tensors,
@@ -44,6 +47,10 @@ from specdec.verifier import VERIFIERS
 # The server's sampling stream must not be the edge's: seeding both with the same seed would feed
 # the acceptance test the very uniforms that drew the draft tokens.
 CLOUD_SEED_OFFSET = 0x9E3779B9
+SEED_RANGE = 1 << 64  # torch seeds are 64-bit: the cloud's seed wraps instead of overflowing
+SHUTDOWN_ANSWER_POLLS = 200  # 10 ms each: at most 2 s for requests in flight to get their error verdict
+SHUTDOWN = "the server is shutting down (SIGTERM or SIGINT): retry against a running server"
+logger = logging.getLogger("specbench.serve")
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,13 @@ class ServeConfig:
     token: str | None = field(default=None, metadata={"help": "shared secret every session must present"})
     max_batch: int = field(default=16, metadata={"help": "verify requests of different sessions run as one forward, at most this many (1: unbatched)"})
     batch_window_ms: float = field(default=0.0, metadata={"help": "wait this long for more requests before a forward (0: batch only what already queued)"})
+    max_connections: int = field(default=256, metadata={"help": "open connections at most; one more is refused at once"})
+    idle_timeout_s: float = field(default=30.0, metadata={"help": "close a connection that holds no session after this many idle seconds"})
+    max_sessions_per_client: int | None = field(default=None, metadata={"help": "open sessions per client address at most (default: --max-sessions)"})
+    share_stats: bool = field(default=False, metadata={"help": "`stats` shows every client the whole batch log (default: "
+                                                              "only the forwards that served the asking client's address)"})
+    tls_cert: str | None = field(default=None, metadata={"help": "PEM certificate: serve wss:// (TLS) instead of ws://"})
+    tls_key: str | None = field(default=None, metadata={"help": "PEM private key of --tls-cert"})
     hello_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -65,17 +79,43 @@ class ServeConfig:
             raise ConfigError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if not self.session_ttl_s > 0:
             raise ConfigError(f"session_ttl_s must be > 0 seconds, got {self.session_ttl_s}")
+        if self.max_connections < 1:
+            raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
+        if not self.idle_timeout_s > 0:
+            raise ConfigError(f"idle_timeout_s must be > 0 seconds, got {self.idle_timeout_s}")
+        if self.max_sessions_per_client is not None and self.max_sessions_per_client < 1:
+            raise ConfigError(f"max_sessions_per_client must be >= 1 (or unset), got {self.max_sessions_per_client}")
         if self.max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1 (1 = unbatched), got {self.max_batch}")
         if not 0 <= self.batch_window_ms <= 1000:
             raise ConfigError(f"batch_window_ms must be in [0, 1000] ms, got {self.batch_window_ms}")
         if not self.max_message_mb > 0:
             raise ConfigError(f"max_message_mb must be > 0, got {self.max_message_mb}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("TLS needs both --tls-cert and --tls-key (PEM files), or neither")
         if not is_loopback(self.host) and not self.token:
             raise ConfigError(
                 f"refusing to bind {self.host}: only loopback is served without credentials; "
                 "give --token-file FILE (a shared secret) or bind 127.0.0.1"
             )
+
+
+def server_tls(config: ServeConfig) -> ssl.SSLContext | None:
+    """The TLS context of --tls-cert/--tls-key, or None for plain ws:// (a bad file is one line)."""
+    if config.tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"cannot load the TLS certificate {config.tls_cert} with key {config.tls_key}: "
+                          f"{getattr(e, 'strerror', None) or e}; give PEM files that belong together") from None
+    return context
+
+
+def client_address(ws: ServerConnection) -> str:
+    address = ws.remote_address
+    return str(address[0]) if address else "unknown"
 
 
 def is_loopback(host: str) -> bool:
@@ -124,7 +164,7 @@ class ServerSession:
         eos_ids = frozenset(token_ids(message, "eos_ids", vocab_limit))
         self.constraints = constraints = build_constraints(model, settings["constraints"], self.vocab, eos_ids)
         prompt = Prompt(torch.tensor(prompt_ids, dtype=torch.long), features)
-        generator = torch.Generator().manual_seed(settings["seed"] + CLOUD_SEED_OFFSET)
+        generator = torch.Generator().manual_seed((settings["seed"] + CLOUD_SEED_OFFSET) % SEED_RANGE)
         # Mirror of the edge's accepted sequence: it grows by `new` and by the accepted draft tokens.
         self.seq = AcceptedSequence(prompt.input_ids, decode_config.max_new_tokens)
         self.cloud = LocalCloudSession(model.backend, prompt, spec, decode_config, constraints, self.vocab, generator)
@@ -169,43 +209,74 @@ class ServerSession:
 class VerifierServer:
     def __init__(self, model: LoadedModel, config: ServeConfig, log=print) -> None:
         self.model, self.config, self.log = model, config, log
+        self.tls = server_tls(config)
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
         self.batcher = Batcher(model.backend, self.compute, config.max_batch, config.batch_window_ms / 1e3)
         self.sessions: dict[ServerConnection, ServerSession] = {}
-        self.ready = encode("ready", schema=SCHEMA, model=model.name, vocab_size=model.backend.vocab_size,
-                            tokenizer_sha256=tokenizer_sha256(model.tokenizer),
-                            accepts_audio=model.backend.accepts_audio)
+        self.answering: set[ServerConnection] = set()  # connections with a request not yet answered
+        self.connections = 0  # open now
+        ready = dict(schema=SCHEMA, vocab_size=model.backend.vocab_size, tokenizer_sha256=tokenizer_sha256(model.tokenizer),
+                     accepts_audio=model.backend.accepts_audio)
+        # A client on this machine gets the model's folder (`specbench score` loads the cloud from the
+        # records); one elsewhere only the folder's name: the server's file layout is not its business.
+        self.ready = encode("ready", model=model.name, **ready)
+        self.ready_remote = encode("ready", model=Path(model.name).name if Path(model.name).is_dir() else model.name,
+                                   **ready)
         self.stats = {"connections": 0, "sessions": 0, "verifies": 0, "generated": 0, "errors": 0, "refused": 0}
 
     async def handle(self, ws: ServerConnection) -> None:
         self.stats["connections"] += 1
+        self.connections += 1
         try:
+            if self.connections > self.config.max_connections:
+                self.stats["refused"] += 1
+                raise ProtocolError(f"server at capacity: {self.config.max_connections} connections open "
+                                    "(--max-connections); retry later", code="capacity")
             hello = decode(await asyncio.wait_for(ws.recv(), self.config.hello_timeout_s), expect=("hello",))
             if hello.get("schema") != SCHEMA:
                 raise ProtocolError(f"schema {hello.get('schema')!r} is not supported: this server speaks schema {SCHEMA}",
                                     code="schema")
-            if self.config.token and not hmac.compare_digest(str(hello.get("token") or ""), self.config.token):
+            token = hello.get("token")
+            # Compared as UTF-8 bytes: compare_digest refuses str with non-ASCII characters.
+            if self.config.token and not (isinstance(token, str) and
+                                          hmac.compare_digest(token.encode(), self.config.token.encode())):
                 raise ProtocolError("bad or missing token: give the server's --token-file to the client", code="auth")
-            await ws.send(self.ready)
-            async for raw in ws:
+            await ws.send(self.ready if is_loopback(client_address(ws)) else self.ready_remote)
+            while True:
+                # Without a session a connection costs a slot and nothing else: it may idle only so long.
+                idle_s = None if ws in self.sessions else self.config.idle_timeout_s
+                try:
+                    raw = await asyncio.wait_for(ws.recv(), idle_s)
+                except asyncio.TimeoutError:
+                    raise ProtocolError(f"no session on this connection for {idle_s:g} s: closed",
+                                        code="idle") from None
+                self.answering.add(ws)
                 await self.dispatch(ws, decode(raw, expect=("open", "verify", "generate", "close", "stats")))
-        except ProtocolError as e:
+                self.answering.discard(ws)
+        except (ProtocolError, SpecdecError) as e:  # the client's input or its session's own failure: one line
+            code = getattr(e, "code", None) or ("shutdown" if isinstance(e, Stopped) else
+                                                "verify_failed" if isinstance(e, RowFailed) else "refused")
             self.stats["errors"] += 1
-            await self.refuse(ws, e.code, str(e))
+            logger.warning("refused a client (%s): %s", code, e)
+            await self.refuse(ws, code, str(e))
         except (ConnectionClosed, asyncio.TimeoutError):
             pass
         except Exception as e:  # a bug must not take the server down: report it, close this session only
             self.stats["errors"] += 1
-            logging.getLogger("specbench.serve").exception("session failed")
+            logger.exception("session failed")
             await self.refuse(ws, "internal", f"{type(e).__name__}: {e}")
         finally:
+            self.connections -= 1
+            self.answering.discard(ws)
             self.sessions.pop(ws, None)
 
     async def dispatch(self, ws: ServerConnection, message: dict) -> None:
         kind = message["type"]
         if kind == "stats":  # the batch log since entry `since`: the fleet's per-batch cost curve
             since = get(message, "since", int)
-            batches, following = self.batcher.entries(since)
+            if since < 0:
+                raise ProtocolError(f"stats: since must be >= 0, got {since}")
+            batches, following = self.batcher.entries(since, None if self.config.share_stats else client_address(ws))
             await ws.send(encode("stats", batches=batches, next=following))
             return
         if kind == "close":
@@ -218,6 +289,11 @@ class VerifierServer:
                 self.stats["refused"] += 1
                 raise ProtocolError(f"server at capacity: {len(self.sessions)} sessions open (--max-sessions "
                                     f"{self.config.max_sessions}); retry later or raise --max-sessions", code="capacity")
+            limit, client = self.config.max_sessions_per_client, client_address(ws)
+            if limit is not None and sum(client_address(other) == client for other in self.sessions) >= limit:
+                self.stats["refused"] += 1
+                raise ProtocolError(f"client {client} already holds {limit} sessions (--max-sessions-per-client "
+                                    f"{limit}): close one first", code="capacity")
             self.sessions[ws] = ServerSession(self.model, message)
             self.stats["sessions"] += 1
             return
@@ -226,23 +302,25 @@ class VerifierServer:
             raise ProtocolError("verify before open: open a session first", code="no_session")
         session.last_active = time.monotonic()
         if kind == "generate":
-            await ws.send(encode("generated", **await self.generate(session)))
+            await ws.send(encode("generated", **await self.generate(session, ws)))
         else:
             row = session.prepare(message)
-            served = await self.batcher.submit(session, row)
+            served = await self.batcher.submit(session, row, client_address(ws))
             self.stats["verifies"] += 1
             await ws.send(encode("verdict", accepted=served.verdict.accepted, token=served.verdict.next_token,
                                  tokens_in=served.verdict.tokens_in, compute_s=served.compute_s,
                                  queue_s=served.queue_s, batch=served.batch_rows))
         session.last_active = time.monotonic()
 
-    async def generate(self, session: ServerSession) -> dict:
+    async def generate(self, session: ServerSession, ws: ServerConnection) -> dict:
         """Cloud-only serving: every token a next-token step of this server, each step queued and
         batched with every other session's steps and verifies."""
         steps: list[dict] = []
         stopped_by = "max_new_tokens"
         while session.seq.remaining:
-            served = await self.batcher.submit(session, session.next_step())
+            if ws.state is not State.OPEN:  # its client is gone: stop generating for no one
+                raise ConnectionClosed(None, None)
+            served = await self.batcher.submit(session, session.next_step(), client_address(ws))
             steps.append({"queue_s": served.queue_s, "compute_s": served.compute_s, "batch": served.batch_rows})
             session.last_active = time.monotonic()
             if session.constraints.stop.stops(served.verdict.next_token, len(session.seq.generated)):
@@ -272,15 +350,23 @@ class VerifierServer:
 
     async def serve(self, stop: asyncio.Event, on_listening=None) -> None:
         limit = int(self.config.max_message_mb * (1 << 20))
-        async with serve(self.handle, self.config.host, self.config.port, max_size=limit, compression=None,
+        async with serve(self.handle, self.config.host, self.config.port, max_size=limit, compression=None, ssl=self.tls,
                          ping_interval=20, ping_timeout=20, close_timeout=2) as server:
             host, port = server.sockets[0].getsockname()[:2]
             if on_listening:
                 on_listening(host, port)
             tasks = [asyncio.create_task(self.reap()), asyncio.create_task(self.batcher.run())]
             await stop.wait()
+            # Fail what is queued or computing before the connections close: their handlers await
+            # those verdicts, and leaving this block waits for every handler (a SIGTERM with requests
+            # in flight hung here). Then the connections close (1001, at most close_timeout 2 s).
+            self.batcher.stop(SHUTDOWN)
             for task in tasks:
                 task.cancel()
+            for _ in range(SHUTDOWN_ANSWER_POLLS):  # their error verdicts go out before the close
+                if not self.answering:
+                    break
+                await asyncio.sleep(0.01)
         self.compute.shutdown(wait=True, cancel_futures=True)
 
 
