@@ -28,7 +28,7 @@ from specdec.models.loading import load_model
 from specdec.remote.client import CloudUnreachable, RemoteCloud
 from specdec.remote.protocol import SCHEMA, decode, encode, read_token, token_file_warning
 from specdec.remote.server import BackgroundServer, ServeConfig
-from tests.test_remote_faults import IDS, opening, raw_client, refused, start_cli_server, still_serves
+from tests.test_remote_faults import IDS, opening, raw_client, refused, start_cli_server, still_serves, wait_for
 
 GREEDY = SpecConfig(k=3, entropy_threshold=0, policy="greedy")
 
@@ -36,15 +36,6 @@ GREEDY = SpecConfig(k=3, entropy_threshold=0, policy="greedy")
 @pytest.fixture(scope="module")
 def models(pair):
     return {role: load_model(path, "float32") for role, path in pair.items()}
-
-
-def wait_for(condition, what: str, tries: int = 400) -> None:
-    """Poll `condition` every 25 ms, at most `tries` times (a bounded loop, not a timing assertion)."""
-    for _ in range(tries):
-        if condition():
-            return
-        threading.Event().wait(0.025)
-    raise AssertionError(f"never happened: {what}")
 
 
 # -- 1. one client's settings cannot fail the others' prompts -------------------------------------------
