@@ -192,6 +192,7 @@ def _speedups(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
 TIMED = ("latency_s", "latency_with_network_s", "ttft_s", "tpot_s", "edge_s", "cloud_s", "overhead_s", "network_s")
 # metric -> (how its interval is computed, the per-prompt columns it needs)
 INTERVALS = {
+    "tokens_per_s": ("pooled", ("new_tokens", "latency_s")),
     "acceptance_rate": ("pooled", ("num_accepted_tokens", "num_draft_tokens")),
     "cloud_call_rate": ("pooled", ("cloud_calls", "cycles")),
     "chrf_vs_cloud": ("mean", ("chrf_vs_cloud",)),
@@ -266,6 +267,8 @@ def terminal_table(summary: pd.DataFrame) -> str:
             continue
         table[metric] = [_with_interval(row[metric], *(row[c] for c in interval) if interval else ())
                          for _, row in summary.iterrows()]
+    if "fastest_cloud" in summary and (summary["mode"] == "cloud").sum() > summary["prompts"].nunique():
+        table["fastest_cloud"] = summary["fastest_cloud"]  # several cloud-only points: say which one is meant
     return table.to_string(index=False)
 
 
