@@ -79,8 +79,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_serve_refuses_a_gguf_without_runtime_llamacpp(gguf_pair):
-    done = run_cli("serve", "--model", f"{gguf_pair['cloud']}/model.gguf", "--port", "0")
+def test_serve_refuses_a_gguf_in_another_runtime(gguf_pair):
+    done = run_cli("serve", "--model", f"{gguf_pair['cloud']}/model.gguf", "--runtime", "torch", "--port", "0")
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert done.stderr.startswith("error: ") and "--runtime llamacpp" in done.stderr
 
