@@ -5,7 +5,8 @@ Speed-ups compare the same prompts: a point's pooled tokens/s against the cloud-
 own cloud runtime (or the edge-only point of its own edge runtime) with the same dtype and prompt
 set (`baseline`), and against the fastest cloud-only point measured in the sweep on those prompts,
 whatever its runtime and dtype (`speedup_vs_fastest_cloud`; `fastest_cloud` names it): speculation
-that beats its own runtime's plain decoding may still lose to plain decoding in another runtime. The theoretical speed-up is Leviathan et al.'s
+that beats its own runtime's plain decoding may still lose to plain decoding in another runtime.
+The theoretical speed-up is Leviathan et al.'s
 (`metrics.expected_speedup`), with the measured acceptance rate and c = edge step time / cloud
 step time measured from the edge-only and cloud-only baselines.
 WER and CER are means over the point's rows that carry a `reference` (see bench.health.error_rates:
@@ -136,12 +137,14 @@ def baseline(table: pd.DataFrame, mode: str, point) -> pd.DataFrame:
 def _agreement_with_cloud(frame: pd.DataFrame) -> pd.DataFrame:
     """chrF and token match of every output against the cloud-only output for the same prompt (of
     the point's cloud runtime)."""
-    chrf_scores, matches = [], []
+    chrf_scores, matches, references = [], [], {}
     for _, row in frame.iterrows():
-        refs = baseline(frame, "cloud", row)
-        refs = refs[refs["id"] == row["id"]]
-        if len(refs):
-            ref = refs.iloc[0]
+        which = (row["dtype"], row["prompts"], row.get("cloud_runtime", "-"))
+        if which not in references:  # one lookup per (dtype, prompts, runtime), not per row
+            references[which] = baseline(frame, "cloud", row).drop_duplicates("id").set_index("id")
+        refs = references[which]
+        if row["id"] in refs.index:
+            ref = refs.loc[row["id"]]
             chrf_scores.append(chrf(row["text"], ref["text"]))
             matches.append(token_match_rate(row["tokens"], ref["tokens"]))
         else:
@@ -152,7 +155,7 @@ def _agreement_with_cloud(frame: pd.DataFrame) -> pd.DataFrame:
 
 def fastest_cloud(summary: pd.DataFrame, prompts) -> pd.Series | None:
     """The fastest plain decoding of the cloud model measured on `prompts`, in any runtime and dtype."""
-    plain = summary[(summary["mode"] == "cloud") & (summary["prompts"] == prompts)]
+    plain = summary[(summary["mode"] == "cloud") & (summary["prompts"] == prompts) & summary["tokens_per_s"].notna()]
     return plain.loc[plain["tokens_per_s"].astype(float).idxmax()] if len(plain) else None
 
 
