@@ -90,7 +90,10 @@ def cmd_models(args: argparse.Namespace) -> int:
         for entry in registry.list_models():
             state = registry.state(entry.alias)
             source = f"derived: {entry.load_name}" if getattr(entry, "base", None) else entry.upstream
-            print(f"{entry.alias:24} {entry.size / 1e6:8.0f} MB  {state:12} {source}  ({entry.license})")
+            gguf = ""
+            if entry.format == "gguf" and not getattr(entry, "base", None) and state != "not fetched":
+                gguf = f"  [gguf {fetch.kept_gguf(entry.alias)[1]}]"  # its size only: `verify` hashes it
+            print(f"{entry.alias:24} {entry.size / 1e6:8.0f} MB  {state:12} {source}  ({entry.license}){gguf}")
         return 0
     if args.models_command == "verify":
         return cmd_verify(args.aliases)
@@ -102,7 +105,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_verify(aliases: list[str]) -> int:
     """Sizes and sha256 of every fetched model's files against those recorded when it was converted."""
-    damaged = []
+    damaged, bad_gguf = [], []
     for alias in aliases or [e.alias for e in registry.list_models() if not e.base]:
         entry = registry.get(alias)
         if registry.state(alias) == "not fetched":
@@ -114,9 +117,17 @@ def cmd_verify(aliases: list[str]) -> int:
         print(f"{alias:24} {'damaged: ' + problem if problem else ok}", flush=True)
         if problem:
             damaged.append(entry.base or alias)
+        if entry.format == "gguf":  # the file llama.cpp runs, against the registry's sha256
+            path, kept = fetch.kept_gguf(alias, hashed=True)
+            print(f"{'':24} {path.name}: {kept if kept != 'kept' else 'kept, sha256 ok'}", flush=True)
+            if kept == "damaged":
+                bad_gguf.append(path)
     if damaged:
         raise ModelError(f"{len(damaged)} cached model(s) damaged ({', '.join(damaged)}): run `specbench models fetch "
                          f"{' '.join(damaged)}` to fetch them again")
+    if bad_gguf:
+        raise ModelError(f"kept GGUF {bad_gguf[0]} differs from the registry's size or sha256: delete it, and the next "
+                         "llamacpp load joins it afresh from the verified parts")
     return 0
 
 

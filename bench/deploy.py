@@ -17,6 +17,7 @@ from bench.folder import canonical_path
 from bench.link import Link
 from bench.prompts import canonical_prompts
 from bench.network import PRESETS, NetworkProfile, profile
+from specdec.backends.base import DTYPES, RUNTIMES, check_runtime
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
@@ -29,7 +30,11 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--model", required=True, help="cloud model: registry alias or local directory")
     p.add_argument("--host", default=ServeConfig.host, help="address to bind (default loopback; others need --token-file)")
     p.add_argument("--port", type=int, default=ServeConfig.port, help="TCP port; 0 picks a free one (printed)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16", help="the torch runtime's dtype")
+    p.add_argument("--runtime", choices=RUNTIMES,
+                   help="what runs the model: torch (in --dtype), torch-int8 (dynamic int8 Linear layers) or llamacpp "
+                        "(a registry alias's kept GGUF file, a .gguf path, or a folder holding one); default: llamacpp "
+                        "for a .gguf path, else torch")
     p.add_argument("--cores", help="pin the server to these cores, e.g. 1 or 0-3 (torch threads follow)")
     p.add_argument("--max-sessions", type=int, default=ServeConfig.max_sessions, help="open sessions at most")
     p.add_argument("--session-ttl", type=float, default=ServeConfig.session_ttl_s, help="free a session idle this many s")
@@ -62,7 +67,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          max_sessions_per_client=args.max_sessions_per_client)
     if args.cores:
         pin_cores(parse_cores(args.cores))
-    model = load_model(args.model, args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True))
+    runtime = args.runtime or ("llamacpp" if args.model.endswith(".gguf") else "torch")
+    if runtime != "llamacpp" and args.model.endswith(".gguf"):
+        raise ConfigError(f"model {args.model!r} is a GGUF file, which llama.cpp runs: use --runtime llamacpp")
+    check_runtime(runtime, "--runtime")
+    model = load_model(args.model, args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True), runtime=runtime)
     try:
         stats = run_server(model, config, announce=lambda line: print(line, flush=True))
     except OSError as e:  # the address: taken, or not this machine's

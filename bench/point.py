@@ -62,7 +62,7 @@ def _run_fields() -> list[tuple[str, Any, Any]]:
 SETTINGS = {f.name: f for cls in (*RUN_SETTINGS, _Placement) for f in fields(cls)}  # name -> where it is defined
 SETTING_TYPES = {name: hint for cls in (*RUN_SETTINGS, _Placement) for name, hint in typing.get_type_hints(cls).items()}
 AXES = ("mode", "k", "entropy_threshold", "accept_threshold", "policy", "verifier", "draft_stop", "k_schedule",
-        "dtype", "prompts", "deployment", "link", "overlap")
+        "dtype", "prompts", "edge_runtime", "cloud_runtime", "deployment", "link", "overlap")
 SPEC_ONLY = tuple(f.name for f in fields(SpecConfig))
 SPLIT_ONLY = ("link", "overlap")
 # What ran first (mode, dtype, prompts, where), then the spec axes with the policy first, since it names the rule.

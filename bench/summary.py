@@ -1,8 +1,12 @@
 """Per-point statistics, derived from raw results only (measure, then derive); the speed and
 acceptance formulas are bench/metrics.py's.
 
-Speed-ups compare the same prompts: a point's pooled tokens/s against the cloud-only (or edge-only)
-point with the same dtype and prompt set. The theoretical speed-up is Leviathan et al.'s
+Speed-ups compare the same prompts: a point's pooled tokens/s against the cloud-only point of its
+own cloud runtime (or the edge-only point of its own edge runtime) with the same dtype and prompt
+set (`baseline`), and against the fastest cloud-only point measured in the sweep on those prompts,
+whatever its runtime and dtype (`speedup_vs_fastest_cloud`; `fastest_cloud` names it): speculation
+that beats its own runtime's plain decoding may still lose to plain decoding in another runtime.
+The theoretical speed-up is Leviathan et al.'s
 (`metrics.expected_speedup`), with the measured acceptance rate and c = edge step time / cloud
 step time measured from the edge-only and cloud-only baselines.
 WER and CER are means over the point's rows that carry a `reference` (see bench.health.error_rates:
@@ -113,14 +117,34 @@ def _deployment_stats(group: pd.DataFrame) -> dict:
     }
 
 
+RUNTIME_OF = {"cloud": "cloud_runtime", "edge": "edge_runtime"}  # a baseline's mode -> the runtime it must share
+
+
+def baseline(table: pd.DataFrame, mode: str, point) -> pd.DataFrame:
+    """The rows of `table` (a summary, or records) of `mode`'s plain decoding that `point` is compared
+    with: same dtype and prompts, and the runtime `point` runs that role in; a point that does not
+    run the role ("-": an edge-only point's cloud) takes the torch runtime's, else the first."""
+    match = table[(table["mode"] == mode) & (table["dtype"] == point["dtype"]) & (table["prompts"] == point["prompts"])]
+    column = RUNTIME_OF[mode]
+    if column not in table or not len(match):
+        return match
+    if point.get(column, "-") != "-":
+        return match[match[column] == point[column]]
+    runtimes = list(dict.fromkeys(match[column]))
+    return match[match[column] == ("torch" if "torch" in runtimes else runtimes[0])]
+
+
 def _agreement_with_cloud(frame: pd.DataFrame) -> pd.DataFrame:
-    """chrF and token match of every output against the cloud-only output for the same prompt."""
-    cloud = frame[frame["mode"] == "cloud"].set_index(["dtype", "prompts", "id"])
-    chrf_scores, matches = [], []
+    """chrF and token match of every output against the cloud-only output for the same prompt (of
+    the point's cloud runtime)."""
+    chrf_scores, matches, references = [], [], {}
     for _, row in frame.iterrows():
-        key = (row["dtype"], row["prompts"], row["id"])
-        if key in cloud.index:
-            ref = cloud.loc[key]
+        which = (row["dtype"], row["prompts"], row.get("cloud_runtime", "-"))
+        if which not in references:  # one lookup per (dtype, prompts, runtime), not per row
+            references[which] = baseline(frame, "cloud", row).drop_duplicates("id").set_index("id")
+        refs = references[which]
+        if row["id"] in refs.index:
+            ref = refs.loc[row["id"]]
             chrf_scores.append(chrf(row["text"], ref["text"]))
             matches.append(token_match_rate(row["tokens"], ref["tokens"]))
         else:
@@ -129,16 +153,32 @@ def _agreement_with_cloud(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(chrf_vs_cloud=chrf_scores, token_match_vs_cloud=matches)
 
 
+def fastest_cloud(summary: pd.DataFrame, prompts) -> pd.Series | None:
+    """The fastest plain decoding of the cloud model measured on `prompts`, in any runtime and dtype."""
+    plain = summary[(summary["mode"] == "cloud") & (summary["prompts"] == prompts) & summary["tokens_per_s"].notna()]
+    return plain.loc[plain["tokens_per_s"].astype(float).idxmax()] if len(plain) else None
+
+
+def plain_name(point) -> str:
+    """`llamacpp float32`: which plain decoding a row is, by runtime and dtype."""
+    runtime = point.get("cloud_runtime", "-") if point["mode"] == "cloud" else point.get("edge_runtime", "-")
+    return f"{'torch' if runtime == '-' else runtime} {point['dtype']}"
+
+
 def _speedups(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
-    def baseline(mode: str, dtype, prompts) -> pd.Series | None:
-        match = summary[(summary["mode"] == mode) & (summary["dtype"] == dtype) & (summary["prompts"] == prompts)]
+    def first(match: pd.DataFrame) -> pd.Series | None:
         return match.iloc[0] if len(match) else None
 
     rows = []
     for _, point in summary.iterrows():
-        cloud, edge = baseline("cloud", point["dtype"], point["prompts"]), baseline("edge", point["dtype"], point["prompts"])
+        cloud, edge = first(baseline(summary, "cloud", point)), first(baseline(summary, "edge", point))
+        fastest = fastest_cloud(summary, point["prompts"])
         extra = {"speedup_vs_cloud": float("nan"), "speedup_vs_edge": float("nan"),
+                 "speedup_vs_fastest_cloud": float("nan"), "fastest_cloud": "-",
                  "cost_ratio_c": float("nan"), "theoretical_speedup": float("nan"), "speedup_efficiency": float("nan")}
+        if fastest is not None:
+            extra["speedup_vs_fastest_cloud"] = metrics.speedup(point["tokens_per_s"], fastest["tokens_per_s"])
+            extra["fastest_cloud"] = plain_name(fastest)
         if cloud is not None:
             extra["speedup_vs_cloud"] = metrics.speedup(point["tokens_per_s"], cloud["tokens_per_s"])
         if edge is not None:
@@ -155,12 +195,14 @@ def _speedups(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
 TIMED = ("latency_s", "latency_with_network_s", "ttft_s", "tpot_s", "edge_s", "cloud_s", "overhead_s", "network_s")
 # metric -> (how its interval is computed, the per-prompt columns it needs)
 INTERVALS = {
+    "tokens_per_s": ("pooled", ("new_tokens", "latency_s")),
     "acceptance_rate": ("pooled", ("num_accepted_tokens", "num_draft_tokens")),
     "cloud_call_rate": ("pooled", ("cloud_calls", "cycles")),
     "chrf_vs_cloud": ("mean", ("chrf_vs_cloud",)),
     "token_match_vs_cloud": ("mean", ("token_match_vs_cloud",)),
 }
-SPEEDUPS = {"speedup_vs_cloud": "cloud", "speedup_vs_edge": "edge"}  # metric -> baseline mode
+# metric -> its baseline: the cloud-only or edge-only point of the same runtime, or the fastest cloud-only
+SPEEDUPS = {"speedup_vs_cloud": "cloud", "speedup_vs_edge": "edge", "speedup_vs_fastest_cloud": "fastest_cloud"}
 
 
 def ci_columns(metric: str) -> tuple[str, str]:
@@ -193,7 +235,11 @@ def _intervals(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
             columns[ci_columns(metric)[1]].append(high)
         for metric, mode in SPEEDUPS.items():
             low, high = float("nan"), float("nan")
-            base = summary[(summary["mode"] == mode) & (summary["dtype"] == point["dtype"]) & (summary["prompts"] == point["prompts"])]
+            if mode == "fastest_cloud":
+                fastest = fastest_cloud(summary, point["prompts"])
+                base = summary.iloc[0:0] if fastest is None else fastest.to_frame().T
+            else:
+                base = baseline(summary, mode, point)
             if len(base) and point[metric] == point[metric]:
                 base_rows = groups[tuple(base.iloc[0][c] for c in COLUMNS)]
                 both = rows.index.intersection(base_rows.index)
@@ -215,7 +261,8 @@ def varying_axes(summary: pd.DataFrame) -> list[str]:
 def terminal_table(summary: pd.DataFrame) -> str:
     """The sweep's closing table: every axis that varies (so no two rows look alike) and each
     ratio or rate with its 95 % interval."""
-    shown = {"tokens_per_s": None, **{m: ci_columns(m) for m in ("speedup_vs_cloud", "speedup_vs_edge", "acceptance_rate",
+    shown = {"tokens_per_s": None, **{m: ci_columns(m) for m in ("speedup_vs_cloud", "speedup_vs_edge",
+                                                                 "speedup_vs_fastest_cloud", "acceptance_rate",
                                                                  "cloud_call_rate", "chrf_vs_cloud")}}
     table = summary[varying_axes(summary)].copy()
     for metric, interval in shown.items():
@@ -223,6 +270,8 @@ def terminal_table(summary: pd.DataFrame) -> str:
             continue
         table[metric] = [_with_interval(row[metric], *(row[c] for c in interval) if interval else ())
                          for _, row in summary.iterrows()]
+    if "fastest_cloud" in summary and (summary["mode"] == "cloud").sum() > summary["prompts"].nunique():
+        table["fastest_cloud"] = summary["fastest_cloud"]  # several cloud-only points: say which one is meant
     return table.to_string(index=False)
 
 

@@ -29,7 +29,7 @@ from bench.records import ResultsFile, environment, read_records
 from bench.scores import read_scores
 from bench.summary import summarize
 from bench.point import Point
-from bench.sweep_config import SweepConfig
+from bench.sweep_config import SweepConfig, service_key
 from bench.worker import messages, worker_main
 from specdec.errors import SpecdecError
 from specdec.remote.protocol import parse_address
@@ -87,25 +87,22 @@ def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progres
     return counts
 
 
-def service_key(point: dict) -> str:
-    return f"{point['dtype']}|{point['link']}"
-
-
 def start_split_services(config: SweepConfig, points: list[dict], services: ExitStack) -> dict[str, str]:
-    """One `specbench serve` per dtype the split points need (on the machine's last `cloud_cores`
-    cores), reused by every point, or `cloud_url`; one shaped link per (dtype, link preset).
-    -> {service_key: HOST:PORT the edge connects to}."""
-    needed = sorted({(p["dtype"], p["link"]) for p in points if p["deployment"] == "split"})
+    """One `specbench serve` per (dtype, cloud runtime) the split points need (on the machine's last
+    `cloud_cores` cores), reused by every point, or `cloud_url`; one shaped link per (server, link
+    preset). -> {service_key: HOST:PORT the edge connects to}."""
+    needed = sorted({(p["dtype"], p["cloud_runtime"], p["link"]) for p in points if p["deployment"] == "split"})
     servers, urls = {}, {}
     cores = sorted(os.sched_getaffinity(0))
     cloud_cores = ",".join(map(str, cores[-config.cloud_cores:])) if config.cloud_cores else None
-    for dtype, link in needed:
-        if dtype not in servers:
-            servers[dtype] = config.cloud_url or services.enter_context(ServerProcess(config.cloud, dtype, cloud_cores))
-        host, port = parse_address(servers[dtype], "--cloud-url")
+    for dtype, runtime, link in needed:
+        if (dtype, runtime) not in servers:
+            servers[(dtype, runtime)] = config.cloud_url or services.enter_context(
+                ServerProcess(config.cloud, dtype, cloud_cores, "--runtime", runtime))
+        host, port = parse_address(servers[(dtype, runtime)], "--cloud-url")
         shaped = link != "none"
-        urls[f"{dtype}|{link}"] = services.enter_context(BackgroundLink(profile(link), (host, port))) if shaped \
-            else servers[dtype]
+        urls[service_key({"dtype": dtype, "cloud_runtime": runtime, "link": link})] = services.enter_context(
+            BackgroundLink(profile(link), (host, port))) if shaped else servers[(dtype, runtime)]
     return urls
 
 

@@ -101,6 +101,10 @@ class SweepConfig(RunSettings):
             profile(link)
         if self.cloud_cores is not None and not 1 <= self.cloud_cores <= len(os.sched_getaffinity(0)):
             raise ConfigError(f"--cloud-cores must be between 1 and {len(os.sched_getaffinity(0))}, got {self.cloud_cores}")
+        if self.cloud_url and len(self.cloud_runtime) > 1 and "split" in self.deployment:
+            raise ConfigError("--cloud-url is one running server, in the runtime it was started with: give one "
+                              "--cloud-runtime (what that server runs), or drop --cloud-url and the sweep starts a "
+                              "server per runtime")
         self._check_executor()
         if self.repeats < 1:
             raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
@@ -205,8 +209,13 @@ class SweepConfig(RunSettings):
 
     def engine_config(self, point: dict, cloud_url: str | None = None) -> EngineConfig:
         """`cloud_url`: where a split point's server (or its link) listens, once the sweep started it."""
-        values = {f.name: self.setting(point, f.name) for f in fields(EngineConfig)}
-        values["cloud_url"] = cloud_url if point["deployment"] == "split" else None
+        # A role's runtime is blank where the role does not run: the engine takes its default, and loads nothing.
+        values = {f.name: f.default if f.name in AXES and point[f.name] is None else self.setting(point, f.name)
+                  for f in fields(EngineConfig)}
+        if point["deployment"] == "split":  # the sweep's server runs the cloud in the point's runtime
+            values.update(cloud_url=cloud_url, cloud_runtime=EngineConfig.cloud_runtime)
+        else:
+            values["cloud_url"] = None
         return EngineConfig(**values)
 
     def deploy_config(self, point: dict) -> DeployConfig:
@@ -228,6 +237,11 @@ class SweepConfig(RunSettings):
 
     def caps(self) -> EdgeCaps:
         return EdgeCaps(cores=self.edge_cores, memory_gb=self.edge_memory_gb, rlimit_as=self.rlimit_as)
+
+
+def service_key(point: dict) -> str:
+    """Which of the sweep's servers and links a split point talks to: one per dtype, cloud runtime and link."""
+    return f"{point['dtype']}|{point['cloud_runtime']}|{point['link']}"
 
 
 _HINTS = typing.get_type_hints(SweepConfig)

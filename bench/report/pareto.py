@@ -17,6 +17,7 @@ from bench.metric_registry import lower_is_better
 
 SPEC_AXES = ("entropy_threshold", "k", "policy")  # the "(thr, k, policy)" of a label
 EXTRA_AXES = ("dtype", "accept_threshold", "verifier")  # named in a label only when they vary
+RUNTIME_AXES = ("edge_runtime", "cloud_runtime")  # named, where the role runs, when they vary
 
 
 @dataclass(frozen=True)
@@ -127,9 +128,10 @@ def point_labels(summary: pd.DataFrame) -> pd.Series:
     dtype / accept threshold / verifier appended only when they vary within the summary."""
     spec = summary[summary["mode"] == "spec"]
     varying = [a for a in EXTRA_AXES if a in summary and (spec if a != "dtype" else summary)[a].nunique() > 1]
+    runtimes = [a for a in RUNTIME_AXES if a in summary and summary[a][summary[a] != "-"].nunique() > 1]
     labels = []
     for _, row in summary.iterrows():
-        extra = []
+        extra = [f"{axis.split('_')[0]} {row[axis]}" for axis in runtimes if row[axis] != "-"]  # "edge llamacpp"
         for axis in varying:
             if axis == "dtype":
                 extra.append(str(row["dtype"]))

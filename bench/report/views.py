@@ -10,8 +10,9 @@ import pandas as pd
 from bench import metrics
 from bench.health import chrf
 from bench.prompts import load_prompts
-from bench.report.pareto import FRONTS, front_members
+from bench.report.pareto import FRONTS, front_members, set_name
 from bench.point import COLUMNS
+from bench.summary import plain_name
 from specdec.errors import InputError
 
 GIB = 1 << 30
@@ -26,6 +27,7 @@ POINT_COLUMNS = (
     ("tokens_per_s", "tok/s", "{:.1f}"),
     ("speedup_vs_cloud", "× cloud", "{:.2f}"),
     ("speedup_vs_edge", "× edge", "{:.2f}"),
+    ("speedup_vs_fastest_cloud", "× fastest cloud", "{:.2f}"),
     ("theoretical_speedup", "theory × cloud", "{:.2f}"),
     ("acceptance_rate", "accept", "{:.2f}"),
     ("cloud_call_rate", "calls / block", "{:.2f}"),
@@ -61,6 +63,38 @@ def point_table(summary: pd.DataFrame, labels: pd.Series, on_front: pd.DataFrame
             table[header] = cells
     table["Pareto-optimal on"] = [", ".join(c for c in on_front.columns if on_front.at[i, c]) for i in summary.index]
     return table
+
+
+def _interval(row: pd.Series, metric: str, pattern: str) -> str:
+    low, high = row.get(f"{metric}_ci_low", float("nan")), row.get(f"{metric}_ci_high", float("nan"))
+    return "" if low != low or high != high else f" [{pattern.format(low)}–{pattern.format(high)}]"
+
+
+def plain_decoding_notes(summary: pd.DataFrame, labels: pd.Series) -> list[str]:
+    """Per prompt set: the fastest plain (cloud-only) decoding measured, in any runtime and dtype, and
+    whether any speculative point beats it (speedup_vs_fastest_cloud above 1), said plainly when none does."""
+    notes = []
+    for prompts, points in summary.groupby("prompts", sort=False):
+        plain = points[points["mode"] == "cloud"]
+        if not len(plain):
+            continue
+        fastest = plain.loc[plain["tokens_per_s"].astype(float).idxmax()]
+        head = (f"{set_name(prompts)}: the fastest plain decoding measured is cloud-only in {plain_name(fastest)}, "
+                f"{fastest['tokens_per_s']:.1f} tok/s{_interval(fastest, 'tokens_per_s', '{:.1f}')}.")
+        spec = points[(points["mode"] == "spec") & points["speedup_vs_fastest_cloud"].notna()]
+        if not len(spec):
+            notes.append(f"{head} The sweep has no speculative point on these prompts.")
+            continue
+        best = spec.loc[spec["speedup_vs_fastest_cloud"].astype(float).idxmax()]
+        ratio = f"{best['speedup_vs_fastest_cloud']:.2f}×{_interval(best, 'speedup_vs_fastest_cloud', '{:.2f}')}"
+        winners = int((spec["speedup_vs_fastest_cloud"] > 1).sum())
+        if winners:
+            notes.append(f"{head} {winners} of {len(spec)} speculative points beat it; the fastest, {labels[best.name]}, "
+                         f"runs at {ratio} its speed.")
+        else:
+            notes.append(f"{head} No speculative point beats it: the fastest, {labels[best.name]}, runs at {ratio} "
+                         "its speed. On this machine, decode plainly in that runtime.")
+    return notes
 
 
 def per_position_acceptance(frame: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:

@@ -109,6 +109,16 @@ def fetch_gguf(alias: str, *, log: Log = print, progress: bool = True) -> Path:
     return kept
 
 
+def kept_gguf(alias: str, hashed: bool = False) -> tuple[Path, str]:
+    """(path, state) of a GGUF entry's kept file: "kept" (its size, and with `hashed` its sha256, as
+    the registry pins), "not kept" (absent: the next llama.cpp load joins it), or "damaged"."""
+    entry = registry.get(registry.get(alias).base or alias)
+    path = registry.gguf_path(entry.alias)
+    if not path.is_file():
+        return path, "not kept"
+    return path, "kept" if _kept(path, entry, hashed) else "damaged"
+
+
 def _kept(path: Path, entry: registry.ModelEntry, hashed: bool = False) -> bool:
     """The kept GGUF is whole: its size (milliseconds), and with `hashed` its sha256 (seconds per GB)."""
     if not (path.is_file() and path.stat().st_size == entry.size):

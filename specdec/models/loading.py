@@ -243,7 +243,9 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
 def load_gguf(name: str, log: Callable[[str], object] = print) -> LoadedModel:
     """Runtime llamacpp: a registry GGUF entry (its kept, verified file; the tokenizer and stop
     tokens of its converted folder, so both runtimes encode and stop alike) or a `.gguf` path (the
-    tokenizer of the folder beside it when it has one, else the one in the file's metadata)."""
+    tokenizer of the folder beside it when it has one, else the one in the file's metadata), or a
+    model folder holding one `.gguf` file beside its HF files (one name for both runtimes, so a
+    sweep can take the runtime as an axis)."""
     from transformers import AutoTokenizer, GenerationConfig
 
     check_runtime("llamacpp")
@@ -253,15 +255,15 @@ def load_gguf(name: str, log: Callable[[str], object] = print) -> LoadedModel:
                          "runs the GGUF file as shipped: drop the derivation, or use runtime torch-int8")
     if registry.is_alias(base):
         gguf, folder, from_file = fetching.fetch_gguf(base, log=log), registry.model_dir(base), False
-    elif base.endswith(".gguf"):
-        gguf = Path(base).expanduser()
+    elif base.endswith(".gguf") or len(found := sorted(Path(base).expanduser().glob("*.gguf"))) == 1:
+        gguf = Path(base).expanduser() if base.endswith(".gguf") else found[0]
         if not gguf.is_file():
             raise ModelError(f"GGUF file {base!r} does not exist: check the path")
         folder = gguf.parent
         from_file = not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
     else:
-        raise ModelError(f"runtime llamacpp runs a GGUF file: {name!r} is neither a registry GGUF entry nor a .gguf "
-                         "path (a model folder or hub id runs in torch)")
+        raise ModelError(f"runtime llamacpp runs a GGUF file: {name!r} is neither a registry GGUF entry, a .gguf "
+                         "path nor a model folder holding one .gguf file (a model folder or hub id runs in torch)")
     start = time.perf_counter()
     backend = LlamaCppBackend(gguf, name=name)  # first: it names a damaged file in one line
     with _load_errors(name, folder):
