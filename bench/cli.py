@@ -8,20 +8,20 @@ import sys
 import threading
 from pathlib import Path
 
-from bench import metrics
-from bench.compare import add_compare_parser, cmd_compare
-from bench.deploy import add_fleet_parser, add_link_parser, add_serve_parser, cmd_fleet, cmd_link, cmd_serve
-from bench.gate import add_gate_parser, cmd_gate
-from bench.nll import score
-from bench.folder import os_error_line, writer
-from bench.options import add_run_options, add_sweep_options, engine_from_args, inputs_from_args, sweep_from_args
-from bench.profiling import add_profile_parser, cmd_profile
-from bench.records import read_records
-from bench.report.cli import add_report_parser, cmd_report
-from bench.scores import SCORES, read_scores
-from bench.run import run
-from bench.summary import summarize, terminal_table
-from bench.sweep import run_sweep
+from bench.derive import metrics
+from bench.read.compare import add_compare_parser, cmd_compare
+from bench.commands.deploy import add_fleet_parser, add_link_parser, add_serve_parser, cmd_fleet, cmd_link, cmd_serve
+from bench.measure.gate import add_gate_parser, cmd_gate
+from bench.measure.nll import score
+from bench.core.folder import os_error_line, writer
+from bench.commands.options import add_run_options, add_sweep_options, engine_from_args, inputs_from_args, sweep_from_args
+from bench.measure.profiling import add_profile_parser, cmd_profile
+from bench.core.records import read_records
+from bench.read.report.cli import add_report_parser, cmd_report
+from bench.derive.scores import SCORES, read_scores
+from bench.measure.run import run
+from bench.derive.summary import summarize, terminal_table
+from bench.measure.sweep import run_sweep
 from specdec.backends.base import DTYPES
 from specdec.errors import InputError, ModelError, SpecdecError
 from specdec.models import fetch, registry

@@ -39,13 +39,13 @@ LAYERS = {
     "serve": (("specdec.remote.server", "specdec.remote.batcher"), ("errors", "backends", "core", "models", "transport", "assembly")),
 }
 # Reports only read results: these never reach a module that loads or runs a model.
-READERS = ("bench.metrics", "bench.summary", "bench.scores", "bench.verdict", "bench.compare", "bench.report",
-           "bench.point", "bench.metric_registry")
+READERS = ("bench.derive.metrics", "bench.derive.summary", "bench.derive.scores", "bench.derive.verdict", "bench.read.compare", "bench.read.report",
+           "bench.core.point", "bench.core.metric_registry")
 RUNS_MODELS = ("specdec.engine", "specdec.decode", "specdec.models")
-# What a point is and which way a metric moves are the readers' own (bench/point.py, bench/metric_registry.py):
+# What a point is and which way a metric moves are the readers' own (bench/core/point.py, bench/core/metric_registry.py):
 # they never reach what plans or runs a measurement.
-MEASURES = ("bench.sweep_config", "bench.sweep", "bench.run", "bench.worker", "bench.cluster", "bench.fleet",
-            "bench.gate", "bench.options")
+MEASURES = ("bench.measure.sweep_config", "bench.measure.sweep", "bench.measure.run", "bench.measure.worker", "bench.measure.cluster", "bench.measure.fleet",
+            "bench.measure.gate", "bench.commands.options")
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,7 @@ def test_readers_never_load_a_model():
 def test_readers_never_reach_what_measures():
     bad = [chain_text(chain) for name in modules() if within(name, READERS)
            for target, chain in reachable(name).items() if within(target, MEASURES)]
-    assert not bad, "a reader reaches what measures (take the point from bench/point.py): " + "\n".join(sorted(bad)[:5])
+    assert not bad, "a reader reaches what measures (take the point from bench/core/point.py): " + "\n".join(sorted(bad)[:5])
 
 
 def test_imports_inside_functions_only_defer_a_heavy_library():

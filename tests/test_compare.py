@@ -7,9 +7,13 @@ import shutil
 
 import pytest
 
-from bench import compare, tinypair, verdict
-from bench.records import ResultsFile
-from bench.run import run
+from bench.read import compare
+
+from bench.measure import tinypair
+
+from bench.derive import verdict
+from bench.core.records import ResultsFile
+from bench.measure.run import run
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import InputError

@@ -1,4 +1,4 @@
-"""The regression gate (bench/gate.py) catches a 20 % slower edge or cloud forward and a slowed
+"""The regression gate (bench/measure/gate.py) catches a 20 % slower edge or cloud forward and a slowed
 verifier through its timing ratios and a lowered acceptance through its deterministic metrics,
 passes on the unchanged workload (also with a busy process beside it), and refuses bad baselines
 with one clear line. Regressions are injected as backend wrappers (our own Backend protocol), never
@@ -14,7 +14,9 @@ import time
 import pytest
 import torch
 
-from bench import gate, tinypair, verdict, workload
+from bench.measure import gate, tinypair, workload
+
+from bench.derive import verdict
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.errors import InputError
 

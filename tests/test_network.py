@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import pytest
 
-from bench.network import (
+from bench.core.network import (
     HEADER_BYTES,
     PRESETS,
     NetworkCost,
