@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from bench.commands.options import add_run_options, run_argv
-from bench.measure.profiling import add_profile_parser
+from bench.commands.profile import add_profile_parser
 from bench.read.report import build_report
 from specdec.errors import InputError
 from tests.tiny import save_tiny_pair

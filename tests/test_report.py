@@ -16,7 +16,7 @@ import pytest
 
 from bench.cli import main
 from bench.read.report import build_report
-from bench.read.report.cli import add_report_parser
+from bench.commands.report import add_report_parser
 from bench.read.report.inputs import load_inputs
 from bench.read.report.pareto import FRONTS, front_members, pareto_mask, point_labels
 from bench.read.report.recommend import recommend

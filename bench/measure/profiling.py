@@ -13,7 +13,6 @@ See profiles/README.md for how to read them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -22,36 +21,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
 from bench.derive import metrics
 from bench.core.audio import MAX_SECONDS, model_limits, read_audio
-from bench.commands.options import add_run_options, engine_from_args, inputs_from_args, run_argv
-from bench.core.prompts import load_prompts
-from bench.core.records import ResultsFile, environment
-from bench.measure.run import run
-from specdec.errors import InputError
 
 PTRACE_HINTS = ("permission denied", "operation not permitted", "ptrace", "eperm", "failed to open process")
 PY_SPY_FORMATS = (("flamegraph", "flamegraph.svg"), ("speedscope", "speedscope.json"))
 SPLIT_COUNTS = ("latency_s", "edge_s", "cloud_s", "overhead_s", "cloud_calls", "cycles", "new_tokens")
-
-
-def add_profile_parser(subparsers) -> argparse.ArgumentParser:
-    """Register `profile` on the `specbench` subparsers; the parser's `func` default is cmd_profile."""
-    p = subparsers.add_parser(
-        "profile", help="profile one run: py-spy flame graph + speedscope, torch.profiler operator table",
-        description="Run `specbench run` under py-spy and the engine under torch.profiler. --out is the profile "
-                    "folder (e.g. profiles/NAME); the run's results go to OUT/run.",
-    )
-    add_run_options(p)
-    p.add_argument("--native", action="store_true", help="py-spy: also sample C/C++ frames (torch kernels)")
-    p.add_argument("--rate", type=int, default=100, help="py-spy samples per second (default 100)")
-    p.add_argument("--op-prompts", type=int, default=1, help="prompts generated under torch.profiler (default 1)")
-    p.add_argument("--no-py-spy", action="store_true", help="skip the py-spy passes (torch.profiler table only)")
-    p.set_defaults(func=cmd_profile)
-    return p
 
 
 def _py_spy_executable() -> str | None:
@@ -74,8 +53,9 @@ def _run_in_own_group(command: list[str]) -> tuple[int, str]:
     return process.returncode, stderr or ""
 
 
-def py_spy_passes(args: argparse.Namespace, out: Path, log=print) -> dict:
-    """One `specbench run` under `py-spy record` per output format. The first pass writes the
+def py_spy_passes(args: argparse.Namespace, out: Path, run_argv: Callable[[Path], list[str]], log=print) -> dict:
+    """One `specbench run` under `py-spy record` per output format (`run_argv(run_dir)`: the run's
+    arguments, given by the `profile` command, which owns the flags). The first pass writes the
     run's results to OUT/run; later passes run the same configuration into a scratch folder
     (a resumed run would do nothing). Returns {"status": ok|skipped|failed, ...}."""
     executable = _py_spy_executable()
@@ -89,7 +69,7 @@ def py_spy_passes(args: argparse.Namespace, out: Path, log=print) -> dict:
             run_dir = out / "run" if number == 1 else Path(scratch) / "run"
             command = [executable, "record", "--format", fmt, "--output", str(out / name), "--rate", str(args.rate),
                        *(["--native"] if args.native else []), "--",
-                       sys.executable, "-m", "bench.cli", "run", *run_argv(args, run_dir)]
+                       sys.executable, "-m", "bench.cli", "run", *run_argv(run_dir)]
             log(f"py-spy pass {number}/{len(PY_SPY_FORMATS)} ({fmt}): {' '.join(command[:3])} ... run")
             start = time.perf_counter()
             returncode, stderr = _run_in_own_group(command)
@@ -141,42 +121,3 @@ def time_split(rows: list[dict]) -> dict:
     ok = [r for r in rows if r.get("status", "ok") == "ok"]
     return metrics.time_split(metrics.totals(ok, SPLIT_COUNTS), prompts=len(ok)) if ok else {}
 
-
-def cmd_profile(args: argparse.Namespace) -> int:
-    if args.op_prompts < 1:
-        raise InputError(f"--op-prompts must be >= 1, got {args.op_prompts}")
-    if args.rate < 1:
-        raise InputError(f"--rate must be >= 1 sample per second, got {args.rate}")
-    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
-    engine, inputs = engine_from_args(args, log=say), inputs_from_args(args)  # validated before anything runs
-    records = load_prompts(inputs.prompts)[: inputs.limit]
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-
-    py_spy = py_spy_passes(args, out, log=say)
-    if py_spy["status"] != "ok":
-        say(f"py-spy {py_spy['status']}: {py_spy['reason']}; going on with the run and the torch.profiler table")
-    run(engine, args.prompts, out / "run", progress=False, limit=args.limit)  # whatever py-spy's pass left undone
-    say(f"torch.profiler: {min(args.op_prompts, len(records))} prompt(s) after one warm-up")
-    ops = torch_ops(engine, records[: args.op_prompts], out)
-
-    split = time_split(ResultsFile(out / "run" / "results.jsonl").read())
-    options = [*(["--native"] if args.native else []), "--rate", str(args.rate), "--op-prompts", str(args.op_prompts),
-               *(["--no-py-spy"] if args.no_py_spy else [])]
-    status = {"command": ["specbench", "profile", *run_argv(args, out), *options], "py_spy": py_spy,
-              "torch_profiler": {"prompts": [r.id for r in records[: args.op_prompts]], "warmup_prompts": 1},
-              "time_split": split, "environment": environment()}
-    (out / "profile.json").write_text(json.dumps(status, indent=2, ensure_ascii=False), encoding="utf-8")
-
-    for name, what in (("flamegraph.svg", "flame graph (open in a browser)"),
-                       ("speedscope.json", "speedscope (https://www.speedscope.app, or: npx speedscope FILE)"),
-                       ("torch_ops.csv", "torch operators by self CPU time"),
-                       ("run/results.jsonl", "the run's results")):
-        if (out / name).exists():
-            say(f"  {out / name}: {what}")
-    if split.get("latency_s"):
-        say(f"time split: edge {split.get('edge_fraction', 0):.0%}, cloud {split.get('cloud_fraction', 0):.0%}, "
-            f"engine overhead {split.get('overhead_fraction', 0):.0%}; top op {ops.iloc[0]['op']} "
-            f"({ops.iloc[0]['self_cpu_percent']:.0f}% of self CPU)")
-    print(out)
-    return 0

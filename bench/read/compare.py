@@ -15,12 +15,10 @@ one prompt (no interval) or on tiny models, whose passes take milliseconds, they
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,31 +204,6 @@ def write_html(rows: list[Row], base: Path, current: Path, verdict_line: str, pa
 def gate_verdict(rows: list[Row]) -> tuple[bool, str]:
     gated = [Check(f"{r.point}: {r.metric}", "", r.baseline, r.current, r.ok, r.rule) for r in rows if r.gated]
     return verdict(gated)
-
-
-# --- CLI -------------------------------------------------------------------------------------
-def add_compare_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("compare", help="compare two results folders or two gate JSON files (HTML + PNG, verdict)")
-    p.add_argument("baseline", type=Path, help="results directory (run or sweep) or gate JSON")
-    p.add_argument("current", type=Path, help="same kind as BASELINE")
-    p.add_argument("--out", type=Path, help="output folder (default: reports/compare-<baseline>-vs-<current>)")
-    p.set_defaults(func=cmd_compare)
-    return p
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    rows = compare_paths(args.baseline, args.current)
-    out = args.out or Path("reports") / f"compare-{_name(args.baseline)}-vs-{_name(args.current)}"
-    out.mkdir(parents=True, exist_ok=True)
-    passed, line = gate_verdict(rows)
-    plot(rows, out / "compare.png")
-    write_html(rows, args.baseline, args.current, line, passed, out / "compare.html")
-    for r in rows:
-        if not r.ok:
-            print(f"FAIL {r.point}: {r.metric} {show_value(r.baseline)} -> {show_value(r.current)} ({r.rule})")
-    print(line)
-    print(f"report: {out / 'compare.html'}", file=sys.stderr)
-    return 0 if passed else 1
 
 
 def _name(path: Path) -> str:

@@ -1,0 +1,47 @@
+"""`specbench serve`: the cloud verifier (specdec/remote/server.py) as a server for edge clients."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.measure.caps import parse_cores, pin_cores
+from specdec.errors import ConfigError
+from specdec.models.loading import load_model
+from specdec.remote.protocol import read_token
+from specdec.remote.server import ServeConfig, run_server
+
+
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a cloud model as a verifier for edge clients (`run --cloud-url`)")
+    p.add_argument("--model", required=True, help="cloud model: registry alias or local directory")
+    p.add_argument("--host", default=ServeConfig.host, help="address to bind (default loopback; others need --token-file)")
+    p.add_argument("--port", type=int, default=ServeConfig.port, help="TCP port; 0 picks a free one (printed)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    p.add_argument("--cores", help="pin the server to these cores, e.g. 1 or 0-3 (torch threads follow)")
+    p.add_argument("--max-sessions", type=int, default=ServeConfig.max_sessions, help="open sessions at most")
+    p.add_argument("--session-ttl", type=float, default=ServeConfig.session_ttl_s, help="free a session idle this many s")
+    p.add_argument("--max-message-mb", type=float, default=ServeConfig.max_message_mb, help="largest message (MiB)")
+    p.add_argument("--token-file", type=Path, help="file holding a shared secret every client must present")
+    p.add_argument("--max-batch", type=int, default=ServeConfig.max_batch,
+                   help="verify requests of different sessions run as one forward, at most this many (1: unbatched)")
+    p.add_argument("--batch-window-ms", type=float, default=ServeConfig.batch_window_ms,
+                   help="wait this long for more requests before a forward (default 0: batch what already queued)")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    token = read_token(args.token_file) if args.token_file else None
+    config = ServeConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
+                         session_ttl_s=args.session_ttl, max_message_mb=args.max_message_mb, token=token,
+                         max_batch=args.max_batch, batch_window_ms=args.batch_window_ms)
+    if args.cores:
+        pin_cores(parse_cores(args.cores))
+    model = load_model(args.model, args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        stats = run_server(model, config, announce=lambda line: print(line, flush=True))
+    except OSError as e:  # the address: taken, or not this machine's
+        raise ConfigError(f"cannot serve on {args.host}:{args.port}: {e.strerror or e}; pick another --host or --port "
+                          "(--port 0 picks a free one)") from None
+    print(f"stopped: {stats['sessions']} sessions, {stats['verifies']} verifies, {stats['generated']} generated, {stats['errors']} errors, "
+          f"{stats['refused']} refused", file=sys.stderr, flush=True)
+    return 0
