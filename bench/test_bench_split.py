@@ -21,7 +21,8 @@ import torch
 from bench.measure.link import BackgroundLink
 from bench.core.network import profile
 from bench.core.prompts import load_prompts
-from bench.measure.split import ServerProcess, call_overheads_s, modelled_link_s, pin_threads
+from bench.measure.launch import ServerProcess
+from bench.measure.split import call_overheads_s, modelled_link_s, pin_threads
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.engine import Engine

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import fcntl
 import math
-import multiprocessing
 import os
 import socket
 import tempfile
@@ -36,7 +35,8 @@ from bench.measure.caps import OVER_MEMORY_EXIT
 from bench.core.records import ResultsFile, node_info
 from bench.core.point import Point
 from bench.measure.sweep_config import SweepConfig
-from bench.measure.worker import messages, worker_main
+from bench.measure.launch import WorkerProcess
+from bench.measure.worker import worker_main
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models import registry
 from specdec.remote.protocol import parse_address
@@ -196,14 +196,10 @@ def group_task(config_dict: dict, group: list) -> Iterator[tuple]:
             yield ("error", str(e))
             yield ("exitcode", 1)
             return
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    worker = ctx.Process(target=worker_main, args=(config_dict, group, None, queue, {}, os.getpid()), daemon=True)
-    worker.start()
+    worker = WorkerProcess(worker_main, config_dict, group, None, {}).start()
     yield ("started", node_info(), os.getpid())
-    yield from messages(worker, queue)
-    worker.join()
-    yield ("exitcode", worker.exitcode)
+    yield from worker.messages()
+    yield ("exitcode", worker.wait())
 
 
 @dataclass

@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import random
-import sys
 import time
 import uuid
 from contextlib import AsyncExitStack, ExitStack
@@ -35,7 +34,7 @@ from bench.core.network import profile
 from bench.core.point import FIELDS
 from bench.core.prompts import load_prompts
 from bench.core.records import ResultsFile, environment, read_records
-from bench.measure.split import ServerProcess, die_with_parent
+from bench.measure.launch import ServerProcess, edge_ready, start_edge, stop_edges
 from specdec.cloud import CloudLost
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.errors import InputError
@@ -173,7 +172,7 @@ class Fleet:
                     for i in range(clients))))
             wall_s = time.perf_counter() - started
         finally:
-            await self.stop_edges(processes)
+            await stop_edges(processes)
         batches, _ = await server_log(self.server_url, since, self.token)
         for batch in batches:
             self.batches.append({"mode": mode, "clients": clients, "repeat": repeat, "level_run": run_id, **batch})
@@ -235,16 +234,13 @@ class Fleet:
                 order = self.prompts[index % len(self.prompts):] + self.prompts[: index % len(self.prompts)]
                 spec = {**job, "client": index, "order": order,
                         "arrivals": arrivals(len(order), rate, self.seed(point, index))}
-                processes.append(await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "bench.measure.fleet_edge", json.dumps(spec), stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE, preexec_fn=die_with_parent, limit=1 << 26))
+                processes.append(await start_edge("bench.measure.fleet_edge", json.dumps(spec)))
             for process in processes:  # each says `ready` once its model is loaded and warm
-                line = await process.stdout.readline()
-                if json.loads(line or b"{}").get("ready") is not True:
+                if not await edge_ready(process):
                     raise InputError(f"an edge process of the fleet did not start (exit {await process.wait()}); "
                                      "run the same settings with `specbench run` to see why")
         except BaseException:
-            await self.stop_edges(processes)
+            await stop_edges(processes)
             raise
         return processes
 
@@ -253,13 +249,6 @@ class Fleet:
             process.stdin.write(b"go\n")
             await process.stdin.drain()
         return sum(await asyncio.gather(*(self.collect(process) for process in processes)))
-
-    @staticmethod
-    async def stop_edges(processes: list) -> None:
-        for process in processes:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
 
     async def collect(self, process) -> int:
         failed = 0

@@ -5,21 +5,17 @@
 - measured vs modelled link time: the time a generation really spent in flight through
   `bench.measure.link` against `bench.core.network`'s arithmetic for the same trace and preset;
 - split vs in-process throughput, with the server and the edge pinned to their own cores.
+
+The server itself is started as every child is, by bench/measure/launch.py.
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import subprocess
-import sys
-import tempfile
 from dataclasses import asdict
 
 import torch
 
 from bench.core.network import NetworkProfile, network_cost
-from specdec.errors import ConfigError
 from specdec.trace import Generation
 
 
@@ -42,46 +38,3 @@ def pin_threads(cores: list[int]) -> None:
         except OSError:  # a thread that ended meanwhile
             pass
     torch.set_num_threads(len(cores))
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """In a child, before exec: the kernel sends SIGTERM when the parent dies, however it dies, so
-    a killed sweep or benchmark leaves no server behind."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-class ServerProcess:
-    """`specbench serve` as a child process: `with ServerProcess(model, dtype, cores) as url:`."""
-
-    def __init__(self, model: str, dtype: str, cores: str | None = None, *extra: str) -> None:
-        self.args = [sys.executable, "-m", "bench.cli", "serve", "--model", model, "--dtype", dtype,
-                     *(["--cores", cores] if cores else []), *extra]
-        self.process: subprocess.Popen | None = None
-
-    def __enter__(self) -> str:
-        self.errors = tempfile.TemporaryFile(mode="w+")  # its last line says why, if it does not start
-        self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.errors, text=True,
-                                        preexec_fn=die_with_parent)
-        line = self.process.stdout.readline()
-        if not line.startswith("listening on "):
-            self.process.kill()
-            self.process.wait(30)
-            self.errors.seek(0)
-            lines = [text.strip() for text in self.errors.read().splitlines() if text.strip()]
-            self.errors.close()
-            why = lines[-1].removeprefix("error: ") if lines else f"exit code {self.process.returncode}"
-            raise ConfigError(f"the verifier server did not start ({why}): "
-                              f"`specbench {' '.join(self.args[3:])}` shows it on its own")
-        return line.split()[-1]
-
-    def __exit__(self, *exc) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:  # stuck (swapping, a forward that will not end): no waiting on it
-            self.process.kill()
-            self.process.wait(30)
-        self.errors.close()

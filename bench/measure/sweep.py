@@ -8,11 +8,8 @@ applied first thing in the worker.
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
-import signal
-import threading
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,7 +19,7 @@ from bench.measure.caps import OVER_MEMORY_EXIT
 from bench.measure.cluster import RayExecutor, ray_executor
 from bench.measure.link import BackgroundLink
 from bench.core.network import profile
-from bench.measure.split import ServerProcess
+from bench.measure.launch import ServerProcess, WorkerProcess
 from bench.core.prompts import load_prompts
 from bench.core.folder import IDENTITY_FILES, claim, has_results, write_identity, writer
 from bench.core.records import ResultsFile, environment, read_records
@@ -30,7 +27,7 @@ from bench.derive.scores import read_scores
 from bench.derive.summary import summarize
 from bench.core.point import Point
 from bench.measure.sweep_config import SweepConfig
-from bench.measure.worker import messages, worker_main
+from bench.measure.worker import worker_main
 from specdec.errors import SpecdecError
 from specdec.remote.protocol import parse_address
 
@@ -112,39 +109,17 @@ def start_split_services(config: SweepConfig, points: list[dict], services: Exit
 def _run_worker(config: SweepConfig, group: list, out: Path, bar: tqdm, urls: dict[str, str]) -> set[str]:
     """One worker process for a group of points; returns the keys of points it finished (or that
     hit the memory cap). A worker that dies otherwise raises."""
-    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: the caps and the RSS are its own
-    queue = ctx.Queue()
-    worker = ctx.Process(target=worker_main, args=(asdict(config), group, str(out), queue, urls, os.getpid()),
-                         daemon=True)
-    with sigint_ignored():
-        worker.start()
+    worker = WorkerProcess(worker_main, asdict(config), group, str(out), urls, ignore_sigint=True).start()
     try:
-        return _follow(worker, queue, bar)
+        return _follow(worker, bar)
     finally:  # Ctrl-C, SIGTERM (bench/cli.py makes it a KeyboardInterrupt here) or an error: stop the worker
-        if worker.is_alive():
-            worker.terminate()
-        worker.join()
+        worker.stop()
 
 
-@contextmanager
-def sigint_ignored():
-    """Start a worker with SIGINT ignored, which it keeps across exec (and Python then installs no
-    KeyboardInterrupt handler): Ctrl-C reaches the whole process group, and it is this process
-    that stops the worker, so the worker prints no traceback of its own."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _follow(worker, queue, bar: tqdm) -> set[str]:
+def _follow(worker: WorkerProcess, bar: tqdm) -> set[str]:
     finished: set[str] = set()
     error = None
-    for message in messages(worker, queue):
+    for message in worker.messages():
         kind = message[0]
         if kind == "tick":
             bar.update()
@@ -154,12 +129,12 @@ def _follow(worker, queue, bar: tqdm) -> set[str]:
                 bar.write(message[2])
         elif kind == "error":
             error = message[1]
-    worker.join()
-    if worker.exitcode == OVER_MEMORY_EXIT:
+    exitcode = worker.wait()
+    if exitcode == OVER_MEMORY_EXIT:
         return finished
     if error:
         raise SpecdecError(error)
-    if worker.exitcode != 0:
-        raise SpecdecError(f"a sweep worker died with exit code {worker.exitcode} (killed, or out of memory?): "
+    if exitcode != 0:
+        raise SpecdecError(f"a sweep worker died with exit code {exitcode} (killed, or out of memory?): "
                            "rerun the same command to resume")
     return finished

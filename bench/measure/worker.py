@@ -11,11 +11,9 @@ import os
 import signal
 import sys
 import threading
-from queue import Empty
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterator
 
 from bench.measure.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog
 from bench.measure.trackers import reset_peak_rss
@@ -23,7 +21,7 @@ from bench.core.network import network_cost, profile
 from bench.core.prompts import load_prompts
 from bench.core.folder import os_error_line
 from bench.core.records import ResultsFile, node_info
-from bench.measure.split import die_with_parent
+from bench.measure.launch import bind_to_parent
 from bench.core.point import Point
 from bench.measure.run import generate_one, prepare
 from bench.measure.sweep_config import SweepConfig
@@ -116,12 +114,10 @@ class StreamedResults:
         self.queue.put(("record", record))
 
 
-def worker_main(config_dict: dict, group: list, out: str | None, queue, urls: dict[str, str], parent: int) -> None:
+def worker_main(config_dict: dict, group: list, out: str | None, urls: dict[str, str], queue, parent: int) -> None:
     """A sweep worker process: caps first, then the group. `out`: the results folder, or None to
     stream the records to the parent (a Ray task relaying them to the sweep's driver)."""
-    die_with_parent()  # a sweep killed, even by SIGKILL, leaves no worker appending to its folder
-    if os.getppid() != parent:  # it died before prctl took effect
-        os._exit(1)
+    bind_to_parent(parent)  # a sweep killed, even by SIGKILL, leaves no worker appending to its folder
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops this worker on Ctrl-C
     try:  # on a cluster's node the settings meet this machine for the first time (its cores)
         config = SweepConfig.from_mapping(config_dict)
@@ -139,21 +135,6 @@ def worker_main(config_dict: dict, group: list, out: str | None, queue, urls: di
         queue.put(("error", line))
         exit_worker(queue, 1)
     exit_worker(queue, 0)
-
-
-def messages(worker, queue, poll_s: float = 0.5) -> Iterator[tuple]:
-    """A worker process's messages as they come, through its `exit` message, or until it has ended
-    without one (killed, or out of memory)."""
-    while True:
-        try:
-            message = queue.get(timeout=poll_s)
-        except Empty:
-            if worker.is_alive():
-                continue
-            return
-        yield message
-        if message[0] == "exit":
-            return
 
 
 def interleaved(points: list[tuple]) -> list[tuple]:
