@@ -7,7 +7,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from bench.workload import CLOUD_ALIAS, EDGE_ALIAS, Pair, real_workload, tiny_workload  # noqa: E402
+from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS, Pair, real_workload, tiny_workload  # noqa: E402
 from specdec.models.registry import is_fetched  # noqa: E402
 
 

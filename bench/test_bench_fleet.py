@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from bench.workload import CLOUD_ALIAS
+from bench.measure.workload import CLOUD_ALIAS
 from specdec.backends.base import Prompt
 from specdec.batching import BatchRow, batch_logits
 from specdec.cloud import LocalCloudSession

@@ -1,12 +1,12 @@
 """Harness overhead: the sweep's instrumentation (trackers, memory watchdog, network and health
 fields, fsynced records) against the bare engine on the same prompts, interleaved
-(bench/overhead.py). The fraction goes into `extra_info["overhead"]`; it is reported, not gated.
+(bench/measure/overhead.py). The fraction goes into `extra_info["overhead"]`; it is reported, not gated.
 
     pytest bench/test_bench_harness.py --benchmark-only -m realmodel -s   # the real pair's figure
 """
 import pytest
 
-from bench.overhead import harness_overhead
+from bench.measure.overhead import harness_overhead
 
 
 def bench_overhead(benchmark, pair, repeats: int) -> dict:

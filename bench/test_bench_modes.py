@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from bench.workload import HF_ASSISTED, HF_ASSISTED_DEFAULTS, MODES, Pair, mode_metrics
+from bench.measure.workload import HF_ASSISTED, HF_ASSISTED_DEFAULTS, MODES, Pair, mode_metrics
 
 TINY_ROUNDS, REAL_ROUNDS = 5, 2
 

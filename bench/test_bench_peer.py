@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from bench.peer import HF, SPECBENCH, paired, pooled_tokens_per_s, run_peer
-from bench.prompts import load_prompts
-from bench.workload import CLOUD_ALIAS, EDGE_ALIAS
+from bench.measure.peer import HF, SPECBENCH, paired, pooled_tokens_per_s, run_peer
+from bench.core.prompts import load_prompts
+from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.models.loading import load_model
 from specdec.models.registry import is_fetched
 

@@ -18,11 +18,12 @@ import time
 import pytest
 import torch
 
-from bench.link import BackgroundLink
-from bench.network import profile
-from bench.prompts import load_prompts
-from bench.split import ServerProcess, call_overheads_s, modelled_link_s, pin_threads
-from bench.workload import CLOUD_ALIAS, EDGE_ALIAS
+from bench.measure.link import BackgroundLink
+from bench.core.network import profile
+from bench.core.prompts import load_prompts
+from bench.measure.launch import ServerProcess
+from bench.measure.split import call_overheads_s, modelled_link_s, pin_threads
+from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.models.loading import load_model

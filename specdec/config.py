@@ -2,7 +2,7 @@
 name the setting, the value and the fix.
 
 Field metadata carries the help text and the allowed values (`choices`); bench builds the `run`
-and `sweep` command lines from these fields (bench/options.py), so a setting added here reaches
+and `sweep` command lines from these fields (bench/commands/options.py), so a setting added here reaches
 both commands. Policy and verifier names come from their registries: a new one is one file.
 """
 from __future__ import annotations

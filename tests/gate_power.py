@@ -12,7 +12,9 @@ import os
 import subprocess
 import sys
 
-from bench import gate, verdict, workload
+from bench.measure import gate, workload
+
+from bench.derive import verdict
 from tests.test_gate import SlowerForward, quiet
 
 WRAPS = {

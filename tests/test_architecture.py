@@ -38,14 +38,22 @@ LAYERS = {
     # never on the engine (the edge's facade), so neither side's changes ripple into the other.
     "serve": (("specdec.remote.server", "specdec.remote.batcher"), ("errors", "backends", "core", "models", "transport", "assembly")),
 }
+# bench's layers (ARCHITECTURE.md): a package and the layers it may import. `bench` itself, its
+# conftest, the pytest-benchmark suites (bench/test_bench_*.py) and the data folders' scripts
+# (bench/samples/make_samples.py) sit outside them.
+BENCH_LAYERS = {
+    "core": (("bench.core",), ()),
+    "derive": (("bench.derive",), ("core",)),
+    "measure": (("bench.measure",), ("core", "derive")),
+    "read": (("bench.read",), ("core", "derive")),
+    "commands": (("bench.commands", "bench.cli"), ("core", "derive", "measure", "read")),
+}
 # Reports only read results: these never reach a module that loads or runs a model.
-READERS = ("bench.metrics", "bench.summary", "bench.scores", "bench.verdict", "bench.compare", "bench.report",
-           "bench.point", "bench.metric_registry")
+READERS = ("bench.core", "bench.derive", "bench.read")
 RUNS_MODELS = ("specdec.engine", "specdec.decode", "specdec.models")
-# What a point is and which way a metric moves are the readers' own (bench/point.py, bench/metric_registry.py):
-# they never reach what plans or runs a measurement.
-MEASURES = ("bench.sweep_config", "bench.sweep", "bench.run", "bench.worker", "bench.cluster", "bench.fleet",
-            "bench.gate", "bench.options")
+# What a point is, which way a metric moves and every derived number are the readers' own: they
+# never reach what plans or runs a measurement, nor a command's flags.
+MEASURES = ("bench.measure", "bench.commands", "bench.cli")
 
 
 @dataclass(frozen=True)
@@ -212,6 +220,33 @@ def test_layers_import_only_downwards():
     assert not bad, "\n".join(bad)
 
 
+def bench_layer_of(name: str) -> str | None:
+    return next((layer for layer, (members, _) in BENCH_LAYERS.items() if within(name, members)), None)
+
+
+def _outside_layers(name: str) -> bool:
+    last = name.rpartition(".")[2]
+    return name in ("bench", "bench.conftest") or last.startswith("test_bench_") or within(name, ("bench.samples",))
+
+
+def test_every_bench_module_has_a_layer():
+    missing = [name for name in modules() if within(name, ("bench",)) and not _outside_layers(name)
+               and bench_layer_of(name) is None]
+    assert not missing, (f"no layer for {missing}: put it in bench/core, measure, derive, read or commands "
+                         "(ARCHITECTURE.md says which), or add the package to BENCH_LAYERS and ARCHITECTURE.md")
+
+
+def test_bench_layers_import_only_downwards():
+    bad = []
+    for i in edges():
+        if within(i.source, ("bench",)) and within(i.target, ("bench",)) and not _outside_layers(i.source):
+            source, target = bench_layer_of(i.source), bench_layer_of(i.target)
+            if target != source and target not in BENCH_LAYERS[source][1]:
+                bad.append(f"{i.source} ({source}) imports {i.target} ({target}) at {i.where()}; "
+                           f"{source} may import only {', '.join(BENCH_LAYERS[source][1]) or 'nothing else in bench'}")
+    assert not bad, "\n".join(bad)
+
+
 def test_readers_never_load_a_model():
     bad = []
     for name in modules():
@@ -225,7 +260,7 @@ def test_readers_never_load_a_model():
 def test_readers_never_reach_what_measures():
     bad = [chain_text(chain) for name in modules() if within(name, READERS)
            for target, chain in reachable(name).items() if within(target, MEASURES)]
-    assert not bad, "a reader reaches what measures (take the point from bench/point.py): " + "\n".join(sorted(bad)[:5])
+    assert not bad, "a reader reaches what measures (take the point from bench/core/point.py): " + "\n".join(sorted(bad)[:5])
 
 
 def test_imports_inside_functions_only_defer_a_heavy_library():

@@ -9,8 +9,8 @@ import pytest
 import soundfile
 import soxr
 
-from bench.audio import MAX_SECONDS, SAMPLING_RATE, model_limits, read_audio
-from bench.prompts import PROMPT_TYPES, SAMPLES_MANIFEST, load_prompts
+from bench.core.audio import MAX_SECONDS, SAMPLING_RATE, model_limits, read_audio
+from bench.core.prompts import PROMPT_TYPES, SAMPLES_MANIFEST, load_prompts
 from specdec.backends.omni_thinker import default_feature_extractor
 from specdec.errors import InputError
 

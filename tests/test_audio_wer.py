@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from bench.health import cer, error_rates, normalize_transcript, scored_by_characters, wer
-from bench.summary import load_rows, summarize
+from bench.derive.health import cer, error_rates, normalize_transcript, scored_by_characters, wer
+from bench.derive.summary import load_rows, summarize
 
 FOX = "The quick brown fox jumps over the lazy dog."
 PARK = "今天天气很好，我们去公园散步吧。"

@@ -7,9 +7,14 @@ import shutil
 
 import pytest
 
-from bench import compare, tinypair, verdict
-from bench.records import ResultsFile
-from bench.run import run
+from bench.commands import compare as compare_command
+from bench.read import compare
+
+from bench.measure import tinypair
+
+from bench.derive import verdict
+from bench.core.records import ResultsFile
+from bench.measure.run import run
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import InputError
@@ -17,7 +22,7 @@ from specdec.errors import InputError
 
 def compare_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="specbench")
-    compare.add_compare_parser(parser.add_subparsers(dest="command"))
+    compare_command.add_compare_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["compare", *argv])
 
 
@@ -49,7 +54,7 @@ def edited_copy(src, dst, edit):
 
 def test_identical_results_pass_and_write_html_and_png(results_dir, tmp_path, capsys):
     out = tmp_path / "report"
-    assert compare.cmd_compare(compare_args(str(results_dir), str(results_dir), "--out", str(out))) == 0
+    assert compare_command.cmd_compare(compare_args(str(results_dir), str(results_dir), "--out", str(out))) == 0
     page = (out / "compare.html").read_text()
     assert "gate passed" in page and 'src="compare.png"' in page and "acceptance_rate" in page
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -63,7 +68,7 @@ def test_slower_spec_results_fail_on_the_speedup(results_dir, tmp_path, capsys):
 
     current = edited_copy(results_dir, tmp_path / "slow", slower_spec)
     out = tmp_path / "report"
-    assert compare.cmd_compare(compare_args(str(results_dir), str(current), "--out", str(out))) == 1
+    assert compare_command.cmd_compare(compare_args(str(results_dir), str(current), "--out", str(out))) == 1
     printed = capsys.readouterr().out
     assert "speedup_vs_cloud" in printed and "gate FAILED" in printed
     assert "tokens_sha256" not in printed  # the outputs did not change
@@ -89,8 +94,8 @@ def test_gate_files_compare_with_the_gate_rules(tmp_path, capsys):
     for name, record in (("a.json", base), ("b.json", worse)):
         verdict.write_gate_file(tmp_path / name, record)
     out = tmp_path / "report"
-    assert compare.cmd_compare(compare_args(str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--out", str(out))) == 0
-    assert compare.cmd_compare(compare_args(str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out))) == 1
+    assert compare_command.cmd_compare(compare_args(str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--out", str(out))) == 0
+    assert compare_command.cmd_compare(compare_args(str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out))) == 1
     printed = capsys.readouterr().out
     assert "spec_vs_cloud" in printed and "spec.acceptance_rate" in printed
     assert (out / "compare.png").exists()
@@ -98,7 +103,7 @@ def test_gate_files_compare_with_the_gate_rules(tmp_path, capsys):
 
 def test_default_out_names_both_sides(results_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    compare.cmd_compare(compare_args(str(results_dir), str(results_dir)))
+    compare_command.cmd_compare(compare_args(str(results_dir), str(results_dir)))
     assert (tmp_path / "reports" / "compare-base-vs-base" / "compare.html").exists()
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.link import BackgroundLink
-from bench.network import profile
+from bench.measure.link import BackgroundLink
+from bench.core.network import profile
 from specdec.backends.base import Prompt
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.config import DecodeConfig, SpecConfig

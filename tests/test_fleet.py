@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from bench.cli import main
-from bench.fleet_summary import cost_curve, read_fleet
+from bench.derive.fleet_summary import cost_curve, read_fleet
 from specdec.models.loading import load_model
 from specdec.remote.server import BackgroundServer, ServeConfig
 

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from bench.report import fonts  # noqa: E402
+from bench.read.report import fonts  # noqa: E402
 from specdec.errors import ConfigError  # noqa: E402
 from tests.test_report import chromium, run_chromium  # noqa: E402,F401  (chromium: a fixture)
 

@@ -1,4 +1,4 @@
-"""The regression gate (bench/gate.py) catches a 20 % slower edge or cloud forward and a slowed
+"""The regression gate (bench/measure/gate.py) catches a 20 % slower edge or cloud forward and a slowed
 verifier through its timing ratios and a lowered acceptance through its deterministic metrics,
 passes on the unchanged workload (also with a busy process beside it), and refuses bad baselines
 with one clear line. Regressions are injected as backend wrappers (our own Backend protocol), never
@@ -14,7 +14,9 @@ import time
 import pytest
 import torch
 
-from bench import gate, tinypair, verdict, workload
+from bench.commands import gate as gate_command
+from bench.derive import verdict
+from bench.measure import gate, tinypair, workload
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.errors import InputError
 
@@ -182,7 +184,7 @@ def test_committed_tiny_baseline_matches_the_code():
 # --- the command ------------------------------------------------------------------------------
 def gate_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="specbench")
-    gate.add_gate_parser(parser.add_subparsers(dest="command"))
+    gate_command.add_gate_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["gate", *argv])
 
 
@@ -195,12 +197,12 @@ def small_suite(monkeypatch):
 @pytest.mark.timing
 def test_update_then_gate_passes_and_a_regression_exits_1(tmp_path, small_suite, capsys):
     path = tmp_path / "tiny.json"
-    assert gate.cmd_gate(gate_args("--baseline", str(path), "--update")) == 0
+    assert gate_command.cmd_gate(gate_args("--baseline", str(path), "--update")) == 0
     assert verdict.read_gate_file(path)["suite"] == "tiny"
     before = path.read_text()
-    assert gate.cmd_gate(gate_args("--baseline", str(path))) == 0
+    assert gate_command.cmd_gate(gate_args("--baseline", str(path))) == 0
     assert "gate passed" in capsys.readouterr().out
-    assert gate.cmd_gate(gate_args("--baseline", str(path)), wrap=slow_verifier) == 1
+    assert gate_command.cmd_gate(gate_args("--baseline", str(path)), wrap=slow_verifier) == 1
     out = capsys.readouterr().out
     assert "gate FAILED" in out
     assert any(line.startswith("FAIL") and "spec_vs_cloud" in line and "->" in line for line in out.splitlines())
@@ -221,7 +223,7 @@ def test_bad_baseline_is_one_clear_error_before_measuring(tmp_path, content, mes
         path.write_text(content)
     monkeypatch.setattr(gate, "measure", lambda *a, **k: pytest.fail("measured despite a bad baseline"))
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
-        gate.cmd_gate(gate_args("--baseline", str(path)))
+        gate_command.cmd_gate(gate_args("--baseline", str(path)))
     assert "\n" not in str(error.value)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.health import (
+from bench.derive.health import (
     chrf,
     common_prefix_len,
     content_units,

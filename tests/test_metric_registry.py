@@ -1,11 +1,11 @@
-"""Which way a metric should move is declared once (bench/metric_registry.py) and every reader
+"""Which way a metric should move is declared once (bench/core/metric_registry.py) and every reader
 takes it from there."""
 import pytest
 
-from bench.metric_registry import METRICS, Metric, compared, direction, lower_is_better
-from bench.report.pareto import FRONTS
-from bench.report.recommend import RULES
-from bench.verdict import Check
+from bench.core.metric_registry import METRICS, Metric, compared, direction, lower_is_better
+from bench.read.report.pareto import FRONTS
+from bench.read.report.recommend import RULES
+from bench.derive.verdict import Check
 
 
 def test_every_reader_finds_its_metrics():

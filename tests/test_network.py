@@ -8,7 +8,7 @@ from dataclasses import asdict
 import pytest
 
 from bench.cli import main
-from bench.network import (
+from bench.core.network import (
     HEADER_BYTES,
     PRESETS,
     NetworkCost,

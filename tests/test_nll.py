@@ -1,4 +1,4 @@
-"""Cloud NLL of outputs (bench/nll.py, `specbench score`): the value is the model's own
+"""Cloud NLL of outputs (bench/measure/nll.py, `specbench score`): the value is the model's own
 log-likelihood, scoring is resumable, and summaries and reports carry it."""
 import json
 import math
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from bench.cli import main
-from bench.nll import output_nll
-from bench.scores import SCORE_FIELDS, SCORES, read_scores, score_key
-from bench.records import ResultsFile
-from bench.summary import summarize
+from bench.measure.nll import output_nll
+from bench.derive.scores import SCORE_FIELDS, SCORES, read_scores, score_key
+from bench.core.records import ResultsFile
+from bench.derive.summary import summarize
 from specdec.models.loading import load_model
 
 

@@ -14,8 +14,8 @@ import soxr
 import torch
 
 from bench.cli import main
-from bench.prompts import SAMPLES_MANIFEST
-from bench.run import FailedSamples, run
+from bench.core.prompts import SAMPLES_MANIFEST
+from bench.measure.run import FailedSamples, run
 from specdec.backends.omni_thinker import OmniThinkerBackend
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine

@@ -5,9 +5,9 @@ from dataclasses import MISSING, fields
 import pytest
 
 from bench.cli import build_parser
-from bench.options import RUN_SETTINGS, parse_list, run_options, sweep_from_args, sweep_options
-from bench.point import AXES
-from bench.sweep_config import SweepConfig
+from bench.commands.options import RUN_SETTINGS, parse_list, run_options, sweep_from_args, sweep_options
+from bench.core.point import AXES
+from bench.measure.sweep_config import SweepConfig
 from specdec.config import SpecConfig
 from specdec.policies import POLICIES, make_policy, register_policy
 from specdec.verifier import VERIFIERS

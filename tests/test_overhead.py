@@ -1,7 +1,7 @@
-"""bench/overhead.py measures what it says: both paths run the same generations, and the
+"""bench/measure/overhead.py measures what it says: both paths run the same generations, and the
 instrumented path writes one complete sweep record per prompt and repeat."""
-from bench import overhead
-from bench.workload import Pair, tiny_workload
+from bench.measure import overhead
+from bench.measure.workload import Pair, tiny_workload
 
 
 def test_harness_overhead_runs_both_paths_and_writes_sweep_records(monkeypatch):

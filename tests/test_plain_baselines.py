@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import build_report
-from bench.summary import summarize, terminal_table
+from bench.read.report import build_report
+from bench.derive.summary import summarize, terminal_table
 
 SPEC = dict(policy="greedy", k=4, entropy_threshold=0.0, accept_threshold=0.1, verifier="cached",
             num_draft_tokens=8, num_accepted_tokens=6, cloud_calls=2, cycles=2, num_drafts=2,

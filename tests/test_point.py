@@ -3,8 +3,8 @@ and the summary's columns all come from it."""
 import json
 from dataclasses import fields
 
-from bench.point import AXES, COLUMNS, FIELDS, NOT_MEASURED, RUN_SETTINGS, Point, blank
-from bench.sweep_config import SweepConfig
+from bench.core.point import AXES, COLUMNS, FIELDS, NOT_MEASURED, RUN_SETTINGS, Point, blank
+from bench.measure.sweep_config import SweepConfig
 
 ROW = {"mode": "spec", "dtype": "float32", "prompts": "/p/code.jsonl", "deployment": "inproc", "policy": "greedy",
        "k": 4, "entropy_threshold": 0.0, "accept_threshold": 0.1, "verifier": "cached", "draft_stop": "none",

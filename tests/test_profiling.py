@@ -7,9 +7,9 @@ import re
 import pandas as pd
 import pytest
 
-from bench.options import add_run_options, run_argv
-from bench.profiling import add_profile_parser
-from bench.report import build_report
+from bench.commands.options import add_run_options, run_argv
+from bench.commands.profile import add_profile_parser
+from bench.read.report import build_report
 from specdec.errors import InputError
 from tests.tiny import save_tiny_pair
 
@@ -81,12 +81,12 @@ def test_profile_of_a_tiny_run(tmp_path, capsys):
 def test_profile_goes_on_when_py_spy_may_not_attach(tmp_path, monkeypatch, capsys):
     """In a container without CAP_SYS_PTRACE py-spy fails to read the process: the profile says
     so and still writes the run and the operator table."""
-    import bench.profiling
+    import bench.measure.profiling
 
     fake = tmp_path / "py-spy"
     fake.write_text("#!/bin/sh\necho 'Error: Operation not permitted (os error 1)' >&2\nexit 1\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(bench.profiling, "_py_spy_executable", lambda: str(fake))
+    monkeypatch.setattr(bench.measure.profiling, "_py_spy_executable", lambda: str(fake))
     pair = save_tiny_pair(tmp_path / "models")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "p0", "prompt": "hi there"}) + "\n")

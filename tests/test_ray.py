@@ -18,8 +18,8 @@ import pytest
 import ray
 
 from bench.cli import main
-from bench.records import ResultsFile
-from bench.report.recommend import node_notes
+from bench.core.records import ResultsFile
+from bench.read.report.recommend import node_notes
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTERS = ("tokens", "new_tokens", "num_draft_tokens", "num_accepted_tokens", "cloud_calls", "cycles", "status")
@@ -184,7 +184,7 @@ def test_the_report_warns_when_one_comparison_spans_nodes():
 def test_tasks_on_one_node_claim_different_cores():
     """Ray counts CPUs but does not say which: each task takes cores no other task holds, and a node
     whose Ray CPUs overstate its cores is one line."""
-    script = ("from bench.cluster import claim_cores\nfrom specdec.errors import ConfigError\n"
+    script = ("from bench.measure.cluster import claim_cores\nfrom specdec.errors import ConfigError\n"
               "claimed = [claim_cores(1) for _ in range(len(__import__('os').sched_getaffinity(0)))]\n"
               "print(sorted(c for cores in claimed for c in cores) == sorted(__import__('os').sched_getaffinity(0)))\n"
               "try:\n    claim_cores(1)\nexcept ConfigError as e:\n    print(e)\n")

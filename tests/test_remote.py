@@ -11,8 +11,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from bench.link import BackgroundLink
-from bench.network import profile
+from bench.measure.link import BackgroundLink
+from bench.core.network import profile
 from specdec.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.decode import speculative_decode
 from specdec.engine import Engine

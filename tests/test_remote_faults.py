@@ -23,7 +23,7 @@ from websockets.asyncio.server import serve
 from websockets.sync.client import connect
 
 from bench.cli import main
-from bench.run import FailedSamples, run
+from bench.measure.run import FailedSamples, run
 from specdec.engine import Engine
 from specdec.backends.base import Prompt
 from specdec.cloud import CloudLost

@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 
 from bench.cli import main
-from bench.report import build_report
-from bench.report.cli import add_report_parser
-from bench.report.inputs import load_inputs
-from bench.report.pareto import FRONTS, front_members, pareto_mask, point_labels
-from bench.report.recommend import recommend
-from bench.report.views import per_position_acceptance, sample_points
-from bench.summary import load_rows, summarize
+from bench.read.report import build_report
+from bench.commands.report import add_report_parser
+from bench.read.report.inputs import load_inputs
+from bench.read.report.pareto import FRONTS, front_members, pareto_mask, point_labels
+from bench.read.report.recommend import recommend
+from bench.read.report.views import per_position_acceptance, sample_points
+from bench.derive.summary import load_rows, summarize
 from specdec.errors import InputError
 from tests.tiny import save_tiny_pair
 
@@ -167,7 +167,7 @@ def test_a_winner_inside_the_noise_is_not_named_as_one():
 
 
 def test_bf16_greedy_drift_is_said_plainly(tmp_path):
-    from bench.report.recommend import precision_notes
+    from bench.read.report.recommend import precision_notes
 
     rows = [row("cloud", p, text=CLOUD_TEXT) for p in ("p0", "p1")] + [row(prompt=p, text=t) for p, t in
                                                                       (("p0", CLOUD_TEXT), ("p1", CLOUD_TEXT[:-6] + "mat."))]

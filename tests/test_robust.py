@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from bench.cli import main
-from bench.folder import LOCK
-from bench.records import ResultsFile
+from bench.core.folder import LOCK
+from bench.core.records import ResultsFile
 from specdec.models import integrity, registry
 
 
@@ -213,7 +213,7 @@ def test_a_budget_past_the_models_positions(pair, prompts, tmp_path, capsys):
 # -- one writer at a time ----------------------------------------------------------------------------------
 def test_a_second_writer_is_refused_with_the_holders_pid(pair, prompts, run_folder, sweep_folder, capsys):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom bench.folder import writer\n"
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom bench.core.folder import writer\n"
          "with writer(Path(sys.argv[1])), writer(Path(sys.argv[2])):\n    print('held', flush=True)\n    time.sleep(60)",
          str(run_folder), str(sweep_folder)], stdout=subprocess.PIPE, text=True)
     try:

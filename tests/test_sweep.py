@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.records import ResultsFile
-from bench.metrics import expected_speedup
-from bench.summary import summarize
-from bench.sweep_config import SweepConfig
+from bench.core.records import ResultsFile
+from bench.derive.metrics import expected_speedup
+from bench.derive.summary import summarize
+from bench.measure.sweep_config import SweepConfig
 
 
 def sweep(pair, prompts, out, *extra):
@@ -66,7 +66,7 @@ def test_points_are_timed_interleaved_per_prompt_and_repeats_resume(pair, prompt
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_WITH_A_LOCK = """
 import multiprocessing
-from bench.worker import exit_worker
+from bench.measure.worker import exit_worker
 
 def child(queue):
     from tqdm import tqdm
@@ -177,7 +177,7 @@ def test_repeats_count_each_prompt_once_with_its_median_time():
 
 
 def test_terminal_table_shows_every_varying_axis_and_the_intervals():
-    from bench.summary import terminal_table
+    from bench.derive.summary import terminal_table
 
     spec = dict(k=4, entropy_threshold=0.0, accept_threshold=0.1, verifier="cached", num_draft_tokens=8,
                 num_accepted_tokens=6, cloud_calls=2, cycles=2)
@@ -230,7 +230,7 @@ def test_config_points_dedupe_baselines():
 def test_peak_memory_tracker_sees_the_blocks_own_peak():
     import numpy as np
 
-    from bench.trackers import LatencyTracker, PeakMemoryTracker, tracked
+    from bench.measure.trackers import LatencyTracker, PeakMemoryTracker, tracked
 
     def touch(mib: int) -> None:
         block = np.ones(mib << 20, dtype=np.uint8)

@@ -15,7 +15,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from bench.cli import main  # noqa: E402
-from bench.records import ResultsFile  # noqa: E402
+from bench.core.records import ResultsFile  # noqa: E402
 from tests.tiny_gguf import write_llama_gguf  # noqa: E402
 
 

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from bench.cli import main
-from bench.records import ResultsFile
-from bench.sweep_config import SweepConfig
+from bench.core.records import ResultsFile
+from bench.measure.sweep_config import SweepConfig
 from specdec.errors import ConfigError
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.audio import SAMPLING_RATE, read_audio
+from bench.core.audio import SAMPLING_RATE, read_audio
 from specdec import Constraints, DecodeConfig, SpecConfig, StopRule, autoregressive_decode, speculative_decode
 from specdec.models.loading import load_model
 

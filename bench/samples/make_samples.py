@@ -24,7 +24,7 @@ import soundfile
 import soxr
 
 HERE = Path(__file__).resolve().parent
-SAMPLING_RATE = 16000  # Hz, what bench.audio.read_audio delivers to the models
+SAMPLING_RATE = 16000  # Hz, what bench.core.audio.read_audio delivers to the models
 PROMPTS = {
     "en": "Transcribe the speech in this audio clip exactly.",
     "zh": "请把这段语音逐字转写成中文。",

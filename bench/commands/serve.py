@@ -1,0 +1,71 @@
+"""`specbench serve`: the cloud verifier (specdec/remote/server.py) as a server for edge clients."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.measure.caps import parse_cores, pin_cores
+from specdec.backends.base import DTYPES, RUNTIMES, check_runtime
+from specdec.errors import ConfigError
+from specdec.models.loading import load_model
+from specdec.remote.protocol import read_token, token_file_warning
+from specdec.remote.server import ServeConfig, run_server
+
+
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a cloud model as a verifier for edge clients (`run --cloud-url`)")
+    p.add_argument("--model", required=True, help="cloud model: registry alias or local directory")
+    p.add_argument("--host", default=ServeConfig.host, help="address to bind (default loopback; others need --token-file)")
+    p.add_argument("--port", type=int, default=ServeConfig.port, help="TCP port; 0 picks a free one (printed)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16", help="the torch runtime's dtype")
+    p.add_argument("--runtime", choices=RUNTIMES,
+                   help="what runs the model: torch (in --dtype), torch-int8 (dynamic int8 Linear layers) or llamacpp "
+                        "(a registry alias's kept GGUF file, a .gguf path, or a folder holding one); default: llamacpp "
+                        "for a .gguf path, else torch")
+    p.add_argument("--cores", help="pin the server to these cores, e.g. 1 or 0-3 (torch threads follow)")
+    p.add_argument("--max-sessions", type=int, default=ServeConfig.max_sessions, help="open sessions at most")
+    p.add_argument("--session-ttl", type=float, default=ServeConfig.session_ttl_s, help="free a session idle this many s")
+    p.add_argument("--max-message-mb", type=float, default=ServeConfig.max_message_mb, help="largest message (MiB)")
+    p.add_argument("--token-file", type=Path, help="file holding a shared secret every client must present")
+    p.add_argument("--share-stats", action="store_true",
+                   help="`stats` shows every client the whole batch log (default: only its own address's forwards)")
+    p.add_argument("--tls-cert", help="PEM certificate: serve wss:// (TLS), as the README's two-machine setup needs")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument("--max-connections", type=int, default=ServeConfig.max_connections,
+                   help="open connections at most; one more is refused at once")
+    p.add_argument("--idle-timeout", type=float, default=ServeConfig.idle_timeout_s,
+                   help="close a connection that holds no session after this many idle seconds")
+    p.add_argument("--max-sessions-per-client", type=int, default=None,
+                   help="open sessions per client address at most (default: --max-sessions)")
+    p.add_argument("--max-batch", type=int, default=ServeConfig.max_batch,
+                   help="verify requests of different sessions run as one forward, at most this many (1: unbatched)")
+    p.add_argument("--batch-window-ms", type=float, default=ServeConfig.batch_window_ms,
+                   help="wait this long for more requests before a forward (default 0: batch what already queued)")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    token = read_token(args.token_file) if args.token_file else None
+    if token and (warning := token_file_warning(args.token_file)):
+        print(warning, file=sys.stderr, flush=True)
+    config = ServeConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
+                         session_ttl_s=args.session_ttl, max_message_mb=args.max_message_mb, token=token,
+                         max_batch=args.max_batch, batch_window_ms=args.batch_window_ms,
+                         share_stats=args.share_stats, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                         max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
+                         max_sessions_per_client=args.max_sessions_per_client)
+    if args.cores:
+        pin_cores(parse_cores(args.cores))
+    runtime = args.runtime or ("llamacpp" if args.model.endswith(".gguf") else "torch")
+    if runtime != "llamacpp" and args.model.endswith(".gguf"):
+        raise ConfigError(f"model {args.model!r} is a GGUF file, which llama.cpp runs: use --runtime llamacpp")
+    check_runtime(runtime, "--runtime")
+    model = load_model(args.model, args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True), runtime=runtime)
+    try:
+        stats = run_server(model, config, announce=lambda line: print(line, flush=True))
+    except OSError as e:  # the address: taken, or not this machine's
+        raise ConfigError(f"cannot serve on {args.host}:{args.port}: {e.strerror or e}; pick another --host or --port "
+                          "(--port 0 picks a free one)") from None
+    print(f"stopped: {stats['sessions']} sessions, {stats['verifies']} verifies, {stats['generated']} generated, {stats['errors']} errors, "
+          f"{stats['refused']} refused", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,137 @@
+"""What identifies a result: a `Point`, one field per run setting that changes what is measured,
+generated from the run settings (EngineConfig, SpecConfig, DeployConfig, DecodeConfig,
+PromptInputs) the way bench/commands/options.py generates flags from them, so a setting added there (a
+runtime per role, say) is part of every point without another edit.
+
+    Point.of(engine, prompts)   the point a run measures: before the models load, as asked;
+                                after, as used (the server's model as `cloud`, the chat template
+                                as really applied)
+    Point.from_row(row)         the point of a result record or a summary row
+    point.key(id=...)           which point (and prompt) a record belongs to: its AXES as JSON;
+                                results, resumes and nll.jsonl scores are matched by it
+    point.label()               `spec float32 code greedy k=4 thr=0 p>=0.1 cached`, for comparisons
+    AXES                        the fields a sweep takes a list of, in the order its grid is walked
+                                (bench/measure/sweep_config.py makes them tuple fields): a new axis is one
+                                name here
+    COLUMNS                     a summary's point columns (bench/derive/summary.py groups by them)
+
+A field that does not apply is None: the SpecConfig fields outside spec mode, `overlap` and `link`
+outside split deployment, and a role's fields (`edge`, `edge_*`) when that role does not run.
+"""
+from __future__ import annotations
+
+import json
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.core.prompts import PromptInputs
+from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
+
+RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConfig)
+# Run settings that say how a run reaches its models and prompts, not what it measures: the
+# server's address is recorded as `deployment`, the rest changes no output of a finished sample.
+NOT_MEASURED = ("cloud_url", "token_file", "cloud_timeout_s", "on_cloud_loss", "limit", "max_audio_s")
+DEPLOYMENTS = ("inproc", "split")
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """The point's fields that are not run settings: where the cloud ran, and over what link."""
+
+    deployment: str = field(default="inproc", metadata={
+        "help": "inproc (edge and cloud in one process) or split (the cloud behind `specbench serve`)",
+        "choices": DEPLOYMENTS})
+    link: str | None = field(default=None, metadata={
+        "help": "split points: a real shaped link between edge and server (none, wifi, 4g, 5g, or "
+                "rtt=40ms,up=10mbit,down=50mbit)"})
+
+
+def _run_fields() -> list[tuple[str, Any, Any]]:
+    """(name, type, field) per measured run setting, EngineConfig's first, then where it ran."""
+    generated = []
+    for cls in (EngineConfig, _Placement, SpecConfig, DeployConfig, DecodeConfig, PromptInputs):
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if f.init and f.name not in NOT_MEASURED:
+                generated.append((f.name, hints[f.name] | None, field(default=None, metadata=f.metadata)))
+    return generated
+
+
+SETTINGS = {f.name: f for cls in (*RUN_SETTINGS, _Placement) for f in fields(cls)}  # name -> where it is defined
+SETTING_TYPES = {name: hint for cls in (*RUN_SETTINGS, _Placement) for name, hint in typing.get_type_hints(cls).items()}
+AXES = ("mode", "k", "entropy_threshold", "accept_threshold", "policy", "verifier", "draft_stop", "k_schedule",
+        "dtype", "prompts", "edge_runtime", "cloud_runtime", "deployment", "link", "overlap")
+SPEC_ONLY = tuple(f.name for f in fields(SpecConfig))
+SPLIT_ONLY = ("link", "overlap")
+# What ran first (mode, dtype, prompts, where), then the spec axes with the policy first, since it names the rule.
+COLUMNS = [a for a in AXES if a not in SPEC_ONLY] + sorted((a for a in AXES if a in SPEC_ONLY), key=lambda a: a != "policy")
+# The run's setting as the engine used it, where that can differ from the setting asked for.
+USED = {"cloud": "cloud_name", "chat_template": "chat_template_used"}
+# compare's label: the settings always named, with their short prefix, before any other axis off its default.
+LABELLED = (("policy", ""), ("k", "k="), ("entropy_threshold", "thr="), ("accept_threshold", "p>="), ("verifier", ""))
+
+
+def blank(values: dict) -> dict:
+    """`values` with every field that does not apply at its mode and deployment set to None."""
+    mode, split = values.get("mode"), values.get("deployment") == "split"
+    off = {"edge": mode == "cloud", "cloud": mode == "edge"}
+
+    def applies(name: str) -> bool:
+        return not ((name in SPEC_ONLY and mode != "spec") or (name in SPLIT_ONLY and not split)
+                    or off.get(name.split("_")[0], False))
+
+    return {name: value if applies(name) else None for name, value in values.items()}
+
+
+class _PointMethods:
+    @classmethod
+    def of(cls, engine, prompts: str, link: str | None = None) -> Point:
+        """The point `engine` measures on the prompt set `prompts` (a sweep's split point adds its link)."""
+        sources = {EngineConfig: engine, SpecConfig: engine.spec, DeployConfig: engine.deploy,
+                   DecodeConfig: engine.decode}
+        values = {f.name: getattr(source, USED.get(f.name, f.name)) for settings, source in sources.items()
+                  for f in fields(settings) if f.name in FIELDS}
+        values.update(prompts=prompts, link=link, deployment="split" if engine.remote_cloud else "inproc")
+        return cls(**blank(values))
+
+    @classmethod
+    def from_row(cls, row: dict) -> Point:
+        """A record's or summary row's point; a field the row lacks (written before it existed) is None."""
+        return cls(**{name: row.get(name) for name in FIELDS})
+
+    def record(self, sweep: bool = False) -> dict:
+        """The point's fields of a result record. A run has no link: its records leave the field out
+        (as they always have, so a run folder written before keeps its identity); a sweep's carry it."""
+        values = asdict(self)
+        if not sweep:
+            del values["link"]
+        return values
+
+    def key(self, **extra) -> str:
+        """Which point (with `extra`, e.g. the prompt's id) a record belongs to: the axes, as JSON."""
+        return json.dumps({**{axis: getattr(self, axis) for axis in AXES}, **extra}, sort_keys=True)
+
+    def label(self) -> str:
+        """`spec bfloat16 code greedy k=4 thr=0 p>=0.1 cached`: readable, and one per summary row (an
+        axis off its run default is named too, e.g. `deployment=split link=4g`)."""
+        def shown(value) -> bool:
+            return value not in ("-", None)
+
+        def text(value) -> str:
+            return f"{value:g}" if isinstance(value, float) else str(value)
+
+        parts = [str(self.mode), str(self.dtype), Path(str(self.prompts)).stem]
+        parts += [f"{short}{text(getattr(self, name))}" for name, short in LABELLED if shown(getattr(self, name))]
+        named = {"mode", "dtype", "prompts", *(name for name, _ in LABELLED)}
+        for axis in COLUMNS:
+            value, default = getattr(self, axis), SETTINGS[axis].default
+            if axis not in named and shown(value) and value != (None if default is MISSING else default):
+                parts.append(f"{axis}={text(value)}")
+        return " ".join(parts)
+
+
+Point = make_dataclass("Point", _run_fields(), bases=(_PointMethods,), frozen=True)
+Point.__doc__ = "The settings that identify a result; see the module's docstring."
+FIELDS = tuple(f.name for f in fields(Point))

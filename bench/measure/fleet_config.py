@@ -1,0 +1,89 @@
+"""What `specbench fleet` runs: N edges against one verifier server, for each N, beside cloud-only
+serving of the same N (bench/measure/fleet.py runs it; its flags come from these fields, bench/commands/options.py).
+
+The edges are real edge processes running the normal edge loop (`--edge MODEL`), or replayed edges
+(`--edge-replay DIR`): the draft blocks and edge timing of an earlier split run, re-sent to the
+server, every verdict checked against the recorded one. Replays let one machine measure the
+server without N edge models competing for its cores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.core.network import profile
+from bench.core.prompts import PromptInputs
+from specdec.config import DeployConfig, EngineConfig, SpecConfig, check_types
+from specdec.errors import ConfigError
+from specdec.remote.protocol import parse_address
+from specdec.remote.server import ServeConfig
+
+MAX_CLIENTS = 256
+REPLAYABLE_POLICIES = ("greedy", "threshold")  # deterministic verdicts: a replay can check each one
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    prompts: str = field(metadata={"help": "prompt set (as for `run`): each client generates for every prompt"})
+    clients: tuple[int, ...] = field(default=(1, 2, 4, 8), metadata={
+        "help": "fleet sizes N to measure, comma-separated: N edges against one server at once"})
+    edge: str | None = EngineConfig.edge
+    edge_replay: str | None = field(default=None, metadata={
+        "help": "replay the draft blocks and edge timing of this split run's results folder instead of running "
+                "edge models (no edge model is loaded; each verdict is checked against the recorded one)"})
+    cloud: str | None = field(default=None, metadata={
+        "help": "cloud model: the fleet starts `specbench serve` for it (or give --cloud-url)"})
+    cloud_url: str | None = field(default=None, metadata={"help": "a running `specbench serve` (HOST:PORT) to load"})
+    token_file: str | None = DeployConfig.token_file
+    cloud_timeout_s: float = DeployConfig.cloud_timeout_s
+    baseline: bool = field(default=True, metadata={
+        "help": "also serve the same N clients cloud-only (the server generates every token, batched the same way)"})
+    rate: float | None = field(default=None, metadata={
+        "help": "open loop: prompts arrive at this many per second across the fleet (Poisson); "
+                "unset: closed loop, each client starts its next prompt when one finishes"})
+    link: str = field(default="none", metadata={
+        "help": "a shaped link per client (none, wifi, 4g, 5g, or rtt=40ms,up=10mbit,down=50mbit)"})
+    max_batch: int = field(default=ServeConfig.max_batch, metadata={
+        "help": "server started by the fleet: most verify requests of different sessions in one forward"})
+    batch_window_ms: float = field(default=ServeConfig.batch_window_ms, metadata={
+        "help": "server started by the fleet: wait this long for more requests before a forward"})
+    cloud_cores: str | None = field(default=None, metadata={
+        "help": "server started by the fleet: pin it to these cores, e.g. 1 (edge processes get the others)"})
+    dtype: str = EngineConfig.dtype
+    chat_template: bool = EngineConfig.chat_template
+    constraints: str = EngineConfig.constraints
+    limit: int | None = PromptInputs.limit
+    repeats: int = field(default=1, metadata={
+        "help": "measure every fleet size this many times (sizes interleaved), for the spread of its ratios"})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.clients, list):
+            object.__setattr__(self, "clients", tuple(self.clients))
+        check_types(self)
+        if not self.clients or any(not 1 <= n <= MAX_CLIENTS for n in self.clients):
+            raise ConfigError(f"clients must be fleet sizes in [1, {MAX_CLIENTS}], got {list(self.clients)}")
+        if len(set(self.clients)) != len(self.clients):
+            raise ConfigError(f"clients lists a fleet size twice: {list(self.clients)}")
+        if (self.cloud is None) == (self.cloud_url is None):
+            raise ConfigError("a fleet needs its server: give --cloud MODEL (the fleet starts it) or --cloud-url HOST:PORT")
+        if self.cloud_url is not None:
+            parse_address(self.cloud_url, "--cloud-url")
+        if (self.edge is None) == (self.edge_replay is None):
+            raise ConfigError("a fleet's edges are --edge MODEL (edge processes) or --edge-replay DIR (a recorded "
+                              "split run): give exactly one")
+        if self.rate is not None and not self.rate > 0:
+            raise ConfigError(f"rate must be > 0 prompts per second, got {self.rate}; leave it unset for a closed loop")
+        if self.repeats < 1:
+            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit must be >= 1 (the first N prompts), got {self.limit}")
+        if self.edge_replay is not None and not (Path(self.edge_replay) / "results.jsonl").is_file():
+            raise ConfigError(f"--edge-replay {self.edge_replay}: no results.jsonl there; record one with "
+                              "`specbench run --mode spec --cloud-url ...` (or a sweep with --deployment split)")
+        profile(self.link)
+        ServeConfig(max_batch=self.max_batch, batch_window_ms=self.batch_window_ms)  # validates both
+
+    def check_spec(self, spec: SpecConfig) -> None:
+        if self.edge_replay is not None and spec.policy not in REPLAYABLE_POLICIES:
+            raise ConfigError(f"--edge-replay needs a deterministic policy ({' or '.join(REPLAYABLE_POLICIES)}), got "
+                              f"{spec.policy!r}: a sampled verdict cannot be checked against a recording")

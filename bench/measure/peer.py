@@ -1,0 +1,92 @@
+"""Lossless speed against the peer at its best: specbench's greedy spec configurations (fixed k,
+draft stop rules, k schedules) and Hugging Face's assisted generation (its defaults: 20 draft tokens
+cut at confidence 0.4, and fixed k with the confidence cut off), on the same loaded models and
+prompts, interleaved prompt by prompt in a rotating order so machine drift hits every
+configuration alike. Raw per-prompt times come out; ratios are paired per prompt afterwards.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from bench.measure.workload import HF_DEFAULTS
+from specdec.config import DecodeConfig, SpecConfig
+from specdec.engine import Engine
+from specdec.models.loading import LoadedModel
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    name: str
+    spec: SpecConfig | None = None  # specbench's engine
+    hf: dict | None = None  # HF assisted: the assistant's generation_config fields
+
+
+SPECBENCH = (
+    PeerConfig("specbench k=4", SpecConfig(k=4, entropy_threshold=0, policy="greedy")),
+    PeerConfig("specbench k=6 pmin:0.4", SpecConfig(k=6, entropy_threshold=0, policy="greedy", draft_stop="pmin:0.4")),
+    PeerConfig("specbench k=8 heuristic", SpecConfig(k=8, entropy_threshold=0, policy="greedy", k_schedule="heuristic")),
+    PeerConfig("specbench k=8 heuristic pmin:0.4", SpecConfig(k=8, entropy_threshold=0, policy="greedy",
+                                                             k_schedule="heuristic", draft_stop="pmin:0.4")),
+)
+HF = (
+    PeerConfig("hf defaults (20, conf 0.4)", hf=HF_DEFAULTS),
+    *(PeerConfig(f"hf k={k}", hf={"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant",
+                                  "assistant_confidence_threshold": 0.0}) for k in (2, 4, 6)),
+)
+
+
+@dataclass
+class Timed:
+    config: str
+    prompt: int
+    tokens: list[int]
+    wall_s: float
+
+
+def run_peer(edge: LoadedModel, cloud: LoadedModel, texts: list[str], max_new_tokens: int,
+             configs=SPECBENCH + HF) -> list[Timed]:
+    engines = {c.name: Engine(mode="spec", edge=edge.name, cloud=cloud.name, dtype="bfloat16", spec=c.spec,
+                              decode=DecodeConfig(max_new_tokens=max_new_tokens),
+                              loader=lambda name, dtype, log=None: edge if name == edge.name else cloud,
+                              log=lambda m: None)
+               for c in configs if c.spec}
+    for config in configs:  # warm-up, untimed: first-call allocations and kernel selection
+        (engines[config.name].generate(texts[0]) if config.spec else hf_assisted(edge, cloud, texts[0], 4, config.hf))
+    timed = []
+    for i, text in enumerate(texts):
+        order = configs[i % len(configs):] + configs[: i % len(configs)]  # rotate who goes first
+        for config in order:
+            start = time.perf_counter()
+            tokens = engines[config.name].generate(text).tokens if config.spec else hf_assisted(
+                edge, cloud, text, max_new_tokens, config.hf)
+            timed.append(Timed(config.name, i, tokens, time.perf_counter() - start))
+    return timed
+
+
+@torch.inference_mode()
+def hf_assisted(edge: LoadedModel, cloud: LoadedModel, text: str, max_new_tokens: int, settings: dict) -> list[int]:
+    assistant = edge.backend.model.generation_config
+    for key, value in settings.items():  # HF reads them from the assistant's generation_config
+        setattr(assistant, key, value)
+    input_ids = cloud.encode(text).input_ids.view(1, -1)  # the same chat-templated ids as the engine
+    out = cloud.backend.model.generate(
+        input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=edge.backend.model, do_sample=False,
+        max_new_tokens=max_new_tokens, eos_token_id=sorted(cloud.eos_ids), pad_token_id=cloud.tokenizer.pad_token_id,
+    )
+    return out[0, input_ids.shape[1]:].tolist()
+
+
+def paired(timed: list[Timed], config: str, reference: str) -> dict:
+    """Per prompt: tok/s of `config` / tok/s of `reference` on that prompt; median and range."""
+    rate = {(t.config, t.prompt): len(t.tokens) / t.wall_s for t in timed}
+    ratios = [rate[(config, p)] / rate[(reference, p)] for c, p in rate if c == config and (reference, p) in rate]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "n": len(ratios)}
+
+
+def pooled_tokens_per_s(timed: list[Timed], config: str) -> float:
+    mine = [t for t in timed if t.config == config]
+    return sum(len(t.tokens) for t in mine) / sum(t.wall_s for t in mine)

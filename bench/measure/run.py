@@ -1,0 +1,113 @@
+"""`specbench run`: one configuration over a prompt set, results appended as produced, resumable.
+
+A sample whose input is bad (its audio missing, corrupt, empty or over the length cap, or a prompt
+the model cannot encode) is recorded with status `failed` and its error, and the run goes on; at
+the end `run` raises `FailedSamples` (an InputError: the CLI prints one line and exits 2). A rerun
+of the same command redoes only what is not `ok`, so fixing the file and rerunning completes it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from tqdm import tqdm
+
+from bench.core.audio import MAX_SECONDS, SAMPLING_RATE, model_limits, read_audio
+from bench.core.folder import IDENTITY_FILES, claim, has_results, write_identity, writer
+from bench.core.point import Point
+from bench.core.prompts import PromptInputs, PromptRecord, load_prompts
+from bench.core.records import ResultsFile, environment, result_record
+from bench.measure.trackers import LatencyTracker, PeakMemoryTracker, tracked
+from specdec.cloud import CloudLost
+from specdec.engine import Engine
+from specdec.errors import InputError
+
+
+class FailedSamples(InputError):
+    """Some samples of a run failed on bad input; `rows` holds every record this run wrote."""
+
+    def __init__(self, message: str, rows: list[dict]) -> None:
+        super().__init__(message)
+        self.rows = rows
+
+
+def run(engine: Engine, prompts: str, out: Path, progress: bool = True, limit: int | None = None,
+        max_audio_s: float = MAX_SECONDS) -> list[dict]:
+    """Generate for every prompt not already done (`ok`) in `out` for this point; return the new
+    records. Raises FailedSamples after the last prompt if any were recorded as failed.
+
+    Everything is checked before the folder is touched (settings, prompts) and before a model loads
+    (the folder's lock and identity, bench/core/folder.py); the folder's run.json is written once the
+    models are loaded and the point they give is known."""
+    PromptInputs(prompts, limit, max_audio_s)
+    records = load_prompts(prompts)[:limit]
+    asked = Point.of(engine, prompts).record()  # before the models load: as asked
+    with writer(out):
+        claim(out, "run", asked)
+        return _run(engine, prompts, records, asked, out, progress, max_audio_s)
+
+
+def _run(engine: Engine, prompts: str, records: list[PromptRecord], asked: dict, out: Path, progress: bool,
+         max_audio_s: float) -> list[dict]:
+    results = ResultsFile(out / "results.jsonl")
+    done = {row["id"] for row in results.read() if row.get("status") == "ok"}
+    todo = [r for r in records if r.id not in done]
+    if not todo:
+        return []
+    prepare(engine, todo)
+    point = Point.of(engine, prompts).record()  # as used: the server's model, the chat template really applied
+    claim(out, "run", point, key="point")  # e.g. the server at --cloud-url now runs another model
+    if not (has_results(out) and (out / IDENTITY_FILES["run"]).is_file()):  # a resume keeps the first
+        write_identity(out, "run", {"config": asked, "point": point, "environment": environment(),
+                                    "load_s": engine.load_seconds()})
+    with tqdm(total=len(todo), desc=engine.mode, unit="prompt", disable=not progress) as bar:  # closed on errors too
+        rows = [generate_one(engine, record, point, results, after=lambda: bar.update(), max_audio_s=max_audio_s)
+                for record in todo]
+    failed = [r for r in rows if r["status"] == "failed"]
+    if failed:
+        raise FailedSamples(
+            f"{len(failed)} of {len(rows)} samples failed, e.g. {failed[0]['error']} "
+            f"(all recorded as failed in {results.path}; fix them and rerun to redo only those)", rows)
+    return rows
+
+
+def prepare(engine: Engine, records: list[PromptRecord]) -> None:
+    """Load the models this point needs and check the prompts fit them, before any generation."""
+    engine.load()
+    audio = [r.id for r in records if r.audio]
+    if audio and not engine.primary.backend.accepts_audio:
+        raise InputError(
+            f"model {engine.primary.name!r} is text-only but the prompt has audio (e.g. {audio[0]!r}): "
+            "use an audio model (a Qwen2.5-Omni thinker) or drop the `audio` field"
+        )
+
+
+def generate_one(engine: Engine, record: PromptRecord, point: dict, results: ResultsFile,
+                 after: Callable[[], object] = lambda: None,
+                 decorate: Callable[[dict, object], object] = lambda row, generation: None,
+                 max_audio_s: float = MAX_SECONDS) -> dict:
+    """Generate for one prompt and append its record at once: status `ok`, or `failed` with the
+    one-line error when its input is bad (the audio is read here, at the model's rate)."""
+    labels = {key: value for key, value in (("reference", record.reference), ("language", record.language))
+              if value is not None}
+    try:
+        waveform, rate = None, SAMPLING_RATE
+        if record.audio:
+            rate, cap_s = model_limits(engine.primary.feature_extractor, max_audio_s)
+            waveform = read_audio(record.audio, record.id, rate, cap_s)
+        # Peak memory is not reset here: a run's peak spans its prompts (a sweep worker resets it per generation).
+        latency, memory = LatencyTracker(), PeakMemoryTracker(reset=False)
+        with tracked(memory, latency):
+            generation = engine.generate(record.prompt, record.system, waveform, rate, language=record.language)
+    except (InputError, CloudLost) as e:  # this sample alone: record it and go on
+        row = {"id": record.id, **point, "status": "failed", "error": str(e), **labels}
+        results.append(row)
+        after()
+        return row
+    row = result_record(generation, point, record.id, latency.elapsed_s, memory.peak_rss_bytes)
+    row.update(labels)
+    decorate(row, generation)
+    results.append(row)
+    after()
+    return row
+

@@ -1,0 +1,279 @@
+"""What a sweep runs: the grid of run settings × prompt sets, plus where it runs (network model,
+edge caps). Running it is bench/measure/sweep.py; the `sweep` command's flags come from these fields
+(bench/commands/options.py).
+
+Every setting of a run (EngineConfig, SpecConfig, DecodeConfig, DeployConfig, PromptInputs) is a
+field here under its own name, with the run's default, generated from them; the grid axes (the
+point's fields that take lists, bench/core/point.py's AXES) hold tuples of values. Each point is
+validated by building the run's own configs from it, before anything runs.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import tomllib
+import typing
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
+from pathlib import Path
+
+from bench.measure.caps import EdgeCaps
+from bench.core.network import profile
+from bench.core.folder import canonical_path
+from bench.core.point import AXES, DEPLOYMENTS, SETTING_TYPES, SETTINGS, blank
+from bench.core.prompts import PromptInputs, canonical_prompts
+from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types
+from specdec.errors import ConfigError
+from specdec.remote.protocol import parse_address
+
+CONFIGS_DIR = Path(__file__).parent.parent / "configs"
+EXECUTORS = ("local", "ray")
+# Where a sweep runs, not what it measures: left out of the results folder's identity, so a sweep
+# started on a cluster resumes on a laptop and the other way round.
+PLACEMENT = ("executor", "ray_address")
+# The sweep's own default where a run has none, or where a sweep's differs from a run's.
+SWEEP_DEFAULTS = {"mode": ("cloud", "edge", "spec"), "prompts": ("zh-describe",), "link": ("none",)}
+SWEEP_HELP = {"cloud_url": "split points: verify on this running server instead of starting one"}
+
+
+def _run_settings() -> list[tuple[str, object, object]]:
+    """Every run setting (bench/core/point.py's RUN_SETTINGS) and point field as a sweep field under its
+    own name, with the run's default; a point axis (AXES) holds a tuple of values."""
+    generated, seen = [], set()
+    for name, f in SETTINGS.items():
+        if name in seen or not f.init:
+            continue
+        seen.add(name)
+        hint = SETTING_TYPES[name]
+        metadata = {**f.metadata, "help": SWEEP_HELP[name]} if name in SWEEP_HELP else f.metadata
+        if name in AXES:
+            (value,) = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+            default = SWEEP_DEFAULTS.get(name, (f.default,))
+            generated.append((name, tuple[value, ...], field(default=default, metadata=metadata)))
+        else:
+            generated.append((name, hint, field(default=SWEEP_DEFAULTS.get(name, f.default), metadata=metadata)))
+    return generated
+
+
+# The run settings, generated: a setting added to specdec/config.py (or an axis added to AXES) is here at once.
+RunSettings = make_dataclass("RunSettings", _run_settings(), frozen=True)
+
+
+@dataclass(frozen=True)
+class SweepConfig(RunSettings):
+    """The grid of run settings × prompt sets (RunSettings, the axes as tuples, in bench/core/point.py's
+    grid order), plus where it runs: split points get a `specbench serve` the sweep starts for the cloud
+    model (or cloud_url) and a shaped link per `link` preset; overlap = draft while a verify is in flight."""
+
+    repeats: int = field(default=1, metadata={
+        "help": "timed runs of every (point, prompt), interleaved with the other points; the summary "
+                "takes each prompt's median time"})
+    cloud_cores: int | None = field(default=None, metadata={
+        "help": "split points: CPU cores of the server the sweep starts (the machine's last N; --edge-cores takes "
+                "the first N)"})
+    network: str = field(default="none", metadata={
+        "help": "modelled network for in-process points (split points are modelled on their link): "
+                "none, wifi, 4g, 5g, or rtt=40ms,up=10mbit,down=50mbit"})
+    edge_cores: int | None = field(default=None, metadata={"help": "CPU cores of the edge worker"})
+    edge_memory_gb: float | None = field(default=None, metadata={
+        "help": "edge RSS cap (GiB); a point over it is recorded, the sweep goes on"})
+    rlimit_as: bool = field(default=False, metadata={"help": "also cap the address space (RLIMIT_AS)"})
+    executor: str = field(default="local", metadata={
+        "help": "local: worker processes on this machine; ray: each group of points as Ray tasks on a cluster "
+                "(pip install -e '.[cluster]')", "choices": EXECUTORS})
+    ray_address: str | None = field(default=None, metadata={
+        "help": "--executor ray: the cluster to join, auto (the one `ray start` runs here) or HOST:PORT of its "
+                "head; unset: start a Ray instance sized to this machine"})
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for axis in AXES:
+            if not getattr(self, axis):
+                raise ConfigError(f"sweep axis {axis!r} is empty: give at least one value")
+        if ("spec" in self.mode or "edge" in self.mode) and not self.edge:
+            raise ConfigError("the sweep has edge or spec points but no edge model: set edge = MODEL")
+        if ("spec" in self.mode or "cloud" in self.mode) and not self.cloud:
+            raise ConfigError("the sweep has cloud or spec points but no cloud model: set cloud = MODEL")
+        unknown = sorted(set(self.deployment) - set(DEPLOYMENTS))
+        if unknown:
+            raise ConfigError(f"unknown deployment {unknown[0]!r}: use one of {', '.join(DEPLOYMENTS)}")
+        for link in self.link:
+            profile(link)
+        if self.cloud_cores is not None and not 1 <= self.cloud_cores <= len(os.sched_getaffinity(0)):
+            raise ConfigError(f"--cloud-cores must be between 1 and {len(os.sched_getaffinity(0))}, got {self.cloud_cores}")
+        if self.cloud_url and len(self.cloud_runtime) > 1 and "split" in self.deployment:
+            raise ConfigError("--cloud-url is one running server, in the runtime it was started with: give one "
+                              "--cloud-runtime (what that server runs), or drop --cloud-url and the sweep starts a "
+                              "server per runtime")
+        self._check_executor()
+        if self.repeats < 1:
+            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
+        for point in self.points():  # every point validates as a run would, before anything runs
+            self.engine_config(point)
+            self.spec_config(point)
+            self.deploy_config(point)
+            self.decode_config(point)
+        for prompts in self.prompts:
+            PromptInputs(prompts, self.limit, self.max_audio_s)
+        if self.executor == "local":  # on a cluster the caps are checked against the node a task lands on
+            self.caps()
+        profile(self.network)
+
+    def _check_executor(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"unknown executor {self.executor!r}: use one of {', '.join(EXECUTORS)}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ConfigError("--ray-address is for --executor ray: add --executor ray, or drop --ray-address")
+        if self.executor != "ray":
+            return
+        if self.ray_address not in (None, "auto"):
+            parse_address(self.ray_address, "--ray-address")
+        if any(p["deployment"] == "split" for p in self.points()):
+            raise ConfigError("--executor ray runs in-process points only: a split point's server and shaped link run "
+                              "beside the sweep's driver, out of reach of the cluster's tasks; run split points with "
+                              "--executor local")
+        if self.edge_cores is not None and self.edge_cores < 1:
+            raise ConfigError(f"--edge-cores must be >= 1, got {self.edge_cores}")
+        if self.edge_memory_gb is not None and not self.edge_memory_gb > 0:
+            raise ConfigError(f"--edge-memory-gb must be > 0, got {self.edge_memory_gb}")
+
+    def identity(self) -> dict:
+        """The settings a results folder is bound to (bench/core/folder.py), as stored: tuples as lists."""
+        return {k: v for k, v in json.loads(json.dumps(asdict(self))).items() if k not in PLACEMENT}
+
+    @classmethod
+    def from_toml(cls, path: Path, **overrides) -> SweepConfig:
+        """A TOML file, or the name of a shipped config in bench/configs/ (e.g. `default`)."""
+        shipped = CONFIGS_DIR / f"{path}.toml"
+        if not Path(path).exists() and shipped.exists():
+            path = shipped
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"sweep config {path} not found: check the path") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"sweep config {path} is not valid TOML ({e}): fix that line") from None
+        return cls.from_mapping({**data, **{k: v for k, v in overrides.items() if v is not None}},
+                                source=f"sweep config {path}")
+
+    @classmethod
+    def from_mapping(cls, data: dict, source: str = "the sweep options") -> SweepConfig:
+        """Settings from a TOML table or flags: axis values are parsed (flags give text), every
+        other value must already have its field's type (checked in __post_init__)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown setting {unknown[0]!r}: use one of {', '.join(sorted(known))}")
+        values = {}
+        for key, value in data.items():
+            if key in AXES:
+                value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+                cast = NUMERIC_AXES.get(key)
+                try:
+                    value = tuple(cast(v) for v in value) if cast else value
+                except (TypeError, ValueError):
+                    kind = {parse_bool: "true/false values", parse_int: "integers"}.get(cast, "numbers")
+                    raise ConfigError(f"{source}: {key} must be a list of {kind}, got {list(value)}") from None
+            values[key] = value
+        for key in ("edge", "cloud", "token_file"):  # one folder, one name (see bench/core/folder.py)
+            if isinstance(values.get(key), str):
+                values[key] = canonical_path(values[key])
+        if "prompts" in values and all(isinstance(p, str) for p in values["prompts"]):
+            values["prompts"] = tuple(canonical_prompts(p) for p in values["prompts"])
+        try:
+            return cls(**values)
+        except (TypeError, ConfigError) as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+    def points(self) -> list[dict]:
+        """The grid; edge and cloud points ignore the spec-only axes and appear once."""
+        seen, points = set(), []
+        for combo in itertools.product(*(getattr(self, axis) for axis in AXES)):
+            point = dict(zip(AXES, combo))
+            if point["mode"] != "spec":
+                point["deployment"] = "inproc"
+            point = blank(point)
+            key = json.dumps(point, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                points.append(point)
+        return points
+
+    def setting(self, point: dict, name: str):
+        """A run setting at `point`: the point's value for an axis (as a number where the axis is
+        numeric), else the sweep's."""
+        if name not in AXES:
+            return getattr(self, name)
+        cast = NUMERIC_AXES.get(name)
+        return cast(point[name]) if cast else point[name]
+
+    def engine_config(self, point: dict, cloud_url: str | None = None) -> EngineConfig:
+        """`cloud_url`: where a split point's server (or its link) listens, once the sweep started it."""
+        # A role's runtime is blank where the role does not run: the engine takes its default, and loads nothing.
+        values = {f.name: f.default if f.name in AXES and point[f.name] is None else self.setting(point, f.name)
+                  for f in fields(EngineConfig)}
+        if point["deployment"] == "split":  # the sweep's server runs the cloud in the point's runtime
+            values.update(cloud_url=cloud_url, cloud_runtime=EngineConfig.cloud_runtime)
+        else:
+            values["cloud_url"] = None
+        return EngineConfig(**values)
+
+    def deploy_config(self, point: dict) -> DeployConfig:
+        values = {f.name: self.setting(point, f.name) for f in fields(DeployConfig) if f.name != "overlap"}
+        overlap = self.setting(point, "overlap") if point["deployment"] == "split" else DeployConfig.overlap
+        return DeployConfig(**values, overlap=overlap)
+
+    def network_of(self, point: dict) -> str:
+        """The network a point's latency is modelled on: its link when split, else `network`."""
+        return point["link"] if point["deployment"] == "split" else self.network
+
+    def spec_config(self, point: dict) -> SpecConfig:
+        if point["mode"] != "spec":
+            return SpecConfig()
+        return SpecConfig(**{f.name: self.setting(point, f.name) for f in fields(SpecConfig)})
+
+    def decode_config(self, point: dict) -> DecodeConfig:
+        return DecodeConfig(**{f.name: self.setting(point, f.name) for f in fields(DecodeConfig)})
+
+    def caps(self) -> EdgeCaps:
+        return EdgeCaps(cores=self.edge_cores, memory_gb=self.edge_memory_gb, rlimit_as=self.rlimit_as)
+
+
+def service_key(point: dict) -> str:
+    """Which of the sweep's servers and links a split point talks to: one per dtype, cloud runtime and link."""
+    return f"{point['dtype']}|{point['cloud_runtime']}|{point['link']}"
+
+
+_HINTS = typing.get_type_hints(SweepConfig)
+
+
+def parse_int(value) -> int:
+    """An int axis value from TOML (an int) or a flag (its digits); 2.5 or true is refused, never
+    rounded into another point."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value)
+    raise ValueError(value)
+
+
+def parse_number(value) -> float:
+    """A float axis value from TOML (a number) or a flag (text such as 0.5, inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(value)
+    return float(value)
+
+
+def parse_bool(value) -> bool:
+    """A bool axis value from TOML (a bool) or a flag (text)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false", "on", "off", "yes", "no", "1", "0"):
+        raise ValueError(value)
+    return text in ("true", "on", "yes", "1")
+
+
+_PARSERS = {int: parse_int, float: parse_number, bool: parse_bool}
+NUMERIC_AXES = {axis: _PARSERS[typing.get_args(_HINTS[axis])[0]] for axis in AXES if typing.get_args(_HINTS[axis])[0] in _PARSERS}
+

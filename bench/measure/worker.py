@@ -1,0 +1,178 @@
+"""Inside a sweep worker (a fresh process, CPU caps already applied): load models once, run the
+group's points, append every record, police the memory cap.
+
+Timing is interleaved: every point gets its engine first, then the prompts run outer and the points
+inner (round-robin, the order rotated every prompt), so a prompt's baselines and spec points are
+timed back to back and drift of the machine over minutes (another process, thermal state) hits all
+points alike instead of whichever point ran during it. `--repeats R` runs that round R times."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.measure.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog
+from bench.measure.trackers import reset_peak_rss
+from bench.core.network import network_cost, profile
+from bench.core.prompts import load_prompts
+from bench.core.folder import os_error_line
+from bench.core.records import ResultsFile, node_info
+from bench.measure.launch import bind_to_parent
+from bench.core.point import Point
+from bench.measure.run import generate_one, prepare
+from bench.measure.sweep_config import SweepConfig, service_key
+from specdec.cloud import CloudLost
+from specdec.engine import Engine
+from specdec.errors import InputError, SpecdecError
+from specdec.models.loading import LoadedModel, load_model
+
+
+def weight_bytes(model: LoadedModel) -> int:
+    """A torch model's parameters, or what llama.cpp's backend holds (its weights and KV cache)."""
+    if not hasattr(model.backend, "model"):
+        return model.backend.memory_bytes
+    return sum(p.numel() * p.element_size() for p in model.backend.model.parameters())
+
+
+def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[str, str]) -> None:
+    """`results`: the folder's ResultsFile here, or StreamedResults on a cluster's node."""
+    import torch
+
+    if caps.cores:
+        torch.set_num_threads(caps.cores)
+    caps.apply_address_limit()
+    loaded: dict[tuple[str, str, str], LoadedModel] = {}
+
+    def loader(name: str, dtype: str, log=print, runtime: str = "torch") -> LoadedModel:  # one load per worker and model
+        if (name, dtype, runtime) not in loaded:
+            loaded[(name, dtype, runtime)] = load_model(name, dtype, log=log, runtime=runtime)
+        return loaded[(name, dtype, runtime)]
+
+    prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompts}
+    done = {(Point.from_row(r).key(), r["id"], r.get("repeat", 0)) for r in results.read()}  # a restarted worker skips these
+    points = []
+    for point, items in group:
+        key = Point.from_row(point).key()
+        items = [(i, repeat) for i, repeat in items if (key, i, repeat) not in done]
+        url = urls.get(service_key(point))  # split points: the sweep's server or link
+        engine = Engine(**asdict(config.engine_config(point, url)), spec=config.spec_config(point),
+                        decode=config.decode_config(point), deploy=config.deploy_config(point), loader=loader,
+                        log=lambda m: None)
+        prepare(engine, [prompts[point["prompts"]][i] for i in dict.fromkeys(i for i, _ in items)])
+        network = profile(config.network_of(point))
+        measured = Point.of(engine, point["prompts"], point["link"]).record(sweep=True)
+        if point["deployment"] == "split":  # the engine reaches the cloud by URL; the sweep's server ran it so
+            measured["cloud_runtime"] = point["cloud_runtime"]
+        row_point = {**measured, "network": network.name, "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb,
+                     "node": node_info()}
+        edge = loaded.get((config.edge, point["dtype"], point["edge_runtime"])) if point["mode"] != "cloud" else None
+        if caps.memory_bytes and edge is not None:
+            caps.check_reachable(weight_bytes(edge), f"edge model {config.edge!r} in {point['dtype']}")
+        points.append((point, key, engine, row_point, network, edge, items))
+    left = {key: len(items) for _, key, *_, items in points}
+    for key in [key for key, n in left.items() if not n]:
+        queue.put(("point_done", key))
+    for point, key, engine, row_point, network, edge, (record_id, repeat) in interleaved(points):
+        record = prompts[point["prompts"]][record_id]
+        # Memory that is not the edge's (a cloud model sharing this process) does not count.
+        exempt = sum(weight_bytes(m) for m in loaded.values() if m is not edge)
+
+        def over_cap(rss: int, record_id=record.id, point=point, key=key, row_point=row_point) -> None:
+            message = (f"point {point['mode']} k={point['k']} thr={point['entropy_threshold']} prompt {record_id}: "
+                       f"edge RSS {rss / (1 << 30):.2f} GiB over the {caps.memory_gb:g} GiB cap")
+            results.append({"id": record_id, **row_point, "status": "over_memory_cap", "error": message})
+            queue.put(("over_cap", key, message))
+            exit_worker(queue, OVER_MEMORY_EXIT)
+
+        reset_peak_rss()  # points share this process now: each generation's peak is its own
+        watchdog = MemoryWatchdog(caps.memory_bytes, over_cap, exempt) if caps.memory_bytes and edge else nullcontext()
+        with watchdog:
+            try:
+                generate_one(engine, record, {**row_point, "repeat": repeat}, results, after=lambda: queue.put(("tick",)),
+                             decorate=lambda row, g: row.update(network_fields(row, g, network)),
+                             max_audio_s=config.max_audio_s)
+            except (InputError, CloudLost) as e:  # a bad sample or a lost cloud fails alone; the sweep goes on
+                results.append({"id": record.id, **row_point, "repeat": repeat, "status": "failed", "error": str(e)})
+                queue.put(("tick",))
+        left[key] -= 1
+        if not left[key]:
+            queue.put(("point_done", key))
+    for _, _, engine, *_ in points:
+        engine.close()  # hang up on the sweep's servers
+
+
+class StreamedResults:
+    """The records of a worker on a cluster's node: sent on its queue for the sweep's driver, the one
+    writer of results.jsonl (bench/measure/cluster.py), never written on the node. The driver gives a
+    task only what is not done, so there is nothing to read back."""
+
+    def __init__(self, queue) -> None:
+        self.queue = queue
+
+    def read(self) -> list[dict]:
+        return []
+
+    def append(self, record: dict) -> None:
+        self.queue.put(("record", record))
+
+
+def worker_main(config_dict: dict, group: list, out: str | None, urls: dict[str, str], queue, parent: int) -> None:
+    """A sweep worker process: caps first, then the group. `out`: the results folder, or None to
+    stream the records to the parent (a Ray task relaying them to the sweep's driver)."""
+    bind_to_parent(parent)  # a sweep killed, even by SIGKILL, leaves no worker appending to its folder
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops this worker on Ctrl-C
+    try:  # on a cluster's node the settings meet this machine for the first time (its cores)
+        config = SweepConfig.from_mapping(config_dict)
+        caps = config.caps()
+    except SpecdecError as e:
+        queue.put(("error", str(e)))
+        exit_worker(queue, 1)
+    caps.apply_cpu()
+    results = ResultsFile(Path(out) / "results.jsonl") if out is not None else StreamedResults(queue)
+    try:
+        run_group(config, caps, group, results, queue, urls)
+    except Exception as e:  # noqa: BLE001 - reported to the parent as one line
+        line = str(e) if isinstance(e, SpecdecError) else os_error_line(e) if isinstance(e, OSError) else \
+            f"{type(e).__name__}: {e}"
+        queue.put(("error", line))
+        exit_worker(queue, 1)
+    exit_worker(queue, 0)
+
+
+def interleaved(points: list[tuple]) -> list[tuple]:
+    """(point, ..., item) in round-robin order: the j-th item of every point, then the (j+1)-th; the
+    points' order rotates with j, so no point is always timed first after another's prompt."""
+    order = []
+    for j in range(max((len(p[-1]) for p in points), default=0)):
+        shift = j % len(points)
+        for p in points[shift:] + points[:shift]:
+            if j < len(p[-1]):
+                order.append((*p[:-1], p[-1][j]))
+    return order
+
+
+def network_fields(row: dict, generation, network) -> dict:
+    cost = network_cost(row["trace"], network, generation.features_bytes)
+    return {
+        "network_s": cost.latency_s, "uplink_bytes": cost.uplink_bytes, "downlink_bytes": cost.downlink_bytes,
+        "latency_with_network_s": row["latency_s"] + cost.latency_s,
+    }
+
+
+def exit_worker(queue, code: int) -> None:
+    """Say goodbye and leave. The queue's feeder thread must flush first. From the main thread the
+    worker leaves through SystemExit, so multiprocessing's bootstrap runs this process's finalizers:
+    a semaphore made here (tqdm's lock, created while transformers loads a model) is unlinked, where
+    os._exit left it to the resource tracker's "leaked semaphore objects" warning at the end of every
+    sweep. The memory watchdog's thread (over the cap) cannot raise into the main thread: it leaves at
+    once with os._exit."""
+    queue.put(("exit",))
+    queue.close()
+    queue.join_thread()
+    if threading.current_thread() is threading.main_thread():
+        sys.exit(code)
+    os._exit(code)
