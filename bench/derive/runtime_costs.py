@@ -1,0 +1,40 @@
+"""The runtime cost table, derived from the raw timings `bench/measure/runtime_costs.py` writes
+(OUT/costs.jsonl, one line per configuration and round): per (model, runtime, threads) the ms of a
+token step (median over rounds, p10-p90) and what a k+1-token verify block costs in token steps
+(the ratio taken within each round, so a slow round slows both; median and p10-p90 over rounds).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+BLOCKS = range(2, 10)  # k + 1 for k = 1..8
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    values = sorted(values)
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    deciles = statistics.quantiles(values, n=10, method="inclusive")
+    return statistics.median(values), deciles[0], deciles[-1]
+
+
+def table(path: Path) -> str:
+    """Per (model, runtime, threads): step ms and each k+1 block in token steps, median [p10-p90] over rounds."""
+    rows: dict[tuple, list[dict]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        rows.setdefault((row["model"], row["runtime"], row["threads"]), []).append(row)
+    lines = ["model | runtime | threads | rounds | ms per token step | tok/s | " + " | ".join(f"k={n - 1} block (steps)" for n in BLOCKS),
+             "--- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in BLOCKS)]
+    for (model, runtime, threads), group in rows.items():
+        steps = [statistics.median(r["step_s"]) for r in group]
+        step, low, high = _spread(steps)
+        cells = []
+        for n in BLOCKS:
+            ratio, r_low, r_high = _spread([r["block_s"][str(n)] / s for r, s in zip(group, steps)])
+            cells.append(f"{ratio:.2f} [{r_low:.2f}-{r_high:.2f}]")
+        lines.append(f"{model} | {runtime} | {threads} | {len(group)} | {step * 1e3:.1f} [{low * 1e3:.1f}-{high * 1e3:.1f}] | "
+                     f"{1 / step:.1f} | " + " | ".join(cells))
+    return "\n".join(lines)

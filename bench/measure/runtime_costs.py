@@ -1,0 +1,117 @@
+"""What one forward costs in each runtime on this machine: a decode step and a k+1-token verify
+block, per model, runtime and thread count, timed interleaved (every configuration once per round,
+the order rotated each round), so a ratio between runtimes is measured under the same conditions.
+
+    python -m bench.measure.runtime_costs --models qwen2.5-coder-0.5b,qwen2.5-coder-1.5b \
+        --runtimes torch,torch-int8,llamacpp --threads 1,2 --rounds 5 --out runs/runtime_costs
+
+Each timed forward feeds a block at a `--context`-token cache (the shipped `code` prompts' text,
+tokenized, repeated to length) and is cropped back, so every block sees the same cache. Raw
+timings go to OUT/costs.jsonl as they are taken (a rerun skips the rounds already there); the table
+is derived from them afterwards: ms per token step (median over rounds, p10-p90), and a k+1-token
+block's cost in token steps for k = 1..8 (the ratio taken within a round, median and spread).
+torch runs in `--dtype` (bf16 by default, the engine's CPU default); torch-int8 is dynamic int8
+Linear layers in fp32 (`@int8`); llamacpp runs the registry's GGUF file as shipped (Q4_K_M).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from bench.core.prompts import load_prompts
+from bench.derive.runtime_costs import BLOCKS, table
+from specdec.backends.base import Prompt
+from specdec.errors import SpecdecError
+from specdec.models.loading import load_model
+
+STEP_REPEATS = 3  # token steps per round (their median is the round's step time)
+
+
+def _configs(models: list[str], runtimes: list[str], threads: list[int]) -> list[tuple[str, str, int]]:
+    return [(m, r, t) for m in models for r in runtimes for t in threads]
+
+
+def _context_ids(tokenizer, length: int) -> torch.Tensor:
+    text = " ".join(p.prompt for p in load_prompts("code"))
+    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    while ids.numel() < length:
+        ids = torch.cat([ids, ids])
+    return ids[:length]
+
+
+def _time_forward(backend, state, block: torch.Tensor, context: int) -> float:
+    start = time.perf_counter()
+    backend.forward(state, block, keep=block.numel())
+    seconds = time.perf_counter() - start
+    backend.crop(state, context)
+    return seconds
+
+
+@torch.inference_mode()
+def measure(args: argparse.Namespace) -> Path:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "costs.jsonl"
+    done = set()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            done.add((row["model"], row["runtime"], row["threads"], row["round"]))
+    configs = _configs(args.models.split(","), args.runtimes.split(","), [int(t) for t in args.threads.split(",")])
+    loaded, states = {}, {}
+    for model, runtime, _ in configs:
+        if (model, runtime) not in loaded:
+            lm = load_model(model, args.dtype, log=lambda m: print(m, file=sys.stderr), runtime=runtime)
+            ids = _context_ids(lm.tokenizer, args.context)
+            state, _ = lm.backend.prefill(Prompt(ids), ids, keep=1)
+            loaded[(model, runtime)], states[(model, runtime)] = (lm, ids), state
+    todo = [(r, c) for r in range(args.rounds) for c in range(len(configs)) if (*configs[c], r) not in done]
+    with path.open("a") as sink, tqdm(total=len(todo), desc="forwards timed", unit="config") as bar:
+        for round_ in range(args.rounds):
+            order = configs[round_ % len(configs):] + configs[: round_ % len(configs)]  # rotate who goes first
+            for model, runtime, threads in order:
+                if (model, runtime, threads, round_) in done:
+                    continue
+                torch.set_num_threads(threads)
+                (lm, ids), state = loaded[(model, runtime)], states[(model, runtime)]
+                next_ids = ids[: max(BLOCKS)]  # any real ids: the cost does not depend on which
+                _time_forward(lm.backend, state, next_ids[:1], args.context)  # warm at these threads
+                steps = [_time_forward(lm.backend, state, next_ids[:1], args.context) for _ in range(STEP_REPEATS)]
+                blocks = {n: _time_forward(lm.backend, state, next_ids[:n], args.context) for n in BLOCKS}
+                sink.write(json.dumps({"model": model, "runtime": runtime, "threads": threads, "round": round_,
+                                       "dtype": args.dtype if runtime == "torch" else None, "context": args.context,
+                                       "step_s": steps, "block_s": {str(n): s for n, s in blocks.items()}}) + "\n")
+                sink.flush()
+                bar.update()
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.measure.runtime_costs", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="qwen2.5-coder-0.5b,qwen2.5-coder-1.5b")
+    parser.add_argument("--runtimes", default="torch,torch-int8,llamacpp")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="torch runtime only")
+    parser.add_argument("--context", type=int, default=128, help="cached tokens each block is fed after")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default="runs/runtime_costs")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.context < 1:
+        parser.error("--rounds and --context must be >= 1")
+    try:
+        path = measure(args)
+    except SpecdecError as e:  # an unknown model or runtime, a damaged file: one line, the timings so far kept
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(table(path))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
