@@ -25,6 +25,7 @@ from specdec.models import fetch, registry  # noqa: E402
 from specdec.models.loading import load_model  # noqa: E402
 from specdec.remote.server import BackgroundServer  # noqa: E402
 from tests.tiny_gguf import write_llama_gguf  # noqa: E402
+from tests.test_registry import GGUF_TOML  # noqa: E402
 
 TEXTS = ["hello world", "what is one two", "yes no . ,", "say three", "write a function to sort a list"]
 GREEDY = dict(entropy_threshold=0.0, policy="greedy")
@@ -218,26 +219,7 @@ def test_the_registry_keeps_the_verified_gguf_and_llamacpp_runs_it(pair, ggufs, 
     tokenizer. A cache made before the file was kept gets it joined again on first llamacpp use."""
     blob = open(ggufs["edge"], "rb").read()
     half = len(blob) // 2
-    (tmp_path / "m.toml").write_text(f"""
-["g"]
-upstream = "tiny"
-family = "llama"
-format = "gguf"
-gguf_file = "g.gguf"
-parts = ["g-part1==1.0", "g-part2==1.0"]
-size = {len(blob)}
-sha256 = "{hashlib.sha256(blob).hexdigest()}"
-dtype = "float32"
-license = "MIT"
-role = "edge"
-partner = "h"
-
-["h"]
-from = "g"
-derive = "int8"
-role = "cloud"
-partner = "g"
-""")
+    (tmp_path / "m.toml").write_text(GGUF_TOML % (len(blob), hashlib.sha256(blob).hexdigest()))
     entries = registry.load_registry(tmp_path / "m.toml")
     monkeypatch.setattr(registry, "_registry", lambda: entries)
     monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path / "home"))
