@@ -37,3 +37,10 @@ def test_an_unknown_runtime_is_one_line(pair, tmp_path, capsys):
     assert main(["--models", pair["edge"], "--runtimes", "onnx", "--threads", "1", "--out", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: unknown runtime 'onnx'")
+
+
+def test_threads_that_are_not_counts_are_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--threads", "a", "--out", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--threads must list whole numbers >= 1" in err and "Traceback" not in err

@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.context < 1:
         parser.error("--rounds and --context must be >= 1")
+    if not all(t.strip().isdigit() and int(t) >= 1 for t in args.threads.split(",")):
+        parser.error(f"--threads must list whole numbers >= 1, e.g. 1,2; got {args.threads!r}")
     try:
         path = measure(args)
     except SpecdecError as e:  # an unknown model or runtime, a damaged file: one line, the timings so far kept
