@@ -40,8 +40,8 @@ def test_split_points_equal_in_process_and_record_the_link(pair, prompts, tmp_pa
     assert main(sweep_args(pair, prompts, out, "--mode", "cloud,spec", "--deployment", "inproc,split",
                            "--link", "none,rtt=20ms,up=20mbit,down=50mbit", "--overlap", "true,false")) == 0
     rows = ResultsFile(out / "results.jsonl").read()
-    # cloud + inproc spec + split spec x 2 links x 2 overlap settings = 6 points x 3 prompts
-    assert len(rows) == 18 and all(r["status"] == "ok" for r in rows)
+    # cloud + inproc spec + split spec x 2 links x 2 overlap settings + their co-located point = 7 points x 3 prompts
+    assert len(rows) == 21 and all(r["status"] == "ok" for r in rows)
     cloud = {r["id"]: r["tokens"] for r in rows if r["mode"] == "cloud"}
     for r in rows:
         assert r["tokens"] == cloud[r["id"]]  # greedy, every block verified: lossless everywhere
@@ -83,7 +83,8 @@ def test_an_interrupted_split_sweep_leaves_no_server_and_resumes(pair, prompts, 
     before = ResultsFile(out / "results.jsonl").read()
     assert main(args) == 0  # resumes: what was written stays, the rest is done
     after = ResultsFile(out / "results.jsonl").read()
-    assert after[: len(before)] == before and len([r for r in after if r["status"] == "ok"]) == 3
+    # the split point and its co-located baseline, 3 prompts each
+    assert after[: len(before)] == before and len([r for r in after if r["status"] == "ok"]) == 6
     assert not servers_of(pair["cloud"])
 
 
@@ -107,11 +108,50 @@ def test_a_killed_sweep_takes_its_server_with_it(pair, prompts, tmp_path):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"deployment": ("cluster",)}, "unknown deployment 'cluster': use one of inproc, split"),
+    ({"deployment": ("cluster",)}, "unknown deployment 'cluster': use one of inproc, split, colocated"),
     ({"deployment": ("split",), "link": ("3g",)}, "unknown network '3g'"),
     ({"cloud_cores": 64}, "--cloud-cores must be between 1 and"),
     ({"overlap": ("maybe",)}, "overlap must be a list of true/false values"),
+    ({"deployment": ("split",), "edge_cores": 2, "cloud_cores": 1}, "do not fit this machine's 2 cores without sharing"),
+    ({"deployment": ("split",), "split_cores": "apart"}, "unknown split_cores 'apart': use one of disjoint, shared"),
 ])
 def test_bad_split_settings_are_refused_before_anything_runs(changes, message):
     with pytest.raises(ConfigError, match=message):
         SweepConfig.from_mapping({"edge": "e", "cloud": "c", "mode": ("spec",), **changes})
+
+
+def test_split_points_get_disjoint_cores_and_a_co_located_baseline(pair, prompts, tmp_path):
+    """By default a split point's edge and server run on cores of their own (on this 2-core machine
+    core 0 and core 1), the cloud-only and co-located points on the server's; every record says so,
+    and the summary gives each split point its speed-up against its co-located point."""
+    out = tmp_path / "c"
+    assert main(sweep_args(pair, prompts, out, "--mode", "cloud,spec", "--deployment", "split", "--overlap", "false")) == 0
+    rows = ResultsFile(out / "results.jsonl").read()
+    by_deployment = {(r["mode"], r["deployment"]): r for r in rows}
+    assert set(by_deployment) == {("cloud", "inproc"), ("spec", "split"), ("spec", "colocated")}
+    cloud = {r["id"]: r["tokens"] for r in rows if r["mode"] == "cloud"}
+    assert all(r["tokens"] == cloud[r["id"]] for r in rows)  # greedy, every block verified
+    cores = sorted(os.sched_getaffinity(0))
+    edge_ids, cloud_ids = ",".join(map(str, cores[:len(cores) // 2])), ",".join(map(str, cores[len(cores) // 2:]))
+    assert all(r["split_cores"] == "disjoint" and r["cloud_cores"] == cloud_ids for r in rows)
+    assert {(r["mode"], r["deployment"], r["cores"]) for r in rows} == {
+        ("cloud", "inproc", cloud_ids), ("spec", "split", edge_ids), ("spec", "colocated", cloud_ids)}
+    colocated = by_deployment[("spec", "colocated")]
+    assert colocated["link"] is None and colocated["overlap"] is None and colocated["k"] == 3
+    import pandas as pd
+    summary = pd.read_csv(out / "summary.csv")
+    split = summary[summary["deployment"] == "split"].iloc[0]
+    beside = summary[summary["deployment"] == "colocated"].iloc[0]
+    assert split["speedup_vs_colocated"] == pytest.approx(split["tokens_per_s"] / beside["tokens_per_s"])
+    assert split["speedup_vs_colocated_ci_low"] <= split["speedup_vs_colocated_ci_high"]
+    assert split["split_cores"] == "disjoint" and summary["speedup_vs_colocated"].notna().sum() == 1
+
+
+def test_shared_cores_are_today_s_placement_and_say_so(pair, prompts, tmp_path):
+    out = tmp_path / "h"
+    assert main(sweep_args(pair, prompts, out, "--mode", "spec", "--deployment", "split", "--overlap", "false",
+                           "--split-cores", "shared", "--limit", "1")) == 0
+    rows = ResultsFile(out / "results.jsonl").read()
+    every = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    assert {(r["deployment"], r["split_cores"], r["cores"]) for r in rows} == {("split", "shared", every),
+                                                                                ("colocated", "shared", every)}

@@ -47,6 +47,8 @@ METRICS = {m.name: m for m in (
     Metric("speedup_vs_fastest_cloud", "x", "higher", "tokens/s over the fastest cloud-only point measured on the same "
            "prompts, any runtime and dtype (`fastest_cloud` names it; metrics.speedup; interval: paired bootstrap)",
            "timing"),
+    Metric("speedup_vs_colocated", "x", "higher", "a split point's tokens/s over its co-located point's (the same pair "
+           "and settings in one process on the cloud's cores; metrics.speedup; interval: paired bootstrap)", "timing"),
     Metric("acceptance_rate", "fraction", "higher", "pooled accepted / drafted tokens (metrics.acceptance_rate)",
            "deterministic"),
     Metric("cloud_call_rate", "calls per cycle", "lower", "pooled cloud calls / cycles (metrics.cloud_call_rate)",

@@ -33,7 +33,9 @@ RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConf
 # Run settings that say how a run reaches its models and prompts, not what it measures: the
 # server's address is recorded as `deployment`, the rest changes no output of a finished sample.
 NOT_MEASURED = ("cloud_url", "token_file", "cloud_timeout_s", "on_cloud_loss", "limit", "max_audio_s")
-DEPLOYMENTS = ("inproc", "split")
+# colocated: a spec point in one process pinned to the cloud's cores, the baseline of the split points
+# with the same pair and settings (a sweep adds it beside every split point).
+DEPLOYMENTS = ("inproc", "split", "colocated")
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ class _Placement:
     """The point's fields that are not run settings: where the cloud ran, and over what link."""
 
     deployment: str = field(default="inproc", metadata={
-        "help": "inproc (edge and cloud in one process) or split (the cloud behind `specbench serve`)",
+        "help": "inproc (edge and cloud in one process), split (the cloud behind `specbench serve`) or colocated "
+                "(both in one process on the cloud's cores: the split points' baseline)",
         "choices": DEPLOYMENTS})
     link: str | None = field(default=None, metadata={
         "help": "split points: a real shaped link between edge and server (none, wifi, 4g, 5g, or "

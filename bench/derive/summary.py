@@ -6,6 +6,9 @@ own cloud runtime (or the edge-only point of its own edge runtime) with the same
 set (`baseline`), and against the fastest cloud-only point measured in the sweep on those prompts,
 whatever its runtime and dtype (`speedup_vs_fastest_cloud`; `fastest_cloud` names it): speculation
 that beats its own runtime's plain decoding may still lose to plain decoding in another runtime.
+A split point is also compared with its co-located baseline (`speedup_vs_colocated`: the same pair
+and settings in one process on the cloud's cores, bench/measure/sweep_config.py), paired per prompt:
+drafting on a second machine must beat what the server alone does with both models.
 The theoretical speed-up is Leviathan et al.'s
 (`metrics.expected_speedup`), with the measured acceptance rate and c = edge step time / cloud
 step time measured from the edge-only and cloud-only baselines.
@@ -92,8 +95,16 @@ def _point_stats(group: pd.DataFrame) -> pd.Series:
         # mean over the point's scored outputs (`specbench score`); NaN when not scored
         "cloud_nll": group["cloud_nll"].mean() if "cloud_nll" in group else float("nan"),
         **_deployment_stats(group),
+        "split_cores": _placement(group),
     }
     return pd.Series(stats)
+
+
+def _placement(group: pd.DataFrame) -> str:
+    """How a sweep with split points placed its processes (disjoint or shared cores), "-" where it had
+    none or the records predate the field."""
+    values = group["split_cores"].dropna() if "split_cores" in group else []
+    return str(values.iloc[0]) if len(values) else "-"
 
 
 def _mean(group: pd.DataFrame, column: str) -> float:
@@ -153,6 +164,23 @@ def _agreement_with_cloud(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(chrf_vs_cloud=chrf_scores, token_match_vs_cloud=matches)
 
 
+# The axes a split point and its co-located baseline may differ in: where the cloud ran and over what link.
+PLACED = ("deployment", "link", "overlap")
+
+
+def colocated(table: pd.DataFrame, point) -> pd.DataFrame:
+    """The rows of `table` of a split point's co-located baseline: the same pair, k, policy and
+    thresholds (every other axis equal) run in one process on the cloud's cores; empty for any
+    other point, or a folder written before the sweep measured it."""
+    if point.get("deployment") != "split" or "deployment" not in table:
+        return table.iloc[0:0]
+    match = table["deployment"] == "colocated"
+    for column in COLUMNS:
+        if column not in PLACED:
+            match &= table[column] == point[column]
+    return table[match]
+
+
 def fastest_cloud(summary: pd.DataFrame, prompts) -> pd.Series | None:
     """The fastest plain decoding of the cloud model measured on `prompts`, in any runtime and dtype."""
     plain = summary[(summary["mode"] == "cloud") & (summary["prompts"] == prompts) & summary["tokens_per_s"].notna()]
@@ -173,7 +201,7 @@ def _speedups(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
     for _, point in summary.iterrows():
         cloud, edge = first(baseline(summary, "cloud", point)), first(baseline(summary, "edge", point))
         fastest = fastest_cloud(summary, point["prompts"])
-        extra = {"speedup_vs_cloud": float("nan"), "speedup_vs_edge": float("nan"),
+        extra = {"speedup_vs_cloud": float("nan"), "speedup_vs_edge": float("nan"), "speedup_vs_colocated": float("nan"),
                  "speedup_vs_fastest_cloud": float("nan"), "fastest_cloud": "-",
                  "cost_ratio_c": float("nan"), "theoretical_speedup": float("nan"), "speedup_efficiency": float("nan")}
         if fastest is not None:
@@ -183,6 +211,9 @@ def _speedups(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
             extra["speedup_vs_cloud"] = metrics.speedup(point["tokens_per_s"], cloud["tokens_per_s"])
         if edge is not None:
             extra["speedup_vs_edge"] = metrics.speedup(point["tokens_per_s"], edge["tokens_per_s"])
+        beside = first(colocated(summary, point))
+        if beside is not None:
+            extra["speedup_vs_colocated"] = metrics.speedup(point["tokens_per_s"], beside["tokens_per_s"])
         if point["mode"] == "spec" and cloud is not None and edge is not None and point["acceptance_rate"] == point["acceptance_rate"]:
             c = metrics.cost_ratio(cloud["tokens_per_s"], edge["tokens_per_s"])
             theory = metrics.expected_speedup(point["acceptance_rate"], int(point["k"]), c)
@@ -202,7 +233,9 @@ INTERVALS = {
     "token_match_vs_cloud": ("mean", ("token_match_vs_cloud",)),
 }
 # metric -> its baseline: the cloud-only or edge-only point of the same runtime, or the fastest cloud-only
-SPEEDUPS = {"speedup_vs_cloud": "cloud", "speedup_vs_edge": "edge", "speedup_vs_fastest_cloud": "fastest_cloud"}
+# (a split point's) co-located speculation on the cloud's cores
+SPEEDUPS = {"speedup_vs_cloud": "cloud", "speedup_vs_edge": "edge", "speedup_vs_fastest_cloud": "fastest_cloud",
+            "speedup_vs_colocated": "colocated"}
 
 
 def ci_columns(metric: str) -> tuple[str, str]:
@@ -238,6 +271,8 @@ def _intervals(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
             if mode == "fastest_cloud":
                 fastest = fastest_cloud(summary, point["prompts"])
                 base = summary.iloc[0:0] if fastest is None else fastest.to_frame().T
+            elif mode == "colocated":
+                base = colocated(summary, point)
             else:
                 base = baseline(summary, mode, point)
             if len(base) and point[metric] == point[metric]:
@@ -262,11 +297,12 @@ def terminal_table(summary: pd.DataFrame) -> str:
     """The sweep's closing table: every axis that varies (so no two rows look alike) and each
     ratio or rate with its 95 % interval."""
     shown = {"tokens_per_s": None, **{m: ci_columns(m) for m in ("speedup_vs_cloud", "speedup_vs_edge",
-                                                                 "speedup_vs_fastest_cloud", "acceptance_rate",
+                                                                 "speedup_vs_fastest_cloud", "speedup_vs_colocated",
+                                                                 "acceptance_rate",
                                                                  "cloud_call_rate", "chrf_vs_cloud")}}
     table = summary[varying_axes(summary)].copy()
     for metric, interval in shown.items():
-        if metric not in summary:
+        if metric not in summary or summary[metric].isna().all():  # e.g. no split point: no co-located column
             continue
         table[metric] = [_with_interval(row[metric], *(row[c] for c in interval) if interval else ())
                          for _, row in summary.iterrows()]

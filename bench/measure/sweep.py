@@ -8,7 +8,6 @@ applied first thing in the worker.
 """
 from __future__ import annotations
 
-import os
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
@@ -85,13 +84,13 @@ def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progres
 
 
 def start_split_services(config: SweepConfig, points: list[dict], services: ExitStack) -> dict[str, str]:
-    """One `specbench serve` per (dtype, cloud runtime) the split points need (on the machine's last
-    `cloud_cores` cores), reused by every point, or `cloud_url`; one shaped link per (server, link
+    """One `specbench serve` per (dtype, cloud runtime) the split points need (on the cloud's cores,
+    SweepConfig.cloud_core_ids), reused by every point, or `cloud_url`; one shaped link per (server, link
     preset). -> {service_key: HOST:PORT the edge connects to}."""
     needed = sorted({(p["dtype"], p["cloud_runtime"], p["link"]) for p in points if p["deployment"] == "split"})
     servers, urls = {}, {}
-    cores = sorted(os.sched_getaffinity(0))
-    cloud_cores = ",".join(map(str, cores[-config.cloud_cores:])) if config.cloud_cores else None
+    cloud_ids = config.cloud_core_ids()
+    cloud_cores = ",".join(map(str, cloud_ids)) if cloud_ids else None
     for dtype, runtime, link in needed:
         if (dtype, runtime) not in servers:
             servers[(dtype, runtime)] = config.cloud_url or services.enter_context(

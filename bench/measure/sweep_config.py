@@ -28,6 +28,10 @@ from specdec.remote.protocol import parse_address
 
 CONFIGS_DIR = Path(__file__).parent.parent / "configs"
 EXECUTORS = ("local", "ray")
+SPLIT_CORES = ("disjoint", "shared")
+# The deployments whose cloud runs on the cloud's cores: a split point's server, and a co-located point
+# (the same pair in one process, pinned where that server runs).
+ON_CLOUD_CORES = ("split", "colocated")
 # Where a sweep runs, not what it measures: left out of the results folder's identity, so a sweep
 # started on a cluster resumes on a laptop and the other way round.
 PLACEMENT = ("executor", "ray_address")
@@ -75,6 +79,10 @@ class SweepConfig(RunSettings):
         "help": "modelled network for in-process points (split points are modelled on their link): "
                 "none, wifi, 4g, 5g, or rtt=40ms,up=10mbit,down=50mbit"})
     edge_cores: int | None = field(default=None, metadata={"help": "CPU cores of the edge worker"})
+    split_cores: str = field(default="disjoint", metadata={
+        "help": "split and co-located points: disjoint gives the edge and the server cores of their own, as two "
+                "machines have (the first half / the rest unless --edge-cores / --cloud-cores say; threads = cores); "
+                "shared lets both use every core (the report labels it shared)", "choices": SPLIT_CORES})
     edge_memory_gb: float | None = field(default=None, metadata={
         "help": "edge RSS cap (GiB); a point over it is recorded, the sweep goes on"})
     rlimit_as: bool = field(default=False, metadata={"help": "also cap the address space (RLIMIT_AS)"})
@@ -101,6 +109,9 @@ class SweepConfig(RunSettings):
             profile(link)
         if self.cloud_cores is not None and not 1 <= self.cloud_cores <= len(os.sched_getaffinity(0)):
             raise ConfigError(f"--cloud-cores must be between 1 and {len(os.sched_getaffinity(0))}, got {self.cloud_cores}")
+        if self.split_cores not in SPLIT_CORES:
+            raise ConfigError(f"unknown split_cores {self.split_cores!r}: use one of {', '.join(SPLIT_CORES)}")
+        self.core_counts()
         if self.cloud_url and len(self.cloud_runtime) > 1 and "split" in self.deployment:
             raise ConfigError("--cloud-url is one running server, in the runtime it was started with: give one "
                               "--cloud-runtime (what that server runs), or drop --cloud-url and the sweep starts a "
@@ -128,10 +139,10 @@ class SweepConfig(RunSettings):
             return
         if self.ray_address not in (None, "auto"):
             parse_address(self.ray_address, "--ray-address")
-        if any(p["deployment"] == "split" for p in self.points()):
+        if self.places_cloud():
             raise ConfigError("--executor ray runs in-process points only: a split point's server and shaped link run "
-                              "beside the sweep's driver, out of reach of the cluster's tasks; run split points with "
-                              "--executor local")
+                              "beside the sweep's driver, out of reach of the cluster's tasks (and a co-located point is "
+                              "pinned to that server's cores); run split points with --executor local")
         if self.edge_cores is not None and self.edge_cores < 1:
             raise ConfigError(f"--edge-cores must be >= 1, got {self.edge_cores}")
         if self.edge_memory_gb is not None and not self.edge_memory_gb > 0:
@@ -186,17 +197,25 @@ class SweepConfig(RunSettings):
             raise ConfigError(f"{source}: {e}") from None
 
     def points(self) -> list[dict]:
-        """The grid; edge and cloud points ignore the spec-only axes and appear once."""
+        """The grid; edge and cloud points ignore the spec-only axes and appear once. Every split point
+        brings its co-located baseline: the same pair, k, policy and thresholds in one process on the
+        cloud's cores (what the server's machine would do alone), measured in the same worker."""
         seen, points = set(), []
-        for combo in itertools.product(*(getattr(self, axis) for axis in AXES)):
-            point = dict(zip(AXES, combo))
-            if point["mode"] != "spec":
-                point["deployment"] = "inproc"
+
+        def add(point: dict) -> None:
             point = blank(point)
             key = json.dumps(point, sort_keys=True)
             if key not in seen:
                 seen.add(key)
                 points.append(point)
+
+        for combo in itertools.product(*(getattr(self, axis) for axis in AXES)):
+            point = dict(zip(AXES, combo))
+            if point["mode"] != "spec":
+                point["deployment"] = "inproc"
+            add(point)
+            if point["deployment"] == "split":
+                add({**point, "deployment": "colocated"})
         return points
 
     def setting(self, point: dict, name: str):
@@ -236,7 +255,33 @@ class SweepConfig(RunSettings):
         return DecodeConfig(**{f.name: self.setting(point, f.name) for f in fields(DecodeConfig)})
 
     def caps(self) -> EdgeCaps:
-        return EdgeCaps(cores=self.edge_cores, memory_gb=self.edge_memory_gb, rlimit_as=self.rlimit_as)
+        return EdgeCaps(cores=self.core_counts()[0], memory_gb=self.edge_memory_gb, rlimit_as=self.rlimit_as)
+
+    def places_cloud(self) -> bool:
+        """Does the grid hold a point whose cloud runs on the cloud's cores (split or co-located)?"""
+        return any(p["deployment"] in ON_CLOUD_CORES for p in self.points())
+
+    def core_counts(self) -> tuple[int | None, int | None]:
+        """(edge cores, cloud cores) as used: with split or co-located points and `split_cores` disjoint,
+        the edge takes the machine's first cores and the cloud the rest, none shared (the first half
+        and the rest by default: on 2 cores, core 0 and core 1); None = every core."""
+        if self.split_cores == "shared" or not self.places_cloud():
+            return self.edge_cores, self.cloud_cores
+        available = len(os.sched_getaffinity(0))
+        if available < 2:
+            raise ConfigError("split points give the edge and the server a core each by default and this machine "
+                              "has one: add --split-cores shared")
+        edge = self.edge_cores or (available - self.cloud_cores if self.cloud_cores else available // 2)
+        cloud = self.cloud_cores or available - edge
+        if edge < 1 or edge + cloud > available:
+            raise ConfigError(f"--edge-cores {edge} and --cloud-cores {cloud} do not fit this machine's {available} "
+                              "cores without sharing: lower one, or add --split-cores shared")
+        return edge, cloud
+
+    def cloud_core_ids(self) -> list[int] | None:
+        """The cores the cloud runs on (the machine's last `cloud cores`), or None: every core."""
+        cloud = self.core_counts()[1]
+        return sorted(os.sched_getaffinity(0))[-cloud:] if cloud else None
 
 
 def service_key(point: dict) -> str:

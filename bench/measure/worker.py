@@ -24,6 +24,7 @@ from bench.core.records import ResultsFile, node_info
 from bench.measure.launch import bind_to_parent
 from bench.core.point import Point
 from bench.measure.run import generate_one, prepare
+from bench.measure.split import pin_threads
 from bench.measure.sweep_config import SweepConfig, service_key
 from specdec.cloud import CloudLost
 from specdec.engine import Engine
@@ -38,12 +39,24 @@ def weight_bytes(model: LoadedModel) -> int:
     return sum(p.numel() * p.element_size() for p in model.backend.model.parameters())
 
 
-def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[str, str]) -> None:
-    """`results`: the folder's ResultsFile here, or StreamedResults on a cluster's node."""
+def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[str, str],
+              cloud_ids: list[int] | None = None) -> None:
+    """`results`: the folder's ResultsFile here, or StreamedResults on a cluster's node. `cloud_ids`:
+    the cloud's cores where the sweep has split points; its cloud-only and co-located points run
+    there (the server's machine), the rest on the edge's, this process moving between them."""
     import torch
 
     if caps.cores:
         torch.set_num_threads(caps.cores)
+    edge_ids = sorted(os.sched_getaffinity(0))
+    pinned = edge_ids
+
+    def place(point: dict) -> None:
+        nonlocal pinned
+        wanted = cloud_ids if cloud_ids and (point["mode"] == "cloud" or point["deployment"] == "colocated") else edge_ids
+        if wanted != pinned:
+            pin_threads(wanted)  # threads = cores, on each side
+            pinned = wanted
     caps.apply_address_limit()
     loaded: dict[tuple[str, str, str], LoadedModel] = {}
 
@@ -67,8 +80,10 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
         measured = Point.of(engine, point["prompts"], point["link"]).record(sweep=True)
         if point["deployment"] == "split":  # the engine reaches the cloud by URL; the sweep's server ran it so
             measured["cloud_runtime"] = point["cloud_runtime"]
+        measured["deployment"] = point["deployment"]  # a co-located point's engine is in process, as inproc's
+        on_cloud = cloud_ids and (point["mode"] == "cloud" or point["deployment"] == "colocated")
         row_point = {**measured, "network": network.name, "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb,
-                     "node": node_info()}
+                     "node": node_info(), **placement_fields(config, cloud_ids, cloud_ids if on_cloud else edge_ids)}
         edge = loaded.get((config.edge, point["dtype"], point["edge_runtime"])) if point["mode"] != "cloud" else None
         if caps.memory_bytes and edge is not None:
             caps.check_reachable(weight_bytes(edge), f"edge model {config.edge!r} in {point['dtype']}")
@@ -88,6 +103,7 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
             queue.put(("over_cap", key, message))
             exit_worker(queue, OVER_MEMORY_EXIT)
 
+        place(point)
         reset_peak_rss()  # points share this process now: each generation's peak is its own
         watchdog = MemoryWatchdog(caps.memory_bytes, over_cap, exempt) if caps.memory_bytes and edge else nullcontext()
         with watchdog:
@@ -131,16 +147,26 @@ def worker_main(config_dict: dict, group: list, out: str | None, urls: dict[str,
     except SpecdecError as e:
         queue.put(("error", str(e)))
         exit_worker(queue, 1)
+    # the cloud's cores, read before the caps narrow this process to the edge's
+    cloud_ids = (config.cloud_core_ids() or sorted(os.sched_getaffinity(0))) if config.places_cloud() else None
     caps.apply_cpu()
     results = ResultsFile(Path(out) / "results.jsonl") if out is not None else StreamedResults(queue)
     try:
-        run_group(config, caps, group, results, queue, urls)
+        run_group(config, caps, group, results, queue, urls, cloud_ids)
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line
         line = str(e) if isinstance(e, SpecdecError) else os_error_line(e) if isinstance(e, OSError) else \
             f"{type(e).__name__}: {e}"
         queue.put(("error", line))
         exit_worker(queue, 1)
     exit_worker(queue, 0)
+
+
+def placement_fields(config, cloud_ids: list[int] | None, cores: list[int]) -> dict:
+    """Where a record ran, in every record of a sweep: `cores` (this process's cores for the point),
+    and for a sweep with split points `split_cores` (disjoint: the edge and the server had cores of
+    their own; shared: they competed for them) and `cloud_cores` (the server's and co-located points')."""
+    return {"cores": ",".join(map(str, cores)), "split_cores": config.split_cores if cloud_ids else None,
+            "cloud_cores": ",".join(map(str, cloud_ids)) if cloud_ids else None}
 
 
 def interleaved(points: list[tuple]) -> list[tuple]:

@@ -13,7 +13,8 @@ from bench.read.report import deployment, fleet, page, plots
 from bench.read.report.inputs import ReportInputs, load_inputs
 from bench.read.report.pareto import FRONTS, fronts_of, point_labels, set_name
 from bench.read.report.recommend import node_notes, precision_notes, recommend
-from bench.read.report.views import per_position_acceptance, plain_decoding_notes, point_table, sample_points, side_by_side
+from bench.read.report.views import (per_position_acceptance, plain_decoding_notes, point_table, sample_points,
+                                     side_by_side, split_notes)
 from bench.derive.summary import load_rows
 
 PROFILE_FILES = ("flamegraph.svg", "speedscope.json", "torch_ops.csv", "torch_ops.txt", "torch_trace.json",
@@ -149,7 +150,7 @@ def build_report(results_dir: Path, out: Path | None = None, profile: Path | Non
         "status_text": page.status_text(inputs),
         "problems": page.problem_lines(inputs),
         "recommendations": page.recommendations_html(recommendations),
-        "plain_decoding": plain_decoding_notes(summary, labels),
+        "plain_decoding": plain_decoding_notes(summary, labels) + split_notes(summary, labels),
         "precision_notes": precision_notes(summary) + node_notes(inputs.rows),
         "figures": [{**f, "src": page.image_src(f["path"], out, embed)} for f in figures],
         "figure_notes": notes,

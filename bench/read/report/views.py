@@ -28,6 +28,7 @@ POINT_COLUMNS = (
     ("speedup_vs_cloud", "× cloud", "{:.2f}"),
     ("speedup_vs_edge", "× edge", "{:.2f}"),
     ("speedup_vs_fastest_cloud", "× fastest cloud", "{:.2f}"),
+    ("speedup_vs_colocated", "× co-located", "{:.2f}"),  # split points: against both models on the cloud's cores
     ("theoretical_speedup", "theory × cloud", "{:.2f}"),
     ("acceptance_rate", "accept", "{:.2f}"),
     ("cloud_call_rate", "calls / block", "{:.2f}"),
@@ -169,3 +170,32 @@ def prompt_texts(prompts: str) -> dict[str, str]:
         return {r.id: r.prompt for r in load_prompts(prompts)}
     except (InputError, OSError):
         return {}
+
+
+def split_notes(summary: pd.DataFrame, labels: pd.Series) -> list[str]:
+    """Where split points ran (cores disjoint, as two machines, or shared, said as such) and, per split
+    point, its speed-up against cloud-only and against its co-located point, each with its interval."""
+    if "deployment" not in summary or not (summary["deployment"] == "split").any():
+        return []
+    split = summary[summary["deployment"] == "split"]
+    placements = {str(p) for p in split.get("split_cores", pd.Series(["-"])) if str(p) != "-"}
+    notes = []
+    if placements == {"disjoint"}:
+        notes.append("Split points emulate two machines: the edge and the server ran on cores of their own "
+                     "(disjoint), each with as many threads as cores.")
+    elif "shared" in placements:
+        notes.append("Split points ran with SHARED cores: the edge and the server competed for the same cores, so they "
+                     "do not emulate two machines (drafting ahead then slows the server).")
+    else:
+        notes.append("Split points: these results do not record how the edge's and the server's cores were placed.")
+    def versus(point: pd.Series, metric: str, what: str) -> str:
+        value = point.get(metric, float("nan"))
+        if value != value:
+            return f"no {what} point measured"
+        return f"{value:.2f}×{_interval(point, metric, '{:.2f}')} {what}"
+
+    for index, point in split.iterrows():
+        against = [versus(point, "speedup_vs_cloud", "cloud-only"),
+                   versus(point, "speedup_vs_colocated", "co-located (both models on the cloud's cores)")]
+        notes.append(f"{labels[index]}: {'; '.join(against)}.")
+    return notes
