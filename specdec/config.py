@@ -125,6 +125,19 @@ class EngineConfig:
 
 
 ON_CLOUD_LOSS = ("fail", "edge")
+OVERLAP = (True, False, "auto")
+
+
+def parse_overlap(value) -> bool | str:
+    """An overlap setting from a flag, TOML or a sweep's list: auto, or true/false (on/off, yes/no, 1/0)."""
+    if isinstance(value, bool) or value == "auto":
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    if text not in ("true", "false", "on", "off", "yes", "no", "1", "0"):
+        raise ValueError(value)
+    return text in ("true", "on", "yes", "1")
 # Sampling below this temperature is greedy up to rounding, and far below it `logits / T` overflows
 # to inf and the distribution turns NaN (a session at 1e-40 made torch.multinomial raise): refused.
 MIN_TEMPERATURE = 1e-2
@@ -140,12 +153,16 @@ class DeployConfig:
     on_cloud_loss: str = field(default="fail", metadata={
         "help": "the server is lost mid-generation: record the prompt failed, or finish it edge-only (degraded)",
         "choices": ON_CLOUD_LOSS})
-    overlap: bool = field(default=True, metadata={
-        "help": "with --cloud-url: draft the next block while the server verifies the last one"})
+    overlap: bool | str = field(default="auto", metadata={
+        "help": "with --cloud-url: draft the next block while the server verifies the last one: auto (only "
+                "while the cycles measured so far say it pays, specdec/overlap.py), true or false",
+        "parse": "overlap"})
 
     def __post_init__(self) -> None:
         check_types(self)
         check_choices(self)
+        if self.overlap not in OVERLAP:
+            raise ConfigError(f"overlap must be auto, true or false, got {self.overlap!r}")
         if not self.cloud_timeout_s > 0:
             raise ConfigError(f"cloud_timeout_s must be > 0 seconds, got {self.cloud_timeout_s}")
 

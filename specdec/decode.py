@@ -21,6 +21,7 @@ from specdec.config import DecodeConfig, SpecConfig
 from specdec.drafter import Drafter, block_size
 from specdec.drafting import make_schedule, make_stop
 from specdec.gate import should_escalate
+from specdec.overlap import OverlapGovernor
 from specdec.processors import Constraints
 from specdec.sampling import choose, distribution, entropy_nats
 from specdec.session import AcceptedSequence, Session
@@ -81,13 +82,15 @@ def speculative_decode(
     constraints: Constraints = NO_CONSTRAINTS,
     punct_density: Callable[[list[int]], float] | None = None,
     on_cloud_loss: str = "fail",
-    overlap: bool = False,
+    overlap: bool | str = False,
+    governor: OverlapGovernor | None = None,
 ) -> Generation:
     """Edge drafts, the gate escalates uncertain blocks, the cloud verifies them in one forward.
     `cloud` is a backend in this process or a remote cloud (`specdec.remote.RemoteCloud`).
     on_cloud_loss: "fail" raises CloudLost; "edge" finishes the generation edge-only (degraded,
     see `specdec.cloud.CloudLink`). overlap: while a block is verified remotely, draft the next one
-    (see `specdec.drafter`)."""
+    (see `specdec.drafter`); "auto": only while `governor` (specdec/overlap.py; a fresh one if None)
+    finds that it pays."""
     spec.check_decoding(decode)
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(decode.seed)
@@ -95,8 +98,11 @@ def speculative_decode(
     vocab = min(edge.vocab_size, cloud.vocab_size)  # compare over the shared ids only
     seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
     edge_session = Session(edge, prompt)
+    if overlap == "auto":
+        governor = governor or OverlapGovernor(spec.k)
     drafter = Drafter(edge_session, vocab, constraints, decode.temperature, generator, spec.draft_topn,
-                      make_stop(spec.draft_stop), overlap)
+                      make_stop(spec.draft_stop), bool(overlap), governor if overlap == "auto" else None)
+    timed = False  # the generation's first verify also opens the server's session: not a cycle's time
     link = CloudLink(cloud, (prompt, spec, decode, constraints, vocab, generator), on_cloud_loss)
     schedule = make_schedule(spec.k_schedule, spec.k)
     counters, cycles = Counters(accepted_per_position=[0] * spec.k), []
@@ -134,14 +140,19 @@ def speculative_decode(
                 else:
                     cycle.t_reply_s = time.perf_counter() - start
                     cycle.ahead_guess, cycle.edge_wait_s = drafter.guess, drafter.wait_s
+                    cycle.ahead_chosen = drafter.ahead_chosen
                     record_verdict(cycle, verdict)
                     schedule.update(n, verdict.accepted)
                     # The bonus is free only if there is room for it and the block did not end generation.
                     if verdict.accepted < n or (n < seq.remaining and stop_at is None):
                         cycle.extra_token = verdict.next_token
                         cycle.extra_kind = "correction" if verdict.accepted < n else "bonus"
-                    cycle.ahead_kept, cycle.ahead_wasted = drafter.settle(
-                        verdict.accepted == n, cycle.extra_token if cycle.extra_kind == "bonus" else None)
+                    bonus = cycle.extra_token if cycle.extra_kind == "bonus" else None
+                    if drafter.governor is not None:
+                        drafter.governor.observe(drafter.guess is not None, drafter.verify_s if timed else None,
+                                                 drafter.step_s, n, verdict.accepted, drafter.guess, bonus)
+                    timed = True
+                    cycle.ahead_kept, cycle.ahead_wasted = drafter.settle(verdict.accepted == n, bonus)
 
             # accept
             emitted = draft_list[: cycle.accepted] + ([cycle.extra_token] if cycle.extra_kind else [])

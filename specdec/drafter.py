@@ -25,6 +25,7 @@ import torch
 
 from specdec.cloud import CloudSession, Verdict
 from specdec.drafting import DraftStop
+from specdec.overlap import OverlapGovernor
 from specdec.processors import Constraints
 from specdec.sampling import choose, distribution, entropy_nats
 from specdec.session import AcceptedSequence, Session
@@ -47,10 +48,13 @@ def top_n(probs: torch.Tensor, n: int) -> torch.Tensor:
 class Drafter:
     def __init__(self, session: Session, vocab: int, constraints: Constraints, temperature: float,
                  generator: torch.Generator, topn: int | None = None, stop_rule: DraftStop | None = None,
-                 overlap: bool = False) -> None:
+                 overlap: bool = False, governor: OverlapGovernor | None = None) -> None:
         self.session, self.vocab, self.constraints = session, vocab, constraints
         self.temperature, self.generator, self.topn, self.stop_rule = temperature, generator, topn, stop_rule
         self.overlap = overlap  # draft ahead while a remote session verifies
+        self.governor = governor  # overlap "auto": asked before every remote verify (specdec/overlap.py)
+        self.ahead_chosen = False  # this cycle's way: draft ahead during the verify, or wait for it
+        self.verify_s = 0.0  # this cycle's send -> verdict read
         self.sent_at: float | None = None  # time.perf_counter() when this cycle's verify call began
         self.wait_s = 0.0  # the edge idle after drafting ahead, waiting for the last verdict
         self.guess: int | None = None  # the bonus token the ahead tokens were drafted after
@@ -101,14 +105,18 @@ class Drafter:
         block and its bonus (0 when the block ends the generation)."""
         self.sent_at, self.wait_s = time.perf_counter(), 0.0
         round_trip_s = cloud.round_trip_s
-        if not self.overlap or room < 1 or round_trip_s is None:
-            return cloud.verify(seq, draft_tokens, draft_probs)
-        cloud.send(seq, draft_tokens, draft_probs)
-        self.draft_ahead(seq, draft_tokens.tolist(), block_size(next_k, room), cloud.ready,
-                         deadline=self.sent_at + round_trip_s)
-        waiting = time.perf_counter()
-        verdict = cloud.receive()
-        self.wait_s = time.perf_counter() - waiting
+        self.ahead_chosen = (self.overlap and room >= 1 and round_trip_s is not None
+                             and (self.governor is None or self.governor.choose()))
+        if not self.ahead_chosen:
+            verdict = cloud.verify(seq, draft_tokens, draft_probs)
+        else:
+            cloud.send(seq, draft_tokens, draft_probs)
+            self.draft_ahead(seq, draft_tokens.tolist(), block_size(next_k, room), cloud.ready,
+                             deadline=self.sent_at + round_trip_s)
+            waiting = time.perf_counter()
+            verdict = cloud.receive()
+            self.wait_s = time.perf_counter() - waiting
+        self.verify_s = time.perf_counter() - self.sent_at
         return verdict
 
     def draft_ahead(self, seq: AcceptedSequence, block: list[int], n: int, reply_ready: Callable[[], bool],

@@ -12,6 +12,7 @@ from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.decode import autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError, InputError
 from specdec.models.loading import LoadedModel, load_model
+from specdec.overlap import OverlapGovernor
 from specdec.processors import Constraints
 from specdec.profiles import build_constraints
 from specdec.remote.client import RemoteCloud, SessionSettings
@@ -36,6 +37,12 @@ class Engine(EngineConfig):
         super().__post_init__()
         if self.mode == "spec":
             self.spec.check_decoding(self.decode)
+
+    def _governor(self) -> OverlapGovernor | None:
+        """overlap "auto": one governor per engine, its running means carried across generations."""
+        if self.deploy.overlap != "auto":
+            return None
+        return self._derived.setdefault("overlap", OverlapGovernor(self.spec.k))
 
     def model(self, role: str) -> LoadedModel:
         """The edge or cloud model, loaded on first use."""
@@ -160,7 +167,7 @@ class Engine(EngineConfig):
             generation = speculative_decode(
                 self.model("edge").backend, self.cloud_side(), prompt, self.spec, self.decode,
                 constraints, self.punct_density(), on_cloud_loss=self.deploy.on_cloud_loss,
-                overlap=self.deploy.overlap and self.remote_cloud,
+                overlap=self.deploy.overlap if self.remote_cloud else False, governor=self._governor(),
             )
         else:
             generation = autoregressive_decode(loaded.backend, prompt, self.decode, constraints, role=self.mode)

@@ -31,6 +31,7 @@ class Cycle:
     t_sent_s: float = 0.0
     t_reply_s: float = 0.0
     edge_wait_s: float = 0.0  # overlap: the edge idle after drafting ahead, waiting for the verdict
+    ahead_chosen: bool = False  # overlap: this verify's way, draft ahead (true) or wait (on, or auto's rule)
     ahead_guess: int | None = None  # overlap: the bonus token the edge guessed and drafted after
     ahead_kept: int = 0  # overlap: tokens drafted ahead during this verify that became the next block's
     ahead_wasted: int = 0  # ... and those dropped (a rejection, or a bonus other than the guess)

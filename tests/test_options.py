@@ -89,10 +89,12 @@ def test_a_switch_takes_both_spellings_in_run_and_sweep(tmp_path):
     """`run --overlap` was an error while the sweep axis is `--overlap true,false`: one switch now."""
     parse = build_parser().parse_args
     base = ["run", "--mode", "spec", "--edge", "e", "--cloud-url", "127.0.0.1:1", "--prompts", "p", "--out", "o"]
-    assert parse(base).overlap is True and parse([*base, "--overlap"]).overlap is True
+    assert parse(base).overlap == "auto" and parse([*base, "--overlap"]).overlap is True
     assert parse([*base, "--no-overlap"]).overlap is False
+    assert [parse([*base, "--overlap", v]).overlap for v in ("auto", "true", "false", "off")] == ["auto", True, False, False]
     assert parse([*base, "--no-chat-template"]).chat_template is False
     sweep = ["sweep", "--edge", "e", "--cloud", "c", "--out", str(tmp_path)]
     assert parse([*sweep, "--chat-template"]).chat_template is True and parse(sweep).chat_template is None
     (switch,) = [o for o in run_options() if o.name == "overlap"]
-    assert (switch.argv(False), switch.argv(True)) == (["--no-overlap"], [])
+    assert (switch.argv(False), switch.argv(True), switch.argv("auto")) == (["--no-overlap"], ["--overlap"], [])
+    assert parse([*sweep, "--overlap", "auto,true,false"]).overlap == ["auto", "true", "false"]

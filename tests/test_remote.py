@@ -52,7 +52,7 @@ def comparable(generation) -> tuple:
     ]
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("overlap", [False, True, "auto"])
 @pytest.mark.parametrize("verifier", ["cached", "stateless"])
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_split_greedy_equals_in_process_and_cloud_mode(pair, server, verifier, k, overlap):
@@ -69,6 +69,27 @@ def test_split_greedy_equals_in_process_and_cloud_mode(pair, server, verifier, k
     # Every path ran: rejections with a correction, full acceptances with a bonus.
     assert any(c.extra_kind == "correction" for c in cycles) and any(c.extra_kind == "bonus" for c in cycles)
     assert all(c.wire_up_bytes > 0 and c.wire_down_bytes > 0 and c.wait_s >= c.cloud_s for c in cycles)
+
+
+@pytest.mark.parametrize("verifier", ["cached", "stateless"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_overlap_auto_is_lossless_both_ways(pair, server, verifier, k):
+    """`--overlap auto` (the default) decides per cycle whether to draft ahead: greedy output equals
+    cloud-only token for token in process and through the server, and the split run went both ways
+    (sequential warm-up cycles, then drafting ahead to measure its cost), each cycle saying which."""
+    url, _ = server
+    spec = SpecConfig(k=k, verifier=verifier, **GREEDY)
+    decode = DecodeConfig(max_new_tokens=16)
+    common = dict(edge=pair["edge"], dtype="float32", spec=spec, decode=decode, log=lambda m: None)
+    auto = DeployConfig(overlap="auto")
+    assert DeployConfig().overlap == "auto"
+    split = generate_all(Engine(mode="spec", cloud_url=url, deploy=auto, **common))
+    local = generate_all(Engine(mode="spec", cloud=pair["cloud"], deploy=auto, **common))
+    cloud = generate_all(Engine(mode="cloud", cloud=pair["cloud"], dtype="float32", decode=decode, log=lambda m: None))
+    assert [g.tokens for g in split] == [g.tokens for g in cloud] == [g.tokens for g in local]
+    ways = {c.ahead_chosen for g in split for c in g.cycles if c.escalated}
+    assert ways == {True, False}
+    assert not any(c.ahead_chosen for g in local for c in g.cycles)  # in process there is no round trip to fill
 
 
 def test_split_with_entropy_gate_sends_unescalated_blocks_lazily(pair, server):

@@ -111,7 +111,7 @@ def test_a_killed_sweep_takes_its_server_with_it(pair, prompts, tmp_path):
     ({"deployment": ("cluster",)}, "unknown deployment 'cluster': use one of inproc, split, colocated"),
     ({"deployment": ("split",), "link": ("3g",)}, "unknown network '3g'"),
     ({"cloud_cores": 64}, "--cloud-cores must be between 1 and"),
-    ({"overlap": ("maybe",)}, "overlap must be a list of true/false values"),
+    ({"overlap": ("maybe",)}, "overlap must be a list of auto/true/false values"),
     ({"deployment": ("split",), "edge_cores": 2, "cloud_cores": 1}, "do not fit this machine's 2 cores without sharing"),
     ({"deployment": ("split",), "split_cores": "apart"}, "unknown split_cores 'apart': use one of disjoint, shared"),
 ])

@@ -22,7 +22,7 @@ from bench.core.folder import canonical_path
 from bench.core.prompts import PromptInputs, canonical_prompts
 from bench.core.point import AXES, RUN_SETTINGS
 from bench.measure.sweep_config import SweepConfig
-from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
+from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, parse_overlap
 from specdec.engine import Engine
 
 # Where each setting is defined (its help, choices and aliases), for the sweep's copy of it.
@@ -54,13 +54,20 @@ def parse_list(text: str) -> list[str]:
 PARSERS: dict[type, Callable[[str], Any]] = {int: int, float: parse_float, str: str, Path: Path}
 
 
+def parse_overlap_flag(text: str) -> bool | str:
+    try:
+        return parse_overlap(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not auto, true or false") from None
+
+
 @dataclass(frozen=True)
 class Option:
     """One flag for one dataclass field."""
 
     name: str  # the field's name = argparse's dest
     flags: tuple[str, ...]  # the first is the one written back by `argv`
-    action: str  # "store" | "switch" (--NAME / --no-NAME)
+    action: str  # "store" | "switch" (--NAME / --no-NAME) | "tristate" (--NAME [VALUE] / --no-NAME)
     parse: Callable[[str], Any] | None
     default: Any
     required: bool
@@ -71,6 +78,10 @@ class Option:
         extra: dict[str, Any] = {"dest": self.name, "default": self.default, "help": self.help}
         if self.action == "store":
             extra.update(type=self.parse, required=self.required, choices=self.choices)
+        elif self.action == "tristate":  # --overlap auto|true|false; bare --overlap is true, --no-overlap false
+            extra.update(type=self.parse, nargs="?", const=True)
+            parser.add_argument("--no-" + self.flags[0].removeprefix("--"), dest=self.name, action="store_const",
+                                const=False, default=self.default, help=argparse.SUPPRESS)
         else:
             extra.update(action=argparse.BooleanOptionalAction)
         parser.add_argument(*self.flags, **extra)
@@ -79,7 +90,7 @@ class Option:
         """The flags that give `value`; nothing for the default."""
         if value is None or (value == self.default and not self.required):
             return []
-        if self.action == "switch":
+        if self.action == "switch" or (self.action == "tristate" and isinstance(value, bool)):
             return [self.flags[0] if value else "--no-" + self.flags[0].removeprefix("--")]
         return [self.flags[0], str(value)]
 
@@ -87,7 +98,10 @@ class Option:
 def _value_type(hint: Any) -> type:
     """The type of one value: `int` -> int, `float | None` -> float, `tuple[int, ...]` -> int."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        if len(args) > 1:  # `bool | str` (overlap): its field's metadata names its parser
+            return hint
+        (hint,) = args
     return typing.get_args(hint)[0] if typing.get_origin(hint) is tuple else hint
 
 
@@ -108,7 +122,9 @@ def field_options(cls: type) -> list[Option]:
         required = f.default is MISSING and f.default_factory is MISSING
         default = None if required else f.default
         help_text, choices = source.metadata.get("help"), source.metadata.get("choices")
-        if kind is bool:  # one switch, both spellings: `--overlap` and `--no-overlap`
+        if source.metadata.get("parse") == "overlap":
+            options.append(Option(f.name, _flags(f, source), "tristate", parse_overlap_flag, default, False, help_text, None))
+        elif kind is bool:  # one switch, both spellings: `--overlap` and `--no-overlap`
             options.append(Option(f.name, _flags(f, source), "switch", None, default, False, help_text, None))
         else:
             parse = _comma_list(PARSERS[kind]) if typing.get_origin(hints[f.name]) is tuple else PARSERS[kind]

@@ -22,7 +22,7 @@ from bench.core.network import profile
 from bench.core.folder import canonical_path
 from bench.core.point import AXES, DEPLOYMENTS, SETTING_TYPES, SETTINGS, blank
 from bench.core.prompts import PromptInputs, canonical_prompts
-from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types
+from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
 from specdec.errors import ConfigError
 from specdec.remote.protocol import parse_address
 
@@ -51,7 +51,8 @@ def _run_settings() -> list[tuple[str, object, object]]:
         hint = SETTING_TYPES[name]
         metadata = {**f.metadata, "help": SWEEP_HELP[name]} if name in SWEEP_HELP else f.metadata
         if name in AXES:
-            (value,) = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+            values = [t for t in typing.get_args(hint) if t is not type(None)]
+            value = values[0] if len(values) == 1 else hint  # `bool | str` (overlap) stays a union
             default = SWEEP_DEFAULTS.get(name, (f.default,))
             generated.append((name, tuple[value, ...], field(default=default, metadata=metadata)))
         else:
@@ -183,7 +184,8 @@ class SweepConfig(RunSettings):
                 try:
                     value = tuple(cast(v) for v in value) if cast else value
                 except (TypeError, ValueError):
-                    kind = {parse_bool: "true/false values", parse_int: "integers"}.get(cast, "numbers")
+                    kind = {parse_bool: "true/false values", parse_int: "integers",
+                            parse_overlap: "auto/true/false values"}.get(cast, "numbers")
                     raise ConfigError(f"{source}: {key} must be a list of {kind}, got {list(value)}") from None
             values[key] = value
         for key in ("edge", "cloud", "token_file"):  # one folder, one name (see bench/core/folder.py)
@@ -321,4 +323,5 @@ def parse_bool(value) -> bool:
 
 _PARSERS = {int: parse_int, float: parse_number, bool: parse_bool}
 NUMERIC_AXES = {axis: _PARSERS[typing.get_args(_HINTS[axis])[0]] for axis in AXES if typing.get_args(_HINTS[axis])[0] in _PARSERS}
+NUMERIC_AXES.update({axis: parse_overlap for axis in AXES if SETTINGS[axis].metadata.get("parse") == "overlap"})
 

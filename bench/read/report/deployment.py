@@ -66,7 +66,7 @@ def pick_pair(rows: pd.DataFrame) -> tuple[dict, dict] | None:
         return None
     keys = [c for c in ("prompts", "id", "k", "entropy_threshold", "policy", "link", "dtype") if c in split]
     for _, group in split.groupby(keys, dropna=False, sort=True):
-        by_overlap = {bool(r["overlap"]): r for r in group.to_dict("records")}
+        by_overlap = {r["overlap"]: r for r in group.to_dict("records") if r["overlap"] in (True, False)}  # not auto
         if True in by_overlap and False in by_overlap:
             return by_overlap[False], by_overlap[True]
     return None
