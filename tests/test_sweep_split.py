@@ -155,3 +155,28 @@ def test_shared_cores_are_today_s_placement_and_say_so(pair, prompts, tmp_path):
     every = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     assert {(r["deployment"], r["split_cores"], r["cores"]) for r in rows} == {("split", "shared", every),
                                                                                 ("colocated", "shared", every)}
+
+
+def test_a_folder_from_before_placements_resumes_as_shared_or_is_refused_in_one_line(pair, prompts, tmp_path, capsys):
+    """A folder written before `split_cores` and the co-located points existed: the default (disjoint
+    cores, overlap auto) is another configuration, refused in one line naming what differs; with the
+    settings that reproduce it (shared cores, overlap true) it resumes and gains its co-located points."""
+    import json
+    out = tmp_path / "old"
+    old = sweep_args(pair, prompts, out, "--mode", "spec", "--deployment", "split", "--limit", "1")
+    assert main([*old, "--split-cores", "shared", "--overlap", "true"]) == 0
+    identity = json.loads((out / "sweep.json").read_text())
+    del identity["config"]["split_cores"]  # as written before the setting existed
+    (out / "sweep.json").write_text(json.dumps(identity))
+    rows = [r for r in ResultsFile(out / "results.jsonl").read() if r["deployment"] == "split"]
+    for row in rows:
+        for name in ("split_cores", "cloud_cores", "cores"):
+            del row[name]
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    assert main(old) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "split_cores" in error[0] and "overlap" in error[0]
+    assert main([*old, "--split-cores", "shared", "--overlap", "true"]) == 0
+    after = ResultsFile(out / "results.jsonl").read()
+    assert after[:1] == rows and {r["deployment"] for r in after} == {"split", "colocated"}

@@ -130,9 +130,10 @@ def read_identity(path: Path) -> dict:
     return data
 
 
-def claim(out: Path, kind: str, settings: dict, key: str = "config") -> None:
+def claim(out: Path, kind: str, settings: dict, key: str = "config", before: dict | None = None) -> None:
     """Refuse to add `kind` results made with `settings` to `out` unless it has no results yet or
-    holds results of the same kind whose identity file has the same `settings` under `key`."""
+    holds results of the same kind whose identity file has the same `settings` under `key`. `before`:
+    settings added since, with the value that reproduces what a folder written without them did."""
     if not has_results(out):
         return
     found = [k for k, name in IDENTITY_FILES.items() if (out / name).is_file()]
@@ -146,6 +147,7 @@ def claim(out: Path, kind: str, settings: dict, key: str = "config") -> None:
     if stored is None:
         return  # written before this key existed: the check after the models load still applies
     settings = json.loads(json.dumps(settings))  # as stored: tuples -> lists
+    stored = {**(before or {}), **stored}
     if stored != settings:
         raise InputError(f"{out} holds results of a different {kind} configuration (differs in "
                          f"{differences(stored, settings)}): use another --out, or delete that folder to start over")

@@ -31,6 +31,11 @@ from specdec.errors import SpecdecError
 from specdec.remote.protocol import parse_address
 
 
+# Sweep settings added since folders were first written, with the value that reproduces what such a folder
+# measured: its split points' edge and server shared every core (resumed with --split-cores shared).
+BEFORE = {"split_cores": "shared"}
+
+
 def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:
     """Run what is not done yet, then write DIR/summary.csv; returns counts by status. The config
     validated itself; the prompt sets are read before the folder is touched, and the folder is this
@@ -41,7 +46,7 @@ def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:
         # --executor ray: the cluster is joined and checked for room before the folder is touched
         cluster = placement.enter_context(ray_executor(config)) if config.executor == "ray" else None
         with writer(out):
-            claim(out, "sweep", settings)
+            claim(out, "sweep", settings, before=BEFORE)
             if not (has_results(out) and (out / IDENTITY_FILES["sweep"]).is_file()):
                 write_identity(out, "sweep", {"config": settings, "environment": environment()})
             counts = _run_sweep(config, prompts, out, progress, cluster)
