@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 WARMUP = 2  # verified cycles run sequentially first
 PROBE = 2  # then verified cycles that draft ahead, to measure what it costs
-REPROBE = 16  # after that, one cycle in this many runs the way not chosen
+REPROBE = 32  # after that, one cycle in this many runs the way not chosen (a wrong way costs its share)
 
 
 @dataclass(frozen=True)
