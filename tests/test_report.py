@@ -20,7 +20,7 @@ from bench.commands.report import add_report_parser
 from bench.read.report.inputs import load_inputs
 from bench.read.report.pareto import FRONTS, front_members, pareto_mask, point_labels
 from bench.read.report.recommend import recommend
-from bench.read.report.views import per_position_acceptance, sample_points
+from bench.read.report.views import per_position_acceptance, sample_points, split_notes
 from bench.derive.summary import load_rows, summarize
 from specdec.errors import InputError
 from tests.tiny import save_tiny_pair
@@ -344,3 +344,31 @@ def test_sample_points_are_edge_recommended_spec_then_cloud(summary):
     labels = point_labels(summary)
     shown = sample_points(summary, recommend(summary), "s1")
     assert labels[shown].tolist() == ["edge-only", "(2, 4, greedy)", "(0, 4, greedy)", "cloud-only"]
+
+
+def _split_summary(placement: str) -> pd.DataFrame:
+    base = {"mode": "spec", "dtype": "float32", "prompts": "code", "entropy_threshold": 0.0, "k": 2, "policy": "greedy",
+            "accept_threshold": 0.1, "verifier": "cached", "edge_runtime": "torch", "cloud_runtime": "torch"}
+    rows = [{**base, "deployment": "split", "link": "4g", "overlap": overlap, "split_cores": placement,
+             "speedup_vs_cloud": 1.2, "speedup_vs_cloud_ci_low": 1.1, "speedup_vs_cloud_ci_high": 1.3,
+             "speedup_vs_colocated": 0.9, "speedup_vs_colocated_ci_low": 0.8, "speedup_vs_colocated_ci_high": 1.0}
+            for overlap in ("auto", True)]
+    rows.append({**base, "deployment": "colocated", "link": "-", "overlap": "-", "split_cores": placement,
+                 "speedup_vs_cloud": 1.3, "speedup_vs_colocated": float("nan")})
+    return pd.DataFrame(rows)
+
+
+def test_split_comparisons_name_the_co_located_baseline_and_the_placement():
+    summary = _split_summary("disjoint")
+    labels = point_labels(summary)
+    # a split point and its co-located baseline, and the overlap settings, are told apart
+    assert list(labels) == ["(0, 2, greedy, split, overlap auto)", "(0, 2, greedy, split, overlap true)",
+                            "(0, 2, greedy, colocated)"]
+    notes = split_notes(summary, labels)
+    assert notes[0].startswith("Split points emulate two machines")
+    assert notes[1] == ("(0, 2, greedy, split, overlap auto): 1.20× [1.10–1.30] cloud-only; 0.90× [0.80–1.00] "
+                        "co-located (both models on the cloud's cores).")
+    assert len(notes) == 3  # one per split point, none for the co-located point itself
+    shared = split_notes(_split_summary("shared"), labels)
+    assert "SHARED cores" in shared[0] and "do not emulate two machines" in shared[0]
+    assert split_notes(summary[summary["deployment"] == "colocated"], labels) == []

@@ -17,6 +17,9 @@ from bench.core.metric_registry import lower_is_better
 
 SPEC_AXES = ("entropy_threshold", "k", "policy")  # the "(thr, k, policy)" of a label
 EXTRA_AXES = ("dtype", "accept_threshold", "verifier")  # named in a label only when they vary
+# where a spec point ran, named (as `split`, `colocated`, `link 4g`, `overlap auto`) when it varies, so a split
+# point and its co-located baseline, or the overlap settings of one split point, are told apart
+PLACED_AXES = ("deployment", "link", "overlap")
 RUNTIME_AXES = ("edge_runtime", "cloud_runtime")  # named, where the role runs, when they vary
 
 
@@ -129,6 +132,7 @@ def point_labels(summary: pd.DataFrame) -> pd.Series:
     spec = summary[summary["mode"] == "spec"]
     varying = [a for a in EXTRA_AXES if a in summary and (spec if a != "dtype" else summary)[a].nunique() > 1]
     runtimes = [a for a in RUNTIME_AXES if a in summary and summary[a][summary[a] != "-"].nunique() > 1]
+    placed = [a for a in PLACED_AXES if a in summary and spec[a][spec[a].astype(str) != "-"].astype(str).nunique() > 1]
     labels = []
     for _, row in summary.iterrows():
         extra = [f"{axis.split('_')[0]} {row[axis]}" for axis in runtimes if row[axis] != "-"]  # "edge llamacpp"
@@ -137,6 +141,9 @@ def point_labels(summary: pd.DataFrame) -> pd.Series:
                 extra.append(str(row["dtype"]))
             elif row["mode"] == "spec":
                 extra.append(f"a={_number(row[axis])}" if axis == "accept_threshold" else str(row[axis]))
+        for axis in placed:
+            if row["mode"] == "spec" and str(row[axis]) != "-":
+                extra.append(str(row[axis]) if axis == "deployment" else f"{axis} {str(row[axis]).lower()}")
         if row["mode"] == "spec":
             label = "(" + ", ".join([_number(row["entropy_threshold"]), _number(row["k"]), str(row["policy"])] + extra) + ")"
         else:
