@@ -67,10 +67,12 @@ def test_split_points_get_a_server_in_their_cloud_runtime(gguf_pair, prompts, tm
                  "--cloud-runtime", "torch,llamacpp", "--limit", "1") == 0
     rows = ResultsFile(out / "results.jsonl").read()
     assert all(r["status"] == "ok" for r in rows)
-    spec = {r["cloud_runtime"]: r for r in rows if r["mode"] == "spec"}
+    spec = {r["cloud_runtime"]: r for r in rows if r["mode"] == "spec" and r["deployment"] == "split"}
     alone = {r["cloud_runtime"]: r for r in rows if r["mode"] == "cloud"}
-    assert set(spec) == set(alone) == {"torch", "llamacpp"}
-    assert all(r["deployment"] == "split" for r in spec.values())
+    # every split point's co-located baseline runs the same cloud runtime, in process
+    colocated = {r["cloud_runtime"]: r for r in rows if r["mode"] == "spec" and r["deployment"] == "colocated"}
+    assert set(spec) == set(alone) == set(colocated) == {"torch", "llamacpp"}
+    assert len(rows) == 6
     # the torch server verifies as the torch cloud decodes alone: lossless through it
     assert spec["torch"]["tokens"] == alone["torch"]["tokens"]
 

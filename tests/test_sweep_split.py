@@ -113,6 +113,7 @@ def test_a_killed_sweep_takes_its_server_with_it(pair, prompts, tmp_path):
     ({"cloud_cores": 64}, "--cloud-cores must be between 1 and"),
     ({"overlap": ("maybe",)}, "overlap must be a list of auto/true/false values"),
     ({"deployment": ("split",), "edge_cores": 2, "cloud_cores": 1}, "do not fit this machine's 2 cores without sharing"),
+    ({"deployment": ("split",), "edge_cores": 2}, "a server on 0 cores do not fit this machine's 2 cores"),
     ({"deployment": ("split",), "split_cores": "apart"}, "unknown split_cores 'apart': use one of disjoint, shared"),
 ])
 def test_bad_split_settings_are_refused_before_anything_runs(changes, message):

@@ -275,9 +275,9 @@ class SweepConfig(RunSettings):
                               "has one: add --split-cores shared")
         edge = self.edge_cores or (available - self.cloud_cores if self.cloud_cores else available // 2)
         cloud = self.cloud_cores or available - edge
-        if edge < 1 or edge + cloud > available:
-            raise ConfigError(f"--edge-cores {edge} and --cloud-cores {cloud} do not fit this machine's {available} "
-                              "cores without sharing: lower one, or add --split-cores shared")
+        if edge < 1 or cloud < 1 or edge + cloud > available:
+            raise ConfigError(f"an edge on {edge} and a server on {cloud} cores do not fit this machine's {available} "
+                              "cores without sharing: lower --edge-cores or --cloud-cores, or add --split-cores shared")
         return edge, cloud
 
     def cloud_core_ids(self) -> list[int] | None:
