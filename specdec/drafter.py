@@ -15,6 +15,8 @@ overlapped edge was slower than the sequential one (code 0.88x, zh-describe 0.77
 over 4g). So the edge only starts a forward that its measured step time says will end before the
 verdict's expected arrival (the round trips measured so far in this generation): drafting ahead
 then uses time the edge would have spent idle, and costs the critical path nothing but noise.
+Where the edge and the server share cores it still slows the verify itself; `overlap = "auto"` (the
+default) asks specdec/overlap.py before every verify whether drafting ahead has paid in this run.
 """
 from __future__ import annotations
 
