@@ -10,7 +10,9 @@ Where each input comes from:
   V(T) = a + b·T      least squares over the cloud-only step (T = 1) and the verify forwards (trace
                       `cloud_tokens_in`, `cloud_s`; each generation's first call, which carries the prompt,
                       left out) of the *other* spec points on the same cloud model, runtime, dtype and
-                      deployment: leave-one-out, so a point's own timings never enter its prediction
+                      deployment that do not draft ahead (an edge drafting on shared cores slows the verify
+                      it overlaps; the model adds that contention apart): leave-one-out, so a point's own
+                      timings never enter its prediction
   link                the point's `link` (bench/core/network.py: RTT, rates) + the protocol's cost per call
                       (link_s per call minus the modelled transfer) of the *other* split points; bytes per
                       call (wire_up_bytes, wire_down_bytes per cloud call: counts, not timings) from the
@@ -82,8 +84,8 @@ def verify_curve(records: list[dict], point: dict) -> dict:
     own, side = point_key(point), ("cloud", "dtype", "cloud_runtime", "deployment")
     by_tokens: dict[int, list[float]] = {1: [forward_s]}
     for r in records:
-        if r["mode"] != "spec" or point_key(r) == own or not _same(r, point, side):
-            continue
+        if r["mode"] != "spec" or point_key(r) == own or not _same(r, point, side) or r.get("overlap") is True:
+            continue  # drafting ahead on shared cores slows the verify it overlaps: the model adds that apart
         calls = [c for c in r.get("trace", []) if c["escalated"]]
         for c in calls[1:]:  # the first call carries the prompt: a prefill, not a verify
             by_tokens.setdefault(int(c["cloud_tokens_in"]), []).append(c["cloud_s"])
