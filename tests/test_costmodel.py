@@ -124,7 +124,7 @@ def plain(mode: str, prompt: int) -> dict:
     return result_record(gen, point(mode), f"p{prompt}", gen.decode_s, 1)
 
 
-def spec(k: int, prompt: int, deployment: str = "inproc") -> dict:
+def spec(k: int, prompt: int, deployment: str = "inproc", overlap: bool = False) -> dict:
     """A spec generation whose timeline is exactly the model's: per cycle n·t_d + o + V(n + 1) (+ the link)."""
     split = deployment == "split"
     shape = profile(LINK)
@@ -147,7 +147,7 @@ def spec(k: int, prompt: int, deployment: str = "inproc") -> dict:
     gen = Generation(tokens=tokens, counters=counters, cycles=cycles, text="one two three", prompt_tokens=PROMPT_TOKENS,
                      prefill_s=0.03, ttft_s=0.2, decode_s=latency, edge_s=sum(c.edge_s for c in cycles),
                      cloud_s=sum(c.cloud_s for c in cycles))
-    extra = {"link": LINK, "overlap": False} if split else {}
+    extra = {"link": LINK, "overlap": overlap} if split else {}
     return result_record(gen, point("spec", k=k, deployment=deployment, **extra), f"p{prompt}", latency, 1)
 
 
@@ -233,11 +233,13 @@ def test_predict_on_a_users_numbers(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("rtt 5 ms: best k = ") and "vs cloud-only" in lines[0] and "co-located" in lines[0]
     assert lines[1].startswith("rtt 200 ms: best k = ") and "drafting ahead pays" in lines[1]  # a long wait to fill
+    flat = [*USER[:2], "--verify-cost", "20,0", *USER[4:]]  # a verify that costs the same for any block
+    assert main(["predict", *flat, "--acceptance-from", str(tmp_path / "r")]) == 0
 
 
 @pytest.mark.parametrize("flag, value", [("--edge-ms-per-token", "-3"), ("--edge-ms-per-token", "0"),
                                          ("--edge-ms-per-token", "fast"), ("--verify-cost", "20"),
-                                         ("--verify-cost", "20,-1"), ("--rtt-ms", "nan"), ("--bandwidth-mbps", "0")])
+                                         ("--verify-cost", "20,-1"), ("--verify-cost", "0,2"), ("--rtt-ms", "nan"), ("--bandwidth-mbps", "0")])
 def test_bad_user_numbers_are_one_line(tmp_path, capsys, flag, value):
     write_folder(tmp_path / "r", synthetic())
     args = list(USER)
@@ -251,3 +253,15 @@ def test_predict_needs_a_folder_or_all_numbers(tmp_path, capsys):
     assert main(["predict", "--edge-ms-per-token", "10"]) == 2
     assert main(["predict", str(tmp_path / "nothing")]) == 2
     assert [line.startswith("error:") for line in capsys.readouterr().err.strip().splitlines()] == [True, True]
+
+
+def test_points_drafting_ahead_are_predicted_but_do_not_fit_the_verify_curve():
+    """On shared cores an edge drafting ahead slows the verify it overlaps: those verify times stay out
+    of the curve (the model adds the contention apart), and such points are predicted all the same."""
+    records = synthetic(split=True)
+    ahead = [spec(k, i, "split", overlap=True) for k in (2, 4) for i in range(N_PROMPTS)]
+    sequential_point = next(r for r in spec_points(records) if r["deployment"] == "split" and r["k"] == 2)
+    before = predict_point(records + ahead, sequential_point)
+    assert predict_point(records + scaled(ahead, {"overlap": True}, 3.0), sequential_point) == before
+    ahead_point = next(r for r in spec_points(ahead) if r["k"] == 2)
+    assert predict_point(records + ahead, ahead_point) > 0

@@ -103,22 +103,25 @@ def predict_folder(folder: Path, cores_shared: bool) -> int:
     return 0
 
 
-def _numbers(flag: str, text: str, count: int | None = None) -> list[float]:
-    """Positive finite numbers from a comma-separated flag value; anything else is one ConfigError."""
+def _numbers(flag: str, text: str, count: int | None = None, zero_last: bool = False) -> list[float]:
+    """Positive finite numbers from a comma-separated flag value (the last may be 0 with `zero_last`:
+    a flat verify curve); anything else is one ConfigError."""
     parts = [p.strip() for p in str(text).split(",")]
     try:
         values = [float(p) for p in parts]
     except ValueError:
         values = []
-    if not values or not all(math.isfinite(v) and v > 0 for v in values) or (count and len(values) != count):
+    allowed = [v > 0 or (zero_last and i == len(values) - 1 and v == 0) for i, v in enumerate(values)]
+    if not values or not all(math.isfinite(v) for v in values) or not all(allowed) or (count and len(values) != count):
         shape = f"{count} positive numbers separated by a comma" if count else "positive numbers"
+        shape += " (the last may be 0)" if zero_last else ""
         raise ConfigError(f"{flag} {text!r}: need {shape}, e.g. {'40,2' if count == 2 else '30'}")
     return values
 
 
 def predict_user(args: argparse.Namespace) -> int:
     edge_s = _numbers("--edge-ms-per-token", args.edge_ms_per_token, 1)[0] / 1e3
-    a_ms, b_ms = _numbers("--verify-cost", args.verify_cost, 2)
+    a_ms, b_ms = _numbers("--verify-cost", args.verify_cost, 2, zero_last=True)
     rtts_s = [v / 1e3 for v in _numbers("--rtt-ms", args.rtt_ms)]
     rate_bps = _numbers("--bandwidth-mbps", args.bandwidth_mbps, 1)[0] * 1e6
     coloc_s = (_numbers("--colocated-ms-per-token", args.colocated_ms_per_token, 1)[0] / 1e3
@@ -141,10 +144,10 @@ def predict_user(args: argparse.Namespace) -> int:
             x = CostInputs(**base, acceptance=accept, output_tokens=float(np.mean([r["new_tokens"] for r in group])),
                            link=Link(rtt_s, rate_bps, rate_bps), up_bytes_per_call=up, down_bytes_per_call=down)
             plain = cloud_only(x).tokens_per_s
-            seq, ahead, near = sequential(x).tokens_per_s, drafting_ahead(x).tokens_per_s, colocated(x).tokens_per_s
+            seq, ahead = sequential(x).tokens_per_s, drafting_ahead(x).tokens_per_s
             if best is None or max(seq, ahead) > best[1]:
-                best = (k, max(seq, ahead), ahead > seq, near)
-        k, rate, pays, _ = best
+                best = (k, max(seq, ahead), ahead > seq)
+        k, rate, pays = best
         near_best = max(colocated(CostInputs(**base, acceptance=acceptance(g), output_tokens=float(
             np.mean([r["new_tokens"] for r in g])))).tokens_per_s for g in by_k.values())
         lines.append(f"rtt {rtt_s * 1e3:g} ms: best k = {k}, {rate:.3g} tok/s; x{rate / plain:.2f} vs cloud-only "
@@ -152,6 +155,6 @@ def predict_user(args: argparse.Namespace) -> int:
                      f"its best k); drafting ahead {'pays' if pays else 'does not pay'} at k = {k}")
     print("\n".join(lines))
     print(f"acceptance from {args.acceptance_from} (k = {', '.join(map(str, sorted(by_k)))}); edge and server on their "
-          "own machines; prefill left out (per-token steady state with one prompt's overhead omitted)")
+          "own machines; prefill not counted (steady state)")
     return 0
 

@@ -14,7 +14,8 @@ Where each input comes from:
                       it overlaps; the model adds that contention apart): leave-one-out, so a point's own
                       timings never enter its prediction
   link                the point's `link` (bench/core/network.py: RTT, rates) + the protocol's cost per call
-                      (link_s per call minus the modelled transfer) of the *other* split points; bytes per
+                      (link_s per call minus the modelled transfer) of the *other* split points that do not
+                      draft ahead (there a verdict landing mid-forward waits for it); bytes per
                       call (wire_up_bytes, wire_down_bytes per cloud call: counts, not timings) from the
                       acceptance group's split records, else network.escalation_bytes
   acceptance          the trace of every point with the same settings but the deployment (deployment, link,
@@ -151,7 +152,8 @@ def link_inputs(records: list[dict], point: dict, group: list[dict], mean_drafte
         up, down = escalation_bytes(round(mean_drafted) + 1, 0, 2)
     own, protocol = point_key(point), []
     for r in records:
-        if r["mode"] == "spec" and r.get("deployment") == "split" and point_key(r) != own and r.get("cloud_calls"):
+        if (r["mode"] == "spec" and r.get("deployment") == "split" and point_key(r) != own and r.get("cloud_calls")
+                and r.get("overlap") is not True):  # a verdict that lands mid-forward waits for it: not the link's time
             other = profile(str(r.get("link") or "none"))
             per_call = (r.get("link_s") or 0.0) / r["cloud_calls"]
             protocol.append(per_call - other.transfer_s(r.get("wire_up_bytes", 0) / r["cloud_calls"],
