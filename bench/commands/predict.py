@@ -126,35 +126,36 @@ def predict_user(args: argparse.Namespace) -> int:
     rate_bps = _numbers("--bandwidth-mbps", args.bandwidth_mbps, 1)[0] * 1e6
     coloc_s = (_numbers("--colocated-ms-per-token", args.colocated_ms_per_token, 1)[0] / 1e3
                if args.colocated_ms_per_token is not None else None)
-    by_k: dict[int, list[dict]] = {}
     records = [r for r in _records(args.acceptance_from) if r.get("status", "ok") == "ok"]
+    by_k: dict[int, dict] = {}  # k -> the first spec point's acceptance group (its pair, prompts, policy)
     for point in spec_points(records):
-        by_k.setdefault(int(point["k"]), acceptance_group(records, point))
+        by_k.setdefault(int(point["k"]), point)
     if not by_k:
         raise InputError(f"{args.acceptance_from} has no spec points to take acceptance from: run a sweep with "
                          "--mode spec and the --k values you want to try")
     base = {"draft_step_s": edge_s, "verify_a_s": a_ms / 1e3, "verify_b_s_per_token": b_ms / 1e3,
             "colocated_draft_step_s": coloc_s}
-    lines, plain = [], None
+    measured = {}  # k -> (acceptance, tokens per generation)
+    for k, point in sorted(by_k.items()):
+        group = acceptance_group(records, point)
+        measured[k] = (acceptance(group), float(np.mean([r["new_tokens"] for r in group])))
+    near = max(colocated(CostInputs(**base, acceptance=a, output_tokens=n)).tokens_per_s for a, n in measured.values())
     for rtt_s in rtts_s:
-        best = None
-        for k, group in sorted(by_k.items()):
-            accept = acceptance(group)
+        rates = {}  # k -> (best split tok/s, drafting ahead pays)
+        for k, (accept, tokens) in measured.items():
             up, down = escalation_bytes(k + 1, 0, 2)
-            x = CostInputs(**base, acceptance=accept, output_tokens=float(np.mean([r["new_tokens"] for r in group])),
-                           link=Link(rtt_s, rate_bps, rate_bps), up_bytes_per_call=up, down_bytes_per_call=down)
+            x = CostInputs(**base, acceptance=accept, output_tokens=tokens, link=Link(rtt_s, rate_bps, rate_bps),
+                           up_bytes_per_call=up, down_bytes_per_call=down)
             plain = cloud_only(x).tokens_per_s
             seq, ahead = sequential(x).tokens_per_s, drafting_ahead(x).tokens_per_s
-            if best is None or max(seq, ahead) > best[1]:
-                best = (k, max(seq, ahead), ahead > seq)
-        k, rate, pays = best
-        near_best = max(colocated(CostInputs(**base, acceptance=acceptance(g), output_tokens=float(
-            np.mean([r["new_tokens"] for r in g])))).tokens_per_s for g in by_k.values())
-        lines.append(f"rtt {rtt_s * 1e3:g} ms: best k = {k}, {rate:.3g} tok/s; x{rate / plain:.2f} vs cloud-only "
-                     f"({plain:.3g} tok/s), x{rate / near_best:.2f} vs co-located speculation ({near_best:.3g} tok/s at "
-                     f"its best k); drafting ahead {'pays' if pays else 'does not pay'} at k = {k}")
-    print("\n".join(lines))
-    print(f"acceptance from {args.acceptance_from} (k = {', '.join(map(str, sorted(by_k)))}); edge and server on their "
-          "own machines; prefill not counted (steady state)")
+            rates[k] = (max(seq, ahead), ahead > seq)
+        k = max(rates, key=lambda key: rates[key][0])
+        rate, pays = rates[k]
+        print(f"rtt {rtt_s * 1e3:g} ms: best k = {k}, {rate:.3g} tok/s; x{rate / plain:.2f} vs cloud-only "
+              f"({plain:.3g} tok/s), x{rate / near:.2f} vs co-located speculation ({near:.3g} tok/s at its best k); "
+              f"drafting ahead {'pays' if pays else 'does not pay'} at k = {k}")
+    first = next(iter(by_k.values()))
+    print(f"acceptance from {args.acceptance_from} (k = {', '.join(map(str, sorted(by_k)))}; "
+          f"{Point.from_row(first).label()} and its like); edge and server on their own machines; prefill not counted")
     return 0
 
