@@ -26,7 +26,8 @@ draft) plus `decoded N tokens in S seconds`: model load excluded, as for every o
 example stops once it has decoded more than `-n` tokens, and its last draft is not bounded by the
 budget left, so it may decode up to n-max + 1 tokens past `-n`: the rate uses the tokens it says it
 decoded. stdout is two newlines, the prompt as its tokens detokenize, the generated text (an
-end-of-generation token ends it unprinted) and two newlines; the report goes to stderr.
+end-of-generation token ends it unprinted) and four newlines (two after the text, two at exit); the
+report goes to stderr, each line prefixed with a timestamp and its level.
 """
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ from specdec.errors import ConfigError, SpecdecError
 BINARY_ENV = "SPECBENCH_LLAMA_SPECULATIVE"
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the pin whose vendored llama.cpp the example is built from
 BUILD_COMMAND = "python -m bench.measure.llama_speculative build --out DIR"
+# Its log is written by a thread; in 1 of 10 runs here the report's tail was cut short at exit:
+# such a run is run again (its time is its own report, so a rerun costs nothing in fairness).
+REPORT_ATTEMPTS = 3
 GREEDY_FLAGS = ("--temp", "0", "--top-k", "1", "--spec-type", "draft-simple")
 _REPORT = {
     "encoded": re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds"),
@@ -92,12 +96,12 @@ def parse_report(stdout: str, stderr: str, prompt_text: str) -> SpeculativeRepor
     if missing := [key for key, match in found.items() if match is None]:
         raise SpecdecError(f"llama.cpp's speculative example printed no {', '.join(missing)} report: its stderr ends "
                            f"{stderr.strip()[-200:]!r}")
-    echo = "\n\n" + prompt_text
-    if not stdout.startswith(echo) or not stdout.endswith("\n\n"):
+    echo, tail = "\n\n" + prompt_text, "\n\n\n\n"  # two newlines after the text, two more at exit
+    if not stdout.startswith(echo) or not stdout.endswith(tail):
         raise SpecdecError("llama.cpp's speculative example echoed a different prompt: its tokens of the prompt "
                            "do not detokenize to the text it was given")
     return SpeculativeReport(
-        text=stdout[len(echo):-2], prompt_tokens=int(found["encoded"][1]), encode_s=float(found["encoded"][2]),
+        text=stdout[len(echo):-len(tail)], prompt_tokens=int(found["encoded"][1]), encode_s=float(found["encoded"][2]),
         new_tokens=int(found["decoded"][1]), decode_s=float(found["decoded"][2]), draft_max=int(found["n_draft"][1]),
         drafted=int(found["n_drafted"][1]), accepted=int(found["n_accept"][1]))
 
@@ -112,11 +116,17 @@ def run_speculative(binary: Path, target: str, draft: str, prompt_text: str, thr
                     max_new_tokens: int, timeout_s: float = 600) -> SpeculativeReport:
     """One prompt through the example (a fresh process: both models loaded, timed by itself)."""
     command = speculative_command(binary, target, draft, prompt_text, threads, max_new_tokens)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        raise SpecdecError(f"llama.cpp's speculative example exited with {done.returncode}: "
-                           f"{done.stderr.strip().splitlines()[-1:] or 'no message'}")
-    return parse_report(done.stdout, done.stderr, prompt_text)
+    for attempt in range(REPORT_ATTEMPTS):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        if done.returncode != 0:
+            raise SpecdecError(f"llama.cpp's speculative example exited with {done.returncode}: "
+                               f"{done.stderr.strip().splitlines()[-1:] or 'no message'}")
+        try:
+            return parse_report(done.stdout, done.stderr, prompt_text)
+        except SpecdecError:
+            if attempt == REPORT_ATTEMPTS - 1 or "encoded" not in done.stderr:
+                raise
+    raise AssertionError("unreachable")
 
 
 def build(out: Path) -> Path:
