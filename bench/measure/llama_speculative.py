@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.measure.llama_speculative", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     build_parser = commands.add_parser("build", help=f"build the example from {LLAMA_CPP_PYTHON}'s vendored llama.cpp")
-    build_parser.add_argument("--out", required=True, help="folder for the source and build/ (about 1 GB)")
+    build_parser.add_argument("--out", required=True, help="folder for the source and build/ (about 350 MB)")
     run_parser = commands.add_parser("run", help="one prompt, greedy; prints its report as JSON")
     run_parser.add_argument("--binary", help=f"the example's binary (default ${BINARY_ENV})")
     run_parser.add_argument("--target", required=True, help="the cloud's GGUF file")
