@@ -1,7 +1,7 @@
 """llama.cpp's own speculative decoding as a peer: the upstream example `llama-speculative-simple`,
 built from the llama.cpp source that llama-cpp-python 0.3.36 vendors, run as a subprocess per prompt.
 
-    python -m bench.measure.llama_speculative build --out ~/llama-spec      # once, ~10-25 min on 2 cores
+    python -m bench.measure.llama_speculative build --out ~/llama-spec      # once: compiles llama.cpp again
     export SPECBENCH_LLAMA_SPECULATIVE=~/llama-spec/build/bin/llama-speculative-simple
     python -m bench.measure.llama_speculative run --target T.gguf --draft D.gguf --prompt "..."  # one prompt
 
