@@ -11,6 +11,7 @@ from bench.commands.fleet import add_fleet_parser, cmd_fleet
 from bench.commands.gate import add_gate_parser, cmd_gate
 from bench.commands.link import add_link_parser, cmd_link
 from bench.commands.models import add_models_parser, cmd_models
+from bench.commands.predict import add_predict_parser, cmd_predict
 from bench.commands.profile import add_profile_parser, cmd_profile
 from bench.commands.report import add_report_parser, cmd_report
 from bench.commands.run import add_run_parser, cmd_run
@@ -35,12 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_link_parser(sub)
     add_fleet_parser(sub)
     add_models_parser(sub)
+    add_predict_parser(sub)
     return parser
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models, "report": cmd_report, "profile": cmd_profile,
             "gate": cmd_gate, "compare": cmd_compare, "score": cmd_score,
-            "serve": cmd_serve, "link": cmd_link, "fleet": cmd_fleet}
+            "serve": cmd_serve, "link": cmd_link, "fleet": cmd_fleet,
+            "predict": cmd_predict}
 
 
 def _stop(signum, frame) -> None:

@@ -17,6 +17,7 @@ import time
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from bench.measure.link import BackgroundLink
 from bench.core.network import profile
@@ -26,6 +27,7 @@ from bench.measure.split import call_overheads_s, modelled_link_s, pin_threads
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.engine import Engine
+from specdec.backends.base import cache_kwarg
 from specdec.models.loading import load_model
 from specdec.models.registry import is_fetched
 from specdec.remote.server import BackgroundServer
@@ -142,10 +144,11 @@ def _decode_on_core_0(stop) -> None:
     """In a child process: the edge model decoding one token at a time on core 0 until `stop`."""
     pin_threads([0])
     model = load_model(EDGE_ALIAS, "bfloat16", log=lambda *_: None).backend.model
+    kw, cache = cache_kwarg(model.forward), DynamicCache(config=model.config)  # filled in place
     with torch.inference_mode():
-        cache = model(torch.randint(0, 1000, (1, 64)), use_cache=True).past_key_values
+        model(torch.randint(0, 1000, (1, 64)), **{kw: cache}, use_cache=True)
         while not stop.is_set():
-            model(torch.randint(0, 1000, (1, 1)), past_key_values=cache, use_cache=True)
+            model(torch.randint(0, 1000, (1, 1)), **{kw: cache}, use_cache=True)
             cache.crop(-1)
 
 
@@ -160,11 +163,12 @@ def test_real_core_contention(benchmark):
 
     def forwards(n: int = 12) -> list[float]:
         times = []
+        kw, cache = cache_kwarg(model.forward), DynamicCache(config=model.config)  # filled in place
         with torch.inference_mode():
-            cache = model(torch.randint(0, 1000, (1, 64)), use_cache=True).past_key_values
+            model(torch.randint(0, 1000, (1, 64)), **{kw: cache}, use_cache=True)
             for _ in range(n):
                 start = time.perf_counter()
-                model(torch.randint(0, 1000, (1, 5)), past_key_values=cache, use_cache=True)
+                model(torch.randint(0, 1000, (1, 5)), **{kw: cache}, use_cache=True)
                 cache.crop(-5)
                 times.append(time.perf_counter() - start)
         return times

@@ -11,6 +11,7 @@ Positions are always explicit: a block fed on a state of length L occupies posit
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,6 +32,12 @@ def check_runtime(runtime: str, flag: str = "runtime") -> None:
     shared library on import)."""
     if runtime == "llamacpp" and importlib.util.find_spec("llama_cpp") is None:
         raise ConfigError(f"{flag} llamacpp needs llama-cpp-python, which is not installed: {LLAMACPP_EXTRA}")
+
+
+def cache_kwarg(forward) -> str:
+    """The name under which `forward` takes its KV cache: `past_key_values` up to transformers 5.23,
+    `cache` from 5.24 (which still takes the old name until 5.40 but warns on every call)."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 @dataclass

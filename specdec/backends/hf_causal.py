@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specdec.backends.base import Prompt
+from specdec.backends.base import Prompt, cache_kwarg
 from specdec.errors import InputError
 
 
@@ -37,6 +37,7 @@ class HFCausalBackend:
         self.name = name or model.config.name_or_path or type(model).__name__
         weight = model.get_output_embeddings().weight
         self.vocab_size = (weight() if callable(weight) else weight).shape[0]  # a dynamic int8 head's is a method
+        self._cache_kwarg = cache_kwarg(model.forward)
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
@@ -82,7 +83,7 @@ class HFCausalBackend:
                 like = template.layers[index].keys
                 keys, values = zip(*[_left_padded(s, index, past_len, like) for s in states])
                 cache.update(torch.cat(keys), torch.cat(values), index)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **{self._cache_kwarg: cache},
                          use_cache=True, logits_to_keep=block_len)
         logits = []
         for row, (state, block, keep) in enumerate(zip(states, blocks, keeps)):
@@ -113,7 +114,7 @@ class HFCausalBackend:
         out = self.model(
             input_ids=token_ids.view(1, n),
             position_ids=block_positions(state.length, n),
-            past_key_values=state.cache,
+            **{self._cache_kwarg: state.cache},
             use_cache=state.cache is not None,
             logits_to_keep=keep,
         )

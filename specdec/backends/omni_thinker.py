@@ -27,7 +27,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from specdec.backends.base import Prompt, from_pretrained_checked
+from specdec.backends.base import Prompt, cache_kwarg, from_pretrained_checked
 from specdec.backends.hf_causal import CausalState, HFCausalBackend, block_positions
 from specdec.errors import InputError, ModelError
 
@@ -140,6 +140,7 @@ class OmniThinkerBackend(HFCausalBackend):
             raise ModelError("the thinker config has no vision_start_token_id: add it (151652 in Qwen2.5-Omni)")
         super().__init__(model, name)
         self.audio_token_id = model.config.audio_token_id
+        self._cache_kwarg = cache_kwarg(model.model.forward)  # forwards go to the inner text model
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
@@ -195,7 +196,7 @@ class OmniThinkerBackend(HFCausalBackend):
         hidden = self.model.model(
             input_ids=token_ids.view(1, n).to(device),
             position_ids=positions.to(device),
-            past_key_values=state.cache,
+            **{self._cache_kwarg: state.cache},
             use_cache=state.cache is not None,
             **(features or {}),
         ).last_hidden_state  # [1, n, H]

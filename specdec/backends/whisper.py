@@ -28,7 +28,7 @@ from transformers import (
     WhisperForConditionalGeneration,
 )
 
-from specdec.backends.base import Prompt, from_pretrained_checked
+from specdec.backends.base import Prompt, cache_kwarg, from_pretrained_checked
 from specdec.backends.hf_causal import block_positions
 from specdec.errors import InputError, ModelError
 
@@ -146,6 +146,7 @@ class WhisperBackend:
         self.name = name or model.config.name_or_path or type(model).__name__
         self.vocab_size = model.config.vocab_size  # proj_out may be quantized: no plain .weight
         self.max_positions = model.config.max_target_positions
+        self._cache_kwarg = cache_kwarg(model.model.decoder.forward)
 
     @property
     def processors(self) -> tuple[SuppressTokens, ...]:
@@ -200,7 +201,7 @@ class WhisperBackend:
             input_ids=token_ids.view(1, n).to(device),
             encoder_hidden_states=state.encoder_hidden,
             position_ids=block_positions(state.length, n).to(device),
-            past_key_values=state.cache,
+            **{self._cache_kwarg: state.cache},
             use_cache=state.cache is not None,
         ).last_hidden_state  # [1, n, D]
         state.length += n

@@ -1,0 +1,181 @@
+"""llama.cpp's own speculative decoding as a peer: the upstream example `llama-speculative-simple`,
+built from the llama.cpp source that llama-cpp-python 0.3.36 vendors, run as a subprocess per prompt.
+
+    python -m bench.measure.llama_speculative build --out ~/llama-spec      # once: compiles llama.cpp again
+    export SPECBENCH_LLAMA_SPECULATIVE=~/llama-spec/build/bin/llama-speculative-simple
+    python -m bench.measure.llama_speculative run --target T.gguf --draft D.gguf --prompt "..."  # one prompt
+
+Why the example and not llama-cpp-python's draft-model hook (read in llama_cpp/llama.py, 0.3.36):
+`Llama(draft_model=...)` forces `logits_all=True` (`self._logits_all = logits_all if draft_model is None
+else True`: an n_ctx x vocab float buffer, every row of every eval copied out), its drafter is called
+with the token ids alone (`draft_model(input_ids)`, no KV cache of its own, so a GGUF drafter would
+re-run its context per draft or be hand-written around a second `Llama`), and the only drafter it
+ships is `LlamaPromptLookupDecoding` (n-gram prompt lookup). The example is llama.cpp's reference for
+a draft model: both models in C++, the draft keeps its KV cache, the target verifies
+[last, d_0..d_{n-1}] in one decode and greedily accepts the agreeing prefix plus one token.
+
+Settings: greedy (`--temp 0 --top-k 1`: the target's sampler takes the argmax),
+`--spec-type draft-simple` (this llama.cpp defaults the type to none and does not infer it from a
+plain GGUF draft: without the flag nothing is drafted), the same threads for target and draft
+(`-t`, `-td`), and this llama.cpp's draft defaults left as they are: `--spec-draft-n-max 3` (tokens
+per draft), `--spec-draft-n-min 0` (a shorter draft is still verified), `--spec-draft-p-min 0.0`
+(no confidence cut: every drafted token is kept; the draft takes its top-1 of a top-10 sampler).
+
+Time is the example's own report, `encoded N tokens in S seconds` (the prompt through target and
+draft) plus `decoded N tokens in S seconds`: model load excluded, as for every other peer. The
+example stops once it has decoded more than `-n` tokens, and its last draft is not bounded by the
+budget left, so it may decode up to n-max + 1 tokens past `-n`: the rate uses the tokens it says it
+decoded. stdout is two newlines, the prompt as its tokens detokenize, the generated text (an
+end-of-generation token ends it unprinted) and four newlines (two after the text, two at exit); the
+report goes to stderr, each line prefixed with a timestamp and its level.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from specdec.errors import ConfigError, SpecdecError
+
+BINARY_ENV = "SPECBENCH_LLAMA_SPECULATIVE"
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the pin whose vendored llama.cpp the example is built from
+BUILD_COMMAND = "python -m bench.measure.llama_speculative build --out DIR"
+# Its log is written by a thread; in 1 of 10 runs here the report's tail was cut short at exit:
+# such a run is run again (its time is its own report, so a rerun costs nothing in fairness).
+REPORT_ATTEMPTS = 3
+GREEDY_FLAGS = ("--temp", "0", "--top-k", "1", "--spec-type", "draft-simple")
+_REPORT = {
+    "encoded": re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds"),
+    "decoded": re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds"),
+    "n_draft": re.compile(r"n_draft\s+=\s+(\d+)"),
+    "n_drafted": re.compile(r"n_drafted\s+=\s+(\d+)"),
+    "n_accept": re.compile(r"n_accept\s+=\s+(\d+)"),
+}
+
+
+@dataclass(frozen=True)
+class SpeculativeReport:
+    text: str  # generated text, the prompt's echo removed
+    prompt_tokens: int  # as the example tokenized the prompt
+    encode_s: float
+    new_tokens: int  # decoded, as it counts them (an end-of-generation token included)
+    decode_s: float
+    draft_max: int
+    drafted: int
+    accepted: int
+
+    @property
+    def wall_s(self) -> float:
+        return self.encode_s + self.decode_s
+
+
+def find_binary(path: str | None = None) -> Path:
+    """The example's binary: `path`, else $SPECBENCH_LLAMA_SPECULATIVE; a missing one is one line."""
+    given = path or os.environ.get(BINARY_ENV)
+    if not given:
+        raise ConfigError(f"llama.cpp's speculative example is not set: build it with `{BUILD_COMMAND}` and set "
+                          f"{BINARY_ENV}=DIR/build/bin/llama-speculative-simple")
+    binary = Path(given).expanduser()
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        raise ConfigError(f"llama.cpp's speculative example {str(binary)!r} ({BINARY_ENV}) is not an executable file: "
+                          f"build it with `{BUILD_COMMAND}`")
+    return binary
+
+
+def parse_report(stdout: str, stderr: str, prompt_text: str) -> SpeculativeReport:
+    """The example's output -> its figures and the generated text (see the module docstring)."""
+    found = {key: pattern.search(stderr) for key, pattern in _REPORT.items()}
+    if missing := [key for key, match in found.items() if match is None]:
+        raise SpecdecError(f"llama.cpp's speculative example printed no {', '.join(missing)} report: its stderr ends "
+                           f"{stderr.strip()[-200:]!r}")
+    echo, tail = "\n\n" + prompt_text, "\n\n\n\n"  # two newlines after the text, two more at exit
+    if not stdout.startswith(echo) or not stdout.endswith(tail):
+        raise SpecdecError("llama.cpp's speculative example echoed a different prompt: its tokens of the prompt "
+                           "do not detokenize to the text it was given")
+    return SpeculativeReport(
+        text=stdout[len(echo):-len(tail)], prompt_tokens=int(found["encoded"][1]), encode_s=float(found["encoded"][2]),
+        new_tokens=int(found["decoded"][1]), decode_s=float(found["decoded"][2]), draft_max=int(found["n_draft"][1]),
+        drafted=int(found["n_drafted"][1]), accepted=int(found["n_accept"][1]))
+
+
+def speculative_command(binary: Path, target: str, draft: str, prompt_text: str, threads: int,
+                        max_new_tokens: int, n_ctx: int = 4096) -> list[str]:
+    return [str(binary), "-m", target, "-md", draft, "-p", prompt_text, "-n", str(max_new_tokens), "-c", str(n_ctx),
+            "-t", str(threads), "-td", str(threads), *GREEDY_FLAGS]  # its warm-up decode stays in the untimed load
+
+
+def run_speculative(binary: Path, target: str, draft: str, prompt_text: str, threads: int,
+                    max_new_tokens: int, timeout_s: float = 600) -> SpeculativeReport:
+    """One prompt through the example (a fresh process: both models loaded, timed by itself)."""
+    command = speculative_command(binary, target, draft, prompt_text, threads, max_new_tokens)
+    for attempt in range(REPORT_ATTEMPTS):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        if done.returncode != 0:
+            raise SpecdecError(f"llama.cpp's speculative example exited with {done.returncode}: "
+                               f"{done.stderr.strip().splitlines()[-1:] or 'no message'}")
+        try:
+            return parse_report(done.stdout, done.stderr, prompt_text)
+        except SpecdecError:
+            if attempt == REPORT_ATTEMPTS - 1 or "encoded" not in done.stderr:
+                raise
+    raise AssertionError("unreachable")
+
+
+def build(out: Path) -> Path:
+    """Fetch llama-cpp-python's source distribution (the pinned version) and build the two examples
+    from the llama.cpp it vendors, Release, no CURL, no tests, no server. Returns the binary."""
+    if not shutil.which("cmake"):
+        raise ConfigError("cmake is not on PATH: install cmake (and a C++ compiler), then run the build again")
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out) as download:
+        subprocess.run([sys.executable, "-m", "pip", "download", LLAMA_CPP_PYTHON, "--no-deps", "--no-binary", ":all:",
+                        "-d", download], check=True)
+        archive = next(Path(download).glob("llama_cpp_python-*.tar.gz"))
+        with tarfile.open(archive) as tar:
+            tar.extractall(out, filter="data")
+    source = next(out.glob("llama_cpp_python-*/vendor/llama.cpp"))
+    build_dir = out / "build"
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(build_dir), "--target", "llama-speculative-simple", "llama-speculative",
+                    "-j", str(os.cpu_count() or 1)], check=True)
+    return build_dir / "bin" / "llama-speculative-simple"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.measure.llama_speculative", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    build_parser = commands.add_parser("build", help=f"build the example from {LLAMA_CPP_PYTHON}'s vendored llama.cpp")
+    build_parser.add_argument("--out", required=True, help="folder for the source and build/ (about 350 MB)")
+    run_parser = commands.add_parser("run", help="one prompt, greedy; prints its report as JSON")
+    run_parser.add_argument("--binary", help=f"the example's binary (default ${BINARY_ENV})")
+    run_parser.add_argument("--target", required=True, help="the cloud's GGUF file")
+    run_parser.add_argument("--draft", required=True, help="the edge's GGUF file")
+    run_parser.add_argument("--prompt", required=True, help="text as the model sees it (chat template applied)")
+    run_parser.add_argument("--threads", type=int, default=2)
+    run_parser.add_argument("--max-new-tokens", type=int, default=48)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            binary = build(Path(args.out).expanduser())
+            print(f"built {binary}\nexport {BINARY_ENV}={binary}")
+        else:
+            report = run_speculative(find_binary(args.binary), args.target, args.draft, args.prompt, args.threads,
+                                     args.max_new_tokens)
+            print(json.dumps(asdict(report), ensure_ascii=False))
+    except (SpecdecError, OSError, subprocess.SubprocessError) as e:  # one line, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

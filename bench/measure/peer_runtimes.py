@@ -1,0 +1,185 @@
+"""The peers of the runtimes on one GGUF pair: plain decoding as llama-cpp-python ships it, specbench's
+plain decoding through its llama.cpp and int8 backends, llama.cpp's own speculative decoding (the
+example binary, llama_speculative.py) and specbench's lossless speculative configurations across
+runtimes, interleaved prompt by prompt in a rotating order so machine drift hits every peer alike.
+
+Every peer gets the same chat-templated prompt (the ids specbench encodes; the example gets their text
+and its token count is checked against them), greedy, the same threads, and is timed from the prompt's
+first forward to its last token, model load excluded. Raw per-prompt timings go to a JSONL file as
+they are taken (a rerun starts afresh: it does not resume); ratios are paired per prompt afterwards.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from bench.measure.llama_speculative import run_speculative
+from bench.measure.peer import Timed, paired, pooled_tokens_per_s
+from specdec.config import DecodeConfig, SpecConfig
+from specdec.engine import Engine
+from specdec.models.loading import LoadedModel, load_model
+
+LLAMA_CPP_PYTHON = "llama-cpp-python plain"
+LLAMA_SPECULATIVE = "llama.cpp speculative (n-max 3)"
+CLOUD_ONLY = {"llamacpp": "specbench llamacpp cloud-only", "torch-int8": "specbench torch-int8 cloud-only"}
+SPEC = (  # (edge runtime, cloud runtime, k): greedy, every block verified
+    ("llamacpp", "torch-int8", 3), ("llamacpp", "torch-int8", 4), ("llamacpp", "llamacpp", 4),
+    ("torch-int8", "torch-int8", 4),
+)
+
+
+class LlamaCppPython:
+    """llama-cpp-python's own greedy generation: `Llama.generate` (its sampler chain reduced to greedy
+    by temp 0, top-k 1, no penalties) fed the token ids, stopped at an EOS id or the budget. One thread
+    count for prompt and tokens, no `logits_all`. `flash_attn`: `Llama` turns it off unless asked,
+    where specbench's backend and the example leave llama.cpp's `auto` (on, on this CPU)."""
+
+    def __init__(self, path: str, threads: int, n_ctx: int = 4096, n_batch: int = 512, flash_attn: bool = True):
+        import llama_cpp  # loads its shared library: only where this peer runs
+
+        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
+                                   n_threads_batch=threads, logits_all=False, flash_attn=flash_attn, verbose=False)
+
+    def generate(self, ids: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> list[int]:
+        self.llm.reset()  # no prefix reuse from the previous prompt: the whole prompt is evaluated, as in every peer
+        tokens = []
+        for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            tokens.append(int(token))
+            if token in eos_ids or len(tokens) == max_new_tokens:
+                break
+        return tokens
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    reference: str | None  # the greedy decoding whose output this one should equal
+    run: Callable[[int], Timed]  # prompt index -> its timed outcome
+
+
+def cached_loader(dtype: str, log: Callable[[str], object]) -> Callable[..., LoadedModel]:
+    """An Engine loader that loads each (name, runtime) once for every engine that asks."""
+    loaded: dict[tuple[str, str], LoadedModel] = {}
+
+    def load(name: str, _dtype: str, log=log, runtime: str = "torch") -> LoadedModel:
+        if (name, runtime) not in loaded:
+            loaded[(name, runtime)] = load_model(name, dtype, log=log, runtime=runtime)
+        return loaded[(name, runtime)]
+    return load
+
+
+def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts: list[tuple[str, str | None]],
+                max_new_tokens: int, threads: int, binary: Path | None, log=print) -> list[Peer]:
+    """The peers of the runtime suite; `binary` None leaves llama.cpp's speculative decoding out."""
+    loader = cached_loader("bfloat16", log)
+    decode = DecodeConfig(max_new_tokens=max_new_tokens)
+
+    def engine_peer(name: str, reference: str | None, **settings) -> Peer:
+        engine = Engine(dtype="bfloat16", decode=decode, loader=loader, log=lambda m: None, **settings)
+
+        def run(i: int) -> Timed:
+            start = time.perf_counter()
+            generation = engine.generate(*prompts[i])
+            return Timed(name, i, generation.tokens, time.perf_counter() - start, text=generation.text)
+        return Peer(name, reference, run)
+
+    peers = [engine_peer(name, None, mode="cloud", cloud=cloud, cloud_runtime=runtime)
+             for runtime, name in CLOUD_ONLY.items()]
+    tokenizer_model = loader(cloud, "bfloat16", runtime="llamacpp")  # the GGUF entry's HF tokenizer, as the engine's
+    encoded = [tokenizer_model.encode(text, system) for text, system in prompts]
+    rendered = [rendered_prompt(tokenizer_model.tokenizer, text, system) for text, system in prompts]
+    eos_ids = tokenizer_model.eos_ids
+    for flash_attn in (True, False):
+        plain = LlamaCppPython(cloud_gguf, threads, flash_attn=flash_attn)
+        name = LLAMA_CPP_PYTHON + ("" if flash_attn else " (flash attn off, its default)")
+
+        def run(i: int, plain=plain, name=name) -> Timed:
+            start = time.perf_counter()
+            tokens = plain.generate(encoded[i].input_ids.tolist(), max_new_tokens, eos_ids)
+            return Timed(name, i, tokens, time.perf_counter() - start,
+                         text=tokenizer_model.tokenizer.decode(tokens, skip_special_tokens=True))
+        peers.append(Peer(name, CLOUD_ONLY["llamacpp"], run))
+    if binary is not None:
+        def run_example(i: int) -> Timed:
+            report = run_speculative(binary, cloud_gguf, edge_gguf, rendered[i], threads, max_new_tokens)
+            return Timed(LLAMA_SPECULATIVE, i, [], report.wall_s, text=report.text, counted=report.new_tokens,
+                         extra={"prompt_tokens": report.prompt_tokens, "same_prompt_tokens":
+                                report.prompt_tokens == encoded[i].input_ids.numel(), "encode_s": report.encode_s,
+                                "decode_s": report.decode_s, "drafted": report.drafted, "accepted": report.accepted})
+        peers.append(Peer(LLAMA_SPECULATIVE, CLOUD_ONLY["llamacpp"], run_example))
+    for edge_runtime, cloud_runtime, k in SPEC:
+        peers.append(engine_peer(f"specbench {edge_runtime} -> {cloud_runtime} k={k}", CLOUD_ONLY[cloud_runtime],
+                                 mode="spec", edge=edge, cloud=cloud, edge_runtime=edge_runtime,
+                                 cloud_runtime=cloud_runtime, spec=SpecConfig(k=k, entropy_threshold=0, policy="greedy")))
+    return peers
+
+
+def rendered_prompt(tokenizer, text: str, system: str | None) -> str:
+    """The chat-templated text specbench tokenizes (specdec.models.loading.encode_text), for a peer that takes text."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+@torch.inference_mode()
+def run_interleaved(peers: list[Peer], n_prompts: int, sink: Path, threads: int) -> list[Timed]:
+    """Warm every peer on prompt 0 (untimed), then each prompt through every peer, the order rotated."""
+    torch.set_num_threads(threads)  # the torch backends' threads; llama.cpp's backend follows them
+    for peer in peers:
+        peer.run(0)
+    timed = []
+    sink.parent.mkdir(parents=True, exist_ok=True)
+    with sink.open("w") as out:
+        for i in range(n_prompts):
+            for peer in peers[i % len(peers):] + peers[: i % len(peers)]:
+                result = peer.run(i)
+                timed.append(result)
+                out.write(json.dumps({"config": result.config, "prompt": i, "threads": threads, "wall_s": result.wall_s,
+                                      "new_tokens": result.new_tokens, "tokens": result.tokens, "text": result.text,
+                                      **result.extra}, ensure_ascii=False) + "\n")
+                out.flush()
+    return timed
+
+
+def same_as_reference(timed: list[Timed], config: str, reference: str, max_new_tokens: int) -> tuple[int, int]:
+    """(prompts whose output equals the reference greedy's, prompts). Token ids where both have them;
+    text otherwise: the example may decode past the budget, so its text must start with the
+    reference's (and equal it where the reference stopped early)."""
+    ref = {t.prompt: t for t in timed if t.config == reference}
+    mine = [t for t in timed if t.config == config and t.prompt in ref]
+    same = 0
+    for t in mine:
+        r = ref[t.prompt]
+        if t.tokens or not t.text:
+            same += t.tokens == r.tokens
+        else:
+            same += t.text.startswith(r.text) and (len(r.tokens) == max_new_tokens or t.text == r.text)
+    return same, len(mine)
+
+
+def table(timed: list[Timed], peers: list[Peer], max_new_tokens: int) -> str:
+    """Pooled tok/s; paired per-prompt ratios against the fastest plain decoding, llama-cpp-python's and
+    llama.cpp's speculative decoding; whether the output equals the same cloud's greedy."""
+    names = [p.name for p in peers]
+    plain = [n for n in names if n in CLOUD_ONLY.values() or n.startswith(LLAMA_CPP_PYTHON)]
+    fastest = max(plain, key=lambda n: pooled_tokens_per_s(timed, n))
+    references = [(f"vs fastest plain ({fastest})", fastest), ("vs llama-cpp-python", LLAMA_CPP_PYTHON)]
+    if LLAMA_SPECULATIVE in names:
+        references.append(("vs llama.cpp speculative", LLAMA_SPECULATIVE))
+    lines = [" | ".join(["config", "tok/s", *(label for label, _ in references), "same as greedy"])]
+    for peer in peers:
+        cells = [peer.name, f"{pooled_tokens_per_s(timed, peer.name):.2f}"]
+        for _, reference in references:
+            r = paired(timed, peer.name, reference)
+            cells.append(f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]")
+        if peer.reference:
+            same, n = same_as_reference(timed, peer.name, peer.reference, max_new_tokens)
+            cells.append(f"{same}/{n} ({peer.reference})")
+        else:
+            cells.append("(reference)")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)

@@ -1,0 +1,57 @@
+"""The runtimes' peers on the real pair's GGUF files (bench/measure/peer_runtimes.py), interleaved:
+
+    SPECBENCH_LLAMA_SPECULATIVE=DIR/build/bin/llama-speculative-simple \\
+        pytest bench/test_bench_peer_runtimes.py --benchmark-only -m realmodel -s
+
+llama-cpp-python's plain greedy generation (flash attention on as in specbench's backend, and off as
+`Llama` defaults), specbench's plain decoding in llama.cpp and torch-int8, llama.cpp's speculative
+example (left out, with one line saying why, when SPECBENCH_LLAMA_SPECULATIVE is unset: build it with
+`python -m bench.measure.llama_speculative build --out DIR`), specbench's spec across runtimes.
+Prompts from `code`, `zh-describe`, `en-chat`: SPECBENCH_PEER_PROMPTS per set (default 3),
+SPECBENCH_PEER_TOKENS new tokens (default 48), SPECBENCH_PEER_THREADS (default 2). Raw per-prompt
+timings go to SPECBENCH_PEER_JSONL (default runs/peer_runtimes.jsonl) as taken; a rerun overwrites it.
+The table goes to stdout and `extra_info`; nothing asserts a time.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.core.prompts import load_prompts
+from bench.measure.llama_speculative import find_binary
+from bench.measure.peer_runtimes import build_peers, run_interleaved, table
+from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
+from specdec.errors import ConfigError
+from specdec.models.registry import gguf_path, is_fetched
+
+SETS = ("code", "zh-describe", "en-chat")
+
+
+@pytest.mark.realmodel
+def test_real_peer_runtimes(benchmark):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specbench[llamacpp]')")
+    if not (is_fetched(EDGE_ALIAS) and is_fetched(CLOUD_ALIAS)):
+        pytest.skip(f"real pair not fetched: run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
+    ggufs = {alias: gguf_path(alias) for alias in (EDGE_ALIAS, CLOUD_ALIAS)}
+    if missing := [str(p) for p in ggufs.values() if not p.is_file()]:
+        pytest.skip(f"GGUF files not kept ({', '.join(missing)}): run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
+    per_set = int(os.environ.get("SPECBENCH_PEER_PROMPTS", "3"))
+    tokens = int(os.environ.get("SPECBENCH_PEER_TOKENS", "48"))
+    threads = int(os.environ.get("SPECBENCH_PEER_THREADS", "2"))
+    sink = Path(os.environ.get("SPECBENCH_PEER_JSONL", "runs/peer_runtimes.jsonl"))
+    prompts = [(r.prompt, r.system) for name in SETS for r in load_prompts(name)[:per_set]]
+    try:
+        binary = find_binary()
+    except ConfigError as e:
+        binary = None
+        print(f"\nllama.cpp speculative left out: {e}")
+    peers = build_peers(EDGE_ALIAS, CLOUD_ALIAS, str(ggufs[EDGE_ALIAS]), str(ggufs[CLOUD_ALIAS]), prompts, tokens,
+                        threads, binary, log=lambda m: None)
+    timed = benchmark.pedantic(run_interleaved, args=(peers, len(prompts), sink, threads), rounds=1, iterations=1)
+    text = table(timed, peers, tokens)
+    benchmark.extra_info.update({"prompts": len(prompts), "max_new_tokens": tokens, "threads": threads,
+                                 "raw": str(sink), "table": text})
+    print(f"\n{len(prompts)} prompts ({', '.join(SETS)}) x {tokens} tokens, {threads} threads, greedy, interleaved; "
+          f"raw timings in {sink}; ratios paired per prompt (median [min-max]):\n{text}")

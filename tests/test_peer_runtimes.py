@@ -1,0 +1,104 @@
+"""The runtime peers on the tiny pair (fp32, no timing asserted): llama-cpp-python's own greedy
+generation equals specbench's llama.cpp cloud-only on the same tiny GGUF; the speculative example's
+report parses; a missing example binary is one line naming the build; HF assisted with an `@int8`
+assistant equals greedy."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.measure.llama_speculative import BUILD_COMMAND, BINARY_ENV, parse_report, speculative_command
+from bench.measure.peer import Timed, hf_assisted
+from bench.measure.peer_runtimes import same_as_reference
+from specdec.config import DecodeConfig
+from specdec.engine import Engine
+from specdec.errors import SpecdecError
+from specdec.models.loading import load_model
+
+TEXTS = ["hello world", "what is one two", "say three", "write a function to sort a list"]
+QUIET = dict(log=lambda m: None)
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def cloud_only_tokens(cloud: str, **settings) -> list[list[int]]:
+    engine = Engine(mode="cloud", cloud=cloud, dtype="float32", decode=DecodeConfig(max_new_tokens=16), **settings, **QUIET)
+    try:
+        return [engine.generate(text).tokens for text in TEXTS]
+    finally:
+        engine.close()
+
+
+def test_llama_cpp_python_greedy_equals_specbench_llamacpp_cloud_only(pair, tmp_path):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specbench[llamacpp]')")
+    from transformers import AutoModelForCausalLM
+
+    from bench.measure.peer_runtimes import LlamaCppPython
+    from tests.tiny_gguf import write_llama_gguf
+
+    model = AutoModelForCausalLM.from_pretrained(pair["cloud"], dtype=torch.float32)
+    gguf = str(write_llama_gguf(model, f"{pair['cloud']}/model.gguf", model.config.eos_token_id))
+    cloud = load_model(gguf, "float32", **QUIET)
+    ours = cloud_only_tokens(gguf, cloud_runtime="llamacpp")
+    plain = LlamaCppPython(gguf, threads=1)
+    theirs = [plain.generate(cloud.encode(text).input_ids.tolist(), 16, cloud.eos_ids) for text in TEXTS]
+    assert theirs == ours
+
+
+def test_the_examples_report_parses():
+    """Captured from the example built from llama-cpp-python 0.3.36's llama.cpp, on a tiny F32 GGUF pair
+    like this module's (token pieces `<tN>` written as user-defined tokens and no BOS, so text
+    round-trips): `-p '<t5><t6><t7><t8>' -n 12 -t 1 -td 1 --temp 0 --top-k 1 --spec-type draft-simple`.
+    stdout: two newlines, the prompt's echo, the text, four newlines; the figures on stderr. Its 13
+    tokens equal llama-cpp-python's greedy on that file (checked when captured)."""
+    prompt = "<t5><t6><t7><t8>"
+    stdout = (FIXTURES / "llama_speculative_simple.stdout.txt").read_text()
+    stderr = (FIXTURES / "llama_speculative_simple.stderr.txt").read_text()
+    report = parse_report(stdout, stderr, prompt)
+    assert report.text == "<t29><t29><t43><t43><t43><t43><t43><t21><t40><t29><t29><t29><t29>"
+    assert (report.prompt_tokens, report.new_tokens, report.draft_max, report.drafted, report.accepted) == (4, 13, 3, 23, 5)
+    assert report.wall_s == pytest.approx(0.001 + 0.016)
+    with pytest.raises(SpecdecError, match="echoed a different prompt"):
+        parse_report(stdout, stderr, "another prompt")
+    with pytest.raises(SpecdecError, match="no n_drafted, n_accept"):  # a log cut short at exit (seen once)
+        parse_report(stdout, stderr.split("n_drafted")[0], prompt)
+
+
+def test_the_example_runs_greedy_with_the_same_threads_and_a_draft_type():
+    command = speculative_command(Path("bin"), "t.gguf", "d.gguf", "p", threads=2, max_new_tokens=48)
+    flags = dict(zip(command[1::2], command[2::2]))
+    assert (flags["-m"], flags["-md"], flags["-t"], flags["-td"], flags["-n"]) == ("t.gguf", "d.gguf", "2", "2", "48")
+    assert (flags["--temp"], flags["--top-k"], flags["--spec-type"]) == ("0", "1", "draft-simple")
+
+
+@pytest.mark.parametrize("binary", [None, "no/such/llama-speculative-simple"])
+def test_a_missing_example_binary_is_one_line_naming_the_build(binary, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != BINARY_ENV}
+    if binary:
+        env[BINARY_ENV] = str(tmp_path / binary)
+    result = subprocess.run([sys.executable, "-m", "bench.measure.llama_speculative", "run", "--target", "t.gguf",
+                             "--draft", "d.gguf", "--prompt", "hi"], capture_output=True, text=True, env=env, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and BUILD_COMMAND in lines[0], lines
+
+
+def test_text_peers_compare_by_prefix_past_the_budget():
+    """The example may decode past -n: its text must start with the reference's, and equal it when the
+    reference stopped before its budget."""
+    timed = [Timed("ref", 0, [1, 2, 3], 1.0, text="a b c"), Timed("ref", 1, [4, 9], 1.0, text="d"),
+             Timed("ex", 0, [], 1.0, text="a b c d", counted=4), Timed("ex", 1, [], 1.0, text="d e", counted=3)]
+    assert same_as_reference(timed, "ex", "ref", max_new_tokens=3) == (1, 2)
+
+
+def test_hf_assisted_with_an_int8_assistant_equals_greedy(pair):
+    cloud = load_model(pair["cloud"], "float32", **QUIET)
+    assistant = load_model(f"{pair['edge']}@int8", "float32", **QUIET)
+    assert type(assistant.backend.model.model.layers[0].mlp.up_proj).__module__.startswith("torch.ao.nn.quantized")
+    settings = {"num_assistant_tokens": 4, "num_assistant_tokens_schedule": "constant",
+                "assistant_confidence_threshold": 0.0}
+    assisted = [hf_assisted(assistant, cloud, text, 16, settings) for text in TEXTS]
+    assert assisted == cloud_only_tokens(pair["cloud"])
