@@ -3,6 +3,7 @@ synthetic results folder written with the code's own record writer (bench/core/r
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -11,10 +12,10 @@ from bench.cli import main
 from bench.core.network import profile
 from bench.core.point import Point, blank
 from bench.core.records import ResultsFile, result_record
-from bench.derive.costfit import predict_point, spec_points
+from bench.derive.costfit import fit_inputs, predict_point, spec_points
 from bench.derive.costmodel import (Acceptance, CostInputs, Link, Outcome, cloud_only, cloud_server_tokens_per_s,
                                     colocated, distance_capacity_factor, drafting_ahead, expected_emitted,
-                                    sequential, server_tokens_per_s)
+                                    sequential, server_tokens_per_s, split)
 from specdec.errors import ConfigError
 from specdec.trace import Counters, Cycle, Generation
 
@@ -265,3 +266,31 @@ def test_points_drafting_ahead_are_predicted_but_do_not_fit_the_verify_curve():
     assert predict_point(records + scaled(ahead, {"overlap": True}, 3.0), sequential_point) == before
     ahead_point = next(r for r in spec_points(ahead) if r["k"] == 2)
     assert predict_point(records + ahead, ahead_point) > 0
+
+
+def test_an_auto_point_is_predicted_at_the_better_way_and_its_cycles_ahead_stay_out_of_the_curve():
+    """overlap "auto" drafts ahead only on some cycles: its prediction is the better of sequential and
+    drafting ahead (what its rule aims for), and only its sequential cycles fit the verify curve."""
+    records = synthetic(split=True)
+    auto = [{**r, "overlap": "auto", "trace": [{**c, "ahead_chosen": j % 2 == 1} for j, c in enumerate(r["trace"])]}
+            for r in (spec(k, i, "split") for k in (2, 4) for i in range(N_PROMPTS))]
+    auto_point = next(r for r in spec_points(auto) if r["k"] == 2)
+    inputs = fit_inputs(records + auto, auto_point)
+    both = [split(replace(inputs, overlap=way)).tokens_per_s for way in (False, True)]
+    assert both[0] != both[1] and predict_point(records + auto, auto_point) == max(both)
+    other = next(r for r in spec_points(records) if r["deployment"] == "split" and r["k"] == 2)
+    before = predict_point(records + auto, other)
+    slower_ahead = [{**r, "trace": [{**c, "cloud_s": c["cloud_s"] * (3.0 if c["ahead_chosen"] else 1.0)}
+                                    for c in r["trace"]]} for r in auto]
+    assert predict_point(records + slower_ahead, other) == before
+
+
+def test_a_split_points_core_placement_comes_from_its_records():
+    records = synthetic(split=True)
+    ahead = [{**spec(k, i, "split", overlap=True), "split_cores": "disjoint"} for k in (2, 4) for i in range(N_PROMPTS)]
+    point = next(r for r in spec_points(ahead) if r["k"] == 2)
+    # the fit's link may differ, so compare with the same records fitted both ways
+    assert predict_point(records + ahead, point) == predict_point(records + ahead, point, cores_shared=False)
+    shared = {**point, "split_cores": "shared"}
+    assert predict_point(records + ahead, shared) == predict_point(records + ahead, point, cores_shared=True)
+    assert predict_point(records + ahead, shared) != predict_point(records + ahead, point)

@@ -34,9 +34,9 @@ def add_predict_parser(sub) -> None:
     p = sub.add_parser("predict", help="the cost model: predict a results folder's spec points from its baselines, "
                                        "or where speculation pays on your own numbers")
     p.add_argument("results", nargs="?", type=Path, help="a results folder (run or sweep) to predict")
-    p.add_argument("--cores", choices=("shared", "split"), default="shared",
-                   help="folder mode: whether the split points' edge and server shared cores (the sweep's default) "
-                        "or had their own (--edge-cores/--cloud-cores)")
+    p.add_argument("--cores", choices=("shared", "split"), default=None,
+                   help="folder mode: whether the split points' edge and server shared cores or had their own; "
+                        "default: as each point's records say (split_cores; older records: shared)")
     p.add_argument("--edge-ms-per-token", help="your edge: ms per drafted token (forward + sampling)")
     p.add_argument("--verify-cost", help="your cloud: A,B for a verify forward of A + B·tokens ms")
     p.add_argument("--rtt-ms", help="round-trip times to try, comma-separated, e.g. 20,50,150")
@@ -52,7 +52,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.results is not None and (user or args.acceptance_from):
         raise ConfigError("give a RESULTS_DIR, or your own numbers with --acceptance-from, not both")
     if args.results is not None:
-        return predict_folder(args.results, args.cores == "shared")
+        return predict_folder(args.results, None if args.cores is None else args.cores == "shared")
     if len(user) < len(USER_FLAGS) or args.acceptance_from is None:
         raise ConfigError("predict needs a RESULTS_DIR, or all of --edge-ms-per-token, --verify-cost A,B, --rtt-ms, "
                           "--bandwidth-mbps and --acceptance-from RESULTS_DIR")
@@ -75,7 +75,7 @@ def _columns_key(values) -> tuple:
     return tuple(text(v) for v in values)
 
 
-def predict_folder(folder: Path, cores_shared: bool) -> int:
+def predict_folder(folder: Path, cores_shared: bool | None = None) -> int:
     records = _records(folder)
     points = spec_points(records)
     if not points:

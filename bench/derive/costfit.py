@@ -25,6 +25,7 @@ Where each input comes from:
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
@@ -89,7 +90,8 @@ def verify_curve(records: list[dict], point: dict) -> dict:
             continue  # drafting ahead on shared cores slows the verify it overlaps: the model adds that apart
         calls = [c for c in r.get("trace", []) if c["escalated"]]
         for c in calls[1:]:  # the first call carries the prompt: a prefill, not a verify
-            by_tokens.setdefault(int(c["cloud_tokens_in"]), []).append(c["cloud_s"])
+            if not c.get("ahead_chosen"):  # overlap "auto": only the cycles that ran sequentially
+                by_tokens.setdefault(int(c["cloud_tokens_in"]), []).append(c["cloud_s"])
     if len(by_tokens) < 2:
         raise InputError(f"{_label(point)}: the verify cost curve needs verify times at another block size than this "
                          "point's own, from another spec point on the same cloud runtime and deployment: rerun the "
@@ -159,12 +161,19 @@ def link_inputs(records: list[dict], point: dict, group: list[dict], mean_drafte
             protocol.append(per_call - other.transfer_s(r.get("wire_up_bytes", 0) / r["cloud_calls"],
                                                         r.get("wire_down_bytes", 0) / r["cloud_calls"]))
     link = Link(shape.rtt_s, shape.uplink_bps, shape.downlink_bps, max(float(np.median(protocol)), 0.0) if protocol else 0.0)
-    return {"link": link, "up_bytes_per_call": up, "down_bytes_per_call": down, "overlap": bool(point.get("overlap"))}
+    return {"link": link, "up_bytes_per_call": up, "down_bytes_per_call": down, "overlap": point.get("overlap") is True}
 
 
-def fit_inputs(records: list[dict], point: dict, cores_shared: bool = True) -> CostInputs:
+def cores_shared_of(point: dict) -> bool:
+    """Whether a split point's edge and server shared cores, as its record says (`split_cores`; records
+    written before it existed: shared, the sweep's placement then)."""
+    return point.get("split_cores", "shared") != "disjoint"
+
+
+def fit_inputs(records: list[dict], point: dict, cores_shared: bool | None = None) -> CostInputs:
     """The model's inputs for `point` (a record or a row with the point's fields), from `records`
-    without `point`'s own timings."""
+    without `point`'s own timings. cores_shared None: as the point's record says."""
+    cores_shared = cores_shared_of(point) if cores_shared is None else cores_shared
     records = _ok(records)
     group = acceptance_group(records, point)
     accept = acceptance(group)
@@ -175,10 +184,16 @@ def fit_inputs(records: list[dict], point: dict, cores_shared: bool = True) -> C
                       **link_inputs(records, point, group, mean_drafted))
 
 
-def predict_point(records: list[dict], point: dict, cores_shared: bool = True) -> float:
-    """Predicted tokens/s of a spec point: co-located in process, split (drafting ahead or not) over its link."""
+def predict_point(records: list[dict], point: dict, cores_shared: bool | None = None) -> float:
+    """Predicted tokens/s of a spec point: co-located in process, split (drafting ahead or not) over its
+    link. A split point with `overlap = "auto"` is predicted at the better of the two ways, what its rule
+    aims for (specdec/overlap.py), so its error also shows what the rule's warm-up and probes cost."""
     inputs = fit_inputs(records, point, cores_shared)
-    return (split(inputs) if point.get("deployment") == "split" else colocated(inputs)).tokens_per_s
+    if point.get("deployment") != "split":
+        return colocated(inputs).tokens_per_s
+    if point.get("overlap") == "auto":
+        return max(split(replace(inputs, overlap=False)).tokens_per_s, split(replace(inputs, overlap=True)).tokens_per_s)
+    return split(inputs).tokens_per_s
 
 
 def spec_points(records: list[dict]) -> list[dict]:
