@@ -44,6 +44,11 @@ class Engine(EngineConfig):
             return None
         return self._derived.setdefault("overlap", OverlapGovernor(self.spec.k))
 
+    def forget_history(self) -> None:
+        """Drop what earlier generations taught this engine (the overlap governor's running means), as
+        after an untimed warm-up: the next generation starts as the first one of a fresh engine."""
+        self._derived.pop("overlap", None)
+
     def model(self, role: str) -> LoadedModel:
         """The edge or cloud model, loaded on first use."""
         if role not in self._models:

@@ -294,3 +294,21 @@ def test_a_split_points_core_placement_comes_from_its_records():
     shared = {**point, "split_cores": "shared"}
     assert predict_point(records + ahead, shared) == predict_point(records + ahead, point, cores_shared=True)
     assert predict_point(records + ahead, shared) != predict_point(records + ahead, point)
+
+
+def test_measured_verify_sizes_are_interpolated_and_the_line_carries_past_them():
+    # One core, bf16: a 1-token step cost more than a 2-token verify (a matrix-vector path), so V is
+    # the measured table, not one line. Between sizes: the chord; past them: the line's slope b.
+    x = inputs(verify_points=((1.0, 0.364), (2.0, 0.336), (5.0, 0.375)))
+    assert x.verify_s(1) == pytest.approx(0.364)
+    assert x.verify_s(2) == pytest.approx(0.336)
+    assert x.verify_s(3) == pytest.approx(0.336 + (0.375 - 0.336) / 3)
+    assert x.verify_s(9) == pytest.approx(0.375 + B * 4)
+    assert inputs().verify_s(3) == pytest.approx(A + 3 * B)  # no table: the line
+    assert cloud_only(x).time_per_token_s == pytest.approx(0.364 + O)
+    per_edge, server = server_tokens_per_s(x, 2)  # one forward of 2·(n + 1) tokens per lockstep cycle
+    assert server == pytest.approx(2 * per_edge)
+    with pytest.raises(ConfigError, match="increasing order"):
+        inputs(verify_points=((2.0, 0.3), (1.0, 0.3)))
+    with pytest.raises(ConfigError, match="verify_points seconds"):
+        inputs(verify_points=((1.0, -0.1),))

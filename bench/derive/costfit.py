@@ -79,7 +79,9 @@ def edge_inputs(records: list[dict], point: dict) -> dict:
 
 
 def verify_curve(records: list[dict], point: dict) -> dict:
-    """a, b of V(T) = a + b·T, the overhead o and the cloud prefill's extra, without `point`'s records."""
+    """The verify cost per tokens fed, V(T): the mean forward at each size measured (1 from cloud-only
+    decoding, the others from the other spec points' verify calls) and the line a + b·T fitted through
+    them (used past their ends); the overhead o and the cloud prefill's extra; without `point`'s records."""
     cloud = _baseline(records, point, "cloud")
     forward_s = _decode_per_token_s(cloud, lambda r: r["cloud_s"] - r["prefill_s"])
     overhead_s = max(_decode_per_token_s(cloud, lambda r: r["latency_s"] - r["ttft_s"]) - forward_s, 0.0)
@@ -102,8 +104,9 @@ def verify_curve(records: list[dict], point: dict) -> dict:
     if b < 0 or a < 0:  # noise on a flat curve: a constant, or a line through the origin
         a, b = (float(seconds.mean()), 0.0) if b < 0 else (0.0, float(seconds @ tokens / (tokens @ tokens)))
     prefill_s = float(np.mean([r["prefill_s"] for r in cloud]))
-    return {"verify_a_s": float(a), "verify_b_s_per_token": float(b), "verify_overhead_s": overhead_s,
-            "cloud_prefill_extra_s": max(prefill_s - (a + b), 0.0)}
+    points = tuple((float(t), float(s)) for t, s in zip(tokens, seconds))
+    return {"verify_a_s": float(a), "verify_b_s_per_token": float(b), "verify_points": points,
+            "verify_overhead_s": overhead_s, "cloud_prefill_extra_s": max(prefill_s - forward_s, 0.0)}
 
 
 def acceptance_group(records: list[dict], point: dict) -> list[dict]:

@@ -31,7 +31,8 @@ P(guess right)); then the next block needs only n − a more steps. Steady state
 
 A server of N edges in lockstep runs one forward of N rows per cycle: V_N = a + b·N·(n + 1), so
 per-edge rate E / (n·t_d + o + L + V_N) and server throughput N times that; cloud-only serving of N
-users costs a + b·N per step. "Speculation at a Distance" (arXiv 2606.25091) gives the saturated
+users costs V(N) = a + b·N per step (with measured sizes, V interpolates them: `CostInputs.verify_s`).
+"Speculation at a Distance" (arXiv 2606.25091) gives the saturated
 server's capacity gain in closed form, 1 + γ·t_d / t_v (`distance_capacity_factor`), drawn beside ours.
 """
 from __future__ import annotations
@@ -148,6 +149,11 @@ class CostInputs:
     verify_a_s: float  # V(T) = a + b·T: the verify forward over T tokens fed
     verify_b_s_per_token: float
     acceptance: Acceptance
+    # Measured (tokens fed, seconds) of the verify forward: V(T) interpolates them (the line a + b·T
+    # carries it past their ends). A forward's cost is not one line over tokens: on one core a bf16
+    # step of 1 token costs more than a verify of 2 (364 vs 336 ms, a matrix-vector path), int8 is flat
+    # up to 5 tokens and then climbs, a llama.cpp verify costs ~50 ms per token fed.
+    verify_points: tuple[tuple[float, float], ...] = ()
     verify_overhead_s: float = 0.0  # o: the cloud's non-forward time per verify / per token of plain decoding
     edge_prefill_extra_s: float = 0.0  # a generation's first draft step (the prompt) beyond t_d
     cloud_prefill_extra_s: float = 0.0  # its first verify (the prompt) beyond V(1)
@@ -170,9 +176,28 @@ class CostInputs:
             _positive(name, getattr(self, name), allow_zero=True)
         if self.colocated_draft_step_s is not None:
             _positive("colocated_draft_step_s", self.colocated_draft_step_s)
+        for tokens, seconds in self.verify_points:
+            _positive("verify_points tokens", tokens)
+            _positive("verify_points seconds", seconds)
+        if list(self.verify_points) != sorted(self.verify_points) or len({t for t, _ in self.verify_points}) != len(self.verify_points):
+            raise ConfigError("verify_points must be (tokens, seconds) pairs in increasing order of tokens, one per size")
 
     def verify_s(self, tokens: float) -> float:
-        return self.verify_a_s + self.verify_b_s_per_token * tokens
+        """V(T): between measured sizes the straight line joining them; outside them (or with none) the
+        line a + b·T shifted to pass through the nearest measured size."""
+        points = self.verify_points
+        line = self.verify_a_s + self.verify_b_s_per_token * tokens
+        if not points:
+            return line
+        (t_lo, s_lo), (t_hi, s_hi) = points[0], points[-1]
+        if tokens <= t_lo:
+            return max(s_lo + self.verify_b_s_per_token * (tokens - t_lo), 0.0)
+        if tokens >= t_hi:
+            return s_hi + self.verify_b_s_per_token * (tokens - t_hi)
+        for (t0, s0), (t1, s1) in zip(points, points[1:]):
+            if t0 <= tokens <= t1:
+                return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
+        raise AssertionError("unreachable: tokens lies between the first and last measured size")
 
 
 @dataclass(frozen=True)
@@ -276,7 +301,7 @@ def server_tokens_per_s(x: CostInputs, edges: int) -> tuple[float, float]:
     def cycle(o: Outcome) -> float:
         if not o.escalated:
             return o.drafted * x.draft_step_s
-        return o.drafted * x.draft_step_s + x.verify_overhead_s + link_s + x.verify_a_s + x.verify_b_s_per_token * edges * (o.drafted + 1)
+        return o.drafted * x.draft_step_s + x.verify_overhead_s + link_s + x.verify_s(edges * (o.drafted + 1))
 
     per_edge = x.acceptance.emitted_per_cycle / x.acceptance.mean(cycle)
     return per_edge, edges * per_edge
@@ -284,4 +309,4 @@ def server_tokens_per_s(x: CostInputs, edges: int) -> tuple[float, float]:
 
 def cloud_server_tokens_per_s(x: CostInputs, users: int) -> float:
     """Cloud-only serving of `users` at once: one token per row, a + b·N per step."""
-    return users / (x.verify_a_s + x.verify_b_s_per_token * users + x.verify_overhead_s)
+    return users / (x.verify_s(users) + x.verify_overhead_s)

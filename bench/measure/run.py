@@ -7,6 +7,8 @@ of the same command redoes only what is not `ok`, so fixing the file and rerunni
 """
 from __future__ import annotations
 
+import time
+
 from pathlib import Path
 from typing import Callable
 
@@ -80,6 +82,25 @@ def prepare(engine: Engine, records: list[PromptRecord]) -> None:
             f"model {engine.primary.name!r} is text-only but the prompt has audio (e.g. {audio[0]!r}): "
             "use an audio model (a Qwen2.5-Omni thinker) or drop the `audio` field"
         )
+
+
+def warm_up(engine: Engine, record: PromptRecord, max_audio_s: float = MAX_SECONDS) -> float:
+    """One untimed generation, then the engine forgets it. A process's first forward on a model pays
+    one-time costs (oneDNN kernel selection, allocator growth, llama.cpp's graph) that are not the
+    model's speed: on 2026-11-24 the first bf16 cloud-only generation of a sweep (one core) prefilled
+    a 51-token prompt in 5.84 s, the next one 48 tokens in 1.19 s, and inflated that baseline's time 27 %.
+    Returns its wall seconds (the sweep records them as `warm_up_s` on the generation that follows)."""
+    start = time.perf_counter()
+    try:
+        waveform, rate = None, SAMPLING_RATE
+        if record.audio:
+            rate, cap_s = model_limits(engine.primary.feature_extractor, max_audio_s)
+            waveform = read_audio(record.audio, record.id, rate, cap_s)
+        engine.generate(record.prompt, record.system, waveform, rate, language=record.language)
+    except (InputError, CloudLost):
+        pass  # the timed generation meets the same problem and records it
+    engine.forget_history()
+    return time.perf_counter() - start
 
 
 def generate_one(engine: Engine, record: PromptRecord, point: dict, results: ResultsFile,
