@@ -24,6 +24,7 @@ Where each input comes from:
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import replace
 
@@ -42,6 +43,16 @@ CLOUD_SIDE = ("cloud", "dtype", "cloud_runtime", "prompts")
 
 def point_key(record: dict) -> tuple:
     return tuple(str(record.get(name)) for name in FIELDS)
+
+
+def columns_key(values) -> tuple:
+    """A point's summary columns as text, to find a record's row in a summary: a record's None and a
+    summary's "-" alike, a k of 2 and 2.0 alike."""
+    def text(v) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        return f"{float(v):g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+    return tuple(text(v) for v in values)
 
 
 def _same(record: dict, point: dict, names: tuple[str, ...]) -> bool:
