@@ -199,7 +199,11 @@ def predict_point(records: list[dict], point: dict, cores_shared: bool | None = 
     """Predicted tokens/s of a spec point: co-located in process, split (drafting ahead or not) over its
     link. A split point with `overlap = "auto"` is predicted at the better of the two ways, what its rule
     aims for (specdec/overlap.py), so its error also shows what the rule's warm-up and probes cost."""
-    inputs = fit_inputs(records, point, cores_shared)
+    return predict_from(fit_inputs(records, point, cores_shared), point)
+
+
+def predict_from(inputs: CostInputs, point: dict) -> float:
+    """`predict_point` on inputs already fitted for `point`."""
     if point.get("deployment") != "split":
         return colocated(inputs).tokens_per_s
     if point.get("overlap") == "auto":

@@ -10,7 +10,7 @@ picks another. The scatter: every spec point's predicted (costfit.predict_point)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import matplotlib
@@ -26,8 +26,9 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from bench.core.network import profile  # noqa: E402
 from bench.core.point import COLUMNS  # noqa: E402
-from bench.derive.costfit import acceptance, acceptance_group, columns_key, fit_inputs, predict_point, spec_points  # noqa: E402
-from bench.derive.costmodel import CostInputs  # noqa: E402
+from bench.derive.costfit import (acceptance, acceptance_group, columns_key, fit_inputs, predict_from,  # noqa: E402
+                                  predict_point, spec_points)
+from bench.derive.costmodel import CostInputs, cloud_only, colocated  # noqa: E402
 from bench.derive.regions import (LOSSLESS, ahead_colocated_rtt_bound_s, alpha_of, fastest, rate_grid,  # noqa: E402
                                   split_cloud_rtt_bound_s, winners)
 from bench.derive.summary import PLACED, baseline  # noqa: E402
@@ -48,9 +49,10 @@ MAP_READ = (
     "Distance\" in the model's symbols, at the k named in the panel — solid, split = cloud-only (left of it split "
     "beats cloud-only); dashed, split drafting ahead = co-located (left of it split wins). Dots (split) and squares "
     "(co-located, drawn at RTT 0) are measured points at their link's RTT and measured α, filled with the fastest way "
-    "measured among their own alternatives; a thick ring marks a point where the model, among those same "
-    "alternatives, picks another. A filled colour unlike the region around it is a disagreement: the model misses a "
-    "cost there (see the scatter), or the point sits near a boundary its interval does not clear.")
+    "measured among their own alternatives; a thick ring marks a point where the model, fitted for it as `specbench "
+    "predict` fits it (its own k and measured outcomes), picks another among those same alternatives. A filled colour "
+    "unlike the region around it is a disagreement: the model misses a cost there (see the scatter), the acceptance "
+    "is not i.i.d. as the map assumes, or the point sits near a boundary its interval does not clear.")
 SCATTER_READ = (
     "Every spec point's tokens/s predicted from the baselines and the other points only (never its own timings; "
     "`specbench predict`) against what it measured, coloured by runtime pairing. On the solid line the model is "
@@ -69,7 +71,7 @@ class Placed:
     measured: dict  # lossless way -> measured tokens/s (the point's own way and its alternatives)
     edge_tokens_per_s: float  # nan when there is no edge-only baseline
     region: str  # the map's colour at (RTT, α)
-    model: str  # the model's fastest of `measured`'s ways at the point's own k
+    model: str  # the model's fastest of `measured`'s ways, on the point's own fitted inputs
 
     @property
     def winner(self) -> str:
@@ -117,6 +119,19 @@ def _rows_by_key(summary: pd.DataFrame) -> dict:
     return {columns_key(row[c] for c in COLUMNS): row for _, row in summary.iterrows()}
 
 
+def _model_way(records: list[dict], point: dict, measured: dict, x: CostInputs, alpha: float, rtt_s: float) -> str:
+    """The model's fastest of the ways `measured` has, judged as `predict` judges the point: on its own fitted
+    inputs and measured outcome distribution (else the panel's, at α)."""
+    try:
+        own = fit_inputs(records, point)
+    except (InputError, ConfigError):
+        return fastest(x, alpha, (int(point["k"]),), rtt_s, tuple(w for w in LOSSLESS if w in measured))
+    model = {"co-located": colocated(own).tokens_per_s, "cloud-only": cloud_only(own).tokens_per_s}
+    if point.get("deployment") == "split":
+        model["split"] = predict_from(own, point)
+    return max((w for w in LOSSLESS if w in measured), key=model.get)
+
+
 def build_panels(records: list[dict], summary: pd.DataFrame, labels: pd.Series) -> tuple[list[Panel], list[str]]:
     """The map's panels, and one line per reason a panel could not be fitted (predict's wording)."""
     rows, points, panels, hints = _rows_by_key(summary), spec_points(records), [], []
@@ -134,6 +149,8 @@ def build_panels(records: list[dict], summary: pd.DataFrame, labels: pd.Series) 
         if x is None:  # no point of the panel could be fitted: the first reason says what to add
             hints.append(failures[0])
             continue
+        if rep.get("deployment") != "split":  # the lines' split edge is hypothetical: on a machine of its own
+            x = replace(x, cores_shared=False)
         ks = tuple(sorted({int(p["k"]) for p in members}))
         best = max(members, key=lambda p: rows[columns_key(p.get(c) for c in COLUMNS)]["tokens_per_s"])
         ways = LOSSLESS if any(p.get("deployment") == "split" for p in members) else LOSSLESS[1:]
@@ -148,10 +165,9 @@ def build_panels(records: list[dict], summary: pd.DataFrame, labels: pd.Series) 
                 continue
             rtt_s = profile(str(point.get("link") or "none")).rtt_s if point.get("deployment") == "split" else 0.0
             measured, edge = measured_ways(summary, row)
-            own = (int(point["k"]),)
             placed.append(Placed(labels[row.name], int(point["k"]), point.get("deployment") == "split", rtt_s, alpha,
                                  measured, edge, fastest(x, alpha, ks, rtt_s, ways),
-                                 fastest(x, alpha, own, rtt_s, tuple(w for w in LOSSLESS if w in measured))))
+                                 _model_way(records, point, measured, x, alpha, rtt_s)))
         link_text = str(rep.get("link")) if rep.get("deployment") == "split" else "none measured"
         panels.append(Panel(pairing, prompts, x, ks, int(best["k"]), ways, link_text, tuple(placed)))
     return panels, list(dict.fromkeys(hints))
