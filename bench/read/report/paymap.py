@@ -60,6 +60,17 @@ SCATTER_READ = (
     "exact; the bands are ±5 % and ±15 %. Below the line the model is too pessimistic, above it too optimistic.")
 
 
+# A missing baseline, inputs the model refuses, or records written before a field the fit reads: the
+# section says why and the rest of the report goes on.
+UNFITTABLE = (InputError, ConfigError, KeyError)
+
+
+def _why(error: Exception) -> str:
+    if isinstance(error, KeyError):
+        return f"the records lack {error.args[0]!r}, which the cost model reads: rerun the sweep with this version"
+    return str(error)
+
+
 @dataclass(frozen=True)
 class Placed:
     """A measured spec point on the map."""
@@ -125,7 +136,7 @@ def _model_way(records: list[dict], point: dict, measured: dict, x: CostInputs, 
     inputs and measured outcome distribution (else the panel's, at α)."""
     try:
         own = fit_inputs(records, point)
-    except (InputError, ConfigError):
+    except UNFITTABLE:
         return fastest(x, alpha, (int(point["k"]),), rtt_s, tuple(w for w in LOSSLESS if w in measured))
     model = {"co-located": colocated(own).tokens_per_s, "cloud-only": cloud_only(own).tokens_per_s}
     if point.get("deployment") == "split":
@@ -145,8 +156,8 @@ def build_panels(records: list[dict], summary: pd.DataFrame, labels: pd.Series) 
             try:
                 x, rep = fit_inputs(records, candidate), candidate
                 break
-            except (InputError, ConfigError) as e:  # a missing baseline, or inputs the model refuses
-                failures.append(str(e))
+            except UNFITTABLE as e:
+                failures.append(_why(e))
         if x is None:  # no point of the panel could be fitted: the first reason says what to add
             hints.append(failures[0])
             continue
@@ -160,7 +171,7 @@ def build_panels(records: list[dict], summary: pd.DataFrame, labels: pd.Series) 
             row = rows[columns_key(point.get(c) for c in COLUMNS)]
             try:
                 alpha = alpha_of(acceptance(acceptance_group(records, point)))
-            except InputError:
+            except UNFITTABLE:
                 alpha = None
             if alpha is None:  # no block verified: nowhere on the acceptance axis
                 continue
@@ -238,8 +249,8 @@ def scatter_table(records: list[dict], summary: pd.DataFrame, labels: pd.Series)
         row = rows[columns_key(point.get(c) for c in COLUMNS)]
         try:
             predicted = predict_point(records, point)
-        except (InputError, ConfigError) as e:
-            skipped.append(str(e))
+        except UNFITTABLE as e:
+            skipped.append(_why(e))
             continue
         measured = float(row["tokens_per_s"])
         table.append({"label": labels[row.name], "pairing": pairing_of(point), "measured": measured,
