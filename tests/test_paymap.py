@@ -125,3 +125,8 @@ def test_a_folder_without_a_cloud_only_baseline_gets_one_line(tmp_path):
     assert html.count('class="warn pays-hint"') == 1
     assert "no cloud-only baseline" in html and "rerun the sweep with --mode edge,cloud,spec" in html
     assert not (figures / "where_speculation_pays.png").exists()
+
+
+def test_a_folder_without_spec_points_has_no_section(tmp_path):
+    html, _ = _html(tmp_path, [r for r in synthetic() if r["mode"] != "spec"])
+    assert "Where speculation pays" not in html and 'id="pays"' not in html

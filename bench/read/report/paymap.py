@@ -314,11 +314,11 @@ def _point_line(p: Placed) -> str:
     return text
 
 
-def section(inputs: ReportInputs, labels: pd.Series, out: Path, embed: bool) -> dict:
-    """The section's figures (with their src for the page), hints and per-pairing text."""
+def section(inputs: ReportInputs, labels: pd.Series, out: Path, embed: bool) -> dict | None:
+    """The section's figures (with their src for the page), hints and per-pairing text; None without spec points."""
     records, summary = inputs.ok_rows, inputs.summary
     if not spec_points(records):
-        return {"figures": [], "hints": ["No spec point: nothing to place on the map."], "pairings": []}
+        return None
     panels, hints = build_panels(records, summary, labels)
     table, skipped = scatter_table(records, summary, labels)
     figures = []
