@@ -22,7 +22,7 @@ import pandas as pd
 from bench.core.network import escalation_bytes
 from bench.core.point import COLUMNS, Point
 from bench.core.records import read_records
-from bench.derive.costfit import acceptance, acceptance_group, predict_point, spec_points
+from bench.derive.costfit import acceptance, acceptance_group, columns_key, predict_point, spec_points
 from bench.derive.costmodel import CostInputs, Link, cloud_only, colocated, drafting_ahead, sequential
 from bench.derive.summary import summarize
 from specdec.errors import ConfigError, InputError
@@ -66,25 +66,16 @@ def _records(folder: Path) -> list[dict]:
     return read_records(path)
 
 
-def _columns_key(values) -> tuple:
-    """A point's summary columns as text: a record's None and a summary's "-" alike, a k of 2 and 2.0 alike."""
-    def text(v) -> str:
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "-"
-        return f"{float(v):g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
-    return tuple(text(v) for v in values)
-
-
 def predict_folder(folder: Path, cores_shared: bool | None = None) -> int:
     records = _records(folder)
     points = spec_points(records)
     if not points:
         raise InputError(f"{folder} has no spec points to predict: rerun the sweep with --mode edge,cloud,spec")
     summary = summarize(records)
-    measured = {_columns_key(row[c] for c in COLUMNS): row for _, row in summary.iterrows()}
+    measured = {columns_key(row[c] for c in COLUMNS): row for _, row in summary.iterrows()}
     rows = []
     for point in points:
-        row = measured[_columns_key(point.get(c) for c in COLUMNS)]
+        row = measured[columns_key(point.get(c) for c in COLUMNS)]
         predicted = predict_point(records, point, cores_shared)
         rows.append({**{c: row[c] for c in COLUMNS}, "label": Point.from_row(point).label(),
                      "measured_tokens_per_s": row["tokens_per_s"],

@@ -24,6 +24,7 @@ Where each input comes from:
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import replace
 
@@ -42,6 +43,16 @@ CLOUD_SIDE = ("cloud", "dtype", "cloud_runtime", "prompts")
 
 def point_key(record: dict) -> tuple:
     return tuple(str(record.get(name)) for name in FIELDS)
+
+
+def columns_key(values) -> tuple:
+    """A point's summary columns as text, to find a record's row in a summary: a record's None and a
+    summary's "-" alike, a k of 2 and 2.0 alike."""
+    def text(v) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        return f"{float(v):g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+    return tuple(text(v) for v in values)
 
 
 def _same(record: dict, point: dict, names: tuple[str, ...]) -> bool:
@@ -191,7 +202,11 @@ def predict_point(records: list[dict], point: dict, cores_shared: bool | None = 
     """Predicted tokens/s of a spec point: co-located in process, split (drafting ahead or not) over its
     link. A split point with `overlap = "auto"` is predicted at the better of the two ways, what its rule
     aims for (specdec/overlap.py), so its error also shows what the rule's warm-up and probes cost."""
-    inputs = fit_inputs(records, point, cores_shared)
+    return predict_from(fit_inputs(records, point, cores_shared), point)
+
+
+def predict_from(inputs: CostInputs, point: dict) -> float:
+    """`predict_point` on inputs already fitted for `point`."""
     if point.get("deployment") != "split":
         return colocated(inputs).tokens_per_s
     if point.get("overlap") == "auto":

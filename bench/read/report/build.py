@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.read.report import deployment, fleet, page, plots
+from bench.read.report import deployment, fleet, page, paymap, plots
 from bench.read.report.inputs import ReportInputs, load_inputs
 from bench.read.report.pareto import FRONTS, fronts_of, point_labels, set_name
 from bench.read.report.recommend import node_notes, precision_notes, recommend
@@ -154,6 +154,7 @@ def build_report(results_dir: Path, out: Path | None = None, profile: Path | Non
         "precision_notes": precision_notes(summary) + node_notes(inputs.rows),
         "figures": [{**f, "src": page.image_src(f["path"], out, embed)} for f in figures],
         "figure_notes": notes,
+        "pays": paymap.section(inputs, labels, out, embed),
         "point_tables": point_tables,
         "samples": page.samples_blocks([s for s in samples if s["rows"]], labels),
         "profile": profile_block,
