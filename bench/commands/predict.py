@@ -49,8 +49,10 @@ def add_predict_parser(sub) -> None:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     user = [name for name in USER_FLAGS if getattr(args, name) is not None]
-    if args.results is not None and (user or args.acceptance_from):
+    if args.results is not None and (user or args.acceptance_from or args.colocated_ms_per_token is not None):
         raise ConfigError("give a RESULTS_DIR, or your own numbers with --acceptance-from, not both")
+    if args.results is None and args.cores is not None:
+        raise ConfigError("--cores applies to a RESULTS_DIR's split points: give the folder, or leave --cores out")
     if args.results is not None:
         return predict_folder(args.results, None if args.cores is None else args.cores == "shared")
     if len(user) < len(USER_FLAGS) or args.acceptance_from is None:
@@ -61,6 +63,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def _records(folder: Path) -> list[dict]:
     path = folder / "results.jsonl"
+    if not folder.exists():
+        raise InputError(f"{folder} does not exist: give a folder written by `specbench run` or `specbench sweep`")
+    if folder.is_file():
+        raise InputError(f"{folder} is a file: give the folder that holds results.jsonl ({folder.parent})")
     if not path.is_file():
         raise InputError(f"{folder} has no results.jsonl: give a folder written by `specbench run` or `specbench sweep`")
     return read_records(path)
@@ -92,7 +98,9 @@ def predict_folder(folder: Path, cores_shared: bool | None = None) -> int:
                      "measured_tokens_per_s_ci_high": row["tokens_per_s_ci_high"],
                      "predicted_tokens_per_s": predicted, "error": predicted / row["tokens_per_s"] - 1})
     table = pd.DataFrame(rows)
-    table.to_csv(folder / "predictions.csv", index=False)
+    partial = folder / "predictions.csv.partial"  # renamed when whole: Ctrl-C never leaves half a table
+    table.to_csv(partial, index=False)
+    partial.replace(folder / "predictions.csv")
     errors = table["error"].abs()
     worst = table.loc[errors.idxmax()]
     print(table[["label", "measured_tokens_per_s", "predicted_tokens_per_s", "error"]].to_string(index=False))
