@@ -139,3 +139,23 @@ def test_peer_settings_read_their_defaults_and_values(tmp_path):
     assert (read.threads, read.sink) == (1, tmp_path / "t.jsonl")
     with pytest.raises(ConfigError, match="is a folder: give a file path"):
         PeerSettings.from_env({"SPECBENCH_PEER_JSONL": str(tmp_path)})
+
+
+@pytest.mark.parametrize("line", ['{"id": "x", "mode": "spec"}', '{"id": "x", "mode": "spec", "status": "ok", "k": 2}'])
+def test_a_json_line_that_is_no_result_record_is_named(tmp_path, capsys, line):
+    """Valid JSON with an id and a mode (another tool's JSONL pasted in): the summary would fail deep inside."""
+    write_folder(tmp_path / "r", synthetic())
+    with (tmp_path / "r" / "results.jsonl").open("a") as f:
+        f.write(line + "\n")
+    count = len(synthetic()) + 1
+    assert main(["predict", str(tmp_path / "r")]) == 2
+    assert f"record {count} (id 'x') has no 'text' field" in one_error_line(capsys)
+    assert main(["predict", *USER, "--acceptance-from", str(tmp_path / "r")]) == 2
+    assert f"record {count} (id 'x') has no 'text' field" in one_error_line(capsys)
+
+
+def test_an_empty_results_file_says_so(tmp_path, capsys):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "results.jsonl").write_bytes(b"")
+    assert main(["predict", str(tmp_path / "r")]) == 2
+    assert "holds no finished record" in one_error_line(capsys)

@@ -28,6 +28,8 @@ from bench.derive.summary import summarize
 from specdec.errors import ConfigError, InputError
 
 USER_FLAGS = ("edge_ms_per_token", "verify_cost", "rtt_ms", "bandwidth_mbps")
+# what every finished record of `specbench run` / `sweep` holds and the summary reads from each one
+OK_FIELDS = ("text", "tokens", "new_tokens", "latency_s")
 
 
 def add_predict_parser(sub) -> None:
@@ -69,7 +71,15 @@ def _records(folder: Path) -> list[dict]:
         raise InputError(f"{folder} is a file: give the folder that holds results.jsonl ({folder.parent})")
     if not path.is_file():
         raise InputError(f"{folder} has no results.jsonl: give a folder written by `specbench run` or `specbench sweep`")
-    return read_records(path)
+    records = read_records(path)
+    if not records:
+        raise InputError(f"{path} holds no finished record: run `specbench sweep` into {folder} (or wait for it)")
+    for number, record in enumerate(records, start=1):
+        missing = [f for f in OK_FIELDS if f not in record]
+        if record.get("status", "ok") == "ok" and missing:
+            raise InputError(f"{path}: record {number} (id {record['id']!r}) has no {missing[0]!r} field: not a record "
+                             "specbench wrote; restore the file, or delete that line")
+    return records
 
 
 def _columns_key(values) -> tuple:
@@ -121,7 +131,8 @@ def _numbers(flag: str, text: str, count: int | None = None, zero_last: bool = F
         values = []
     allowed = [v > 0 or (zero_last and i == len(values) - 1 and v == 0) for i, v in enumerate(values)]
     if not values or not all(math.isfinite(v) for v in values) or not all(allowed) or (count and len(values) != count):
-        shape = f"{count} positive numbers separated by a comma" if count else "positive numbers"
+        shape = {None: "positive numbers", 1: "a positive number"}.get(
+            count, f"{count} positive numbers separated by a comma")
         shape += " (the last may be 0)" if zero_last else ""
         raise ConfigError(f"{flag} {text!r}: need {shape}, e.g. {'40,2' if count == 2 else '30'}")
     return values

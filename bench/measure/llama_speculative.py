@@ -96,7 +96,7 @@ def parse_report(stdout: str, stderr: str, prompt_text: str) -> SpeculativeRepor
     found = {key: pattern.search(stderr) for key, pattern in _REPORT.items()}
     if missing := [key for key, match in found.items() if match is None]:
         raise SpecdecError(f"llama.cpp's speculative example printed no {', '.join(missing)} report: its stderr ends "
-                           f"{stderr.strip()[-200:]!r}")
+                           f"{stderr.strip()[-200:]!r}; is {BINARY_ENV} the llama-speculative-simple of `{BUILD_COMMAND}`?")
     echo, tail = "\n\n" + prompt_text, "\n\n\n\n"  # two newlines after the text, two more at exit
     if not stdout.startswith(echo) or not stdout.endswith(tail):
         raise SpecdecError("llama.cpp's speculative example echoed a different prompt: its tokens of the prompt "

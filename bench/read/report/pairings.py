@@ -90,6 +90,8 @@ def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) 
     heights = [0.9 + 0.3 * len(points) for _, points in rows]
     fig, axes = plt.subplots(len(rows), 2, figsize=(12, sum(heights) + 0.6), squeeze=False,
                              gridspec_kw={"height_ratios": heights, "width_ratios": [3, 2]})
+    high = spec.get(f"{SPEEDUP}_ci_high", spec[SPEEDUP]).fillna(spec[SPEEDUP])
+    speed_top = max(float(high.max()), float(spec[SPEEDUP].max()), 1.0) * 1.1  # one scale: pairings compare by eye
     calls_top = max(float(spec[CALLS].max()) if CALLS in spec and spec[CALLS].notna().any() else 0.0, 0.05) * 1.15
     shown = set()
     for (speed_ax, calls_ax), ((prompts, name), points) in zip(axes, rows):
@@ -111,7 +113,7 @@ def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) 
             if CALLS in points:
                 calls_ax.scatter(points.loc[at, CALLS], y[at.to_numpy()], marker=marker, color="#1c7ed6", s=36, zorder=3)
         speed_ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
-        speed_ax.set_xlim(left=0)
+        speed_ax.set_xlim(0, speed_top)
         speed_ax.set_yticks(y, [labels[i] for i in points.index], fontsize=7)
         speed_ax.set_ylim(-0.6, len(points) - 0.4)
         speed_ax.set_title(f"{name} · prompt set {set_name(prompts)} · vs {_baseline_text(baselines[prompts])}",
