@@ -15,13 +15,12 @@ The table goes to stdout and `extra_info`; nothing asserts a time.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 from bench.core.prompts import load_prompts
 from bench.measure.llama_speculative import find_binary
-from bench.measure.peer_runtimes import build_peers, run_interleaved, table
+from bench.measure.peer_runtimes import PeerSettings, build_peers, run_interleaved, table
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.errors import ConfigError
 from specdec.models.registry import gguf_path, is_fetched
@@ -31,16 +30,17 @@ SETS = ("code", "zh-describe", "en-chat")
 
 @pytest.mark.realmodel
 def test_real_peer_runtimes(benchmark):
+    try:  # the settings first: a typo in them is one line, before any model is looked for
+        settings = PeerSettings.from_env(os.environ)
+    except ConfigError as e:
+        pytest.exit(f"error: {e}", returncode=2)
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specbench[llamacpp]')")
     if not (is_fetched(EDGE_ALIAS) and is_fetched(CLOUD_ALIAS)):
         pytest.skip(f"real pair not fetched: run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
     ggufs = {alias: gguf_path(alias) for alias in (EDGE_ALIAS, CLOUD_ALIAS)}
     if missing := [str(p) for p in ggufs.values() if not p.is_file()]:
         pytest.skip(f"GGUF files not kept ({', '.join(missing)}): run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
-    per_set = int(os.environ.get("SPECBENCH_PEER_PROMPTS", "3"))
-    tokens = int(os.environ.get("SPECBENCH_PEER_TOKENS", "48"))
-    threads = int(os.environ.get("SPECBENCH_PEER_THREADS", "2"))
-    sink = Path(os.environ.get("SPECBENCH_PEER_JSONL", "runs/peer_runtimes.jsonl"))
+    per_set, tokens, threads, sink = settings.prompts_per_set, settings.max_new_tokens, settings.threads, settings.sink
     prompts = [(r.prompt, r.system) for name in SETS for r in load_prompts(name)[:per_set]]
     try:
         binary = find_binary()

@@ -265,8 +265,9 @@ def test_report_from_a_tiny_sweep(tiny_report, tiny_sweep, capsys):
     index = tiny_report / "index.html"
     page = index.read_text(encoding="utf-8")
     sources = re.findall(r'<img src="([^"]+)"', page)
-    # speed-up intervals, six fronts, one heat-map figure, theory, per-position; where speculation pays: map, scatter
-    assert len(sources) == 12
+    # speed-up intervals, vs the fastest plain decoding per pairing, six fronts, one heat-map figure, theory,
+    # per-position; where speculation pays: map, scatter
+    assert len(sources) == 13
     assert all(not s.startswith(("/", "http", "file:")) and (tiny_report / s).is_file() for s in sources)
     for section in ("Recommended settings", "All points", "Sample outputs", "Run metadata", "Glossary"):
         assert section in page
@@ -321,7 +322,7 @@ def test_report_opens_in_chromium_after_moving(tiny_report, chromium, tmp_path):
     found = re.search(r'<pre id="image-check">(.*?)</pre>', done.stdout, re.S)
     assert found, f"chromium printed no image check: {done.stderr[-1500:]}"
     images = json.loads(html.unescape(found.group(1)))
-    assert len(images) == 12  # with the map and the predicted-vs-measured scatter
+    assert len(images) == 13  # as in test_report_from_a_tiny_sweep
     assert [i["src"] for i in images if i["width"] <= 0] == []  # every <img> loaded
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report.png"

@@ -28,6 +28,8 @@ from bench.derive.summary import summarize
 from specdec.errors import ConfigError, InputError
 
 USER_FLAGS = ("edge_ms_per_token", "verify_cost", "rtt_ms", "bandwidth_mbps")
+# what every finished record of `specbench run` / `sweep` holds and the summary reads from each one
+OK_FIELDS = ("text", "tokens", "new_tokens", "latency_s")
 
 
 def add_predict_parser(sub) -> None:
@@ -49,8 +51,10 @@ def add_predict_parser(sub) -> None:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     user = [name for name in USER_FLAGS if getattr(args, name) is not None]
-    if args.results is not None and (user or args.acceptance_from):
+    if args.results is not None and (user or args.acceptance_from or args.colocated_ms_per_token is not None):
         raise ConfigError("give a RESULTS_DIR, or your own numbers with --acceptance-from, not both")
+    if args.results is None and args.cores is not None:
+        raise ConfigError("--cores applies to a RESULTS_DIR's split points: give the folder, or leave --cores out")
     if args.results is not None:
         return predict_folder(args.results, None if args.cores is None else args.cores == "shared")
     if len(user) < len(USER_FLAGS) or args.acceptance_from is None:
@@ -61,9 +65,21 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def _records(folder: Path) -> list[dict]:
     path = folder / "results.jsonl"
+    if not folder.exists():
+        raise InputError(f"{folder} does not exist: give a folder written by `specbench run` or `specbench sweep`")
+    if folder.is_file():
+        raise InputError(f"{folder} is a file: give the folder that holds results.jsonl ({folder.parent})")
     if not path.is_file():
         raise InputError(f"{folder} has no results.jsonl: give a folder written by `specbench run` or `specbench sweep`")
-    return read_records(path)
+    records = read_records(path)
+    if not records:
+        raise InputError(f"{path} holds no finished record: run `specbench sweep` into {folder} (or wait for it)")
+    for number, record in enumerate(records, start=1):
+        missing = [f for f in OK_FIELDS if f not in record]
+        if record.get("status", "ok") == "ok" and missing:
+            raise InputError(f"{path}: record {number} (id {record['id']!r}) has no {missing[0]!r} field: not a record "
+                             "specbench wrote; restore the file, or delete that line")
+    return records
 
 
 def predict_folder(folder: Path, cores_shared: bool | None = None) -> int:
@@ -83,7 +99,9 @@ def predict_folder(folder: Path, cores_shared: bool | None = None) -> int:
                      "measured_tokens_per_s_ci_high": row["tokens_per_s_ci_high"],
                      "predicted_tokens_per_s": predicted, "error": predicted / row["tokens_per_s"] - 1})
     table = pd.DataFrame(rows)
-    table.to_csv(folder / "predictions.csv", index=False)
+    partial = folder / "predictions.csv.partial"  # renamed when whole: Ctrl-C never leaves half a table
+    table.to_csv(partial, index=False)
+    partial.replace(folder / "predictions.csv")
     errors = table["error"].abs()
     worst = table.loc[errors.idxmax()]
     print(table[["label", "measured_tokens_per_s", "predicted_tokens_per_s", "error"]].to_string(index=False))
@@ -104,7 +122,8 @@ def _numbers(flag: str, text: str, count: int | None = None, zero_last: bool = F
         values = []
     allowed = [v > 0 or (zero_last and i == len(values) - 1 and v == 0) for i, v in enumerate(values)]
     if not values or not all(math.isfinite(v) for v in values) or not all(allowed) or (count and len(values) != count):
-        shape = f"{count} positive numbers separated by a comma" if count else "positive numbers"
+        shape = {None: "positive numbers", 1: "a positive number"}.get(
+            count, f"{count} positive numbers separated by a comma")
         shape += " (the last may be 0)" if zero_last else ""
         raise ConfigError(f"{flag} {text!r}: need {shape}, e.g. {'40,2' if count == 2 else '30'}")
     return values

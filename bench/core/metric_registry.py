@@ -47,6 +47,9 @@ METRICS = {m.name: m for m in (
     Metric("speedup_vs_fastest_cloud", "x", "higher", "tokens/s over the fastest cloud-only point measured on the same "
            "prompts, any runtime and dtype (`fastest_cloud` names it; metrics.speedup; interval: paired bootstrap)",
            "timing"),
+    Metric("speedup_vs_fastest_plain", "x", "higher", "tokens/s over the fastest plain decoding measured on the same "
+           "prompts, cloud-only or edge-only, any runtime and dtype (`fastest_plain` names it; interval: paired "
+           "bootstrap); shown in the report's per-pairing figure, not judged by compare"),
     Metric("speedup_vs_colocated", "x", "higher", "a split point's tokens/s over its co-located point's (the same pair "
            "and settings in one process on the cloud's cores; metrics.speedup; interval: paired bootstrap)", "timing"),
     Metric("acceptance_rate", "fraction", "higher", "pooled accepted / drafted tokens (metrics.acceptance_rate)",
@@ -63,7 +66,8 @@ METRICS = {m.name: m for m in (
            "deterministic"),
     Metric("peak_rss_bytes", "bytes", "lower", "largest resident set of the point's process", "shown"),
     Metric("latency_with_network_p50_s", "s", "lower", "median latency plus the modelled network time (network.py)"),
-    Metric("cloud_calls_per_token", "calls per token", "lower", "cloud calls / new tokens (the gate's workload)"),
+    Metric("cloud_calls_per_token", "calls per token", "lower", "pooled cloud calls / new tokens (the gate's workload, "
+           "and a summary column with its interval: metrics.cloud_calls_per_token)"),
     Metric("cloud_calls", "calls", "lower", "cloud calls of a pass (the gate's workload)"),
     Metric("immediate_repeats", "count", "lower", "characters repeating the one before (health.text_health)"),
     Metric("punct_density", "fraction", None, "punctuation marks / characters; healthy inside 10-25 %, not monotone"),

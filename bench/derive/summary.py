@@ -6,6 +6,8 @@ own cloud runtime (or the edge-only point of its own edge runtime) with the same
 set (`baseline`), and against the fastest cloud-only point measured in the sweep on those prompts,
 whatever its runtime and dtype (`speedup_vs_fastest_cloud`; `fastest_cloud` names it): speculation
 that beats its own runtime's plain decoding may still lose to plain decoding in another runtime.
+`speedup_vs_fastest_plain` (`fastest_plain` names it) widens that to the fastest plain decoding of
+either model, cloud-only or edge-only: what a user who only wants speed would run instead.
 A split point is also compared with its co-located baseline (`speedup_vs_colocated`: the same pair
 and settings in one process on the cloud's cores, bench/measure/sweep_config.py), paired per prompt:
 drafting on a second machine must beat what the server alone does with both models.
@@ -63,6 +65,8 @@ def summarize(rows: list[dict], scores: dict[str, float] | None = None) -> pd.Da
         return frame
     frame = _agreement_with_cloud(_median_over_repeats(frame))
     summary = frame.groupby(COLUMNS, sort=False, dropna=False).apply(_point_stats, include_groups=False).reset_index()
+    # verify calls per token are speculation's cost (as in the gate's workload); cloud-only's every token is the cloud's
+    summary.loc[summary["mode"] != "spec", "cloud_calls_per_token"] = float("nan")
     return _intervals(_speedups(summary, frame), frame)
 
 
@@ -80,6 +84,7 @@ def _point_stats(group: pd.DataFrame) -> pd.Series:
         "tokens_per_s": metrics.tokens_per_s(totals),
         "acceptance_rate": metrics.acceptance_rate(totals),
         "cloud_call_rate": metrics.cloud_call_rate(totals),
+        "cloud_calls_per_token": metrics.cloud_calls_per_token(totals),
         "cloud_calls_per_prompt": group["cloud_calls"].mean(),
         "uplink_bytes_per_prompt": group["uplink_bytes"].mean() if "uplink_bytes" in group else float("nan"),
         "edge_s": totals["edge_s"], "cloud_s": totals["cloud_s"],
@@ -187,10 +192,21 @@ def fastest_cloud(summary: pd.DataFrame, prompts) -> pd.Series | None:
     return plain.loc[plain["tokens_per_s"].astype(float).idxmax()] if len(plain) else None
 
 
+def fastest_plain(summary: pd.DataFrame, prompts) -> pd.Series | None:
+    """The fastest plain decoding measured on `prompts`: cloud-only or edge-only, any runtime and dtype."""
+    plain = summary[summary["mode"].isin(RUNTIME_OF) & (summary["prompts"] == prompts) & summary["tokens_per_s"].notna()]
+    return plain.loc[plain["tokens_per_s"].astype(float).idxmax()] if len(plain) else None
+
+
 def plain_name(point) -> str:
     """`llamacpp float32`: which plain decoding a row is, by runtime and dtype."""
     runtime = point.get("cloud_runtime", "-") if point["mode"] == "cloud" else point.get("edge_runtime", "-")
     return f"{'torch' if runtime == '-' else runtime} {point['dtype']}"
+
+
+def plain_label(point) -> str:
+    """`cloud-only in llamacpp float32`: a plain decoding as a caption names it."""
+    return f"{point['mode']}-only in {plain_name(point)}"
 
 
 def _speedups(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
@@ -200,13 +216,17 @@ def _speedups(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, point in summary.iterrows():
         cloud, edge = first(baseline(summary, "cloud", point)), first(baseline(summary, "edge", point))
-        fastest = fastest_cloud(summary, point["prompts"])
+        fastest, quickest = fastest_cloud(summary, point["prompts"]), fastest_plain(summary, point["prompts"])
         extra = {"speedup_vs_cloud": float("nan"), "speedup_vs_edge": float("nan"), "speedup_vs_colocated": float("nan"),
                  "speedup_vs_fastest_cloud": float("nan"), "fastest_cloud": "-",
+                 "speedup_vs_fastest_plain": float("nan"), "fastest_plain": "-",
                  "cost_ratio_c": float("nan"), "theoretical_speedup": float("nan"), "speedup_efficiency": float("nan")}
         if fastest is not None:
             extra["speedup_vs_fastest_cloud"] = metrics.speedup(point["tokens_per_s"], fastest["tokens_per_s"])
             extra["fastest_cloud"] = plain_name(fastest)
+        if quickest is not None:
+            extra["speedup_vs_fastest_plain"] = metrics.speedup(point["tokens_per_s"], quickest["tokens_per_s"])
+            extra["fastest_plain"] = plain_label(quickest)
         if cloud is not None:
             extra["speedup_vs_cloud"] = metrics.speedup(point["tokens_per_s"], cloud["tokens_per_s"])
         if edge is not None:
@@ -229,13 +249,15 @@ INTERVALS = {
     "tokens_per_s": ("pooled", ("new_tokens", "latency_s")),
     "acceptance_rate": ("pooled", ("num_accepted_tokens", "num_draft_tokens")),
     "cloud_call_rate": ("pooled", ("cloud_calls", "cycles")),
+    "cloud_calls_per_token": ("pooled", ("cloud_calls", "new_tokens")),
     "chrf_vs_cloud": ("mean", ("chrf_vs_cloud",)),
     "token_match_vs_cloud": ("mean", ("token_match_vs_cloud",)),
 }
-# metric -> its baseline: the cloud-only or edge-only point of the same runtime, or the fastest cloud-only
-# (a split point's) co-located speculation on the cloud's cores
+# metric -> its baseline: the cloud-only or edge-only point of the same runtime, the fastest cloud-only, the
+# fastest plain decoding of either model, or (a split point's) co-located speculation on the cloud's cores
 SPEEDUPS = {"speedup_vs_cloud": "cloud", "speedup_vs_edge": "edge", "speedup_vs_fastest_cloud": "fastest_cloud",
-            "speedup_vs_colocated": "colocated"}
+            "speedup_vs_fastest_plain": "fastest_plain", "speedup_vs_colocated": "colocated"}
+FASTEST = {"fastest_cloud": fastest_cloud, "fastest_plain": fastest_plain}
 
 
 def ci_columns(metric: str) -> tuple[str, str]:
@@ -268,8 +290,8 @@ def _intervals(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
             columns[ci_columns(metric)[1]].append(high)
         for metric, mode in SPEEDUPS.items():
             low, high = float("nan"), float("nan")
-            if mode == "fastest_cloud":
-                fastest = fastest_cloud(summary, point["prompts"])
+            if mode in FASTEST:
+                fastest = FASTEST[mode](summary, point["prompts"])
                 base = summary.iloc[0:0] if fastest is None else fastest.to_frame().T
             elif mode == "colocated":
                 base = colocated(summary, point)

@@ -43,6 +43,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.core.folder import os_error_line
 from specdec.errors import ConfigError, SpecdecError
 
 BINARY_ENV = "SPECBENCH_LLAMA_SPECULATIVE"
@@ -95,7 +96,7 @@ def parse_report(stdout: str, stderr: str, prompt_text: str) -> SpeculativeRepor
     found = {key: pattern.search(stderr) for key, pattern in _REPORT.items()}
     if missing := [key for key, match in found.items() if match is None]:
         raise SpecdecError(f"llama.cpp's speculative example printed no {', '.join(missing)} report: its stderr ends "
-                           f"{stderr.strip()[-200:]!r}")
+                           f"{stderr.strip()[-200:]!r}; is {BINARY_ENV} the llama-speculative-simple of `{BUILD_COMMAND}`?")
     echo, tail = "\n\n" + prompt_text, "\n\n\n\n"  # two newlines after the text, two more at exit
     if not stdout.startswith(echo) or not stdout.endswith(tail):
         raise SpecdecError("llama.cpp's speculative example echoed a different prompt: its tokens of the prompt "
@@ -117,10 +118,15 @@ def run_speculative(binary: Path, target: str, draft: str, prompt_text: str, thr
     """One prompt through the example (a fresh process: both models loaded, timed by itself)."""
     command = speculative_command(binary, target, draft, prompt_text, threads, max_new_tokens)
     for attempt in range(REPORT_ATTEMPTS):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise SpecdecError(f"llama.cpp's speculative example ran past {timeout_s:g} s on one prompt: give fewer "
+                               "--max-new-tokens or more --threads") from None
         if done.returncode != 0:
-            raise SpecdecError(f"llama.cpp's speculative example exited with {done.returncode}: "
-                               f"{done.stderr.strip().splitlines()[-1:] or 'no message'}")
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise SpecdecError(f"llama.cpp's speculative example exited with {done.returncode}: {last} (check that "
+                               "--target and --draft are GGUF files of one tokenizer)")
         try:
             return parse_report(done.stdout, done.stderr, prompt_text)
         except SpecdecError:
@@ -129,25 +135,60 @@ def run_speculative(binary: Path, target: str, draft: str, prompt_text: str, thr
     raise AssertionError("unreachable")
 
 
+def _step(what: str, command: list[str], fix: str) -> None:
+    """One build step; its failure is one line (the tool's own output is above it)."""
+    done = subprocess.run(command)
+    if done.returncode != 0:
+        raise SpecdecError(f"{what} failed (exit {done.returncode}, its output is above): {fix}")
+
+
 def build(out: Path) -> Path:
     """Fetch llama-cpp-python's source distribution (the pinned version) and build the two examples
     from the llama.cpp it vendors, Release, no CURL, no tests, no server. Returns the binary."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder: give a folder for the source and build/")
     if not shutil.which("cmake"):
         raise ConfigError("cmake is not on PATH: install cmake (and a C++ compiler), then run the build again")
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out) as download:
-        subprocess.run([sys.executable, "-m", "pip", "download", LLAMA_CPP_PYTHON, "--no-deps", "--no-binary", ":all:",
-                        "-d", download], check=True)
-        archive = next(Path(download).glob("llama_cpp_python-*.tar.gz"))
+        _step(f"pip download {LLAMA_CPP_PYTHON}", [sys.executable, "-m", "pip", "download", LLAMA_CPP_PYTHON,
+                                                   "--no-deps", "--no-binary", ":all:", "-d", download],
+              "check the network and pip's index (pip config list), then run the build again")
+        archive = next(Path(download).glob("llama_cpp_python-*.tar.gz"), None)
+        if archive is None:
+            raise SpecdecError(f"pip downloaded no llama_cpp_python-*.tar.gz for {LLAMA_CPP_PYTHON}: the index offers "
+                               "no source distribution of it; point pip at one that does (PIP_INDEX_URL), then run again")
         with tarfile.open(archive) as tar:
             tar.extractall(out, filter="data")
-    source = next(out.glob("llama_cpp_python-*/vendor/llama.cpp"))
+    source = next(out.glob("llama_cpp_python-*/vendor/llama.cpp"), None)
+    if source is None:
+        raise SpecdecError(f"{LLAMA_CPP_PYTHON}'s source in {out} has no vendor/llama.cpp: delete {out} and run the "
+                           "build again")
     build_dir = out / "build"
-    subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"], check=True)
-    subprocess.run(["cmake", "--build", str(build_dir), "--target", "llama-speculative-simple", "llama-speculative",
-                    "-j", str(os.cpu_count() or 1)], check=True)
+    fix = "install a C++ compiler (gcc, g++) and cmake >= 3.14, delete the folder's build/ and run the build again"
+    _step("cmake (configure)", ["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+                                "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"], fix)
+    _step("cmake --build", ["cmake", "--build", str(build_dir), "--target", "llama-speculative-simple",
+                            "llama-speculative", "-j", str(os.cpu_count() or 1)], fix)
     return build_dir / "bin" / "llama-speculative-simple"
+
+
+def _positive(text: str) -> int:
+    """argparse type: a whole number >= 1 (threads, tokens)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"need a whole number >= 1, got {text!r}")
+    return value
+
+
+def _gguf(flag: str, path: str) -> str:
+    if not Path(path).expanduser().is_file():
+        raise ConfigError(f"{flag} {path!r} is not a file: give the path of a GGUF file (`specbench models fetch` keeps "
+                          "a registry entry's)")
+    return str(Path(path).expanduser())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,20 +201,28 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--target", required=True, help="the cloud's GGUF file")
     run_parser.add_argument("--draft", required=True, help="the edge's GGUF file")
     run_parser.add_argument("--prompt", required=True, help="text as the model sees it (chat template applied)")
-    run_parser.add_argument("--threads", type=int, default=2)
-    run_parser.add_argument("--max-new-tokens", type=int, default=48)
+    run_parser.add_argument("--threads", type=_positive, default=2)
+    run_parser.add_argument("--max-new-tokens", type=_positive, default=48)
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
             binary = build(Path(args.out).expanduser())
             print(f"built {binary}\nexport {BINARY_ENV}={binary}")
         else:
-            report = run_speculative(find_binary(args.binary), args.target, args.draft, args.prompt, args.threads,
-                                     args.max_new_tokens)
+            binary = find_binary(args.binary)  # first: without it nothing else matters
+            report = run_speculative(binary, _gguf("--target", args.target), _gguf("--draft", args.draft), args.prompt,
+                                     args.threads, args.max_new_tokens)
             print(json.dumps(asdict(report), ensure_ascii=False))
-    except (SpecdecError, OSError, subprocess.SubprocessError) as e:  # one line, exit 2
+    except SpecdecError as e:  # one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C: as `specbench` does, one line and 130
+        what = f"the build in {args.out} is unfinished; run it again" if args.command == "build" else "nothing written"
+        print(f"interrupted: {what}", file=sys.stderr)
+        return 130
     return 0
 
 

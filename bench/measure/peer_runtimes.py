@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -22,6 +22,7 @@ from bench.measure.llama_speculative import run_speculative
 from bench.measure.peer import Timed, paired, pooled_tokens_per_s
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
+from specdec.errors import ConfigError
 from specdec.models.loading import LoadedModel, load_model
 
 LLAMA_CPP_PYTHON = "llama-cpp-python plain"
@@ -31,6 +32,46 @@ SPEC = (  # (edge runtime, cloud runtime, k): greedy, every block verified
     ("llamacpp", "torch-int8", 3), ("llamacpp", "torch-int8", 4), ("llamacpp", "llamacpp", 4),
     ("torch-int8", "torch-int8", 4),
 )
+
+
+@dataclass(frozen=True)
+class PeerSettings:
+    """What the suite (bench/test_bench_peer_runtimes.py) reads from its environment; a bad value is one
+    ConfigError naming the variable and an example, before any model loads."""
+
+    prompts_per_set: int = 3  # SPECBENCH_PEER_PROMPTS
+    max_new_tokens: int = 48  # SPECBENCH_PEER_TOKENS
+    threads: int = 2  # SPECBENCH_PEER_THREADS
+    sink: Path = Path("runs/peer_runtimes.jsonl")  # SPECBENCH_PEER_JSONL: raw timings, overwritten
+
+    ENV = {"prompts_per_set": "SPECBENCH_PEER_PROMPTS", "max_new_tokens": "SPECBENCH_PEER_TOKENS",
+           "threads": "SPECBENCH_PEER_THREADS", "sink": "SPECBENCH_PEER_JSONL"}
+
+    def __post_init__(self) -> None:
+        for name in ("prompts_per_set", "max_new_tokens", "threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{self.ENV[name]}={value!r}: need a whole number >= 1, e.g. "
+                                  f"{self.ENV[name]}={getattr(PeerSettings, name)}")
+        if self.sink.is_dir():
+            raise ConfigError(f"SPECBENCH_PEER_JSONL={str(self.sink)!r} is a folder: give a file path, e.g. "
+                              "runs/peer_runtimes.jsonl")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "PeerSettings":
+        values = {}
+        for name, variable in cls.ENV.items():
+            text = environ.get(variable, "").strip()
+            if not text:
+                continue
+            if name == "sink":
+                values[name] = Path(text).expanduser()
+                continue
+            try:
+                values[name] = int(text)
+            except ValueError:
+                values[name] = text  # refused, with its variable's name, by __post_init__
+        return cls(**values)
 
 
 class LlamaCppPython:

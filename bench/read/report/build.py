@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.read.report import deployment, fleet, page, paymap, plots
+from bench.read.report import deployment, fleet, page, pairings, paymap, plots
 from bench.read.report.inputs import ReportInputs, load_inputs
 from bench.read.report.pareto import FRONTS, fronts_of, point_labels, set_name
 from bench.read.report.recommend import node_notes, precision_notes, recommend
@@ -73,6 +73,9 @@ def _figures(inputs: ReportInputs, labels: pd.Series, per_position: pd.DataFrame
     add(plots.plot_speedups(summary, labels, figures_dir / "speedup_intervals.png"), "speedup_intervals",
         "Speed-up vs cloud-only, with 95 % intervals", SPEEDUP_READ,
         "Speed-up intervals: needs a cloud-only baseline and at least one other point.")
+    plain = pairings.plot_vs_fastest_plain(summary, labels, figures_dir / "speedup_vs_fastest_plain.png")
+    add(plain.path, "vs_fastest_plain", plain.caption, pairings.READ,
+        f"Speed-up over the fastest plain decoding, per runtime pairing: {plain.reason}")
     for front in FRONTS:
         add(plots.plot_front(summary, labels, front, figures_dir / f"front_{front.name}.png"), front.name,
             front.title, front.how_to_read, f"{front.title}: no point has both numbers.")
