@@ -13,7 +13,8 @@ from bench.derive.capacity import distance_check, edge_profile, mean_acceptance
 from bench.derive.fleet_summary import cost_curve, read_fleet, summarize_fleet
 
 K = 3
-# Forwards of 4, 8 and 14 token ids at 10 ms + 1 ms per token: the fit is a = 10 ms, b = 1 ms exactly.
+# Forwards of 4, 8 and 14 token ids (and a cloud-only step of 2) at 10 ms + 1 ms per token: the fit is
+# a = 10 ms, b = 1 ms exactly.
 FORWARDS = [(4, 0.014), (8, 0.018), (14, 0.024)]
 
 
@@ -35,7 +36,7 @@ def cloud_record(level: str, clients: int, client: int, runtime: str) -> dict:
 
 def write_folder(out, runtimes=("torch-int8",)) -> None:
     """Per runtime: spec at N = 1, 2 (walls 1 s: 12 and 24 tok/s), cloud-only at N = 1, 2 (walls 2 s
-    and 1.6 s: 6 and 15 tok/s), and the three forwards."""
+    and 1.6 s: 6 and 15 tok/s), and four forwards."""
     out.mkdir()
     records, levels, batches = [], [], []
     for runtime in runtimes:
@@ -48,6 +49,9 @@ def write_folder(out, runtimes=("torch-int8",)) -> None:
         batches += [{"mode": "spec", "clients": 1, "repeat": 0, "level_run": f"{runtime}-spec-1", "cloud_runtime": runtime,
                      "t_s": 0.0, "rows": 1, "tokens": tokens, "max_block": tokens, "positions": tokens, "forward_s": seconds}
                     for tokens, seconds in FORWARDS]
+        batches.append({"mode": "cloud", "clients": 2, "repeat": 0, "level_run": f"{runtime}-cloud-2",
+                        "cloud_runtime": runtime, "t_s": 0.0, "rows": 2, "tokens": 2, "max_block": 1, "positions": 2,
+                        "forward_s": 0.012})  # on the same line: 10 ms + 2 · 1 ms
     for name, rows in (("results.jsonl", records), ("levels.jsonl", levels), ("batches.jsonl", batches)):
         (out / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
     config = {"prompts": "p.jsonl", "clients": [1, 2], "cloud": "m", "cloud_url": None, "cloud_runtime": runtimes[0],
