@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from bench.measure.caps import parse_cores, pin_cores
-from specdec.backends.base import DTYPES, RUNTIMES, check_runtime
+from specdec.backends.base import DTYPES, RUNTIMES, served_runtime
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.protocol import read_token, token_file_warning
@@ -56,10 +56,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          max_sessions_per_client=args.max_sessions_per_client)
     if args.cores:
         pin_cores(parse_cores(args.cores))
-    runtime = args.runtime or ("llamacpp" if args.model.endswith(".gguf") else "torch")
-    if runtime != "llamacpp" and args.model.endswith(".gguf"):
-        raise ConfigError(f"model {args.model!r} is a GGUF file, which llama.cpp runs: use --runtime llamacpp")
-    check_runtime(runtime, "--runtime")
+    runtime = served_runtime(args.model, args.runtime)
     model = load_model(args.model, args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True), runtime=runtime)
     try:
         stats = run_server(model, config, announce=lambda line: print(line, flush=True))

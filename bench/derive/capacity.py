@@ -17,6 +17,18 @@ prompt tokens; its edge spends E = V·(g + rtt) of its own. With N edges, B of t
 
 Cloud-only serving is the same with E = 0, V = n verifies of m = 1 token and alpha = 1 (tokens are
 streamed: no round trip per token).
+
+Beside it, two closed forms from the same measured inputs (`distance_check`), each against the
+measured spec throughput at every measured N (error = predicted / measured − 1):
+
+  paper   measured cloud-only throughput at N × (1 + γ·t_d / t_v)       ("Speculation at a Distance",
+          arXiv 2606.25091, bench/derive/costmodel.py's distance_capacity_factor: the saturated server)
+  ours    costmodel.server_tokens_per_s(x, N): N edges in lockstep, one forward of N rows a + b·N·(k + 1)
+          per cycle of k·t_d + rtt + that forward
+
+with γ = k, t_d = g / k (one edge's own time per verify spread over its k drafts, so k·t_d is what it
+measured), t_v = a + b·m (one verify alone on the fitted curve), and the cycle outcomes mixed from the
+two whole ones around alpha tokens per verify (`mean_acceptance`).
 """
 from __future__ import annotations
 
@@ -28,6 +40,8 @@ import pandas as pd
 
 from bench.core.network import profile
 from bench.core.records import read_records
+from bench.derive.costmodel import Acceptance, CostInputs, Link, Outcome, distance_capacity_factor, server_tokens_per_s
+from specdec.errors import ConfigError
 
 FLEET_SIZES = (100, 1000)
 TARGETS = (0.8, 0.5)  # target per-edge rates, as fractions of one edge's measured rate alone
@@ -125,3 +139,50 @@ def max_clients(fit: dict, edge: dict, target: float, cloud_only: bool, limit: i
         middle = (low + high) // 2
         low, high = (middle, high) if predict(middle, fit, edge, cloud_only)[0] >= target else (low, middle)
     return low
+
+
+def mean_acceptance(tokens_per_verify: float, k: int) -> Acceptance:
+    """Blocks of k drafts emitting `tokens_per_verify` on average: the two whole outcomes around it
+    (j and j + 1 accepted, each plus its correction or bonus), mixed to that mean."""
+    emitted = min(max(tokens_per_verify, 1.0), k + 1.0)
+    low = min(math.floor(emitted), k)  # emits `low` (low − 1 accepted) or low + 1
+    share = emitted - low
+    outcomes = [Outcome(1 - share, k, low - 1, low)] + ([Outcome(share, k, low, low + 1)] if share > 0 else [])
+    return Acceptance(tuple(outcomes))
+
+
+def fleet_cost_inputs(fit: dict, edge: dict, k: int) -> CostInputs:
+    """bench/derive/costmodel.py's inputs from a fleet's fitted cost curve and one edge alone (module docstring)."""
+    return CostInputs(draft_step_s=edge["g_s"] / k, verify_a_s=fit["a_s"], verify_b_s_per_token=fit["b_s_per_token"],
+                      acceptance=mean_acceptance(edge["alpha"], k), output_tokens=edge["n"], link=Link(rtt_s=edge["rtt_s"]))
+
+
+def distance_check(fit: dict, edge: dict | None, summary: pd.DataFrame, k: int) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """(the two closed forms for N = 1 .. the largest measured N, their error against the measured
+    spec throughput at each measured N, the inputs they read); empty with the reason where an input
+    is missing (module docstring)."""
+    spec = summary[summary["mode"] == "spec"].set_index("clients")["server_accepted_tokens_per_s"]
+    cloud = summary[summary["mode"] == "cloud"].set_index("clients")["server_accepted_tokens_per_s"]
+    if edge is None or spec.empty or math.isnan(fit["a_s"]):
+        return pd.DataFrame(), pd.DataFrame(), ["needs spec levels and a fitted cost curve"]
+    try:
+        x = fleet_cost_inputs(fit, edge, k)
+    except ConfigError as e:  # a fit below zero, an edge that spent no time of its own: no model to draw
+        return pd.DataFrame(), pd.DataFrame(), [f"the cost model cannot take this fleet's inputs: {e}"]
+    verify_s = fit["a_s"] + fit["b_s_per_token"] * edge["m"]
+    factor = distance_capacity_factor(k, x.draft_step_s, verify_s)
+    largest = int(max(spec.index.max(), cloud.index.max() if not cloud.empty else 1))
+    curve = pd.DataFrame({"clients": range(1, largest + 1)})
+    curve["ours"] = [server_tokens_per_s(x, int(n))[1] for n in curve["clients"]]
+    curve["paper"] = [cloud.get(n, math.nan) * factor for n in curve["clients"]]
+    rows = []
+    for n, measured in spec.items():
+        ours, paper = curve.loc[curve["clients"] == n, ["ours", "paper"]].iloc[0]
+        rows.append({"clients": int(n), "server tok/s measured": measured,
+                     "paper: cloud-only × factor": paper, "paper error": paper / measured - 1,
+                     "ours: server_tokens_per_s": ours, "ours error": ours / measured - 1})
+    inputs = [f"γ = k = {k}, t_d = {x.draft_step_s * 1e3:.2f} ms per drafted token, t_v = a + b·m = "
+              f"{verify_s * 1e3:.2f} ms: factor 1 + γ·t_d/t_v = {factor:.3f}",
+              f"ours: {edge['alpha']:.2f} tokens per verify, rtt {edge['rtt_s'] * 1e3:.0f} ms, a = {fit['a_s'] * 1e3:.2f} "
+              f"ms, b = {fit['b_s_per_token'] * 1e3:.3f} ms per token; no queueing, no prefill, edges in lockstep"]
+    return curve, pd.DataFrame(rows), inputs

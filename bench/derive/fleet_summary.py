@@ -5,7 +5,7 @@
   percentile of tokens/s); verify round trips p50/p99 as the client measured them, and the server's
   share of one apart: queued (waiting for the model) and computing; the server's forwards (mean
   rows per forward, the share of wall time it spent in forwards);
-- per (mode, N): the median over repeats, with min and max where repeats > 1, and the ratios a user
+- per (cloud runtime, mode, N): the median over repeats, with min and max where repeats > 1, and the ratios a user
   acts on, paired by repeat: throughput against N = 1, spec against cloud-only serving;
 - the per-batch cost curve: forward seconds against the tokens a forward fed, fitted as
   a + b·tokens (least squares), which the capacity model extrapolates.
@@ -22,6 +22,7 @@ import pandas as pd
 from bench.core.records import read_records
 
 LEVELS, BATCHES = "levels.jsonl", "batches.jsonl"
+UNKNOWN_RUNTIME = "unknown"  # a --cloud-url server that did not say what runs its model
 METRICS = ("server_accepted_tokens_per_s", "server_verified_tokens_per_s", "edge_tokens_per_s_p50",
            "edge_tokens_per_s_p90", "verify_latency_p50_s", "verify_latency_p99_s", "server_queue_p50_s",
            "server_compute_p50_s", "mean_batch_size",
@@ -39,6 +40,22 @@ def is_fleet(out: Path) -> bool:
     return (Path(out) / LEVELS).is_file()
 
 
+def folder_runtime(out: Path) -> str:
+    """The cloud runtime of a fleet folder whose levels predate `cloud_runtime`: its own server ran the
+    default (`serve`'s: llamacpp for a .gguf model, else torch), a --cloud-url server is unknown."""
+    identity = Path(out) / "fleet.json"
+    config = json.loads(identity.read_text(encoding="utf-8")).get("config", {}) if identity.is_file() else {}
+    if config.get("cloud_runtime"):
+        return config["cloud_runtime"]
+    cloud = config.get("cloud")
+    return UNKNOWN_RUNTIME if not cloud else "llamacpp" if cloud.endswith(".gguf") else "torch"
+
+
+def runtime_of(row: dict, default: str) -> str:
+    """A level's, record's or forward's cloud runtime (`default` for one written before it was recorded)."""
+    return row.get("cloud_runtime") or default
+
+
 def level_stats(level: dict, records: list[dict], batches: list[dict]) -> dict:
     ok = [r for r in records if r["status"] == "ok"]
     wall = level["wall_s"]
@@ -52,6 +69,7 @@ def level_stats(level: dict, records: list[dict], batches: list[dict]) -> dict:
     quantile = lambda values, q: float(np.quantile(values, q)) if values.size else math.nan  # noqa: E731
     return {
         "mode": level["mode"], "clients": level["clients"], "repeat": level["repeat"], "wall_s": wall,
+        "cloud_runtime": level["cloud_runtime"],
         "generations": len(ok), "new_tokens": new_tokens,
         "server_accepted_tokens_per_s": new_tokens / wall,
         "server_verified_tokens_per_s": sum(r.get("positions", 0) for r in ok) / wall,
@@ -75,22 +93,26 @@ def level_stats(level: dict, records: list[dict], batches: list[dict]) -> dict:
 
 def level_table(out: Path) -> pd.DataFrame:
     records, levels, batches = read_fleet(out)
+    default = folder_runtime(out)
     rows = []
     for level in levels:
         run = level["level_run"]
+        level = {**level, "cloud_runtime": runtime_of(level, default)}
         rows.append(level_stats(level, [r for r in records if r.get("level_run") == run],
                                 [b for b in batches if b.get("level_run") == run]))
     return pd.DataFrame(rows)
 
 
 def summarize_fleet(out: Path) -> pd.DataFrame:
-    """One row per (mode, N): medians over repeats, the spread of throughput, and paired ratios."""
-    levels = level_table(out)
-    if levels.empty:
-        return levels
+    """One row per (cloud runtime, mode, N): medians over repeats, the spread of throughput, and paired
+    ratios (within one runtime: a folder served by several --cloud-url servers keeps them apart)."""
+    table = level_table(out)
+    if table.empty:
+        return table
     rows = []
-    for (mode, clients), group in levels.groupby(["mode", "clients"], sort=True):
-        row = {"mode": mode, "clients": int(clients), "repeats": len(group)}
+    for (runtime, mode, clients), group in table.groupby(["cloud_runtime", "mode", "clients"], sort=True):
+        levels = table[table["cloud_runtime"] == runtime]
+        row = {"cloud_runtime": runtime, "mode": mode, "clients": int(clients), "repeats": len(group)}
         for metric in METRICS:
             row[metric] = float(group[metric].median())
         throughput = group["server_accepted_tokens_per_s"]

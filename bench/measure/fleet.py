@@ -27,7 +27,7 @@ from tqdm import tqdm
 from bench.measure.caps import parse_cores
 from bench.measure.fleet_clients import Script, cloud_only, replay, script_of, server_info, server_log
 from bench.measure.fleet_config import FleetConfig
-from bench.derive.fleet_summary import BATCHES, LEVELS, summarize_fleet
+from bench.derive.fleet_summary import BATCHES, LEVELS, UNKNOWN_RUNTIME, summarize_fleet
 from bench.core.folder import IDENTITY_FILES, claim, differences, has_results, write_identity, writer
 from bench.measure.link import Link
 from bench.core.network import profile
@@ -35,6 +35,7 @@ from bench.core.point import FIELDS
 from bench.core.prompts import load_prompts
 from bench.core.records import ResultsFile, environment, read_records
 from bench.measure.launch import ServerProcess, edge_ready, start_edge, stop_edges
+from specdec.backends.base import served_runtime
 from specdec.cloud import CloudLost
 from specdec.config import DecodeConfig, SpecConfig
 from specdec.errors import InputError
@@ -50,7 +51,8 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
     token = read_token(config.token_file) if config.token_file else None
     with writer(out):
         identity = {**settings["fleet"], **settings["spec"], **settings["decode"]}  # flat: a refusal names the field
-        claim(out, "fleet", identity)
+        # A folder written before `cloud_runtime` was: its own server ran the default, a --cloud-url one is unknown.
+        claim(out, "fleet", identity, before={"cloud_runtime": config.cloud and served_runtime(config.cloud, None)})
         if not (has_results(out) and (out / IDENTITY_FILES["fleet"]).is_file()):
             write_identity(out, "fleet", {"config": identity, "environment": environment()})
         done = {(lv["mode"], lv["clients"], lv["repeat"]) for lv in ResultsFile(out / LEVELS, ("mode", "clients")).read()}
@@ -62,8 +64,9 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
             bar = services.enter_context(tqdm(total=sum(n * len(prompts) for _, n, _ in plan), desc="fleet",
                                               unit="generation", disable=not progress))
             url = config.cloud_url or services.enter_context(ServerProcess(
-                config.cloud, config.dtype, config.cloud_cores, "--max-batch", str(config.max_batch),
-                "--batch-window-ms", str(config.batch_window_ms), "--max-sessions", str(2 * max(config.clients) + 2)))
+                config.cloud, config.dtype, config.cloud_cores, "--runtime", config.cloud_runtime,
+                "--max-batch", str(config.max_batch), "--batch-window-ms", str(config.batch_window_ms),
+                "--max-sessions", str(2 * max(config.clients) + 2)))
             if config.cloud and config.cloud_cores:  # this process and its edge processes: the other cores
                 others = sorted(os.sched_getaffinity(0) - set(parse_cores(config.cloud_cores, "--cloud-cores")))
                 if others:
@@ -132,6 +135,9 @@ class Fleet:
                 self.url = await asyncio.wait_for(listening, 10)
             info = await server_info(self.server_url, self.token)
             self.cloud_model, self.vocab = info["model"], info["vocab_size"]
+            # What the server says it runs; an older server does not say: the fleet's own server runs what it was
+            # started with, someone else's (--cloud-url) is unknown, never guessed.
+            self.cloud_runtime = info.get("runtime") or self.config.cloud_runtime or UNKNOWN_RUNTIME
             await self.warm_up()
             for mode, clients, repeat in plan:
                 await self.level(mode, clients, repeat)
@@ -149,7 +155,8 @@ class Fleet:
         kind = None if mode == "cloud" else ("replay" if self.config.edge_replay else "process")
         spec = self.settings["spec"]
         return {"mode": mode, "clients": clients, "repeat": repeat, "level_run": run_id, "edge_kind": kind,
-                "cloud": self.cloud_model, "prompts": self.config.prompts, "dtype": self.config.dtype,
+                "cloud": self.cloud_model, "cloud_runtime": self.cloud_runtime, "prompts": self.config.prompts,
+                "dtype": self.config.dtype,
                 "link": self.config.link, "rate": self.config.rate, "max_batch": self.config.max_batch,
                 "batch_window_ms": self.config.batch_window_ms, "policy": spec["policy"], "k": spec["k"],
                 "entropy_threshold": spec["entropy_threshold"], "max_new_tokens": self.settings["decode"]["max_new_tokens"]}
@@ -175,11 +182,13 @@ class Fleet:
             await stop_edges(processes)
         batches, _ = await server_log(self.server_url, since, self.token)
         for batch in batches:
-            self.batches.append({"mode": mode, "clients": clients, "repeat": repeat, "level_run": run_id, **batch})
+            self.batches.append({"mode": mode, "clients": clients, "repeat": repeat, "level_run": run_id,
+                                 "cloud_runtime": self.cloud_runtime, **batch})
         if failed:
             raise InputError(f"{failed} generations of the {mode} level with {clients} clients failed (recorded with "
                              f"their error in {self.results.path}); fix the cause and rerun to redo that level")
-        self.levels.append({"mode": mode, "clients": clients, "repeat": repeat, "level_run": run_id, "wall_s": wall_s,
+        self.levels.append({"mode": mode, "clients": clients, "repeat": repeat, "level_run": run_id,
+                            "cloud_runtime": self.cloud_runtime, "wall_s": wall_s,
                             "generations": clients * len(self.prompts)})
 
     def seed(self, point: dict, index: int) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bench.core.network import profile
 from bench.core.prompts import PromptInputs
+from specdec.backends.base import RUNTIMES, served_runtime
 from specdec.config import DeployConfig, EngineConfig, SpecConfig, check_types
 from specdec.errors import ConfigError
 from specdec.remote.protocol import parse_address
@@ -34,6 +35,10 @@ class FleetConfig:
     cloud: str | None = field(default=None, metadata={
         "help": "cloud model: the fleet starts `specbench serve` for it (or give --cloud-url)"})
     cloud_url: str | None = field(default=None, metadata={"help": "a running `specbench serve` (HOST:PORT) to load"})
+    cloud_runtime: str | None = field(default=None, metadata={
+        "help": "server started by the fleet: what runs the cloud, as `serve --runtime` (torch, torch-int8, llamacpp; "
+                "default llamacpp for a .gguf --cloud, else torch); cloud-only serving runs on the same server. With "
+                "--cloud-url the records name the runtime that server reports", "choices": RUNTIMES})
     token_file: str | None = DeployConfig.token_file
     cloud_timeout_s: float = DeployConfig.cloud_timeout_s
     baseline: bool = field(default=True, metadata={
@@ -60,6 +65,8 @@ class FleetConfig:
         if isinstance(self.clients, list):
             object.__setattr__(self, "clients", tuple(self.clients))
         check_types(self)
+        if self.cloud_runtime is not None and self.cloud_runtime not in RUNTIMES:
+            raise ConfigError(f"unknown cloud_runtime {self.cloud_runtime!r}: use one of {', '.join(RUNTIMES)}")
         if not self.clients or any(not 1 <= n <= MAX_CLIENTS for n in self.clients):
             raise ConfigError(f"clients must be fleet sizes in [1, {MAX_CLIENTS}], got {list(self.clients)}")
         if len(set(self.clients)) != len(self.clients):
@@ -68,6 +75,11 @@ class FleetConfig:
             raise ConfigError("a fleet needs its server: give --cloud MODEL (the fleet starts it) or --cloud-url HOST:PORT")
         if self.cloud_url is not None:
             parse_address(self.cloud_url, "--cloud-url")
+            if self.cloud_runtime is not None:
+                raise ConfigError("--cloud-runtime chooses what runs the server the fleet starts; a --cloud-url server "
+                                  "runs as it was started (`serve --runtime`): drop --cloud-runtime")
+        else:  # the runtime the started server runs, resolved as `serve` resolves it
+            object.__setattr__(self, "cloud_runtime", served_runtime(self.cloud, self.cloud_runtime, "--cloud-runtime"))
         if (self.edge is None) == (self.edge_replay is None):
             raise ConfigError("a fleet's edges are --edge MODEL (edge processes) or --edge-replay DIR (a recorded "
                               "split run): give exactly one")

@@ -34,6 +34,16 @@ def check_runtime(runtime: str, flag: str = "runtime") -> None:
         raise ConfigError(f"{flag} llamacpp needs llama-cpp-python, which is not installed: {LLAMACPP_EXTRA}")
 
 
+def served_runtime(model: str, runtime: str | None, flag: str = "--runtime") -> str:
+    """The runtime a server of `model` runs: `runtime`, or by default llamacpp for a `.gguf` file and
+    torch otherwise; a GGUF file in another runtime, or a runtime whose package is missing, is refused."""
+    runtime = runtime or ("llamacpp" if model.endswith(".gguf") else "torch")
+    if runtime != "llamacpp" and model.endswith(".gguf"):
+        raise ConfigError(f"model {model!r} is a GGUF file, which llama.cpp runs: use {flag} llamacpp")
+    check_runtime(runtime, flag)
+    return runtime
+
+
 def cache_kwarg(forward) -> str:
     """The name under which `forward` takes its KV cache: `past_key_values` up to transformers 5.23,
     `cache` from 5.24 (which still takes the old name until 5.40 but warns on every call)."""

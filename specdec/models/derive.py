@@ -1,11 +1,14 @@
 """Edge drafters derived from a model at load time, named `MODEL@OP[+OP...]`:
 
     int8   dynamic int8 quantization of every nn.Linear, output head included (weights int8 with
-           one scale per tensor, activations quantized per batch at run time;
+           one scale per tensor, activations quantized per call at run time;
            torch.ao.quantization.quantize_dynamic), float32 rest. Whisper and causal LMs.
     int8c  the same with one weight scale per output channel (per_channel_dynamic_qconfig): closer
            to the float weights where a few rows have outlying ranges, at about the same speed.
            Whisper and causal LMs.
+    int8t  int8 with activations quantized per token (`TokenScaledInt8`): a row's logits do not
+           depend on the rows batched beside it, so a batching server's verdicts are a session's
+           own; slower per Linear than int8 (a few elementwise passes and one anchor row).
     decN   the decoder's first N layers only (the final norm and tied head are kept): a
            layer-skipping drafter in the style of LayerSkip / self-speculative decoding
            (Elhoushi et al. 2024; Zhang et al. 2023). Whisper only.
@@ -28,8 +31,9 @@ from torch import nn
 from specdec.errors import ModelError
 
 _DEC = re.compile(r"^dec([1-9][0-9]*)$")
-INT8 = ("int8", "int8c")  # per tensor, per output channel
-OPS_HELP = "int8, int8c (per-channel int8), decN (first N decoder layers)"
+_TINY = 1e-12  # a token's scale floor: an all-zero row stays zeros, not NaN
+INT8 = ("int8", "int8c", "int8t")  # per tensor, per output channel; int8t: activations per token (batch-invariant)
+OPS_HELP = "int8, int8c (per-channel int8), int8t (per-token int8), decN (first N decoder layers)"
 CAUSAL_OPS = INT8  # what a causal LM can derive (decN truncates Whisper's decoder only)
 
 
@@ -40,7 +44,7 @@ def parse_ops(text: str) -> tuple[str, ...]:
         if op not in INT8 and not _DEC.match(op):
             raise ModelError(f"unknown derivation {op!r} in {text!r}: use {OPS_HELP}, joined with '+'")
     if len(set(ops)) != len(ops) or len(set(ops) & set(INT8)) > 1:
-        raise ModelError(f"derivation {text!r} repeats an op (int8 and int8c are one op, quantized two ways)")
+        raise ModelError(f"derivation {text!r} repeats an op (int8, int8c and int8t are one op, quantized three ways)")
     return ops
 
 
@@ -76,7 +80,7 @@ def derive(model, ops: tuple[str, ...]):
     check_derivable(model.config.model_type, ops)
     for op in ops:
         if op in INT8:
-            model = quantize_int8(model, per_channel=op == "int8c")
+            model = quantize_int8(model, per_channel=op == "int8c", per_token=op == "int8t")
         else:
             model = truncate_decoder(model, int(_DEC.match(op).group(1)))
     return model.eval()
@@ -92,9 +96,10 @@ def truncate_decoder(model, n_layers: int):
     return model
 
 
-def quantize_int8(model, per_channel: bool = False):
-    """Every nn.Linear -> a dynamic int8 Linear: y = dequant(W_q) x_q, x quantized per call (per
-    tensor), W_q int8 with one scale per tensor, or per output row when `per_channel`."""
+def quantize_int8(model, per_channel: bool = False, per_token: bool = False):
+    """Every nn.Linear -> a dynamic int8 Linear (in place): y = dequant(W_q) x_q, x quantized per call
+    (per tensor), W_q int8 with one scale per tensor, or per output row when `per_channel`; with
+    `per_token`, wrapped in a `TokenScaledInt8` (x quantized per token: batch-invariant)."""
     if next(model.parameters()).dtype != torch.float32:
         raise ModelError("int8 derivation needs the model in float32 (dynamic quantization runs float32 activations)")
     with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao, not installed here
@@ -102,4 +107,50 @@ def quantize_int8(model, per_channel: bool = False):
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
         spec = {nn.Linear: per_channel_dynamic_qconfig} if per_channel else {nn.Linear}
-        return quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)  # no second copy
+        model = quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)  # no second copy
+    if not per_token:
+        return model
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.ao.nn.quantized.dynamic.Linear):
+                setattr(parent, name, TokenScaledInt8(child))
+    return model
+
+
+class TokenScaledInt8(nn.Module):
+    """torch's dynamic int8 Linear with its activations quantized per token instead of per call.
+
+    The dynamic Linear quantizes a whole call's activations with one (scale, zero point) from its min
+    and max, so a row's logits moved with the rows batched beside it (other sessions, padding). Here
+    each row x is mapped onto [-1, 1] by its own range, x' = (x - c) / h with c, h its midpoint and
+    half-range, and one anchor row holding -1 and +1 is appended: every call's range is then [-1, 1],
+    so every row is quantized with the same fixed parameters on a grid as fine as its own range
+    allows (a row alone gets at least the grid it got before), the int8 product is exact in int32, and
+
+        y = W x + b = h · (W_q x')_deq + c · (W_q 1)_deq + b        ([M, out], W_q 1: row sums of W_q)
+
+    is the same, bit for bit, for a row alone or in any batch."""
+
+    def __init__(self, quantized: nn.Module) -> None:
+        super().__init__()
+        self.bias = quantized.bias()  # added after rescaling, not inside the scaled product
+        weight = quantized.weight()
+        quantized.set_weight_bias(weight, None)
+        self.inner, self.in_features, self.out_features = quantized, quantized.in_features, quantized.out_features
+        self.register_buffer("row_sums", weight.dequantize().sum(dim=1), persistent=False)  # [out]
+        anchor = torch.zeros(1, self.in_features)
+        anchor[0, 0], anchor[0, -1] = 1.0, -1.0  # in_features >= 2 for any model here
+        self.register_buffer("anchor", anchor, persistent=False)
+
+    def weight(self) -> torch.Tensor:
+        """The quantized weight (a method, as the dynamic Linear has it)."""
+        return self.inner.weight()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)  # [M, in]
+        low, high = rows.amin(dim=1, keepdim=True), rows.amax(dim=1, keepdim=True)  # [M, 1]: one range per token
+        center, half = (high + low) / 2, ((high - low) / 2).clamp(min=_TINY)
+        out = self.inner(torch.cat([(rows - center) / half, self.anchor]))[:-1] * half + center * self.row_sums
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)

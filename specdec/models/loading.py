@@ -36,6 +36,7 @@ class LoadedModel:
     tokenizer: Any
     load_s: float
     feature_extractor: Any = None  # audio models only
+    runtime: str | None = None  # what runs it (specdec.backends.base.RUNTIMES); None where unsaid
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -237,7 +238,8 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
                                                                ignore_mismatched_sizes=True)
         check_weights(name, location, info)
         backend = HFCausalBackend(derive(model, ops), name=name)
-    return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor)
+    return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor,
+                       "torch-int8" if set(INT8) & set(ops) else "torch")  # `NAME@int8` runs int8 whatever was asked
 
 
 def load_gguf(name: str, log: Callable[[str], object] = print) -> LoadedModel:
@@ -271,7 +273,7 @@ def load_gguf(name: str, log: Callable[[str], object] = print) -> LoadedModel:
     if (folder / "generation_config.json").is_file():  # the converted folder's stop tokens, as torch reads them
         declared = GenerationConfig.from_pretrained(folder).eos_token_id
         backend.eos_ids |= frozenset(declared if isinstance(declared, (list, tuple)) else [declared] if declared is not None else [])
-    return LoadedModel(name, str(gguf), backend, tokenizer, time.perf_counter() - start)
+    return LoadedModel(name, str(gguf), backend, tokenizer, time.perf_counter() - start, runtime="llamacpp")
 
 
 def check_weights(name: str, location: str, info: dict) -> None:

@@ -4,7 +4,8 @@ One connection carries one session at a time; a session's KV cache lives until `
 the connection, or the server's idle TTL, whichever comes first.
 
   edge -> cloud                                         cloud -> edge
-  hello  {schema, token}                                ready   {schema, model, vocab_size, tokenizer_sha256, accepts_audio}
+  hello  {schema, token}                                ready   {schema, model, vocab_size, tokenizer_sha256, accepts_audio,
+                                                                 runtime}
   open   {prompt_ids, features, settings...}            (no reply: sent back to back with the first verify)
   verify {base, new, draft, probs}                      verdict {accepted, token, tokens_in, compute_s, queue_s, batch}
   generate {}                                           generated {tokens, stopped_by, queue_s[], compute_s[], batch[]}
@@ -17,6 +18,8 @@ next-token step at a time. `batch` = rows in the forward that served the request
 
 `verify.new` = accepted tokens the server has not seen (corrections, bonuses and unescalated blocks
 since its last verdict); `base` = the edge's accepted length, so both sides check they agree.
+`ready.runtime` = what runs the model (torch, torch-int8, llamacpp; nil where the server cannot say); an
+older server leaves it out, so a client reads a missing one as unknown.
 `probs` (sample policy only) = the draft distributions the tokens were drawn from: [n, V] float32, or
 the top-N rows as (index, value) when the edge drafts from a top-N truncated distribution.
 """

@@ -18,8 +18,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bench.derive.capacity import capacity_model, edge_profile  # noqa: E402
-from bench.derive.fleet_summary import cost_curve, level_table, read_fleet, summarize_fleet  # noqa: E402
+from bench.derive.capacity import capacity_model, distance_check, edge_profile  # noqa: E402
+from bench.derive.fleet_summary import (cost_curve, folder_runtime, level_table, read_fleet, runtime_of,  # noqa: E402
+                                        summarize_fleet)
 from bench.read.report import page  # noqa: E402
 
 COLORS = {"spec": "#4C72B0", "cloud": "#C44E52"}
@@ -30,7 +31,16 @@ CAPACITY_READ = (
     "all its clients together (bars: min to max over repeats). Dashed, right axis: what one edge got (median tokens/s "
     "of its generations). Blue is speculative decoding (each client an edge drafting and the server verifying its "
     "blocks); red is the same N clients served cloud-only (the server generates every token). Batching shows as a "
-    "solid line that rises while the dashed one stays flat; where the dashed line falls, each edge pays for sharing.")
+    "solid line that rises while the dashed one stays flat; where the dashed line falls, each edge pays for sharing. "
+    "Grey, left axis, not measured: the spec throughput two closed forms predict from this fleet's own inputs, the "
+    "paper's saturated factor 1 + γ·t_d/t_v times the measured cloud-only throughput (crosses), and our cost model's "
+    "server of N edges for every N (dotted); their error is tabled under Scale on paper.")
+DISTANCE_READ = (
+    "The spec server throughput two closed forms predict, against what was measured at each N (error = predicted / "
+    "measured − 1). Paper: Speculation at a Distance (arXiv 2606.25091) says a saturated server carries "
+    "1 + γ·t_d/t_v times the clients of cloud-only serving, applied here to the measured cloud-only throughput at the "
+    "same N. Ours: bench/derive/costmodel.py's server_tokens_per_s, N edges in lockstep sharing one forward per cycle, "
+    "from the fitted cost curve of this runtime and one edge alone.")
 BATCH_READ = (
     "How many sessions each server forward carried, per fleet size: bars are the share of forwards with that many "
     "rows. A window of 0 ms batches only what queued while the previous forward ran.")
@@ -48,19 +58,29 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def plot_capacity(summary: pd.DataFrame, path: Path) -> Path | None:
+def plot_capacity(summary: pd.DataFrame, path: Path, predicted: dict[str, pd.DataFrame] | None = None) -> Path | None:
+    """The measured curves per (runtime, mode), and per runtime the two closed forms' predicted spec
+    throughput (`predicted`: distance_check's curves by runtime)."""
     if summary.empty:
         return None
     fig, left = plt.subplots(figsize=(7.5, 4.6))
     right = left.twinx()
-    for mode, rows in summary.groupby("mode"):
+    several = summary["cloud_runtime"].nunique() > 1
+    markers = dict(zip(sorted(summary["cloud_runtime"].unique()), "o^vD<>"))
+    for (runtime, mode), rows in summary.groupby(["cloud_runtime", "mode"]):
         rows = rows.sort_values("clients")
+        name = f"{NAMES[mode]}, {runtime}" if several else NAMES[mode]
         y = rows["server_accepted_tokens_per_s"]
         error = [y - rows["server_accepted_tokens_per_s_min"], rows["server_accepted_tokens_per_s_max"] - y]
-        left.errorbar(rows["clients"], y, yerr=error, color=COLORS[mode], marker="o", capsize=3,
-                      label=f"{NAMES[mode]}: server tok/s")
+        left.errorbar(rows["clients"], y, yerr=error, color=COLORS[mode], marker=markers[runtime], capsize=3,
+                      label=f"{name}: server tok/s")
         right.plot(rows["clients"], rows["edge_tokens_per_s_p50"], color=COLORS[mode], marker="s", linestyle="--",
-                   label=f"{NAMES[mode]}: per-edge tok/s")
+                   label=f"{name}: per-edge tok/s")
+    for runtime, curve in (predicted or {}).items():
+        suffix = f", {runtime}" if several else ""
+        left.plot(curve["clients"], curve["ours"], color="grey", linestyle=":", label=f"spec by our cost model{suffix}")
+        left.plot(curve["clients"], curve["paper"], color="grey", marker="x", linestyle="none",
+                  label=f"spec by 1 + γ·t_d/t_v × cloud-only{suffix}")
     left.set_xscale("log", base=2)
     left.set_xticks(sorted(summary["clients"].unique()), [str(n) for n in sorted(summary["clients"].unique())])
     left.set_xlabel("clients N (edges sharing one server)")
@@ -147,6 +167,21 @@ def findings(summary: pd.DataFrame) -> list[str]:
     return lines
 
 
+def scale_on_paper(runtime: str, records: list[dict], batches: list[dict], summary: pd.DataFrame,
+                   config: dict) -> dict:
+    """One runtime's fitted cost curve, capacity model and closed-form check (its own forwards only:
+    a folder served by several --cloud-url servers fits each apart)."""
+    fit = cost_curve(batches)
+    edge = edge_profile(records, summary, config["link"], config["edge_replay"])
+    check, model, assumptions = capacity_model(fit, edge, summary)
+    curve, distance, inputs = distance_check(fit, edge, summary, int(config["k"]))
+    shown = distance.round({"server tok/s measured": 2, "paper: cloud-only × factor": 2, "ours: server_tokens_per_s": 2,
+                            "paper error": 3, "ours error": 3})
+    return {"runtime": runtime, "fit": fit, "curve": curve, "check": page.table_html(check) if not check.empty else "",
+            "model": page.table_html(model) if not model.empty else "", "assumptions": assumptions,
+            "distance": page.table_html(shown) if not shown.empty else "", "distance_inputs": inputs}
+
+
 def build_fleet_report(results_dir: Path, out: Path, embed: bool = False) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for stale in (out / "figures").glob("*.png"):
@@ -155,19 +190,22 @@ def build_fleet_report(results_dir: Path, out: Path, embed: bool = False) -> Pat
     summary = summarize_fleet(results_dir)
     identity = json.loads((results_dir / "fleet.json").read_text(encoding="utf-8"))
     config = identity["config"]
-    fit = cost_curve(batches)
-    edge = edge_profile(records, summary, config["link"], config["edge_replay"])
-    check, model, assumptions = capacity_model(fit, edge, summary)
+    default = folder_runtime(results_dir)
+    runtimes = sorted(summary["cloud_runtime"].unique()) if not summary.empty else []
+    scales = [scale_on_paper(runtime, [r for r in records if runtime_of(r, default) == runtime],
+                             [b for b in batches if runtime_of(b, default) == runtime],
+                             summary[summary["cloud_runtime"] == runtime], config) for runtime in runtimes]
     figures = []
     for name, title, read, draw in (
             ("capacity", "Capacity: server throughput and per-edge rate against N", CAPACITY_READ,
-             lambda p: plot_capacity(summary, p)),
+             lambda p: plot_capacity(summary, p, {s["runtime"]: s["curve"] for s in scales if not s["curve"].empty})),
             ("batch_sizes", "Batch sizes the server ran", BATCH_READ, lambda p: plot_batch_sizes(summary, p)),
-            ("cost_curve", "Per-batch cost curve", COST_READ, lambda p: plot_cost_curve(batches, fit, p))):
+            ("cost_curve", "Per-batch cost curve", COST_READ,
+             lambda p: plot_cost_curve(batches, scales[0]["fit"] if len(scales) == 1 else cost_curve(batches), p))):
         path = draw(out / "figures" / f"{name}.png")
         if path is not None:
             figures.append({"title": title, "read": read, "src": page.image_src(path, out, embed)})
-    shown = ["mode", "clients", "repeats", "server_accepted_tokens_per_s", "server_accepted_tokens_per_s_min",
+    shown = ["cloud_runtime", "mode", "clients", "repeats", "server_accepted_tokens_per_s", "server_accepted_tokens_per_s_min",
              "server_accepted_tokens_per_s_max", "throughput_vs_smallest", "throughput_vs_cloud_only",
              "edge_tokens_per_s_p50", "edge_tokens_per_s_p90", "verify_latency_p50_s", "verify_latency_p99_s",
              "server_queue_p50_s", "server_compute_p50_s", "mean_batch_size", "cloud_busy_fraction",
@@ -180,16 +218,17 @@ def build_fleet_report(results_dir: Path, out: Path, embed: bool = False) -> Pat
                      "server: per-edge rates are lower than on separate devices, and they fall with N partly for that.")
     mismatches = int(summary["replay_mismatches"].sum()) if "replay_mismatches" in summary else 0
     if mismatches:
-        notes.append(f"{mismatches} replayed verdicts differed from the recording ({config['dtype']}): in "
-                     "bfloat16 a batched forward may round a near-tie differently; in float32 it is a server bug.")
+        notes.append(f"{mismatches} replayed verdicts differed from the recording ({config['dtype']}, cloud runtime "
+                     f"{', '.join(runtimes)}): in bfloat16 a batched forward may round a near-tie differently; in "
+                     "float32 it is a server bug.")
     context = {
         "title": f"specbench fleet report: {results_dir.resolve().name}",
         "source": str(results_dir), "generated": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "runtimes": ", ".join(runtimes) or default,
         "settings": [(k, page.value_text(k, v)) for k, v in config.items()],
         "table": page.table_html(table, "points"), "figures": figures, "notes": notes,
         "findings": findings(summary) if not summary.empty else [],
-        "model": page.table_html(model) if not model.empty else "", "assumptions": assumptions,
-        "check": page.table_html(check) if not check.empty else "",
+        "scales": scales, "several": len(scales) > 1, "distance_read": DISTANCE_READ,
         "levels": len(level_table(results_dir)),
     }
     index = out / "index.html"

@@ -1,0 +1,84 @@
+"""`MODEL@int8t`, the per-token int8 derivation, is batch-invariant: its Linear quantizes each row
+(token) on its own range with fixed quantization parameters for every call and an exact int32
+product, so a row's output is bit for bit the same alone and batched with other rows (torch's
+dynamic int8 Linear, one scale per call, which @int8 and runtime torch-int8 run, is not: checked, so
+the test has teeth); a batched forward gives each row its own logits; and one forward alone is at
+least as close to the float model as dynamic int8 was."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from specdec.backends.base import Prompt
+from specdec.models.derive import TokenScaledInt8, quantize_int8
+from specdec.models.loading import load_model
+
+QUIET = dict(log=lambda m: None)
+
+
+def int8_layer(linear: nn.Linear, per_channel: bool) -> TokenScaledInt8:
+    """The `@int8t` Linear, as `quantize_int8` builds it in a model."""
+    layer = quantize_int8(nn.Sequential(copy.deepcopy(linear)), per_channel, per_token=True)[0]
+    assert isinstance(layer, TokenScaledInt8)
+    return layer
+
+
+def dynamic_int8(linear: nn.Linear) -> nn.Module:
+    """torch's dynamic int8 Linear (one activation scale per call): what @int8 and runtime torch-int8 run."""
+    from torch.ao.quantization import quantize_dynamic
+
+    return quantize_dynamic(nn.Sequential(copy.deepcopy(linear)), {nn.Linear}, dtype=torch.qint8)[0]
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_rows_output_is_bitwise_the_same_alone_and_batched(per_channel):
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 40)
+    rows = torch.randn(6, 48)
+    rows[3] *= 40  # an outlying row: under one scale per call it coarsens every other row
+    quantized = int8_layer(linear, per_channel)
+    with torch.inference_mode():
+        batched = quantized(rows)
+        alone = torch.cat([quantized(rows[i : i + 1]) for i in range(6)])
+        as_blocks = quantized(rows.view(2, 3, 48)).view(6, 40)  # [B, n, D] as a batched verify feeds it
+        assert torch.equal(batched, alone) and torch.equal(as_blocks, alone)
+        old = dynamic_int8(linear)
+        old_alone = torch.cat([old(rows[i : i + 1]) for i in range(6)])
+        assert not torch.equal(old(rows), old_alone)  # the dynamic Linear's rows move with their batch
+
+
+def test_an_int8_backends_rows_are_their_single_forwards(pair):
+    """Through the server's batched forward (left-padded pasts, right-padded blocks, other rows) each
+    row's logits equal its own forward: every Linear bit for bit, attention up to fp32 rounding, so
+    the greedy choice everywhere."""
+    backend = load_model(f"{pair['cloud']}@int8t", "float32", **QUIET).backend
+    torch.manual_seed(0)
+    pasts = [torch.randint(0, 60, (n,)) for n in (0, 9, 4, 1)]
+    blocks = [torch.randint(0, 60, (n,)) for n in (5, 1, 3, 2)]
+    alone, batched = [], []
+    with torch.inference_mode():
+        for past in pasts:
+            for states in (alone, batched):
+                states.append(backend.prefill(Prompt(torch.tensor([1])), past)[0])
+        expected = [backend.forward(s, b, keep=b.numel()) for s, b in zip(alone, blocks)]
+        got = backend.forward_batch(batched, blocks, [b.numel() for b in blocks])
+    for want, have in zip(expected, got):
+        assert torch.equal(have.argmax(-1), want.argmax(-1))
+        assert torch.allclose(have, want, atol=1e-4)
+
+
+def test_int8_alone_is_at_least_as_close_to_float_as_dynamic_int8(pair):
+    exact = load_model(pair["cloud"], "float32", **QUIET).backend.model
+    ours = load_model(f"{pair['cloud']}@int8t", "float32", **QUIET).backend.model
+    from torch.ao.quantization import quantize_dynamic
+
+    old = quantize_dynamic(copy.deepcopy(exact), {nn.Linear}, dtype=torch.qint8)
+    ids = torch.arange(1, 20).view(1, -1)
+    with torch.inference_mode():
+        reference = exact(ids).logits
+        error_ours = (ours(ids).logits - reference).abs().max()
+        error_old = (old(ids).logits - reference).abs().max()
+    assert 0 < error_ours <= error_old
