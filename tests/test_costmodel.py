@@ -137,7 +137,7 @@ def spec(k: int, prompt: int, deployment: str = "inproc", overlap: bool = False)
         verify_s = A + B * (k + 1) + CLOUD_PREFILL_S - (A + B) if i == 0 else A + B * fed
         wait_s = verify_s + link_s if split else 0.0
         cycles.append(Cycle(draft_tokens=[7] * k, entropies_nats=[0.1] * k, escalated=True, accepted=accepted,
-                            extra_token=9, extra_kind="bonus" if accepted == k else "correction", edge_s=k * 0.008,
+                            extra_token=9, extra_kind="bonus" if accepted == k else "correction", edge_s=k * T_D,
                             cloud_s=verify_s, cloud_tokens_in=fed, wait_s=wait_s,
                             wire_up_bytes=UP_BYTES if split else 0, wire_down_bytes=DOWN_BYTES if split else 0))
         latency += k * T_D + O + link_s + A + B * (k + 1)
@@ -146,7 +146,8 @@ def spec(k: int, prompt: int, deployment: str = "inproc", overlap: bool = False)
         counters.add(c)
     tokens = [7] * sum(c.accepted + 1 for c in cycles)
     gen = Generation(tokens=tokens, counters=counters, cycles=cycles, text="one two three", prompt_tokens=PROMPT_TOKENS,
-                     prefill_s=0.03, ttft_s=0.2, decode_s=latency, edge_s=sum(c.edge_s for c in cycles),
+                     prefill_s=0.03, ttft_s=0.2, decode_s=latency,
+                     edge_s=(EDGE_TTFT_S - T_D) + sum(c.edge_s for c in cycles),  # the edge's prefill is edge time
                      cloud_s=sum(c.cloud_s for c in cycles))
     extra = {"link": LINK, "overlap": overlap} if split else {}
     return result_record(gen, point("spec", k=k, deployment=deployment, **extra), f"p{prompt}", latency, 1)
@@ -312,3 +313,24 @@ def test_measured_verify_sizes_are_interpolated_and_the_line_carries_past_them()
         inputs(verify_points=((2.0, 0.3), (1.0, 0.3)))
     with pytest.raises(ConfigError, match="verify_points seconds"):
         inputs(verify_points=((1.0, -0.1),))
+
+
+def test_the_split_edges_own_time_per_call_adds_to_every_escalated_cycle():
+    base, slow = inputs(), inputs(call_overhead_s=0.004)
+    assert sequential(slow).cycle_s == pytest.approx(sequential(base).cycle_s + 0.004)  # every cycle escalates
+    assert drafting_ahead(replace(slow, overlap=True)).cycle_s == pytest.approx(
+        drafting_ahead(replace(base, overlap=True)).cycle_s + 0.004)
+    assert colocated(slow).cycle_s == pytest.approx(colocated(base).cycle_s + 0.004)
+    with pytest.raises(ConfigError, match="call_overhead_s"):
+        inputs(call_overhead_s=-0.001)
+
+
+def test_the_split_edges_own_time_per_call_is_fitted_from_the_other_split_points():
+    records = synthetic(split=True)
+    rep = next(r for r in spec_points(records) if r["k"] == 2 and r["deployment"] == "split")
+    assert fit_inputs(records, rep).call_overhead_s == pytest.approx(0.0, abs=1e-12)  # the timeline has none
+    slower = [{**r, "latency_s": r["latency_s"] + 0.004 * r["cloud_calls"]}
+              if r["mode"] == "spec" and r["deployment"] == "split" and r["k"] == 4 else r for r in records]
+    assert fit_inputs(slower, rep).call_overhead_s == pytest.approx(0.004)  # 4 ms per call on the k = 4 points
+    assert fit_inputs(slower, next(r for r in spec_points(slower) if r["k"] == 2 and r["deployment"] == "inproc")
+                      ).call_overhead_s == 0.0  # co-located: no link, no such term

@@ -3,14 +3,15 @@ inputs only (pure functions; `bench/derive/costfit.py` fits the inputs from a re
 
 One speculative cycle (k drafted tokens, j of them accepted, then a correction or the bonus):
 
-  sequential, split     T = n·t_d + o + L + V(n + 1)          emitted j + 1
+  sequential, split     T = n·t_d + o + c + L + V(n + 1)      emitted j + 1
   co-located            T = n·t_d' + o + V(n + 1)             (no link; t_d' the draft model on the cloud's cores)
   cloud-only            T = t_v + o                            emitted 1
   edge-only             T = t_d                                emitted 1
 
 with t_d the edge's wall time per drafted token (forward + sampling), V(T) = a + b·T the verify
 forward over T tokens fed (the accepted token the cloud has not seen + the n drafts), o the cloud's
-non-forward time per verify (sampling, policy), and the link per call
+non-forward time per verify (sampling, policy), c the split edge's own bookkeeping per call
+(acceptance, rollback, the message; measured on the other split points), and the link per call
 L = RTT + 8·up_bytes / up_bps + 8·down_bytes / down_bps + protocol_s (bench/core/network.py's
 arithmetic plus what the protocol itself costs). Throughput is emitted / T over the distribution of
 cycle outcomes (not only the mean acceptance: the last block of a generation is shorter, and drafting
@@ -162,6 +163,7 @@ class CostInputs:
     up_bytes_per_call: float = 0.0  # what one verify call sends and receives
     down_bytes_per_call: float = 0.0
     link: Link = field(default_factory=Link)
+    call_overhead_s: float = 0.0  # the split edge's own time per verify call beyond drafts, link and server
     overlap: bool = False  # draft ahead while a call is in flight
     cores_shared: bool = False  # edge and server on the same cores (one machine emulating two)
 
@@ -172,7 +174,7 @@ class CostInputs:
         if self.verify_a_s + self.verify_b_s_per_token <= 0:
             raise ConfigError("the verify cost curve a + b·tokens must be > 0 at one token")
         _positive("output_tokens", self.output_tokens)
-        for name in ("verify_overhead_s", "up_bytes_per_call", "down_bytes_per_call"):
+        for name in ("verify_overhead_s", "up_bytes_per_call", "down_bytes_per_call", "call_overhead_s"):
             _positive(name, getattr(self, name), allow_zero=True)
         if self.colocated_draft_step_s is not None:
             _positive("colocated_draft_step_s", self.colocated_draft_step_s)
@@ -222,7 +224,8 @@ def _prefill_extra_s(x: CostInputs) -> float:
 
 def _outcome_s(x: CostInputs, o: Outcome, draft_step_s: float, link_s: float) -> float:
     """One sequential cycle of outcome `o`: n drafts, then (if escalated) the call and the verify."""
-    return o.drafted * draft_step_s + (x.verify_overhead_s + link_s + x.verify_s(o.drafted + 1) if o.escalated else 0.0)
+    return o.drafted * draft_step_s + (x.verify_overhead_s + x.call_overhead_s + link_s + x.verify_s(o.drafted + 1)
+                                       if o.escalated else 0.0)
 
 
 def _per_token(x: CostInputs, cycle_s: float, prefill_extra_s: float, calls: float = None, **ahead) -> Prediction:
@@ -263,7 +266,7 @@ def drafting_ahead(x: CostInputs) -> Prediction:
         wait_s = link_s + x.verify_overhead_s + x.verify_s(o.drafted + 1)
         steps = min(o.drafted + 1, math.floor(wait_s / x.draft_step_s + 1e-9))
         ahead = max(steps - 1, 0)
-        seconds = (o.drafted - kept_p * ahead) * x.draft_step_s + wait_s
+        seconds = (o.drafted - kept_p * ahead) * x.draft_step_s + wait_s + x.call_overhead_s
         if x.cores_shared:
             seconds += max(0.0, steps * x.draft_step_s - link_s)
         return seconds, ahead
@@ -301,7 +304,7 @@ def server_tokens_per_s(x: CostInputs, edges: int) -> tuple[float, float]:
     def cycle(o: Outcome) -> float:
         if not o.escalated:
             return o.drafted * x.draft_step_s
-        return o.drafted * x.draft_step_s + x.verify_overhead_s + link_s + x.verify_s(edges * (o.drafted + 1))
+        return o.drafted * x.draft_step_s + x.verify_overhead_s + x.call_overhead_s + link_s + x.verify_s(edges * (o.drafted + 1))
 
     per_edge = x.acceptance.emitted_per_cycle / x.acceptance.mean(cycle)
     return per_edge, edges * per_edge
