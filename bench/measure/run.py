@@ -8,7 +8,6 @@ of the same command redoes only what is not `ok`, so fixing the file and rerunni
 from __future__ import annotations
 
 import time
-
 from pathlib import Path
 from typing import Callable
 
@@ -84,6 +83,14 @@ def prepare(engine: Engine, records: list[PromptRecord]) -> None:
         )
 
 
+def audio_of(engine: Engine, record: PromptRecord, max_audio_s: float):
+    """(waveform, rate) of the prompt's audio read at the model's rate, or (None, 16 kHz) without one."""
+    if not record.audio:
+        return None, SAMPLING_RATE
+    rate, cap_s = model_limits(engine.primary.feature_extractor, max_audio_s)
+    return read_audio(record.audio, record.id, rate, cap_s), rate
+
+
 def warm_up(engine: Engine, record: PromptRecord, max_audio_s: float = MAX_SECONDS) -> float:
     """One untimed generation, then the engine forgets it. A process's first forward on a model pays
     one-time costs (oneDNN kernel selection, allocator growth, llama.cpp's graph) that are not the
@@ -92,10 +99,7 @@ def warm_up(engine: Engine, record: PromptRecord, max_audio_s: float = MAX_SECON
     Returns its wall seconds (the sweep records them as `warm_up_s` on the generation that follows)."""
     start = time.perf_counter()
     try:
-        waveform, rate = None, SAMPLING_RATE
-        if record.audio:
-            rate, cap_s = model_limits(engine.primary.feature_extractor, max_audio_s)
-            waveform = read_audio(record.audio, record.id, rate, cap_s)
+        waveform, rate = audio_of(engine, record, max_audio_s)
         engine.generate(record.prompt, record.system, waveform, rate, language=record.language)
     except (InputError, CloudLost):
         pass  # the timed generation meets the same problem and records it
@@ -112,10 +116,7 @@ def generate_one(engine: Engine, record: PromptRecord, point: dict, results: Res
     labels = {key: value for key, value in (("reference", record.reference), ("language", record.language))
               if value is not None}
     try:
-        waveform, rate = None, SAMPLING_RATE
-        if record.audio:
-            rate, cap_s = model_limits(engine.primary.feature_extractor, max_audio_s)
-            waveform = read_audio(record.audio, record.id, rate, cap_s)
+        waveform, rate = audio_of(engine, record, max_audio_s)
         # Peak memory is not reset here: a run's peak spans its prompts (a sweep worker resets it per generation).
         latency, memory = LatencyTracker(), PeakMemoryTracker(reset=False)
         with tracked(memory, latency):
