@@ -1,4 +1,5 @@
 """`specbench sweep`: grid, resume, per-point summary, caps and bad configs (tiny models)."""
+import argparse
 import os
 import subprocess
 import sys
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
+from bench.commands.options import add_sweep_options, sweep_from_args
 from bench.core.records import ResultsFile
 from bench.derive.metrics import expected_speedup
 from bench.derive.summary import summarize
@@ -205,6 +207,8 @@ def test_expected_speedup_limits():
         ("colour = 'blue'", "unknown setting 'colour'"),
         ("k = [", "not valid TOML"),
         ("entropy_threshold = ['high']", "must be a list of numbers"),
+        ("plain_runtimes = ['onnx']", "unknown plain runtime 'onnx': use one of torch, torch-int8, llamacpp"),
+        ("plain_runtimes = 'torch-int8'", "plain_runtimes must be"),
     ],
 )
 def test_bad_sweep_configs(tmp_path, capsys, toml, message):
@@ -225,6 +229,27 @@ def test_config_points_dedupe_baselines():
     config = SweepConfig.from_mapping({"edge": "e", "cloud": "c", "mode": ["edge", "cloud", "spec"], "k": [2, 4], "entropy_threshold": [0, 1]})
     modes = [p["mode"] for p in config.points()]
     assert modes.count("edge") == 1 and modes.count("cloud") == 1 and modes.count("spec") == 4
+
+
+def test_plain_runtimes_add_baselines_not_speculative_points():
+    """The main job times plain decoding in the fastest runtime too, without paying for a spec grid in it."""
+    config = SweepConfig.from_mapping({"edge": "e", "cloud": "c", "mode": ["edge", "cloud", "spec"], "k": [2, 4],
+                                       "edge_runtime": ["torch"], "cloud_runtime": ["torch-int8"],
+                                       "plain_runtimes": ["torch-int8", "torch"]})
+    points = {(p["mode"], p["edge_runtime"], p["cloud_runtime"], p["k"]) for p in config.points()}
+    assert points == {("edge", "torch", None, None), ("edge", "torch-int8", None, None),
+                      ("cloud", None, "torch-int8", None), ("cloud", None, "torch", None),
+                      ("spec", "torch", "torch-int8", 2), ("spec", "torch", "torch-int8", 4)}
+    assert len(config.points()) == len(points)  # a runtime the grid already has adds nothing twice
+    assert config.identity()["plain_runtimes"] == ["torch-int8", "torch"]
+
+
+def test_plain_runtimes_flag_takes_a_comma_separated_list(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_sweep_options(parser)
+    args = parser.parse_args(["--out", str(tmp_path / "o"), "--edge", "e", "--cloud", "c",
+                              "--plain-runtimes", "torch-int8,torch"])
+    assert sweep_from_args(args).plain_runtimes == ("torch-int8", "torch")
 
 
 def test_peak_memory_tracker_sees_the_blocks_own_peak():

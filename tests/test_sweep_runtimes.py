@@ -4,6 +4,7 @@ every runtime, resumes, and refuses a resume with another runtime; the server th
 split points runs the cloud in the point's runtime (`specbench serve --runtime`)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -59,6 +60,33 @@ def test_a_sweep_over_edge_runtimes_runs_records_them_and_resumes(gguf_pair, pro
     assert sweep(gguf_pair, prompts, out, "--mode", "cloud,edge,spec", "--edge-runtime", "torch") == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and 'edge_runtime: ["torch", "llamacpp"] there, ["torch"] here' in err
+
+
+def test_plain_runtimes_time_the_baselines_in_another_runtime_and_old_folders_resume(gguf_pair, prompts, tmp_path):
+    out = tmp_path / "plain"
+    args = ("--mode", "cloud,edge,spec", "--plain-runtimes", "llamacpp", "--limit", "2")
+    assert sweep(gguf_pair, prompts, out, *args) == 0
+    rows = ResultsFile(out / "results.jsonl").read()
+    assert all(r["status"] == "ok" for r in rows)
+    points = {(r["mode"], r["edge_runtime"], r["cloud_runtime"]) for r in rows}
+    # plain decoding of each model in both runtimes; speculation only in the grid's (torch → torch)
+    assert points == {("cloud", None, "torch"), ("cloud", None, "llamacpp"), ("edge", "torch", None),
+                      ("edge", "llamacpp", None), ("spec", "torch", "torch")}
+    by = {(r["mode"], r["edge_runtime"] or r["cloud_runtime"], r["id"]): r["tokens"] for r in rows}
+    for (mode, runtime, prompt), tokens in by.items():
+        if mode == "cloud" and runtime == "llamacpp":  # the same F32 weights: llama.cpp decodes as torch does
+            assert tokens == by[("cloud", "torch", prompt)]
+    header, *lines = (out / "summary.csv").read_text().splitlines()
+    assert "fastest_plain" in header.split(",") and len(lines) == len(points)
+    # a folder written before the setting existed resumes as "no extra runtimes"
+    old = tmp_path / "old"
+    assert sweep(gguf_pair, prompts, old, "--mode", "cloud,edge,spec", "--limit", "2") == 0
+    stored = json.loads((old / "sweep.json").read_text())
+    del stored["config"]["plain_runtimes"]
+    (old / "sweep.json").write_text(json.dumps(stored))
+    before = (old / "results.jsonl").read_bytes()
+    assert sweep(gguf_pair, prompts, old, "--mode", "cloud,edge,spec", "--limit", "2") == 0
+    assert (old / "results.jsonl").read_bytes() == before
 
 
 def test_split_points_get_a_server_in_their_cloud_runtime(gguf_pair, prompts, tmp_path):

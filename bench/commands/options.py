@@ -157,7 +157,8 @@ def sweep_options() -> list[Option]:
         elif kind is bool:
             options.append(Option(f.name, _flags(f, source), "switch", None, None, False, help_text, None))
         else:
-            options.append(Option(f.name, _flags(f, source), "store", PARSERS[kind], None, False, help_text, choices))
+            parse = _comma_list(PARSERS[kind]) if typing.get_origin(hints[f.name]) is tuple else PARSERS[kind]
+            options.append(Option(f.name, _flags(f, source), "store", parse, None, False, help_text, choices))
     return options
 
 

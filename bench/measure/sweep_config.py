@@ -22,6 +22,7 @@ from bench.core.network import profile
 from bench.core.folder import canonical_path
 from bench.core.point import AXES, DEPLOYMENTS, SETTING_TYPES, SETTINGS, blank
 from bench.core.prompts import PromptInputs, canonical_prompts
+from specdec.backends.base import RUNTIMES
 from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
 from specdec.errors import ConfigError
 from specdec.remote.protocol import parse_address
@@ -37,6 +38,8 @@ ON_CLOUD_CORES = ("split", "colocated")
 PLACEMENT = ("executor", "ray_address")
 # The sweep's own default where a run has none, or where a sweep's differs from a run's.
 SWEEP_DEFAULTS = {"mode": ("cloud", "edge", "spec"), "prompts": ("zh-describe",), "link": ("none",)}
+# A plain decoding's mode -> the runtime axis that runs it (`plain_runtimes` adds points along it).
+PLAIN_RUNTIME = {"cloud": "cloud_runtime", "edge": "edge_runtime"}
 SWEEP_HELP = {"cloud_url": "split points: verify on this running server instead of starting one"}
 
 
@@ -87,6 +90,10 @@ class SweepConfig(RunSettings):
     edge_memory_gb: float | None = field(default=None, metadata={
         "help": "edge RSS cap (GiB); a point over it is recorded, the sweep goes on"})
     rlimit_as: bool = field(default=False, metadata={"help": "also cap the address space (RLIMIT_AS)"})
+    plain_runtimes: tuple[str, ...] = field(default=(), metadata={
+        "help": "also time plain decoding (the cloud-only and edge-only points) in these runtimes, beside the grid's "
+                "edge and cloud runtimes, so every speed-up can name the fastest plain decoding; speculative points "
+                "keep the grid's runtimes (e.g. llamacpp,torch-int8)"})
     executor: str = field(default="local", metadata={
         "help": "local: worker processes on this machine; ray: each group of points as Ray tasks on a cluster "
                 "(pip install -e '.[cluster]')", "choices": EXECUTORS})
@@ -120,6 +127,9 @@ class SweepConfig(RunSettings):
         self._check_executor()
         if self.repeats < 1:
             raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
+        unknown = sorted(set(self.plain_runtimes) - set(RUNTIMES))
+        if unknown:
+            raise ConfigError(f"unknown plain runtime {unknown[0]!r}: use one of {', '.join(RUNTIMES)}")
         for point in self.points():  # every point validates as a run would, before anything runs
             self.engine_config(point)
             self.spec_config(point)
@@ -187,6 +197,8 @@ class SweepConfig(RunSettings):
                     kind = {parse_bool: "true/false values", parse_int: "integers",
                             parse_overlap: "auto/true/false values"}.get(cast, "numbers")
                     raise ConfigError(f"{source}: {key} must be a list of {kind}, got {list(value)}") from None
+            elif isinstance(value, list) and typing.get_origin(_HINTS.get(key)) is tuple:
+                value = tuple(value)  # a TOML list for a list-valued setting (plain_runtimes)
             values[key] = value
         for key in ("edge", "cloud", "token_file"):  # one folder, one name (see bench/core/folder.py)
             if isinstance(values.get(key), str):
@@ -199,7 +211,8 @@ class SweepConfig(RunSettings):
             raise ConfigError(f"{source}: {e}") from None
 
     def points(self) -> list[dict]:
-        """The grid; edge and cloud points ignore the spec-only axes and appear once. Every split point
+        """The grid; edge and cloud points ignore the spec-only axes and appear once, and again in every
+        `plain_runtimes` runtime (a cloud-only point's cloud, an edge-only point's edge). Every split point
         brings its co-located baseline: the same pair, k, policy and thresholds in one process on the
         cloud's cores (what the server's machine would do alone), measured in the same worker."""
         seen, points = set(), []
@@ -216,6 +229,9 @@ class SweepConfig(RunSettings):
             if point["mode"] != "spec":
                 point["deployment"] = "inproc"
             add(point)
+            if point["mode"] in PLAIN_RUNTIME:  # the same baseline in every extra runtime asked for
+                for runtime in self.plain_runtimes:
+                    add({**point, PLAIN_RUNTIME[point["mode"]]: runtime})
             if point["deployment"] == "split":
                 add({**point, "deployment": "colocated"})
         return points
