@@ -60,7 +60,7 @@ def test_a_point_is_compared_with_the_plain_decoding_of_its_own_runtime():
 
 def test_the_fastest_cloud_only_is_named_and_every_point_is_measured_against_it():
     summary = summarize(two_cloud_runtimes())
-    assert set(summary["fastest_cloud"]) == {"llamacpp float32"}
+    assert set(summary["fastest_cloud"]) == {"llamacpp"}
     torch_spec, llama_spec = by_runtimes(summary, "spec", "torch"), by_runtimes(summary, "spec", "llamacpp")
     assert torch_spec["speedup_vs_fastest_cloud"] == pytest.approx(0.5)
     assert llama_spec["speedup_vs_fastest_cloud"] == pytest.approx(1.5)
@@ -93,7 +93,7 @@ def report_text(tmp_path: Path, rows: list[dict]) -> str:
 def test_the_report_says_plainly_when_no_speculative_point_beats_the_fastest_plain_decoding(tmp_path):
     rows = [r for r in two_cloud_runtimes() if not (r["mode"] == "spec" and r["cloud_runtime"] == "llamacpp")]
     text = report_text(tmp_path, rows)
-    assert "the fastest plain decoding measured is cloud-only in llamacpp float32, 28.4 tok/s" in text
+    assert "the fastest plain decoding measured is cloud-only in llamacpp, 28.4 tok/s" in text
     assert "No speculative point beats it: the fastest" in text and "runs at 0.50× [0.50–0.50] its speed" in text
     assert "× fastest cloud" in text  # the points table's column
 

@@ -166,6 +166,26 @@ def test_a_winner_inside_the_noise_is_not_named_as_one():
     assert picks.at["fastest_near_cloud", "separable"] is True and "NOT" not in picks.at["fastest_near_cloud", "why"]
 
 
+def test_separability_is_judged_against_one_baseline_whatever_the_cloud_runtimes():
+    """Two spec points verified in two cloud runtimes, whose own cloud-only baselines run at 10 and 20
+    tok/s: against their own baselines their speed-ups (≈ 2.4× and ≈ 1.2×) never overlap, yet per
+    prompt the two points are as fast as each other. Judged against the fastest plain decoding (one
+    baseline for both), the sweep cannot tell them apart, and says so."""
+    rows = []
+    for i, (fast_s, slow_s) in enumerate([(0.3, 0.5), (0.6, 0.4), (0.4, 0.45), (0.5, 0.35)]):
+        prompt = f"p{i}"
+        rows += [row("cloud", prompt, latency_s=1.0, cloud_runtime="torch"),
+                 row("cloud", prompt, latency_s=0.5, cloud_runtime="llamacpp"),
+                 row(prompt=prompt, latency_s=fast_s, edge_runtime="llamacpp", cloud_runtime="torch"),
+                 row(prompt=prompt, latency_s=slow_s, edge_runtime="llamacpp", cloud_runtime="llamacpp")]
+    summary = summarize(rows)
+    spec = summary[summary["mode"] == "spec"].set_index("cloud_runtime")
+    assert spec.at["torch", "speedup_vs_cloud_ci_low"] > spec.at["llamacpp", "speedup_vs_cloud_ci_high"]
+    picks = recommend(summary).set_index("rule")
+    assert picks.at["fastest_near_cloud", "separable"] is False
+    assert "95 % intervals of speed-up vs the fastest plain decoding overlap" in picks.at["fastest_near_cloud", "why"]
+
+
 def test_bf16_greedy_drift_is_said_plainly(tmp_path):
     from bench.read.report.recommend import precision_notes
 
@@ -177,6 +197,12 @@ def test_bf16_greedy_drift_is_said_plainly(tmp_path):
     assert len(notes) == 1 and "bf16 greedy drifts: 1 of 1 greedy spec points" in notes[0] and "fp32" in notes[0]
     page = build_report(write_results(tmp_path / "r", bf16), tmp_path / "out").read_text(encoding="utf-8")
     assert "bf16 greedy drifts" in page
+    # a quantized cloud's verify drifts from that cloud's own decoding whatever --dtype says, and is named
+    int8 = [{**r, "dtype": "bfloat16", "cloud_runtime": "torch-int8", **({"edge_runtime": "llamacpp"} if r["mode"] == "spec" else {})}
+            for r in rows]
+    notes = precision_notes(summarize(int8))
+    assert len(notes) == 1 and notes[0].startswith("torch-int8 cloud greedy drifts: 1 of 1 greedy spec points"), notes
+    assert "one scale over all its rows" in notes[0]
 
 
 def test_per_position_acceptance_is_vllm_style(summary):

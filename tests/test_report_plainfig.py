@@ -62,7 +62,7 @@ def page_text(index: Path) -> str:
 def test_every_spec_point_is_measured_against_the_fastest_plain_decoding_of_either_model(tmp_path):
     summary = summarize(two_pairings())
     spec = summary[summary["mode"] == "spec"]
-    assert set(spec["fastest_plain"]) == {"edge-only in llamacpp float32"}  # faster than any cloud-only
+    assert set(spec["fastest_plain"]) == {"edge-only in llamacpp"}  # faster than any cloud-only
     assert sorted(spec["speedup_vs_fastest_plain"]) == pytest.approx([0.25, 40 / 64, 0.75])
     assert set(spec["speedup_vs_fastest_cloud"].round(6)) == {0.5, 1.25, 1.5}  # the cloud-only view is kept
     lows, highs = spec["speedup_vs_fastest_plain_ci_low"], spec["speedup_vs_fastest_plain_ci_high"]
@@ -73,8 +73,8 @@ def test_every_spec_point_is_measured_against_the_fastest_plain_decoding_of_eith
 
     figure = plot_vs_fastest_plain(summary, point_labels(summary), tmp_path / "figure.png")
     assert figure.path is not None and figure.path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert figure.baselines == {"p": "edge-only in llamacpp float32, 56.9 tok/s"}
-    assert "vs edge-only in llamacpp float32, 56.9 tok/s" in figure.caption and not figure.left_out
+    assert figure.baselines == {"p": "edge-only in llamacpp, 56.9 tok/s"}
+    assert "vs edge-only in llamacpp, 56.9 tok/s" in figure.caption and not figure.left_out
 
 
 def test_the_report_shows_it_for_a_folder_with_one_pairing(tmp_path):
@@ -83,7 +83,7 @@ def test_the_report_shows_it_for_a_folder_with_one_pairing(tmp_path):
     text = page_text(index)
     assert (tmp_path / "report" / "figures" / "speedup_vs_fastest_plain.png").is_file()
     assert 'id="fig-vs_fastest_plain"' in text
-    assert "Speed-up over the fastest plain decoding (vs edge-only in llamacpp float32, 56.9 tok/s)" in text
+    assert "Speed-up over the fastest plain decoding (vs edge-only in llamacpp, 56.9 tok/s)" in text
 
 
 def test_a_prompt_set_without_plain_decoding_is_named_as_left_out(tmp_path):

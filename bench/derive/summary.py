@@ -199,13 +199,15 @@ def fastest_plain(summary: pd.DataFrame, prompts) -> pd.Series | None:
 
 
 def plain_name(point) -> str:
-    """`llamacpp float32`: which plain decoding a row is, by runtime and dtype."""
+    """`torch bfloat16`, `llamacpp`: which plain decoding a row is, by runtime, and by dtype where the runtime
+    takes one (torch-int8 computes in int8 and float32, llama.cpp in the GGUF's own types, whatever --dtype says)."""
     runtime = point.get("cloud_runtime", "-") if point["mode"] == "cloud" else point.get("edge_runtime", "-")
-    return f"{'torch' if runtime == '-' else runtime} {point['dtype']}"
+    runtime = "torch" if runtime in ("-", None) or runtime != runtime else runtime
+    return f"torch {point['dtype']}" if runtime == "torch" else runtime
 
 
 def plain_label(point) -> str:
-    """`cloud-only in llamacpp float32`: a plain decoding as a caption names it."""
+    """`cloud-only in llamacpp`: a plain decoding as a caption names it."""
     return f"{point['mode']}-only in {plain_name(point)}"
 
 
