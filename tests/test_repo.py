@@ -28,3 +28,12 @@ def test_timing_tests_leave_the_default_run_and_ci_runs_them_on_their_own():
     assert ".venv/bin/pytest -q -m timing" in ci
     assert ci.index(".venv/bin/pytest -q -m timing") > ci.index(readme_commands()[1])
     assert "`timing`" in (ROOT / "README.md").read_text()
+
+
+def test_the_main_job_installs_the_runtimes_its_default_config_runs():
+    """The first command runs `--config default` on a fresh machine: a runtime that needs an extra is installed by it."""
+    from bench.measure.sweep_config import SweepConfig  # the config validates itself, runtimes included
+
+    config = SweepConfig.from_toml("default")
+    runtimes = {*config.edge_runtime, *config.cloud_runtime, *config.plain_runtimes}
+    assert ("llamacpp" in runtimes) == ("'.[llamacpp]'" in readme_commands()[0])
