@@ -112,6 +112,15 @@ class Engine(EngineConfig):
             return self.cloud or remote.info["model"]
         return self.cloud
 
+    @property
+    def cloud_runtime_used(self) -> str:
+        """What runs the cloud model: as asked in process; for a server, the runtime its `ready` names once
+        connected (a server too old to say: as asked), so a split run's records say what verified them."""
+        remote = self._derived.get("remote")
+        if self.remote_cloud and remote is not None and remote.info and remote.info.get("runtime"):
+            return remote.info["runtime"]
+        return self.cloud_runtime
+
     def cloud_side(self) -> Cloud:
         """What verifies spec blocks: the server, or the cloud model in this process."""
         return self._derived["remote"] if self.remote_cloud else LocalCloud(self.model("cloud").backend)

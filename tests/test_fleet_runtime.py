@@ -2,7 +2,8 @@
 int8 server, every replayed verdict equals the one recorded against an int8 server at N = 1 and
 at N = 3 with shared forwards, cloud-only serving runs on that server too, and the runtime is named
 in fleet.json, the records, the summary and the report; against a --cloud-url server the records
-carry what the server says it runs, or `unknown` when it says nothing; bad input is one line."""
+carry what the server says it runs, or `unknown` when it says nothing (and so do a split run's records);
+bad input is one line."""
 from __future__ import annotations
 
 import dataclasses
@@ -56,6 +57,14 @@ def test_an_int8_fleet_replays_without_a_mismatch_alone_and_batched(pair, prompt
     assert main(["report", str(out), "--out", str(tmp_path / "report")]) == 0
     html = (tmp_path / "report" / "index.html").read_text()
     assert "cloud runtime torch-int8" in html and "Capacity against the closed forms" in html
+
+
+def test_a_split_run_records_the_runtime_its_server_runs(recording):
+    """`specbench run --cloud-url` asked for no cloud runtime (torch by default), but the int8 server verified."""
+    rows = [json.loads(line) for line in (recording / "results.jsonl").read_text().splitlines()]
+    assert rows and {r["cloud_runtime"] for r in rows} == {"torch-int8"}
+    identity = json.loads((recording / "run.json").read_text())
+    assert identity["point"]["cloud_runtime"] == "torch-int8" and identity["config"]["cloud_runtime"] == "torch"
 
 
 def test_a_cloud_url_fleet_records_the_runtime_the_server_reports(pair, prompts, recording, int8_cloud, tmp_path):

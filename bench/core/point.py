@@ -71,7 +71,7 @@ SPLIT_ONLY = ("link", "overlap")
 # What ran first (mode, dtype, prompts, where), then the spec axes with the policy first, since it names the rule.
 COLUMNS = [a for a in AXES if a not in SPEC_ONLY] + sorted((a for a in AXES if a in SPEC_ONLY), key=lambda a: a != "policy")
 # The run's setting as the engine used it, where that can differ from the setting asked for.
-USED = {"cloud": "cloud_name", "chat_template": "chat_template_used"}
+USED = {"cloud": "cloud_name", "cloud_runtime": "cloud_runtime_used", "chat_template": "chat_template_used"}
 # compare's label: the settings always named, with their short prefix, before any other axis off its default.
 LABELLED = (("policy", ""), ("k", "k="), ("entropy_threshold", "thr="), ("accept_threshold", "p>="), ("verifier", ""))
 
