@@ -73,7 +73,8 @@ def _interval(row: pd.Series, metric: str, pattern: str) -> str:
 
 def plain_decoding_notes(summary: pd.DataFrame, labels: pd.Series) -> list[str]:
     """Per prompt set: the fastest plain (cloud-only) decoding measured, in any runtime and dtype, and
-    whether any speculative point beats it (speedup_vs_fastest_cloud above 1), said plainly when none does."""
+    whether any speculative point beats it (speedup_vs_fastest_cloud above 1, and how many beat it beyond the
+    noise: the whole interval above 1), said plainly when none does."""
     notes = []
     for prompts, points in summary.groupby("prompts", sort=False):
         plain = points[points["mode"] == "cloud"]
@@ -89,9 +90,10 @@ def plain_decoding_notes(summary: pd.DataFrame, labels: pd.Series) -> list[str]:
         best = spec.loc[spec["speedup_vs_fastest_cloud"].astype(float).idxmax()]
         ratio = f"{best['speedup_vs_fastest_cloud']:.2f}×{_interval(best, 'speedup_vs_fastest_cloud', '{:.2f}')}"
         winners = int((spec["speedup_vs_fastest_cloud"] > 1).sum())
+        clear = int((spec.get("speedup_vs_fastest_cloud_ci_low", pd.Series(dtype=float)) > 1).sum())  # NaN: not clear
         if winners:
-            notes.append(f"{head} {winners} of {len(spec)} speculative points beat it; the fastest, {labels[best.name]}, "
-                         f"runs at {ratio} its speed.")
+            notes.append(f"{head} {winners} of {len(spec)} speculative points are faster on these prompts, {clear} of them "
+                         f"with the whole 95 % interval above 1; the fastest, {labels[best.name]}, runs at {ratio} its speed.")
         else:
             notes.append(f"{head} No speculative point beats it: the fastest, {labels[best.name]}, runs at {ratio} "
                          "its speed. On this machine, decode plainly in that runtime.")
