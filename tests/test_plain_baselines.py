@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.read.report import build_report
+from bench.read.report.plots import speedup_panels
 from bench.derive.summary import summarize, terminal_table
 
 SPEC = dict(policy="greedy", k=4, entropy_threshold=0.0, accept_threshold=0.1, verifier="cached",
@@ -103,3 +104,17 @@ def test_the_report_counts_the_speculative_points_that_beat_it(tmp_path):
     assert "1 of 2 speculative points are faster on these prompts, 1 of them with the whole 95 % interval above 1" in text
     assert "runs at 1.50×" in text
     assert "No speculative point beats it" not in text
+
+
+def test_the_speed_up_figure_measures_every_point_against_the_fastest_cloud_only():
+    """A speculative point faster than its own runtime's cloud-only but slower than another runtime's is
+    drawn below 1, beside that slower cloud-only point; the fastest cloud-only is the baseline, not a point."""
+    summary = summarize(two_cloud_runtimes())
+    ((prompts, (base, points)),) = speedup_panels(summary).items()
+    assert base["mode"] == "cloud" and base["tokens_per_s"] == summary[summary["mode"] == "cloud"]["tokens_per_s"].max()
+    assert base.name not in points.index and "cloud" in set(points["mode"])  # the slower cloud-only is drawn
+    assert list(points["speedup_vs_fastest_cloud"]) == sorted(points["speedup_vs_fastest_cloud"])
+    for _, point in points.iterrows():
+        assert point["speedup_vs_fastest_cloud"] == pytest.approx(point["tokens_per_s"] / base["tokens_per_s"])
+    torch_spec = by_runtimes(points, "spec", "torch")
+    assert torch_spec["speedup_vs_fastest_cloud"] < 1 < torch_spec["speedup_vs_cloud"]  # 0.5x, though 2x its own

@@ -28,9 +28,11 @@ HEATMAP_READ = (
     "the draft. Cloud calls: brighter means fewer calls. \"—\" is undefined (no block was verified, so there is "
     "nothing to accept). Under a value, its 95 % interval over prompts.")
 SPEEDUP_READ = (
-    "Every point's speed-up over cloud-only on the same prompts, with its 95 % interval: a bootstrap over prompts "
-    "that keeps each prompt's two runs together (paired), so a hard prompt slows both and cancels. Right of the "
-    "dotted line is faster than cloud-only. Two points whose bars overlap are not told apart by this many prompts: "
+    "Every point's speed-up over the fastest cloud-only decoding measured on the same prompts (in any runtime: "
+    "named under each panel; the slower cloud-only points are drawn too), with its 95 % interval: a bootstrap over "
+    "prompts that keeps each prompt's two runs together (paired), so a hard prompt slows both and cancels. Right of "
+    "the dotted line is faster than that cloud-only. A speed-up over the cloud-only of the point's own runtime alone "
+    "is `speedup_vs_cloud` in the tables. Two points whose bars overlap are not told apart by this many prompts: "
     "pick between them on something else (agreement, cloud calls), or rerun with a larger `limit` or `--repeats`.")
 THEORY_READ = (
     "Each dot is a spec point: across, the speed-up Leviathan et al.'s formula predicts from its acceptance rate, k "
@@ -71,7 +73,7 @@ def _figures(inputs: ReportInputs, labels: pd.Series, per_position: pd.DataFrame
             figures.append({"name": name, "path": path, "title": title, "how_to_read": how_to_read})
 
     add(plots.plot_speedups(summary, labels, figures_dir / "speedup_intervals.png"), "speedup_intervals",
-        "Speed-up vs cloud-only, with 95 % intervals", SPEEDUP_READ,
+        "Speed-up vs the fastest cloud-only, with 95 % intervals", SPEEDUP_READ,
         "Speed-up intervals: needs a cloud-only baseline and at least one other point.")
     plain = pairings.plot_vs_fastest_plain(summary, labels, figures_dir / "speedup_vs_fastest_plain.png")
     add(plain.path, "vs_fastest_plain", plain.caption, pairings.READ,
