@@ -118,3 +118,13 @@ def test_the_speed_up_figure_measures_every_point_against_the_fastest_cloud_only
         assert point["speedup_vs_fastest_cloud"] == pytest.approx(point["tokens_per_s"] / base["tokens_per_s"])
     torch_spec = by_runtimes(points, "spec", "torch")
     assert torch_spec["speedup_vs_fastest_cloud"] < 1 < torch_spec["speedup_vs_cloud"]  # 0.5x, though 2x its own
+
+
+def test_heat_maps_give_each_cloud_runtime_its_own_row():
+    """Two spec points at the same (threshold, k) in two cloud runtimes are two cells, not one overwritten."""
+    from bench.read.report.plots import _facets  # noqa: PLC0415 (a private helper, tested alone)
+
+    spec = summarize(two_cloud_runtimes())
+    facets = _facets(spec[spec["mode"] == "spec"])
+    assert sorted(name for name, _ in facets) == ["cloud_runtime=llamacpp", "cloud_runtime=torch"]
+    assert all(len(group) == 1 for _, group in facets)

@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
+from bench.core.point import AXES  # noqa: E402
 from bench.derive.summary import fastest_cloud, plain_name  # noqa: E402
 from bench.read.report.fonts import use_cjk_font  # noqa: E402
 from bench.read.report.pareto import Front, front_members, set_name  # noqa: E402
@@ -24,11 +25,13 @@ GIB = 1 << 30
 DPI = 110
 MARKERS = {"cloud": "s", "edge": "^", "spec": "o"}
 HEAT_METRICS = (  # (column, title, colormap, value range or None for "centred on 1")
-    ("speedup_vs_cloud", "speed-up vs cloud-only (×)", "RdBu", None),
+    ("speedup_vs_fastest_cloud", "speed-up vs the fastest cloud-only (×)", "RdBu", None),  # named in the title
     ("acceptance_rate", "acceptance rate", "viridis", (0.0, 1.0)),
     ("cloud_call_rate", "cloud calls per block", "viridis_r", (0.0, 1.0)),
 )
-FACET_AXES = ("policy", "dtype", "accept_threshold", "verifier")  # heat maps: one row per combination
+# heat maps: one row per combination of every point axis but the two the grid spans (runtimes and placement too,
+# or two runtimes' points would fall into one cell)
+FACET_AXES = tuple(a for a in AXES if a not in ("mode", "prompts", "k", "entropy_threshold"))
 
 
 def _grid(n: int, width: float = 5.2, height: float = 4.2, max_cols: int = 3):
@@ -111,9 +114,9 @@ def plot_front(summary: pd.DataFrame, labels: pd.Series, front: Front, path: Pat
 
 
 def _facets(spec: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    varying = [a for a in FACET_AXES if spec[a].nunique() > 1] or ["policy"]
+    varying = [a for a in FACET_AXES if a in spec and spec[a].nunique(dropna=False) > 1] or ["policy"]
     facets = []
-    for keys, group in spec.groupby(varying, sort=False):
+    for keys, group in spec.groupby(varying, sort=False, dropna=False):  # an in-process point has no link: a row too
         keys = keys if isinstance(keys, tuple) else (keys,)
         facets.append((", ".join(f"{a.replace('_threshold', '')}={k}" for a, k in zip(varying, keys)), group))
     return facets
@@ -162,8 +165,10 @@ def plot_heatmaps(summary: pd.DataFrame, prompts: str, path: Path) -> Path | Non
             if value_range is None:  # label both halves of the ratio scale: 1/r ... 1 ... r
                 ticks = sorted({norm.vmin, 1.0, norm.vmax} | {t for t in (0.5, 2.0) if norm.vmin < t < norm.vmax})
                 bar.set_ticks(ticks, labels=[f"{t:.2g}×" for t in ticks])
-    fig.suptitle(f"prompt set: {set_name(prompts)}", fontsize=12)
-    fig.tight_layout()
+    base = fastest_cloud(summary, prompts)
+    named = "" if base is None else f" · the fastest cloud-only: {plain_name(base)}, {base['tokens_per_s']:.1f} tok/s"
+    fig.suptitle(f"prompt set: {set_name(prompts)}{named}", fontsize=12)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # the suptitle's 0.4 inch kept clear
     return _save(fig, path)
 
 
