@@ -12,7 +12,7 @@ from bench.cli import main
 from bench.core.network import profile
 from bench.core.point import Point, blank
 from bench.core.records import ResultsFile, result_record
-from bench.derive.costfit import fit_inputs, predict_point, spec_points
+from bench.derive.costfit import fit_inputs, point_key, predict_point, spec_points
 from bench.derive.costmodel import (Acceptance, CostInputs, Link, Outcome, cloud_only, cloud_server_tokens_per_s,
                                     colocated, distance_capacity_factor, drafting_ahead, expected_emitted,
                                     sequential, server_tokens_per_s, split)
@@ -334,3 +334,20 @@ def test_the_split_edges_own_time_per_call_is_fitted_from_the_other_split_points
     assert fit_inputs(slower, rep).call_overhead_s == pytest.approx(0.004)  # 4 ms per call on the k = 4 points
     assert fit_inputs(slower, next(r for r in spec_points(slower) if r["k"] == 2 and r["deployment"] == "inproc")
                       ).call_overhead_s == 0.0  # co-located: no link, no such term
+
+
+def test_the_link_terms_come_from_sequential_split_points_when_the_folder_has_them():
+    """An `overlap = "auto"` point's cycles ahead overlap the edge's time with the wait, so its per-call
+    residue is not the protocol's or the bookkeeping's: with sequential split points beside it, it is left
+    out; in a folder of auto points only, it is what there is."""
+    records = synthetic(split=True)
+    rep = next(r for r in spec_points(records) if r["k"] == 2 and r["deployment"] == "split")
+    auto = [{**r, "overlap": "auto", "latency_s": r["latency_s"] + 0.02 * r["cloud_calls"],
+             "link_s": r["link_s"] + 0.01 * r["cloud_calls"]}
+            for r in (spec(k, i, "split") for k in (2, 4) for i in range(N_PROMPTS))]
+    alone = fit_inputs(records, rep)
+    beside = fit_inputs(records + auto, rep)
+    assert beside.call_overhead_s == alone.call_overhead_s and beside.link.protocol_s == alone.link.protocol_s
+    only_auto = [r for r in records if r.get("deployment") != "split" or point_key(r) == point_key(rep)] + auto
+    fitted = fit_inputs(only_auto, rep)
+    assert fitted.call_overhead_s == pytest.approx(0.01) and fitted.link.protocol_s == pytest.approx(alone.link.protocol_s + 0.01)

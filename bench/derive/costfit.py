@@ -166,16 +166,21 @@ def link_inputs(records: list[dict], point: dict, group: list[dict], mean_drafte
     up, down = _mean_per_call(split_group, "wire_up_bytes"), _mean_per_call(split_group, "wire_down_bytes")
     if up is None or down is None:
         up, down = escalation_bytes(round(mean_drafted) + 1, 0, 2)
-    own, protocol, bookkeeping = point_key(point), [], {}
-    for r in records:
-        if (r["mode"] == "spec" and r.get("deployment") == "split" and point_key(r) != own and r.get("cloud_calls")
-                and r.get("overlap") is not True):  # a verdict that lands mid-forward waits for it: not the link's time
-            other = profile(str(r.get("link") or "none"))
-            per_call = (r.get("link_s") or 0.0) / r["cloud_calls"]
-            protocol.append(per_call - other.transfer_s(r.get("wire_up_bytes", 0) / r["cloud_calls"],
-                                                        r.get("wire_down_bytes", 0) / r["cloud_calls"]))
-            rest = r["latency_s"] - (r.get("edge_s") or 0.0) - (r.get("link_s") or 0.0) - (r.get("cloud_s") or 0.0)
-            bookkeeping.setdefault(r.get("k"), []).append(rest / r["cloud_calls"])
+    own = point_key(point)
+    # A verdict that lands mid-forward waits for it, which is not the link's time: never from points that
+    # draft ahead on every cycle, and from `overlap = "auto"` points (whose ahead cycles overlap the edge's
+    # time with the wait) only when the folder has no sequential split point to take it from.
+    others = [r for r in records if r["mode"] == "spec" and r.get("deployment") == "split" and point_key(r) != own
+              and r.get("cloud_calls") and r.get("overlap") is not True]
+    sequential = [r for r in others if r.get("overlap") is False]
+    protocol, bookkeeping = [], {}
+    for r in sequential or others:
+        other = profile(str(r.get("link") or "none"))
+        per_call = (r.get("link_s") or 0.0) / r["cloud_calls"]
+        protocol.append(per_call - other.transfer_s(r.get("wire_up_bytes", 0) / r["cloud_calls"],
+                                                    r.get("wire_down_bytes", 0) / r["cloud_calls"]))
+        rest = r["latency_s"] - (r.get("edge_s") or 0.0) - (r.get("link_s") or 0.0) - (r.get("cloud_s") or 0.0)
+        bookkeeping.setdefault(r.get("k"), []).append(rest / r["cloud_calls"])
     link = Link(shape.rtt_s, shape.uplink_bps, shape.downlink_bps, max(float(np.median(protocol)), 0.0) if protocol else 0.0)
     # The edge engine's own time per call that is neither drafting, the link nor the server (acceptance,
     # rollback, the message): it grows with the block (median 8 ms at k = 1, 19-24 ms at k = 8 on the
