@@ -103,3 +103,46 @@ def test_without_plain_decoding_or_spec_points_the_figure_is_skipped_with_one_li
     text = page_text(build_report(write_folder(tmp_path, rows), tmp_path / "report"))
     assert f"Speed-up over the fastest plain decoding, per runtime pairing: {reason}" in text
     assert not (tmp_path / "report" / "figures" / "speedup_vs_fastest_plain.png").exists()
+
+
+def test_a_big_sweeps_row_draws_its_front_and_its_fastest_and_says_so(tmp_path):
+    """Twenty spec points of one pairing: the row draws those no other beats on both speed-up and calls per
+    token, and the four fastest; the caption says how many of how many."""
+    from bench.read.report.pairings import FASTEST_KEPT, drawn_points  # noqa: PLC0415 (the rule under test)
+
+    rows = []
+    for pid, scale in (("a", 1.0), ("b", 1.25)):
+        rows += [row("cloud", pid, 1.0 * scale), row("edge", pid, 0.5 * scale)]
+        for i in range(20):  # faster points make more cloud calls, except the dominated odd ones
+            calls = 2 + i // 2 if i % 2 == 0 else 12
+            rows.append(row("spec", pid, (1.0 - 0.03 * i) * scale, **{**SPEC, "cloud_calls": calls, "k": i + 1}))
+    summary = summarize(rows)
+    spec = summary[summary["mode"] == "spec"]
+    drawn = drawn_points(spec)
+    fastest = set(spec["speedup_vs_fastest_plain"].nlargest(FASTEST_KEPT).index)
+    assert fastest <= set(drawn.index) and len(drawn) < len(spec)
+    for i in set(spec.index) - set(drawn.index):  # each point left out is beaten on both axes by one drawn
+        assert ((drawn["speedup_vs_fastest_plain"] >= spec.at[i, "speedup_vs_fastest_plain"])
+                & (drawn["cloud_calls_per_token"] <= spec.at[i, "cloud_calls_per_token"])).any()
+    figure = plot_vs_fastest_plain(summary, point_labels(summary), tmp_path / "figure.png")
+    assert figure.trimmed == {"torch → torch · p": (len(drawn), 20)}
+    assert f"torch → torch · p: {len(drawn)} of 20 points drawn" in figure.caption
+    assert drawn_points(spec.head(5)).equals(spec.head(5))  # a small row is drawn whole
+
+
+def test_a_trimmed_row_keeps_each_drawn_split_points_co_located_twin():
+    from bench.read.report.pairings import drawn_points  # noqa: PLC0415 (the rule under test)
+
+    rows = []
+    for pid, scale in (("a", 1.0), ("b", 1.25)):
+        rows += [row("cloud", pid, 1.0 * scale), row("edge", pid, 0.5 * scale)]
+        for i in range(8):  # the twins are slower at the same calls: never on the front themselves
+            setting = {**SPEC, "cloud_calls": 2 + i, "k": i + 1, "edge_runtime": "llamacpp"}
+            rows.append(row("spec", pid, (0.4 + 0.03 * i) * scale, deployment="split", link="none", overlap=True, **setting))
+            rows.append(row("spec", pid, (0.6 + 0.03 * i) * scale, deployment="colocated", **setting))
+    spec = summarize(rows)
+    spec = spec[spec["mode"] == "spec"]
+    drawn = drawn_points(spec)
+    split_k = set(drawn.loc[drawn["deployment"] == "split", "k"])
+    assert len(drawn) < len(spec) and split_k
+    assert set(drawn.loc[drawn["deployment"] == "colocated", "k"]) == split_k  # every drawn split point's twin, no other

@@ -21,10 +21,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bench.derive.summary import fastest_plain, plain_label  # noqa: E402
-from bench.read.report.pareto import set_name  # noqa: E402
+from bench.derive.summary import colocated, fastest_plain, plain_label  # noqa: E402
+from bench.read.report.pareto import pareto_mask, set_name  # noqa: E402
 from bench.read.report.plots import _interval, _save  # noqa: E402
 
+MAX_ROWS = 12  # points of one pairing and prompt set drawn whole; past that, its front and its fastest
+FASTEST_KEPT = 4  # the fastest points drawn beside the front of a trimmed row
 SPEEDUP = "speedup_vs_fastest_plain"
 CALLS = "cloud_calls_per_token"
 # deployment -> (marker, legend text); records from before the axis read "-", in one process
@@ -53,14 +55,18 @@ class PlainFigure:
     baselines: dict[str, str] = field(default_factory=dict)
     reason: str = ""
     left_out: tuple[str, ...] = ()
+    trimmed: dict[str, tuple[int, int]] = field(default_factory=dict)  # "pairing · set" -> (points drawn, measured)
 
     @property
     def caption(self) -> str:
         against = "; ".join(f"{name}: vs {text}" if len(self.baselines) > 1 else f"vs {text}"
                             for name, text in self.baselines.items())
         missing = f"; left out, with no plain decoding measured: {', '.join(self.left_out)}" if self.left_out else ""
+        trimmed = "" if not self.trimmed else "; " + "; ".join(
+            f"{row}: {drawn} of {total} points drawn (the front of speed-up and calls per token, the "
+            f"{FASTEST_KEPT} fastest, and the co-located twin of each split one)" for row, (drawn, total) in self.trimmed.items())
         return (f"Speed-up over the fastest plain decoding ({against}{missing}) and cloud calls per token, "
-                "per runtime pairing")
+                f"per runtime pairing{trimmed}")
 
 
 def _runtime(value) -> str:
@@ -69,6 +75,19 @@ def _runtime(value) -> str:
 
 def _baseline_text(point: pd.Series) -> str:
     return f"{plain_label(point)}, {point['tokens_per_s']:.1f} tok/s"
+
+
+def drawn_points(points: pd.DataFrame) -> pd.DataFrame:
+    """The points of one pairing and prompt set the figure draws: all of them up to MAX_ROWS; past that (a
+    big sweep's row would be taller than a screen), those no other point beats on both speed-up and cloud
+    calls per token, and the FASTEST_KEPT fastest (whatever their calls), each split one with its co-located twin."""
+    if len(points) <= MAX_ROWS:
+        return points
+    front = pareto_mask(points[CALLS], points[SPEEDUP]) if CALLS in points else np.zeros(len(points), dtype=bool)
+    fastest = points.index.isin(points[SPEEDUP].nlargest(FASTEST_KEPT).index)
+    drawn = points[front | fastest]
+    twins = [i for _, point in drawn.iterrows() for i in colocated(points, point).index]  # a split point's baseline
+    return points[points.index.isin([*drawn.index, *twins])]
 
 
 def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) -> PlainFigure:
@@ -86,7 +105,10 @@ def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) 
     if spec.empty:
         return PlainFigure(None, reason=NO_PLAIN)
     pairing = spec["edge_runtime"].map(_runtime) + " → " + spec["cloud_runtime"].map(_runtime)
-    rows = list(spec.assign(pairing=pairing).groupby(["prompts", "pairing"], sort=False))
+    measured = list(spec.assign(pairing=pairing).groupby(["prompts", "pairing"], sort=False))
+    rows = [(key, drawn_points(points)) for key, points in measured]
+    trimmed = {f"{name} · {set_name(prompts)}": (len(drawn), len(points))
+               for ((prompts, name), points), (_, drawn) in zip(measured, rows) if len(drawn) < len(points)}
     heights = [0.9 + 0.3 * len(points) for _, points in rows]
     fig, axes = plt.subplots(len(rows), 2, figsize=(12, sum(heights) + 0.6), squeeze=False,
                              gridspec_kw={"height_ratios": heights, "width_ratios": [3, 2]})
@@ -132,4 +154,5 @@ def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) 
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / (sum(heights) + 0.6)))
     left_out = tuple(set_name(p) for p in dict.fromkeys(summary.loc[summary["mode"] == "spec", "prompts"])
                      if p not in baselines)
-    return PlainFigure(_save(fig, path), {set_name(p): _baseline_text(b) for p, b in baselines.items()}, "", left_out)
+    return PlainFigure(_save(fig, path), {set_name(p): _baseline_text(b) for p, b in baselines.items()}, "", left_out,
+                       trimmed)
