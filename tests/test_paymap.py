@@ -130,3 +130,25 @@ def test_a_folder_without_a_cloud_only_baseline_gets_one_line(tmp_path):
 def test_a_folder_without_spec_points_has_no_section(tmp_path):
     html, _ = _html(tmp_path, [r for r in synthetic() if r["mode"] != "spec"])
     assert "Where speculation pays" not in html and 'id="pays"' not in html
+
+
+def test_a_faster_cloud_only_in_another_runtime_is_named_on_its_panel(tmp_path):
+    """The map's contest holds the pairing's own cloud-only; a cloud-only measured faster in another runtime
+    (here twice as fast) is named on the panel and cross-hatched where it beats every lossless way."""
+    records = synthetic()
+    assert build_panels(records, *_summary_and_labels(tmp_path / "before", records))[0][0].faster_cloud is None
+    faster = [{**r, "cloud_runtime": "llamacpp", "latency_s": r["latency_s"] / 2} for r in records if r["mode"] == "cloud"]
+    summary, labels = _summary_and_labels(tmp_path / "after", records + faster)
+    (panel,), hints = build_panels(records + faster, summary, labels)
+    own = summary[(summary["mode"] == "cloud") & (summary["cloud_runtime"] == "torch")]["tokens_per_s"].iloc[0]
+    name, rate = panel.faster_cloud
+    assert not hints and name == "cloud-only in llamacpp" and rate == pytest.approx(2 * own)
+    (tmp_path / "report").mkdir()
+    html, figures = _html(tmp_path / "report", records + faster)
+    assert "plain decoding in another runtime, measured faster" in html and (figures / "where_speculation_pays.png").is_file()
+
+
+def _summary_and_labels(folder, records):
+    write_folder(folder, records)
+    inputs = load_inputs(folder)
+    return inputs.summary, point_labels(inputs.summary)

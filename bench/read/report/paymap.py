@@ -32,7 +32,7 @@ from bench.derive.costfit import (acceptance, acceptance_group, columns_key, fit
 from bench.derive.costmodel import CostInputs, cloud_only, colocated  # noqa: E402
 from bench.derive.regions import (LOSSLESS, ahead_colocated_rtt_bound_s, alpha_of, fastest, rate_grid,  # noqa: E402
                                   split_cloud_rtt_bound_s, winners)
-from bench.derive.summary import PLACED, baseline  # noqa: E402
+from bench.derive.summary import PLACED, baseline, fastest_cloud, plain_label  # noqa: E402
 from bench.read.report.inputs import ReportInputs  # noqa: E402
 from bench.read.report.page import image_src  # noqa: E402
 from bench.read.report.pareto import set_name  # noqa: E402
@@ -45,7 +45,9 @@ MAP_READ = (
     "textbook acceptance α per draft position (i.i.d., Leviathan et al.). Each cell is coloured by the deployment the "
     "cost model, fitted from this folder's baselines, finds fastest among those that emit the cloud's tokens: split "
     "(the edge drafts across the link, at the better of sequential and drafting ahead), co-located (both models on "
-    "the cloud's cores) and cloud-only; hatched where edge-only (the edge's own, different text) is faster still. "
+    "the cloud's cores) and cloud-only; hatched where edge-only (the edge's own, different text) is faster still, "
+    "and cross-hatched the other way where the cloud model's plain decoding in another runtime, measured faster than "
+    "this pairing's cloud-only and named above the panel, beats every way of the contest. "
     "Speculative deployments are taken at their best measured k. Lines: the closed forms of \"Speculation at a "
     "Distance\" in the model's symbols, at the k named in the panel — solid, split = cloud-only (left of it split "
     "beats cloud-only); dashed, split drafting ahead = co-located (left of it split wins). Dots (split) and squares "
@@ -100,6 +102,9 @@ class Panel:
     ways: tuple[str, ...]  # the lossless ways in the contest (split only when a split point was measured)
     link_text: str
     placed: tuple[Placed, ...]
+    # the fastest cloud-only measured on the prompts when it ran in another runtime than this pairing's cloud and
+    # beat that cloud's own: (its name, tok/s); the map cross-hatches where it beats every lossless way
+    faster_cloud: tuple[str, float] | None = None
 
 
 def pairing_of(row) -> str:
@@ -125,6 +130,18 @@ def measured_ways(summary: pd.DataFrame, row: pd.Series) -> tuple[dict, float]:
     if len(rates["cloud"]):
         found["cloud-only"] = float(rates["cloud"].iloc[0])
     return found, float(rates["edge"].iloc[0]) if len(rates["edge"]) else float("nan")
+
+
+def faster_cloud_elsewhere(summary: pd.DataFrame, row: pd.Series) -> tuple[str, float] | None:
+    """The fastest cloud-only measured on `row`'s prompts when it is not the cloud-only of `row`'s own cloud
+    runtime and dtype and beats it: (`cloud-only in llamacpp`, tok/s), else None. The map's contest holds the
+    pairing's own cloud-only; plain decoding in a faster runtime beats every cell its rate tops."""
+    quickest, own = fastest_cloud(summary, row["prompts"]), baseline(summary, "cloud", row)
+    if quickest is None or (len(own) and quickest.name in own.index):
+        return None
+    if len(own) and float(quickest["tokens_per_s"]) <= float(own["tokens_per_s"].max()):
+        return None
+    return plain_label(quickest), float(quickest["tokens_per_s"])
 
 
 def _rows_by_key(summary: pd.DataFrame) -> dict:
@@ -181,7 +198,8 @@ def build_panels(records: list[dict], summary: pd.DataFrame, labels: pd.Series) 
                                  measured, edge, fastest(x, alpha, ks, rtt_s, ways),
                                  _model_way(records, point, measured, x, alpha, rtt_s)))
         link_text = str(rep.get("link")) if rep.get("deployment") == "split" else "none measured"
-        panels.append(Panel(pairing, prompts, x, ks, int(best["k"]), ways, link_text, tuple(placed)))
+        panels.append(Panel(pairing, prompts, x, ks, int(best["k"]), ways, link_text, tuple(placed),
+                            faster_cloud_elsewhere(summary, rows[columns_key(best.get(c) for c in COLUMNS)])))
     return panels, list(dict.fromkeys(hints))
 
 
@@ -197,6 +215,13 @@ def _draw_panel(ax, panel: Panel, rtt_max_ms: float) -> None:
     edge_faster = (grid["edge-only"] > best).astype(float)
     if edge_faster.any():
         ax.contourf(rtts_ms, alphas, edge_faster, levels=[0.5, 1.5], colors="none", hatches=["///"])
+    elsewhere = ""
+    if panel.faster_cloud is not None:
+        name, rate = panel.faster_cloud
+        cloud_faster = (rate > best).astype(float)
+        if cloud_faster.any():
+            ax.contourf(rtts_ms, alphas, cloud_faster, levels=[0.5, 1.5], colors="none", hatches=["\\\\"])
+        elsewhere = f"\n\\\\ where {name}, {rate:.1f} tok/s, is faster"
     fine = np.linspace(0.0, 1.0, 201)
     for bound, style in ((split_cloud_rtt_bound_s, "-"), (ahead_colocated_rtt_bound_s, "--")):
         rtt = np.array([bound(panel.inputs, float(a), panel.line_k) for a in fine]) * 1e3
@@ -207,8 +232,8 @@ def _draw_panel(ax, panel: Panel, rtt_max_ms: float) -> None:
         ax.annotate(f"k{p.k}", (p.rtt_s * 1e3, p.alpha), xytext=(5, 3), textcoords="offset points", fontsize=7)
     ax.set_xlim(0, rtt_max_ms)
     ax.set_ylim(0, 1)
-    ax.set_title(f"{panel.pairing} · {set_name(panel.prompts)}\nlines at k={panel.line_k}; link rates: {panel.link_text}",
-                 fontsize=9)
+    ax.set_title(f"{panel.pairing} · {set_name(panel.prompts)}\nlines at k={panel.line_k}; link rates: {panel.link_text}"
+                 f"{elsewhere}", fontsize=9)
     ax.set_xlabel("round trip (ms)")
     ax.set_ylabel("acceptance α per position")
     if "split" not in panel.ways:
@@ -231,6 +256,8 @@ def plot_map(panels: list[Panel], path: Path) -> Path | None:
         _draw_panel(ax, panel, rtt_max_ms)
     handles = [Patch(color=COLORS[w], alpha=0.6, label=w) for w in LOSSLESS]
     handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="edge-only faster still"),
+                Patch(facecolor="white", edgecolor="black", hatch="\\\\",
+                      label="cloud-only in another runtime faster still (named above the panel)"),
                 Line2D([], [], color="black", label="split = cloud-only (closed form)"),
                 Line2D([], [], color="black", linestyle="--", label="split drafting ahead = co-located (closed form)"),
                 Line2D([], [], marker="o", linestyle="", color="grey", markeredgecolor="black", label="split point"),
