@@ -72,6 +72,8 @@ SPLIT_ONLY = ("link", "overlap")
 COLUMNS = [a for a in AXES if a not in SPEC_ONLY] + sorted((a for a in AXES if a in SPEC_ONLY), key=lambda a: a != "policy")
 # The run's setting as the engine used it, where that can differ from the setting asked for.
 USED = {"cloud": "cloud_name", "cloud_runtime": "cloud_runtime_used", "chat_template": "chat_template_used"}
+# A plain decoding's mode -> the runtime axis that runs it (its baseline matching, a sweep's extra plain runtimes).
+RUNTIME_OF = {"cloud": "cloud_runtime", "edge": "edge_runtime"}
 # compare's label: the settings always named, with their short prefix, before any other axis off its default.
 LABELLED = (("policy", ""), ("k", "k="), ("entropy_threshold", "thr="), ("accept_threshold", "p>="), ("verifier", ""))
 

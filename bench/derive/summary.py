@@ -29,7 +29,7 @@ import pandas as pd
 
 from bench.derive import metrics
 from bench.derive.health import chrf, error_rates, text_health, token_match_rate
-from bench.core.point import COLUMNS
+from bench.core.point import COLUMNS, RUNTIME_OF
 from bench.derive.scores import score_key
 
 
@@ -133,7 +133,6 @@ def _deployment_stats(group: pd.DataFrame) -> dict:
     }
 
 
-RUNTIME_OF = {"cloud": "cloud_runtime", "edge": "edge_runtime"}  # a baseline's mode -> the runtime it must share
 
 
 def baseline(table: pd.DataFrame, mode: str, point) -> pd.DataFrame:
@@ -198,11 +197,16 @@ def fastest_plain(summary: pd.DataFrame, prompts) -> pd.Series | None:
     return plain.loc[plain["tokens_per_s"].astype(float).idxmax()] if len(plain) else None
 
 
+def runtime_name(value) -> str:
+    """A record's or summary's runtime field as a name: blank ("-", None, NaN: written before the runtime
+    axes, or a role the point does not run) reads as torch."""
+    return "torch" if str(value) in ("-", "None", "nan") else str(value)
+
+
 def plain_name(point) -> str:
     """`torch bfloat16`, `llamacpp`: which plain decoding a row is, by runtime, and by dtype where the runtime
     takes one (torch-int8 computes in int8 and float32, llama.cpp in the GGUF's own types, whatever --dtype says)."""
-    runtime = point.get("cloud_runtime", "-") if point["mode"] == "cloud" else point.get("edge_runtime", "-")
-    runtime = "torch" if runtime in ("-", None) or runtime != runtime else runtime
+    runtime = runtime_name(point.get(RUNTIME_OF[point["mode"]], "-"))
     return f"torch {point['dtype']}" if runtime == "torch" else runtime
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from bench.measure.caps import EdgeCaps
 from bench.core.network import profile
 from bench.core.folder import canonical_path
-from bench.core.point import AXES, DEPLOYMENTS, SETTING_TYPES, SETTINGS, blank
+from bench.core.point import AXES, DEPLOYMENTS, RUNTIME_OF, SETTING_TYPES, SETTINGS, blank
 from bench.core.prompts import PromptInputs, canonical_prompts
 from specdec.backends.base import RUNTIMES
 from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
@@ -38,8 +38,6 @@ ON_CLOUD_CORES = ("split", "colocated")
 PLACEMENT = ("executor", "ray_address")
 # The sweep's own default where a run has none, or where a sweep's differs from a run's.
 SWEEP_DEFAULTS = {"mode": ("cloud", "edge", "spec"), "prompts": ("zh-describe",), "link": ("none",)}
-# A plain decoding's mode -> the runtime axis that runs it (`plain_runtimes` adds points along it).
-PLAIN_RUNTIME = {"cloud": "cloud_runtime", "edge": "edge_runtime"}
 SWEEP_HELP = {"cloud_url": "split points: verify on this running server instead of starting one"}
 
 
@@ -229,9 +227,9 @@ class SweepConfig(RunSettings):
             if point["mode"] != "spec":
                 point["deployment"] = "inproc"
             add(point)
-            if point["mode"] in PLAIN_RUNTIME:  # the same baseline in every extra runtime asked for
+            if point["mode"] in RUNTIME_OF:  # the same baseline in every extra runtime asked for
                 for runtime in self.plain_runtimes:
-                    add({**point, PLAIN_RUNTIME[point["mode"]]: runtime})
+                    add({**point, RUNTIME_OF[point["mode"]]: runtime})
             if point["deployment"] == "split":
                 add({**point, "deployment": "colocated"})
         return points

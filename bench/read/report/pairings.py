@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bench.derive.summary import colocated, fastest_plain, plain_label  # noqa: E402
+from bench.derive.summary import colocated, fastest_plain, plain_label, runtime_name  # noqa: E402
 from bench.read.report.pareto import pareto_mask, set_name  # noqa: E402
 from bench.read.report.plots import _interval, _save  # noqa: E402
 
@@ -69,10 +69,6 @@ class PlainFigure:
                 f"per runtime pairing{trimmed}")
 
 
-def _runtime(value) -> str:
-    return "torch" if str(value) in ("-", "None", "nan") else str(value)  # before the runtime axes: torch
-
-
 def _baseline_text(point: pd.Series) -> str:
     return f"{plain_label(point)}, {point['tokens_per_s']:.1f} tok/s"
 
@@ -104,7 +100,7 @@ def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) 
     spec = spec[spec["prompts"].isin(list(baselines)) & spec[SPEEDUP].notna()] if SPEEDUP in spec else spec.iloc[0:0]
     if spec.empty:
         return PlainFigure(None, reason=NO_PLAIN)
-    pairing = spec["edge_runtime"].map(_runtime) + " → " + spec["cloud_runtime"].map(_runtime)
+    pairing = spec["edge_runtime"].map(runtime_name) + " → " + spec["cloud_runtime"].map(runtime_name)
     measured = list(spec.assign(pairing=pairing).groupby(["prompts", "pairing"], sort=False))
     rows = [(key, drawn_points(points)) for key, points in measured]
     trimmed = {f"{name} · {set_name(prompts)}": (len(drawn), len(points))
