@@ -25,7 +25,7 @@ from bench.core.prompts import load_prompts
 from bench.measure.launch import ServerProcess
 from bench.measure.split import call_overheads_s, modelled_link_s, pin_threads
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
-from specdec.config import DecodeConfig, DeployConfig, SpecConfig
+from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.backends.base import cache_kwarg
 from specdec.models.loading import load_model

@@ -7,18 +7,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specdec.cloud import Cloud, LocalCloud
-from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
-from specdec.decode import autoregressive_decode, speculative_decode
+from specdec.core.cloud import Cloud, LocalCloud
+from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
+from specdec.core.decode import autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError, InputError
 from specdec.models.loading import LoadedModel, load_model
-from specdec.overlap import OverlapGovernor
-from specdec.processors import Constraints
-from specdec.profiles import build_constraints
+from specdec.core.overlap import OverlapGovernor
+from specdec.core.processors import Constraints
+from specdec.constraint_profiles import build_constraints
 from specdec.remote.client import RemoteCloud, SessionSettings
 from specdec.remote.protocol import read_token, token_file_warning, tokenizer_sha256
-from specdec.tokenstats import PunctuationTable
-from specdec.trace import Generation
+from specdec.core.tokenstats import PunctuationTable
+from specdec.core.trace import Generation
 
 
 @dataclass(frozen=True, eq=False)

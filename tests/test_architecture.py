@@ -24,15 +24,15 @@ HEAVY = ("transformers",)
 LAYERS = {
     "errors": (("specdec.errors",), ()),
     "backends": (("specdec.backends",), ("errors",)),
-    "core": (("specdec", "specdec.config", "specdec.decode", "specdec.session", "specdec.verifier", "specdec.gate",
-              "specdec.policies", "specdec.sampling", "specdec.processors", "specdec.trace", "specdec.text",
-              "specdec.tokenstats", "specdec.constraints_zh", "specdec.cloud", "specdec.drafter", "specdec.drafting", "specdec.batching"),
-             ("errors", "backends")),
+    # The loop and what it needs: the folder specdec/core/ is the layer.
+    "core": (("specdec.core",), ("errors", "backends")),
+    # The package's public names (specdec/__init__.py): the core's, re-exported.
+    "api": (("specdec",), ("errors", "backends", "core")),
     "models": (("specdec.models",), ("errors", "backends")),
     # The verifier protocol and the edge's client: the engine verifies through them.
     "transport": (("specdec.remote", "specdec.remote.client", "specdec.remote.protocol"), ("errors", "backends", "core")),
     # What both the engine and the server build from a loaded model (its decoding constraints).
-    "assembly": (("specdec.profiles",), ("errors", "backends", "core", "models")),
+    "assembly": (("specdec.constraint_profiles",), ("errors", "backends", "core", "models")),
     "engine": (("specdec.engine",), ("errors", "backends", "core", "models", "transport", "assembly")),
     # The verifier server: the cloud side of the protocol, built on the core and a loaded model;
     # never on the engine (the edge's facade), so neither side's changes ripple into the other.
@@ -50,7 +50,7 @@ BENCH_LAYERS = {
 }
 # Reports only read results: these never reach a module that loads or runs a model.
 READERS = ("bench.core", "bench.derive", "bench.read")
-RUNS_MODELS = ("specdec.engine", "specdec.decode", "specdec.models")
+RUNS_MODELS = ("specdec.engine", "specdec.core.decode", "specdec.models")
 # What a point is, which way a metric moves and every derived number are the readers' own: they
 # never reach what plans or runs a measurement, nor a command's flags.
 MEASURES = ("bench.measure", "bench.commands", "bench.cli")
@@ -82,7 +82,7 @@ def modules() -> dict[str, Path]:
 
 
 def _known(target: str) -> str | None:
-    """The project module an import names (`from specdec import config` names specdec.config)."""
+    """The project module an import names (`from specdec.core import config` names specdec.core.config)."""
     while target and target not in modules():
         target = target.rpartition(".")[0]
     return target or None
@@ -281,6 +281,20 @@ def test_architecture_md_names_every_module():
         if not skip and shown not in text:
             missing.append(f"{parts[0]}/{shown}")
     assert not missing, f"ARCHITECTURE.md does not place {sorted(set(missing))}"
+
+
+def test_a_file_name_means_one_thing():
+    """Outside bench/commands/ (each named after its command) no two modules share a file name: the
+    escalation gate and the regression gate were both `gate.py`. `registry.py` is a role of its own:
+    a package's table of names (the policies', the models')."""
+    by_name: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        rel = path.relative_to(ROOT)
+        if path.name in ("__init__.py", "conftest.py") or rel.parts[:2] == ("bench", "commands"):
+            continue
+        by_name.setdefault(path.name, []).append(str(rel))
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1 and name != "registry.py"}
+    assert not shared, f"one file name, several modules: {shared}; name each after its role"
 
 
 # --- the tiny script ------------------------------------------------------------------------

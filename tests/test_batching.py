@@ -18,11 +18,11 @@ from websockets.sync.client import connect
 
 from specdec.backends.base import Prompt
 from specdec.backends.hf_causal import HFCausalBackend
-from specdec.cloud import LocalCloud
-from specdec.config import DecodeConfig, SpecConfig
-from specdec.decode import autoregressive_decode, speculative_decode
+from specdec.core.cloud import LocalCloud
+from specdec.core.config import DecodeConfig, SpecConfig
+from specdec.core.decode import autoregressive_decode, speculative_decode
 from specdec.models.loading import load_model
-from specdec.processors import Constraints, StopRule
+from specdec.core.processors import Constraints, StopRule
 from specdec.remote.client import RemoteCloud
 from specdec.remote.protocol import SCHEMA, decode, encode
 from specdec.remote.server import BackgroundServer, ServeConfig
@@ -226,7 +226,7 @@ def test_session_cap_holds_under_load(models):
 
 def test_rows_share_a_forward_only_with_blocks_of_similar_length():
     """A first call (its whole prompt) is not padded together with k + 1-token verifies."""
-    from specdec.batching import length_groups
+    from specdec.core.shared_forward import length_groups
 
     groups = length_groups({0: 5, 1: 120, 2: 4, 3: 5, 4: 131, 5: 1, 6: 300})
     assert sorted(sorted(g) for g in groups) == [[0, 2, 3, 5], [1, 4], [6]]

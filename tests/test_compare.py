@@ -15,7 +15,7 @@ from bench.measure import tinypair
 from bench.derive import verdict
 from bench.core.records import ResultsFile
 from bench.measure.run import run
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import InputError
 

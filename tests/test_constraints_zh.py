@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
-from specdec.constraints_zh import (
+from specdec.core.constraints_zh import (
     CommaGate,
     ContentRepetitionPenalty,
     ContentTrigramBan,
@@ -20,7 +20,7 @@ from specdec.constraints_zh import (
     zh_profile,
 )
 from specdec.errors import ConfigError
-from specdec.text import PUNCT_DENSITY_ABNORMAL, PUNCT_DENSITY_HEALTHY, cjk_content, is_cjk, punctuation_density
+from specdec.core.text import PUNCT_DENSITY_ABNORMAL, PUNCT_DENSITY_HEALTHY, cjk_content, is_cjk, punctuation_density
 
 CHARS = "说话人的音色中声语速平缓情绪稳定真想字逗好呀嗯很清晰低沉温和是一位男女性年轻有点激动快慢"
 WORDS = ["音色", "真想", "说话人", "语速", "情绪", "平缓", "稳定", "中性", "的，", "。\n"]

@@ -17,7 +17,7 @@ from bench.derive.costmodel import (Acceptance, CostInputs, Link, Outcome, cloud
                                     colocated, distance_capacity_factor, drafting_ahead, expected_emitted,
                                     sequential, server_tokens_per_s, split)
 from specdec.errors import ConfigError
-from specdec.trace import Counters, Cycle, Generation
+from specdec.core.trace import Counters, Cycle, Generation
 
 T_D, A, B, O = 0.01, 0.02, 0.005, 0.001  # edge step, verify a + b·T, verify overhead (seconds)
 

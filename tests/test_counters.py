@@ -6,7 +6,7 @@ import torch
 
 from specdec import DecodeConfig, Prompt, SpecConfig, StopRule, Constraints, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
-from specdec.gate import block_uncertainty, should_escalate
+from specdec.core.escalation import block_uncertainty, should_escalate
 from tests.tiny import noisy_copy, random_prompt, tiny_causal
 
 
@@ -143,7 +143,7 @@ def test_autoregressive_decode_runs_one_forward_per_token(backends):
 
 
 def test_last_block_leaves_room_for_the_bonus():
-    from specdec.decode import block_size
+    from specdec.core.decode import block_size
 
     assert [block_size(4, r) for r in (9, 6, 5, 4, 3, 2, 1)] == [4, 4, 4, 3, 2, 1, 1]
 

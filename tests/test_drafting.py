@@ -10,9 +10,9 @@ from bench.measure.link import BackgroundLink
 from bench.core.network import profile
 from specdec.backends.base import Prompt
 from specdec.backends.hf_causal import HFCausalBackend
-from specdec.config import DecodeConfig, SpecConfig
-from specdec.decode import autoregressive_decode, block_size, speculative_decode
-from specdec.drafting import make_schedule, make_stop
+from specdec.core.config import DecodeConfig, SpecConfig
+from specdec.core.decode import autoregressive_decode, block_size, speculative_decode
+from specdec.core.block_length import make_schedule, make_stop
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.client import RemoteCloud

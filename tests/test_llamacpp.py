@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from specdec.backends.base import Prompt  # noqa: E402
 from specdec.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from specdec.config import DecodeConfig, SpecConfig  # noqa: E402
+from specdec.core.config import DecodeConfig, SpecConfig  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.errors import ModelError  # noqa: E402
 from specdec.models import fetch, registry  # noqa: E402

@@ -17,7 +17,7 @@ from bench.cli import main
 from bench.core.prompts import SAMPLES_MANIFEST
 from bench.measure.run import FailedSamples, run
 from specdec.backends.omni_thinker import OmniThinkerBackend
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.models.loading import load_model
 from tests.omni_fixtures import random_waveform, tiny_omni_tokenizer, tiny_thinker

@@ -8,9 +8,9 @@ from bench.cli import build_parser
 from bench.commands.options import RUN_SETTINGS, parse_list, run_options, sweep_from_args, sweep_options
 from bench.core.point import AXES
 from bench.measure.sweep_config import SweepConfig
-from specdec.config import SpecConfig
-from specdec.policies import POLICIES, make_policy, register_policy
-from specdec.verifier import VERIFIERS
+from specdec.core.config import SpecConfig
+from specdec.core.policies import POLICIES, make_policy, register_policy
+from specdec.core.verifier import VERIFIERS
 
 
 def flags(options) -> set[str]:

@@ -1,11 +1,11 @@
-"""`overlap = "auto"`'s rule (specdec/overlap.py) on synthetic cycle numbers, answers computed by hand:
+"""`overlap = "auto"`'s rule (specdec/core/overlap.py) on synthetic cycle numbers, answers computed by hand:
 drafting ahead pays iff P(full accept) * P(guess right) * (forwards that fit in a round trip) * step
 time exceeds the extra send -> verdict time measured while drafting ahead. No timing is measured here."""
 from __future__ import annotations
 
 import pytest
 
-from specdec.overlap import PROBE, REPROBE, WARMUP, OverlapEvidence, OverlapGovernor, ahead_gain_s, draft_ahead_pays
+from specdec.core.overlap import PROBE, REPROBE, WARMUP, OverlapEvidence, OverlapGovernor, ahead_gain_s, draft_ahead_pays
 
 
 def evidence(**changes) -> OverlapEvidence:

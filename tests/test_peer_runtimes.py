@@ -15,7 +15,7 @@ import torch
 from bench.measure.llama_speculative import BUILD_COMMAND, BINARY_ENV, parse_report, speculative_command
 from bench.measure.peer import Timed, hf_assisted
 from bench.measure.peer_runtimes import same_as_reference
-from specdec.config import DecodeConfig
+from specdec.core.config import DecodeConfig
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.models.loading import load_model

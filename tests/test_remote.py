@@ -13,8 +13,8 @@ from scipy.stats import chisquare
 
 from bench.measure.link import BackgroundLink
 from bench.core.network import profile
-from specdec.config import DecodeConfig, DeployConfig, SpecConfig
-from specdec.decode import speculative_decode
+from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
+from specdec.core.decode import speculative_decode
 from specdec.engine import Engine
 from specdec.models.loading import load_model
 from specdec.backends.base import Prompt

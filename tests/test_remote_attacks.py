@@ -20,9 +20,9 @@ from websockets.asyncio.server import serve
 
 from bench.cli import main
 from specdec.backends.base import Prompt
-from specdec.cloud import CloudLost, LocalCloud
-from specdec.config import DecodeConfig, SpecConfig
-from specdec.decode import autoregressive_decode, speculative_decode
+from specdec.core.cloud import CloudLost, LocalCloud
+from specdec.core.config import DecodeConfig, SpecConfig
+from specdec.core.decode import autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.client import CloudUnreachable, RemoteCloud

@@ -26,9 +26,9 @@ from bench.cli import main
 from bench.measure.run import FailedSamples, run
 from specdec.engine import Engine
 from specdec.backends.base import Prompt
-from specdec.cloud import CloudLost
-from specdec.config import DecodeConfig, DeployConfig, SpecConfig
-from specdec.decode import speculative_decode
+from specdec.core.cloud import CloudLost
+from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
+from specdec.core.decode import speculative_decode
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.client import CloudUnreachable, RemoteCloud

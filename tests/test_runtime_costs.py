@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from bench.derive.runtime_costs import BLOCKS, table
+from bench.derive.runtime_cost_table import BLOCKS, table
 from bench.measure.runtime_costs import main
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from specdec.config import DecodeConfig, EngineConfig, SpecConfig
+from specdec.core.config import DecodeConfig, EngineConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError, ModelError
 from specdec.models.loading import load_model

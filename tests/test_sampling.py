@@ -5,11 +5,12 @@ from scipy.stats import chisquare
 
 from specdec import DecodeConfig, Prompt, SpecConfig, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
-from specdec.policies.sample import speculative_sample
-from specdec.processors import Constraints
-from specdec.decode import draft
-from specdec.sampling import distribution, entropy_nats
-from specdec.session import AcceptedSequence, Session
+from specdec.core.policies.sample import speculative_sample
+from specdec.core.processors import Constraints
+from specdec.core.drafters import DraftContext
+from specdec.core.drafters.model import ModelDrafter
+from specdec.core.sampling import distribution, entropy_nats
+from specdec.core.session import AcceptedSequence
 from tests.tiny import noisy_copy, random_prompt, tiny_causal
 
 V = 6
@@ -98,8 +99,9 @@ def test_temperature_is_applied_once_after_processors():
     with torch.inference_mode():
         raw = model(ids.unsqueeze(0)).logits[0, -1]
         seq = AcceptedSequence(ids, 4)
-        session = Session(HFCausalBackend(model), Prompt(ids))
-        _, draft_probs = draft(session, seq, 1, 96, Constraints(processors=(boost_seven,)), temperature, torch.Generator().manual_seed(0))
+        context = DraftContext(Prompt(ids), 96, Constraints(processors=(boost_seven,)), temperature,
+                               torch.Generator().manual_seed(0), edge=HFCausalBackend(model))
+        draft_probs = ModelDrafter(context).propose(seq, 1).probs
     torch.testing.assert_close(draft_probs[0], torch.softmax((raw + shift) / temperature, -1), atol=1e-6, rtol=1e-5)
     assert not torch.allclose(draft_probs[0], torch.softmax((raw + shift) / temperature**2, -1), atol=1e-3)
 

@@ -7,8 +7,8 @@ import torch
 
 from specdec import DecodeConfig, SpecConfig, autoregressive_decode, speculative_decode
 from specdec.backends.omni_thinker import OmniThinkerBackend, build_omni_prompt, default_feature_extractor
-from specdec.session import AcceptedSequence
-from specdec.verifier import make_verifier
+from specdec.core.session import AcceptedSequence
+from specdec.core.verifier import make_verifier
 from tests.omni_fixtures import random_waveform, tiny_omni_tokenizer, tiny_thinker
 from tests.tiny import noisy_copy
 

@@ -4,7 +4,7 @@ from bench.core.prompts import PromptRecord
 from bench.core.records import ResultsFile
 from bench.measure.run import warm_up
 from bench.measure.tinypair import PROMPTS
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 
 

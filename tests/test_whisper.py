@@ -10,8 +10,8 @@ from torch import nn
 
 from specdec import Constraints, DecodeConfig, InputError, SpecConfig, StopRule, autoregressive_decode, speculative_decode
 from specdec.backends.whisper import SuppressTokens, WhisperBackend, build_whisper_prompt, detect_language
-from specdec.session import AcceptedSequence
-from specdec.verifier import make_verifier
+from specdec.core.session import AcceptedSequence
+from specdec.core.verifier import make_verifier
 from tests.tiny import noisy_copy
 from tests.whisper_fixtures import (
     EN, EOT, NO_TIMESTAMPS, SOT, SUPPRESS, SUPPRESS_AT_BEGIN, TRANSCRIBE, TRANSLATE, ZH,

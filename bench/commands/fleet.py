@@ -11,7 +11,7 @@ from bench.core.folder import canonical_path
 from bench.core.prompts import canonical_prompts
 from bench.measure.fleet import run_fleet
 from bench.measure.fleet_config import FleetConfig
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.core.config import DecodeConfig, SpecConfig
 
 
 def add_fleet_parser(sub) -> None:

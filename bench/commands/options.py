@@ -1,6 +1,6 @@
 """Command-line options generated from the config dataclasses, as optimum-benchmark does: one flag
 per field, with the field's type, default, help and choices, so `run`, `profile` and `sweep` offer
-the same settings and a setting added to specdec/config.py reaches all three.
+the same settings and a setting added to specdec/core/config.py reaches all three.
 
     --name-with-dashes   one per field (plus any `flags` the field's metadata lists as aliases);
                          a bool is one switch with both spellings, --NAME and --no-NAME
@@ -22,7 +22,7 @@ from bench.core.folder import canonical_path
 from bench.core.prompts import PromptInputs, canonical_prompts
 from bench.core.point import AXES, RUN_SETTINGS
 from bench.measure.sweep_config import SweepConfig
-from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, parse_overlap
+from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, parse_overlap
 from specdec.engine import Engine
 
 # Where each setting is defined (its help, choices and aliases), for the sweep's copy of it.

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.prompts import PromptInputs
-from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
+from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 
 RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConfig)
 # Run settings that say how a run reaches its models and prompts, not what it measures: the

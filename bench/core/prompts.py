@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.core.audio import MAX_SECONDS
 from bench.core.folder import canonical_path
-from specdec.config import check_types
+from specdec.core.config import check_types
 from specdec.errors import ConfigError, InputError
 
 SETS_DIR = Path(__file__).parent.parent / "prompts"
@@ -35,7 +35,7 @@ OPTIONAL_TEXT = ("system", "reference", "language", "prompt_type", "audio")
 
 @dataclass(frozen=True)
 class PromptInputs:
-    """Which prompts a run reads (the harness's settings beside the engine's, specdec/config.py)."""
+    """Which prompts a run reads (the harness's settings beside the engine's, specdec/core/config.py)."""
 
     prompts: str = field(metadata={"help": "JSONL file, JSON manifest, or a shipped set (zh-describe, zh-chat, "
                                            "en-chat, code, audio-samples)"})

@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 
 from specdec.errors import InputError
-from specdec.text import punctuation_density
-from specdec.trace import Generation
+from specdec.core.text import punctuation_density
+from specdec.core.trace import Generation
 
 
 def result_record(generation: Generation, point: dict, prompt_id: str, latency_s: float, peak_rss_bytes: int) -> dict:

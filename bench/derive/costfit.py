@@ -216,7 +216,7 @@ def fit_inputs(records: list[dict], point: dict, cores_shared: bool | None = Non
 def predict_point(records: list[dict], point: dict, cores_shared: bool | None = None) -> float:
     """Predicted tokens/s of a spec point: co-located in process, split (drafting ahead or not) over its
     link. A split point with `overlap = "auto"` is predicted at the better of the two ways, what its rule
-    aims for (specdec/overlap.py), so its error also shows what the rule's warm-up and probes cost."""
+    aims for (specdec/core/overlap.py), so its error also shows what the rule's warm-up and probes cost."""
     return predict_from(fit_inputs(records, point, cores_shared), point)
 
 

@@ -21,7 +21,7 @@ The textbook case: i.i.d. acceptance α per position and blocks of k give
 E[emitted] = (1 − α^(k+1)) / (1 − α) (Leviathan et al. 2023, "Fast Inference from Transformers via
 Speculative Decoding", eq. 1), reproduced by `Acceptance.geometric`.
 
-Drafting ahead (specdec/drafter.py): after sending a block the edge steps once to guess the bonus,
+Drafting ahead (specdec/core/drafters/ahead.py): after sending a block the edge steps once to guess the bonus,
 then drafts a = min(n, steps that fit the wait W = L + V(n + 1)) − 1 tokens after it. They are kept
 only when the cloud accepts the whole block *and* its bonus equals the guess (π = P(whole block) ·
 P(guess right)); then the next block needs only n − a more steps. Steady state:

@@ -13,7 +13,7 @@ from typing import Sequence
 import jiwer
 from sacrebleu.metrics import CHRF
 
-from specdec.text import (
+from specdec.core.text import (
     PUNCT_DENSITY_ABNORMAL,
     PUNCT_DENSITY_HEALTHY,
     cjk_content,

@@ -6,7 +6,7 @@ A caller sums its records' raw fields (`COUNTS`) however it holds them, a list o
 (`totals`) or a pandas group (`group[list(COUNTS)].sum()`), and passes the totals here. Rates
 pool over prompts: total accepted / total drafted, never the mean of per-prompt rates, which
 would weigh a 3-token output like a 300-token one. Counters follow vLLM's spec-decode metrics
-(specdec/trace.py).
+(specdec/core/trace.py).
 
 How sure a number is: `*_ci` give bootstrap intervals over prompts (the unit a user's workload
 samples), recomputing the same pooled statistic on each resample; a speed-up resamples prompts

@@ -14,7 +14,7 @@ from pathlib import Path
 from bench.core.network import profile
 from bench.core.prompts import PromptInputs
 from specdec.backends.base import RUNTIMES, served_runtime
-from specdec.config import DeployConfig, EngineConfig, SpecConfig, check_types
+from specdec.core.config import DeployConfig, EngineConfig, SpecConfig, check_types
 from specdec.errors import ConfigError
 from specdec.remote.protocol import parse_address
 from specdec.remote.server import ServeConfig

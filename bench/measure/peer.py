@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bench.measure.workload import HF_DEFAULTS
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.models.loading import LoadedModel
 

@@ -20,7 +20,7 @@ import torch
 
 from bench.measure.llama_speculative import run_speculative
 from bench.measure.peer import Timed, paired, pooled_tokens_per_s
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.loading import LoadedModel, load_model

@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from bench.core.prompts import load_prompts
-from bench.derive.runtime_costs import BLOCKS, table
+from bench.derive.runtime_cost_table import BLOCKS, table
 from specdec.backends.base import Prompt
 from specdec.errors import SpecdecError
 from specdec.models.loading import load_model

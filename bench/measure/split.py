@@ -16,7 +16,7 @@ from dataclasses import asdict
 import torch
 
 from bench.core.network import NetworkProfile, network_cost
-from specdec.trace import Generation
+from specdec.core.trace import Generation
 
 
 def call_overheads_s(generations: list[Generation]) -> list[float]:

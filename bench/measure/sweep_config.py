@@ -23,7 +23,7 @@ from bench.core.folder import canonical_path
 from bench.core.point import AXES, DEPLOYMENTS, RUNTIME_OF, SETTING_TYPES, SETTINGS, blank
 from bench.core.prompts import PromptInputs, canonical_prompts
 from specdec.backends.base import RUNTIMES
-from specdec.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
+from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
 from specdec.errors import ConfigError
 from specdec.remote.protocol import parse_address
 
@@ -61,7 +61,7 @@ def _run_settings() -> list[tuple[str, object, object]]:
     return generated
 
 
-# The run settings, generated: a setting added to specdec/config.py (or an axis added to AXES) is here at once.
+# The run settings, generated: a setting added to specdec/core/config.py (or an axis added to AXES) is here at once.
 RunSettings = make_dataclass("RunSettings", _run_settings(), frozen=True)
 
 

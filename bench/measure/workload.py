@@ -25,8 +25,8 @@ from bench.measure import tinypair
 from bench.derive.health import text_health
 from bench.core.prompts import load_prompts
 from specdec.backends.base import Backend
-from specdec import config
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.core import config
+from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.loading import LoadedModel, load_model

@@ -1,11 +1,11 @@
 """The server's batcher: verify requests of different sessions that are waiting together become
-one forward (`specdec.batching`).
+one forward (`specdec.core.shared_forward`).
 
 Requests queue on the event loop. When the compute thread is free the batcher takes the oldest
 request, then every request already queued, and, with a window > 0, waits up to `window_s` more for
 others (`max_batch` requests at most). A window of 0 adds no latency: batches form only from
 requests that queued while the previous forward ran. A batch runs as one forward per group of
-similar block lengths (`specdec.batching`). Each forward is logged (rows, tokens, seconds): the
+similar block lengths (`specdec.core.shared_forward`). Each forward is logged (rows, tokens, seconds): the
 per-batch cost curve the fleet report draws.
 
 One batch, on the compute thread, reads in one direction: the forwards (`batch_logits`), then each
@@ -24,8 +24,8 @@ from typing import Protocol
 import torch
 
 from specdec.backends.base import Backend
-from specdec.batching import BatchRow, Forward, RowFailed, batch_logits
-from specdec.cloud import Verdict
+from specdec.core.shared_forward import BatchRow, Forward, RowFailed, batch_logits
+from specdec.core.cloud import Verdict
 from specdec.errors import SpecdecError
 
 

@@ -1,4 +1,4 @@
-"""The edge's side of the verifier protocol: a `Cloud` (see `specdec.cloud`) behind a server.
+"""The edge's side of the verifier protocol: a `Cloud` (see `specdec.core.cloud`) behind a server.
 
 One persistent WebSocket per engine (its handshake is paid once, like a model load); a session is
 opened lazily with the first escalated block (the `open` message travels back to back with that
@@ -18,14 +18,14 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
 from specdec.backends.base import Prompt
-from specdec.cloud import CloudLost, Verdict
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.core.cloud import CloudLost, Verdict
+from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.errors import ConfigError
-from specdec.processors import Constraints
+from specdec.core.processors import Constraints
 from specdec.remote.protocol import (
     SCHEMA, ProtocolError, decode, encode, pack_probs, pack_tensors, parse_address,
 )
-from specdec.session import AcceptedSequence
+from specdec.core.session import AcceptedSequence
 
 
 MAX_REPLY_MB = 16  # a ready or a verdict is bytes long: a server may not send the edge more than this

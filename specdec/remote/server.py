@@ -28,21 +28,21 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
 from specdec.backends.base import Prompt
-from specdec.batching import BatchRow, RowFailed
-from specdec.cloud import LocalCloudSession, Verdict
-from specdec.config import CONSTRAINT_PROFILES, DecodeConfig, SpecConfig
+from specdec.core.shared_forward import BatchRow, RowFailed
+from specdec.core.cloud import LocalCloudSession, Verdict
+from specdec.core.config import CONSTRAINT_PROFILES, DecodeConfig, SpecConfig
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models.loading import LoadedModel
-from specdec.policies import POLICIES
-from specdec.profiles import build_constraints
+from specdec.core.policies import POLICIES
+from specdec.constraint_profiles import build_constraints
 from specdec.remote.background import Background
 from specdec.remote.batcher import Batcher, Stopped
 from specdec.remote.protocol import (
     MAX_DRAFT_TOKENS, OPEN_FIELDS, SCHEMA, ProtocolError, decode, encode, field as get, token_ids,
     tokenizer_sha256, unpack_probs, unpack_tensors,
 )
-from specdec.session import AcceptedSequence
-from specdec.verifier import VERIFIERS
+from specdec.core.session import AcceptedSequence
+from specdec.core.verifier import VERIFIERS
 
 # The server's sampling stream must not be the edge's: seeding both with the same seed would feed
 # the acceptance test the very uniforms that drew the draft tokens.

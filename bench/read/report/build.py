@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.read.report import deployment, fleet, page, pairings, paymap, plots
+from bench.read.report import deployment, fleet_report, page, pairings, paymap, plots
 from bench.read.report.inputs import ReportInputs, load_inputs
 from bench.read.report.pareto import FRONTS, fronts_of, point_labels, set_name
 from bench.read.report.recommend import node_notes, precision_notes, recommend
@@ -120,8 +120,8 @@ def build_report(results_dir: Path, out: Path | None = None, profile: Path | Non
     """Write the report for `results_dir` into `out` (default reports/<results dir name>) and
     return the path of its index.html. `embed` puts the PNGs inside the HTML as data: URIs."""
     out = Path(out) if out is not None else default_out(results_dir)
-    if fleet.is_fleet_folder(results_dir):  # `specbench fleet`: its own page (capacity, batches, cost curve)
-        return fleet.build_fleet_report(Path(results_dir), out, embed=embed)
+    if fleet_report.is_fleet_folder(results_dir):  # `specbench fleet`: its own page (capacity, batches, cost curve)
+        return fleet_report.build_fleet_report(Path(results_dir), out, embed=embed)
     inputs = load_inputs(Path(results_dir), profile)
     out.mkdir(parents=True, exist_ok=True)
     for stale in (out / "figures").glob("*.png"):  # figures of an earlier report into the same folder

@@ -21,7 +21,7 @@ import pandas as pd
 
 from bench.core.metric_registry import lower_is_better
 from bench.read.report.pareto import point_labels, set_name
-from specdec.text import PUNCT_DENSITY_HEALTHY
+from specdec.core.text import PUNCT_DENSITY_HEALTHY
 
 CHRF_TOLERANCE = 1.0  # chrF points (0–100 scale) a point may lose against cloud-only
 # objective -> the summary metric whose 95 % interval says whether the winner beats the runner-up

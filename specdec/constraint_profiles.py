@@ -3,9 +3,9 @@ process) and a verifier server (the cloud behind `specbench serve`) both build, 
 the same rules and stop alike. It sits below both: the server never imports the engine."""
 from __future__ import annotations
 
-from specdec.constraints_zh import zh_profile
+from specdec.core.constraints_zh import zh_profile
 from specdec.models.loading import LoadedModel
-from specdec.processors import Constraints, StopRule
+from specdec.core.processors import Constraints, StopRule
 
 
 def build_constraints(loaded: LoadedModel, profile: str, vocab: int, eos_ids: frozenset[int] | None = None) -> Constraints:

@@ -23,6 +23,13 @@ class KSchedule(Protocol):
         ...
 
 
+def block_size(k: int, remaining: int) -> int:
+    """Draft tokens for the next block. Near the budget, leave one slot for the cloud's correction
+    or bonus token (as HF's assisted generation does): drafting the token the bonus supplies
+    anyway costs an edge step for nothing."""
+    return max(1, min(k, remaining - 1))
+
+
 STOPS: dict[str, Callable[[float], DraftStop]] = {}  # name -> factory(parameter)
 SCHEDULES: dict[str, Callable[[int], KSchedule]] = {}  # name -> factory(k_max)
 STOP_HELP = "none, entropy:NATS (stop after a token whose entropy >= NATS) or pmin:P (top-1 probability < P)"

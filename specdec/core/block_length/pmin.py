@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.drafting.base import register_stop
+from specdec.core.block_length.rules import register_stop
 from specdec.errors import ConfigError
 
 

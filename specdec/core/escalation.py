@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.config import SpecConfig
+from specdec.core.config import SpecConfig
 
 
 def block_uncertainty(entropies_nats: torch.Tensor, how: str) -> torch.Tensor:
@@ -15,10 +15,11 @@ def block_uncertainty(entropies_nats: torch.Tensor, how: str) -> torch.Tensor:
     return entropies_nats[0]
 
 
-def should_escalate(entropies_nats: torch.Tensor, punct_density: float | None, cfg: SpecConfig) -> bool:
+def should_escalate(entropies_nats: torch.Tensor | None, punct_density: float | None, cfg: SpecConfig) -> bool:
     """Escalate iff uncertainty >= threshold (0: always, inf: never), or, with the punctuation trigger
-    on, the block's character-level punctuation density exceeds `cfg.punct_trigger`."""
-    if cfg.entropy_threshold == 0:
+    on, the block's character-level punctuation density exceeds `cfg.punct_trigger`. A draft-free
+    block (entropies None: no distribution to be unsure about) always escalates: nothing vouches for it."""
+    if cfg.entropy_threshold == 0 or entropies_nats is None:
         return True
     if cfg.punct_trigger is not None and punct_density is not None and punct_density > cfg.punct_trigger:
         return True

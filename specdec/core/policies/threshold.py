@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.policies.registry import register_policy
-from specdec.sampling import accepted_prefix, choose
+from specdec.core.policies.registry import register_policy
+from specdec.core.sampling import accepted_prefix, choose
 
 
 @register_policy("threshold", from_threshold=True)

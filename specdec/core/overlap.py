@@ -1,6 +1,6 @@
 """`overlap = "auto"`: draft ahead only where it pays, decided from the cycles measured so far.
 
-Drafting ahead (specdec/drafter.py) gains only on a *hit*: the cloud accepts the whole block and its
+Drafting ahead (specdec/core/drafters/ahead.py) gains only on a *hit*: the cloud accepts the whole block and its
 bonus token is the edge's guess; then the tokens drafted during the round trip are the next block's
 first tokens and the edge skips that many forwards. Otherwise they are thrown away. It costs whatever
 the drafting does to the verify it runs beside: on shared cores the edge's forwards slow the server's
@@ -22,7 +22,7 @@ as often as a draft token is accepted).
 The run starts sequential (WARMUP cycles: the step time, round trip and acceptance), then drafts ahead
 for PROBE cycles (the cost), then follows the rule, re-deciding every cycle; every REPROBE-th cycle
 runs the other way once, so the mean of the side not chosen follows the machine. Either way the
-output is the same: drafting ahead is lossless (specdec/drafter.py), only the time differs.
+output is the same: drafting ahead is lossless (specdec/core/drafters/ahead.py), only the time differs.
 """
 from __future__ import annotations
 

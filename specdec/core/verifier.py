@@ -12,7 +12,7 @@ import time
 import torch
 
 from specdec.backends.base import Backend, Prompt
-from specdec.session import AcceptedSequence, Session
+from specdec.core.session import AcceptedSequence, Session
 
 VERIFIERS: dict[str, type] = {}  # --verifier name -> class(backend, prompt)
 
@@ -56,7 +56,7 @@ class CachedVerifier:
 
     def block(self, seq: AcceptedSequence, draft_tokens: torch.Tensor) -> tuple[object, torch.Tensor, int] | None:
         """What `logits` would feed, on which state, for a forward shared with other sessions
-        (`specdec.batching`): (state, tokens, keep). None when it cannot be shared: a first call
+        (`specdec.core.shared_forward`): (state, tokens, keep). None when it cannot be shared: a first call
         whose prompt carries multimodal features goes through the backend's own prefill."""
         if self.session is None:
             if self.prompt.features:

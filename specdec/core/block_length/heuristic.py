@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.drafting.base import register_schedule
+from specdec.core.block_length.rules import register_schedule
 
 
 @register_schedule("heuristic")

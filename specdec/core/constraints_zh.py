@@ -11,8 +11,8 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from specdec.errors import ConfigError
-from specdec.processors import Constraints, StopRule
-from specdec.text import COMMA_LIKE, PUNCTUATION, SENTENCE_END, cjk_content, is_cjk
+from specdec.core.processors import Constraints, StopRule
+from specdec.core.text import COMMA_LIKE, PUNCTUATION, SENTENCE_END, cjk_content, is_cjk
 
 # Only the full-width `。` is discouraged early in a sentence; ASCII '.' is left alone.
 PERIOD_MARKS = frozenset("。")

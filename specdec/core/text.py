@@ -1,6 +1,6 @@
 """Character classes of output text and its punctuation density: one definition shared by the
-`zh` decoding profile (specdec/constraints_zh.py), the punctuation escalation trigger
-(specdec/tokenstats.py) and the harness's text-health numbers (bench/derive/health.py)."""
+`zh` decoding profile (specdec/core/constraints_zh.py), the punctuation escalation trigger
+(specdec/core/tokenstats.py) and the harness's text-health numbers (bench/derive/health.py)."""
 from __future__ import annotations
 
 import re

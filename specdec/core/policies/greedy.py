@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.policies.registry import register_policy
-from specdec.sampling import accepted_prefix
+from specdec.core.policies.registry import register_policy
+from specdec.core.sampling import accepted_prefix
 
 
 @register_policy("greedy")

@@ -24,8 +24,8 @@ import torch
 
 from specdec.backends.base import Backend
 from specdec.errors import SpecdecError
-from specdec.session import AcceptedSequence
-from specdec.verifier import CachedVerifier, StatelessVerifier
+from specdec.core.session import AcceptedSequence
+from specdec.core.verifier import CachedVerifier, StatelessVerifier
 
 GROUP_SLACK_TOKENS = 8  # rows whose blocks differ by at most this many tokens (or 2x) share a forward
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.text import PUNCTUATION
+from specdec.core.text import PUNCTUATION
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,7 +23,7 @@ class PunctuationTable:
         return cls(punct, visible)
 
     def density(self, tokens: list[int]) -> float:
-        """Character-level punctuation density of the tokens' text (`specdec.text.punctuation_density`
+        """Character-level punctuation density of the tokens' text (`specdec.core.text.punctuation_density`
         from per-token counts), for the escalation trigger `--punct-trigger`."""
         index = torch.tensor(tokens, dtype=torch.long)
         visible = int(self.visible_chars[index].sum())

@@ -55,6 +55,13 @@ class Counters:
     def acceptance_rate(self) -> float | None:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 
+    @classmethod
+    def of(cls, cycles: list[Cycle], k: int) -> Counters:
+        counters = cls(accepted_per_position=[0] * k)
+        for cycle in cycles:
+            counters.add(cycle)
+        return counters
+
     def add(self, cycle: Cycle) -> None:
         self.cycles += 1
         if cycle.escalated:

@@ -13,10 +13,10 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from specdec.backends.base import DTYPES, RUNTIMES, check_runtime
-from specdec.drafting import SCHEDULES, parse_stop
+from specdec.core.block_length import SCHEDULES, parse_stop
 from specdec.errors import ConfigError
-from specdec.policies import POLICIES
-from specdec.verifier import VERIFIERS
+from specdec.core.policies import POLICIES
+from specdec.core.verifier import VERIFIERS
 
 MODES = ("edge", "cloud", "spec")
 ROLES = {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}  # the models each mode loads
@@ -155,7 +155,7 @@ class DeployConfig:
         "choices": ON_CLOUD_LOSS})
     overlap: bool | str = field(default="auto", metadata={
         "help": "with --cloud-url: draft the next block while the server verifies the last one: auto (only "
-                "while the cycles measured so far say it pays, specdec/overlap.py), true or false",
+                "while the cycles measured so far say it pays, specdec/core/overlap.py), true or false",
         "parse": "overlap"})
 
     def __post_init__(self) -> None:
@@ -199,10 +199,10 @@ class SpecConfig:
     accept_threshold: float = field(
         default=0.1, metadata={"help": "threshold policy: accept while p_cloud(draft) >= this probability"}
     )
-    policy: str = field(default="threshold", metadata={"help": "acceptance rule (specdec/policies/)",
+    policy: str = field(default="threshold", metadata={"help": "acceptance rule (specdec/core/policies/)",
                                                         "choices": tuple(POLICIES)})
     verifier: str = field(default="cached", metadata={"help": "how the cloud keeps its state between calls "
-                                                               "(specdec/verifier.py)", "choices": tuple(VERIFIERS)})
+                                                               "(specdec/core/verifier.py)", "choices": tuple(VERIFIERS)})
     uncertainty: str = field(default="max", metadata={"help": "a block's uncertainty from its token entropies",
                                                        "choices": UNCERTAINTY})
     punct_trigger: float | None = field(

@@ -2,7 +2,7 @@
 
 A processor sees the new tokens generated so far (never the prompt) and the raw logits of the
 next position, and returns processed logits. Temperature is NOT a processor: it is applied
-exactly once, after every processor, by `specdec.sampling.distribution` (applied twice, once in a
+exactly once, after every processor, by `specdec.core.sampling.distribution` (applied twice, once in a
 processor and again when sampling, it over-sharpened the distribution and punctuation won).
 """
 from __future__ import annotations

@@ -7,26 +7,27 @@ behind a verifier server (`specdec.remote`):
     session.rollback(length, seq); session.close()
 
 Names: a `CloudSession` is one generation's conversation with the cloud (verdicts); a verifier
-(`specdec.verifier`, picked by `--verifier`) is the forward inside it that computes the cloud logits.
+(`specdec.core.verifier`, picked by `--verifier`) is the forward inside it that computes the cloud logits.
 
 The acceptance policy runs where the cloud logits are: a remote verify returns the accepted count
 and the next token, never [k+1, V] logits (151,936 floats per position on the real pair).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Protocol
 
 import torch
 
 from specdec.backends.base import Backend, Prompt
-from specdec.config import DecodeConfig, SpecConfig
+from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.errors import SpecdecError
-from specdec.policies import make_policy
-from specdec.processors import Constraints
-from specdec.sampling import distribution
-from specdec.session import AcceptedSequence
-from specdec.verifier import make_verifier
+from specdec.core.policies import make_policy
+from specdec.core.processors import Constraints
+from specdec.core.sampling import distribution
+from specdec.core.session import AcceptedSequence
+from specdec.core.verifier import make_verifier
 
 
 class CloudLost(SpecdecError):
@@ -45,6 +46,8 @@ class Verdict:
     wire_down_bytes: int = 0
     wait_s: float = 0.0  # edge wall time from sending the block to holding the reply (remote only)
     server_queue_s: float = 0.0  # time the request waited for the server's model (remote only)
+    sent_at: float = 0.0  # time.perf_counter() when the block left (set by the link)
+    read_at: float = 0.0  # ... and when its verdict was read
 
 
 class CloudSession(Protocol):
@@ -53,8 +56,9 @@ class CloudSession(Protocol):
     compute_s: float  # cloud seconds inside model forwards for this generation
     round_trip_s: float | None  # expected send -> verdict time (remote only; None: nothing to overlap with)
 
-    def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor) -> Verdict: ...
+    def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict: ...
 
+    # draft_probs None: a draft-free proposal (a point mass per token, see specdec/core/drafters/interface.py).
     # A remote session also splits `verify` in three, so the edge can draft while it waits:
     # send(seq, draft_tokens, draft_probs); ready() -> bool (never blocks); receive() -> Verdict
 
@@ -140,47 +144,86 @@ def as_cloud(cloud: Backend | Cloud) -> Cloud:
     return cloud if hasattr(cloud, "open") else LocalCloud(cloud)
 
 
-class VerifyCall(Protocol):
-    def __call__(self, session: CloudSession) -> Verdict:
-        """One block's verify on an open session: plainly, or drafting ahead while it is in flight
-        (`specdec.drafter.Drafter.verify`)."""
-        ...
+@dataclass(frozen=True)
+class InFlight:
+    """A block's verify, sent. In process the verdict is decided at once; behind a server it is on
+    its way, and the edge may draft meanwhile (specdec/core/drafters/ahead.py)."""
+
+    receive: Callable[[], Verdict | None]  # waits for the verdict; None: not verified (the cloud is lost)
+    ready: Callable[[], bool] = lambda: True  # is the verdict in? never blocks
+    deadline: float | None = None  # when it is expected (time.perf_counter()); None: nothing to overlap with
+
+    def verdict(self) -> Verdict | None:
+        return self.receive()
 
 
 class CloudLink:
-    """The cloud as one generation sees it. The session opens on the first escalation (a block
-    never escalated costs the cloud nothing) and closes with `close`. A lost cloud (`CloudLost`)
-    fails the generation, or with on_loss "edge" closes the session and answers None from then on:
-    the generation goes on edge-only (degraded), its draft blocks kept unverified."""
+    """The cloud as one generation sees it. The session opens on the first verify (a block never
+    escalated costs the cloud nothing) and closes with `close`. A lost cloud (`CloudLost`) fails the
+    generation; `EdgeFallbackLink` goes on edge-only instead."""
 
-    def __init__(self, cloud: Cloud, opening: tuple, on_loss: str = "fail") -> None:  # on_loss: config.ON_CLOUD_LOSS
-        self.cloud, self.opening, self.on_loss = cloud, opening, on_loss  # opening: cloud.open's arguments
+    lost = False
+
+    def __init__(self, cloud: Cloud, opening: tuple) -> None:
+        self.cloud, self.opening = cloud, opening  # opening: cloud.open's arguments
         self.session: CloudSession | None = None
-        self.lost = False
 
     @property
     def compute_s(self) -> float:
         return self.session.compute_s if self.session is not None else 0.0
 
-    def verify(self, verify_on: VerifyCall) -> Verdict | None:
-        """One block's verdict: `verify_on(session)` runs the call (the drafter drafts ahead while
-        a remote session answers). None: the cloud is lost and the generation goes on edge-only."""
-        if self.lost:
-            return None
-        try:
-            self.session = self.session or self.cloud.open(*self.opening)
-            return verify_on(self.session)
-        except CloudLost:
-            if self.on_loss != "edge":
-                raise
-            self.lost = True
-            self.close()
-            return None
+    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> InFlight:
+        """Send a block for its verdict; the verdict records when it left and when it was read."""
+        session = self.session = self.session or self.cloud.open(*self.opening)
+        sent_at = time.perf_counter()
+
+        def stamped(verdict: Verdict) -> Verdict:
+            verdict.sent_at, verdict.read_at = sent_at, time.perf_counter()
+            return verdict
+
+        round_trip_s = session.round_trip_s
+        if round_trip_s is None:  # in process: decided now
+            verdict = stamped(session.verify(seq, draft_tokens, draft_probs))
+            return InFlight(lambda: verdict)
+        session.send(seq, draft_tokens, draft_probs)
+        return InFlight(lambda: stamped(session.receive()), session.ready, sent_at + round_trip_s)
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:
-        self.session.rollback(length, seq)
+        if self.session is not None:
+            self.session.rollback(length, seq)
 
     def close(self) -> None:
         if self.session is not None:
             self.session.close()
         self.session = None
+
+
+class EdgeFallbackLink(CloudLink):
+    """on_cloud_loss "edge": a lost cloud closes the session and answers None from then on; the
+    generation goes on edge-only (degraded), its draft blocks kept unverified."""
+
+    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> InFlight:
+        if self.lost:
+            return InFlight(lambda: None)
+        try:
+            in_flight = super().send(seq, draft_tokens, draft_probs)
+        except CloudLost:
+            return self.lose()
+        return replace(in_flight, receive=lambda: self.guarded(in_flight.receive))
+
+    def guarded(self, receive: Callable[[], Verdict | None]) -> Verdict | None:
+        try:
+            return receive()
+        except CloudLost:
+            self.lose()
+            return None
+
+    def lose(self) -> InFlight:
+        self.lost = True
+        self.close()
+        return InFlight(lambda: None)
+
+
+def open_link(cloud: Cloud, opening: tuple, on_loss: str = "fail") -> CloudLink:
+    """on_loss (config.ON_CLOUD_LOSS): "fail" raises CloudLost, "edge" goes on edge-only."""
+    return EdgeFallbackLink(cloud, opening) if on_loss == "edge" else CloudLink(cloud, opening)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.drafting.base import register_schedule
+from specdec.core.block_length.rules import register_schedule
 
 
 @register_schedule("constant")

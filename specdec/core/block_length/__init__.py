@@ -9,7 +9,9 @@ it is sent, only fewer are sent.
 """
 from __future__ import annotations
 
-from specdec.drafting import constant, entropy, heuristic, pmin  # noqa: F401  (each registers itself)
-from specdec.drafting.base import SCHEDULES, STOPS, DraftStop, KSchedule, make_schedule, make_stop, parse_stop
+from specdec.core.block_length import constant, entropy, heuristic, pmin  # noqa: F401  (each registers itself)
+from specdec.core.block_length.rules import (
+    SCHEDULES, STOPS, DraftStop, KSchedule, block_size, make_schedule, make_stop, parse_stop,
+)
 
-__all__ = ["SCHEDULES", "STOPS", "DraftStop", "KSchedule", "make_schedule", "make_stop", "parse_stop"]
+__all__ = ["SCHEDULES", "STOPS", "DraftStop", "KSchedule", "block_size", "make_schedule", "make_stop", "parse_stop"]

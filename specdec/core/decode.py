@@ -1,0 +1,177 @@
+"""The decoding loops: plain autoregressive (edge-only or cloud-only baselines) and speculative.
+
+One speculative cycle (L = accepted length before it):
+  draft     the drafter proposes up to k tokens d_0..d_{n-1} after the accepted sequence (a model
+            drafter feeds its unseen accepted tokens as one block, then drafts one by one)
+  gate      block uncertainty (nats) >= entropy_threshold -> escalate to the cloud (a draft-free
+            block has no distribution: always)
+  verify    one cloud forward over [unseen accepted, d_0..d_{n-1}] -> logits [n+1, V] -> the policy's
+            verdict: `accepted` draft tokens and the next token (a correction, or the free bonus)
+  accept    the kept prefix and the cloud's token join the accepted sequence
+  rollback  drafter and cloud drop what they built past it: each cache holds exactly the accepted
+            prefix it was built from
+
+Drafting ahead is a drafter (specdec/core/drafters/ahead.py) and a lost cloud a link
+(specdec/core/cloud.py `EdgeFallbackLink`): the loop below has no branch for either.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specdec.backends.base import Backend, Prompt
+from specdec.core.block_length import block_size, make_schedule, make_stop
+from specdec.core.cloud import Cloud, CloudLink, Verdict, as_cloud, open_link
+from specdec.core.config import DecodeConfig, SpecConfig
+from specdec.core.drafters import DraftContext, DraftNote, Drafter, Proposal, make_drafter
+from specdec.core.drafters.ahead import DraftAhead
+from specdec.core.drafters.model import ModelDrafter
+from specdec.core.escalation import should_escalate
+from specdec.core.overlap import OverlapGovernor
+from specdec.core.processors import Constraints
+from specdec.core.sampling import choose, distribution, entropy_nats
+from specdec.core.session import AcceptedSequence, Session
+from specdec.core.trace import Counters, Cycle, Generation
+
+NO_CONSTRAINTS = Constraints()
+
+
+@torch.inference_mode()
+def speculative_decode(
+    edge: Backend | None, cloud: Backend | Cloud, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig,
+    constraints: Constraints = NO_CONSTRAINTS, punct_density=None, on_cloud_loss: str = "fail",
+    overlap: bool | str = False, governor: OverlapGovernor | None = None, drafter: str = "model",
+) -> Generation:
+    """The drafter proposes, the gate escalates uncertain blocks, the cloud verifies them in one forward.
+    `cloud`: a backend in this process or a remote cloud (`specdec.remote.RemoteCloud`); `edge`: the
+    model a model drafter runs (None for a draft-free one). on_cloud_loss: "fail" raises CloudLost,
+    "edge" finishes edge-only. overlap: draft ahead while a remote cloud verifies; "auto": only while
+    `governor` (a fresh one if None) finds that it pays. punct_density: draft ids -> density, for
+    `spec.punct_trigger`."""
+    spec.check_decoding(decode)
+    start, generator, cloud = time.perf_counter(), torch.Generator().manual_seed(decode.seed), as_cloud(cloud)
+    vocab = min(cloud.vocab_size, edge.vocab_size) if edge is not None else cloud.vocab_size  # shared ids only
+    seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
+    context = DraftContext(prompt, vocab, constraints, decode.temperature, generator, edge, spec.draft_topn,
+                           make_stop(spec.draft_stop))
+    drafter = drafting_ahead(make_drafter(drafter, context), overlap, governor, spec.k)
+    link = open_link(cloud, (prompt, spec, decode, constraints, vocab, generator), on_cloud_loss)
+    schedule, cycles, stopped, ttft_s = make_schedule(spec.k_schedule, spec.k), [], False, 0.0
+    try:
+        while seq.remaining and not stopped:
+            t_start_s, edge_before, cloud_before = time.perf_counter() - start, drafter.compute_s, link.compute_s
+            block, at_stop = draft(drafter, seq, block_size(schedule.k, seq.remaining), constraints)
+            entropies = None if block.probs is None else entropy_nats(block.probs)
+            density = punct_density(block.tokens.tolist()) if punct_density and spec.punct_trigger is not None else None
+            escalate = should_escalate(entropies, density, spec)
+            room = 0 if at_stop else seq.remaining - len(block) - 1  # after this block and the cloud's token
+            verdict = verify(link, drafter, seq, block, block_size(schedule.k, room) if room >= 1 else 0) if escalate else None
+            emitted = accept(block, verdict, bonus_room=not at_stop and len(block) < seq.remaining)
+            stopped = first_stop(emitted, len(seq.generated), constraints) is not None
+            seq.extend(emitted)
+            note = drafter.rollback(seq, block, verdict)
+            if verdict is not None:
+                link.rollback(block.base + verdict.accepted, seq)
+                schedule.update(len(block), verdict.accepted)
+            cycles.append(trace(block, entropies, verdict, emitted, note, t_start_s, start,
+                                drafter.compute_s - edge_before, link.compute_s - cloud_before))
+            ttft_s = ttft_s or time.perf_counter() - start
+    finally:
+        link.close()
+    return Generation(
+        tokens=seq.generated, counters=Counters.of(cycles, spec.k), cycles=cycles, prompt_tokens=seq.prompt_len,
+        prefill_s=drafter.prefill_s, ttft_s=ttft_s, decode_s=time.perf_counter() - start,
+        edge_s=drafter.compute_s, cloud_s=sum(c.cloud_s for c in cycles), stopped_by="stop_token" if stopped else
+        "max_new_tokens", degraded=link.lost, features_bytes=sum(t.numel() * t.element_size() for t in prompt.features.values()),
+    )
+
+
+def drafting_ahead(drafter: Drafter, overlap: bool | str, governor: OverlapGovernor | None, k: int) -> Drafter:
+    """A model drafter that drafts ahead during remote verifies, when `overlap` asks for it."""
+    if not overlap or not isinstance(drafter, ModelDrafter):
+        return drafter
+    return DraftAhead(drafter, (governor or OverlapGovernor(k)) if overlap == "auto" else None)
+
+
+def draft(drafter: Drafter, seq: AcceptedSequence, k: int, constraints: Constraints) -> tuple[Proposal, bool]:
+    """The drafter's block, cut after a token that ends the generation -> (block, ends at a stop token)."""
+    proposal = drafter.propose(seq, k)
+    stop_at = first_stop(proposal.tokens.tolist(), len(seq.generated), constraints)
+    return (proposal, False) if stop_at is None else (proposal.cut(stop_at + 1), True)
+
+
+def verify(link: CloudLink, drafter: Drafter, seq: AcceptedSequence, block: Proposal, next_n: int) -> Verdict | None:
+    """The cloud's verdict on `block` (None: not verified, the cloud is lost). While it is in flight
+    the drafter may draft up to next_n tokens of the next block."""
+    in_flight = link.send(seq, block.tokens, block.probs)
+    drafter.meanwhile(seq, block, in_flight, next_n)
+    return in_flight.verdict()
+
+
+def accept(block: Proposal, verdict: Verdict | None, bonus_room: bool) -> list[int]:
+    """The cycle's new tokens: the kept draft prefix, then the cloud's token: its correction, or the
+    bonus after a fully accepted block when there is room for it and the block did not end generation.
+    An unverified block is kept whole."""
+    tokens = block.tokens.tolist()
+    if verdict is None:
+        return tokens
+    corrected = verdict.accepted < len(tokens)
+    return tokens[: verdict.accepted] + ([verdict.next_token] if corrected or bonus_room else [])
+
+
+def first_stop(tokens: list[int], n_before: int, constraints: Constraints) -> int | None:
+    """Index of the first token in `tokens` that ends generation, given n_before tokens so far."""
+    for i, token in enumerate(tokens):
+        if constraints.stop.stops(token, n_before + i + 1):
+            return i
+    return None
+
+
+def trace(block: Proposal, entropies: torch.Tensor | None, verdict: Verdict | None, emitted: list[int],
+          note: DraftNote, t_start_s: float, start: float, edge_s: float, cloud_s: float) -> Cycle:
+    """One cycle's record (specdec/core/trace.py)."""
+    n = len(block)
+    kept = n if verdict is None else verdict.accepted
+    extra = emitted[kept] if len(emitted) > kept else None
+    cycle = Cycle(block.tokens.tolist(), [] if entropies is None else entropies.tolist(), verdict is not None, kept,
+                  extra_token=extra, extra_kind=None if extra is None else "correction" if kept < n else "bonus",
+                  edge_s=edge_s, t_start_s=t_start_s,
+                  ahead_chosen=note.ahead_chosen, ahead_guess=note.ahead_guess, ahead_kept=note.ahead_kept,
+                  ahead_wasted=note.ahead_wasted, edge_wait_s=note.edge_wait_s)
+    if verdict is not None:
+        cycle.cloud_s, cycle.cloud_tokens_in, cycle.sent_features = cloud_s, verdict.tokens_in, verdict.sent_features
+        cycle.wire_up_bytes, cycle.wire_down_bytes = verdict.wire_up_bytes, verdict.wire_down_bytes
+        cycle.wait_s, cycle.server_queue_s = verdict.wait_s, verdict.server_queue_s
+        cycle.t_sent_s, cycle.t_reply_s = verdict.sent_at - start, verdict.read_at - start
+    return cycle
+
+
+@torch.inference_mode()
+def autoregressive_decode(
+    backend: Backend, prompt: Prompt, decode: DecodeConfig, constraints: Constraints = NO_CONSTRAINTS,
+    role: str = "cloud",
+) -> Generation:
+    """Plain decoding on one model: the edge-only and cloud-only baselines."""
+    start = time.perf_counter()
+    generator = torch.Generator().manual_seed(decode.seed)
+    seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
+    session = Session(backend, prompt)
+    ttft_s, stopped_by = 0.0, "max_new_tokens"
+    while seq.remaining:
+        logits = session.feed(session.unseen(seq), keep=1)[-1]
+        logits = constraints.apply(seq.generated, logits)
+        probs = distribution(logits, decode.temperature) if decode.do_sample else None
+        token = int(choose(logits, probs, decode.do_sample, generator))
+        seq.extend([token])
+        session.rollback(session.length, seq)  # no-op, but trims sliding-window layers
+        ttft_s = ttft_s or time.perf_counter() - start
+        if constraints.stop.stops(token, len(seq.generated)):
+            stopped_by = "stop_token"
+            break
+    counters = Counters(cycles=len(seq.generated))
+    compute = {f"{role}_s": session.compute_s}
+    return Generation(
+        tokens=seq.generated, counters=counters, prompt_tokens=seq.prompt_len, prefill_s=session.prefill_s,
+        ttft_s=ttft_s, decode_s=time.perf_counter() - start, stopped_by=stopped_by, **compute,
+    )

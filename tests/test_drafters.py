@@ -1,0 +1,106 @@
+"""A drafter is a plug-in: one class that registers itself. A draft-free one ("repeat the last
+token", written here as a user would) runs through the unchanged loop, stays lossless under greedy
+and speculative sampling, and always escalates (it has no entropy to be sure with)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec import ConfigError, DecodeConfig, Prompt, SpecConfig, autoregressive_decode, speculative_decode
+from specdec.backends.hf_causal import HFCausalBackend
+from specdec.core.drafters import DRAFTERS, DraftContext, DraftFree, Proposal, register_drafter
+from specdec.core.policies.sample import speculative_sample
+from specdec.core.session import AcceptedSequence
+from tests.tiny import random_prompt, tiny_causal
+
+NEW_TOKENS = 24
+
+
+class RepeatLast(DraftFree):
+    """Proposes the last accepted token k times: no model, no distribution."""
+
+    name = "repeat-last"
+
+    def __init__(self, context: DraftContext) -> None:
+        super().__init__()
+
+    def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
+        return Proposal(seq.ids[-1:].repeat(k), None, seq.length, self.name)
+
+
+class Nothing(DraftFree):
+    """Never has a proposal: every cycle is the cloud's own next token."""
+
+    name = "nothing"
+
+    def __init__(self, context: DraftContext) -> None:
+        super().__init__()
+
+    def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
+        return Proposal(torch.empty(0, dtype=torch.long), None, seq.length, self.name)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    for cls in (RepeatLast, Nothing):
+        register_drafter(cls.name)(cls)
+    yield
+    for cls in (RepeatLast, Nothing):
+        DRAFTERS.pop(cls.name)
+
+
+@pytest.fixture(scope="module")
+def cloud():
+    return HFCausalBackend(tiny_causal("llama", sharpness=8.0))
+
+
+@pytest.mark.parametrize("drafter", ["repeat-last", "nothing"])
+@pytest.mark.parametrize("verifier", ["cached", "stateless"])
+def test_greedy_with_a_draft_free_drafter_is_the_clouds_greedy(cloud, drafter, verifier):
+    spec = SpecConfig(k=4, entropy_threshold=8.0, policy="greedy", verifier=verifier)  # a threshold no entropy reaches
+    decode = DecodeConfig(max_new_tokens=NEW_TOKENS)
+    kinds = {"accepted": 0, "correction": 0, "bonus": 0}
+    for seed in range(8):
+        prompt = Prompt(random_prompt(seed))
+        expected = autoregressive_decode(cloud, prompt, decode).tokens
+        generation = speculative_decode(None, cloud, prompt, spec, decode, drafter=drafter)
+        assert generation.tokens == expected, seed
+        assert all(c.escalated and c.entropies_nats == [] for c in generation.cycles)  # draft-free: always verified
+        kinds["accepted"] += generation.counters.num_accepted_tokens
+        kinds["correction"] += generation.counters.corrections
+        kinds["bonus"] += generation.counters.bonus_tokens
+    if drafter == "repeat-last":  # every path of a cycle ran: kept tokens, corrections and bonuses
+        assert all(kinds.values()), kinds
+    else:  # an empty proposal: the cloud's token is the bonus of a block of zero
+        assert kinds == {"accepted": 0, "correction": 0, "bonus": kinds["bonus"]} and kinds["bonus"] > 0
+
+
+def test_a_draft_free_drafter_beside_the_model_drafter_needs_no_edge_model(cloud):
+    with pytest.raises(ConfigError, match="drafter 'model' runs an edge model"):
+        speculative_decode(None, cloud, Prompt(random_prompt(0)), SpecConfig(policy="greedy"), DecodeConfig(max_new_tokens=4))
+    with pytest.raises(ConfigError, match="unknown drafter 'nope': use one of"):
+        speculative_decode(None, cloud, Prompt(random_prompt(0)), SpecConfig(policy="greedy"), DecodeConfig(max_new_tokens=4),
+                           drafter="nope")
+
+
+def test_speculative_sampling_treats_a_draft_free_token_as_a_point_mass():
+    """A proposal with no distribution: the token that leaves position 0 still follows the cloud's."""
+    cloud_row = torch.tensor([0.05, 0.40, 0.10, 0.25, 0.15, 0.05])
+    cloud_probs = cloud_row.expand(3, 6)
+    generator = torch.Generator().manual_seed(3)
+    counts, trials = torch.zeros(6), 20000
+    for trial in range(trials):
+        draft_tokens = torch.tensor([trial % 6, 2])  # any proposal, including unlikely tokens
+        accepted, next_token = speculative_sample(draft_tokens, None, cloud_probs.log(), cloud_probs, True, generator)
+        counts[int(draft_tokens[0] if accepted > 0 else next_token)] += 1
+    assert chisquare(counts.numpy(), (cloud_row * trials).numpy()).pvalue > 0.001
+
+
+def test_sampling_with_a_draft_free_drafter_runs_the_loop(cloud):
+    """Temperature > 0 through the whole loop: the draft-free tokens reach the sample policy as point masses."""
+    spec = SpecConfig(k=3, entropy_threshold=0, policy="sample")
+    decode = DecodeConfig(max_new_tokens=NEW_TOKENS, temperature=0.8, seed=5)
+    generation = speculative_decode(None, cloud, Prompt(random_prompt(1)), spec, decode, drafter="repeat-last")
+    assert generation.new_tokens == NEW_TOKENS
+    assert generation.counters.num_draft_tokens > 0 and generation.counters.cloud_calls == len(generation.cycles)
