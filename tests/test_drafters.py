@@ -104,3 +104,28 @@ def test_sampling_with_a_draft_free_drafter_runs_the_loop(cloud):
     generation = speculative_decode(None, cloud, Prompt(random_prompt(1)), spec, decode, drafter="repeat-last")
     assert generation.new_tokens == NEW_TOKENS
     assert generation.counters.num_draft_tokens > 0 and generation.counters.cloud_calls == len(generation.cycles)
+
+
+def test_a_draft_free_drafter_verified_through_the_server_is_the_clouds_greedy(pair):
+    """Split deployment: the edge proposes without a model, the server verifies; greedy is lossless
+    and a draft-free block under speculative sampling crosses the wire with no distributions."""
+    from specdec.models.loading import load_model
+    from specdec.remote.client import RemoteCloud
+    from specdec.remote.server import BackgroundServer
+
+    cloud_model = load_model(pair["cloud"], "float32")
+    decode = DecodeConfig(max_new_tokens=12)
+    with BackgroundServer(cloud_model) as url:
+        for seed in range(3):
+            prompt = Prompt(random_prompt(seed, length=6) % 60)  # ids the tiny pair's 64-row models hold
+            remote = RemoteCloud(url)
+            remote.connect()
+            try:
+                split = speculative_decode(None, remote, prompt, SpecConfig(k=3, policy="greedy"), decode, drafter="repeat-last")
+                sampled = speculative_decode(None, remote, prompt, SpecConfig(k=3, entropy_threshold=0, policy="sample"),
+                                             DecodeConfig(max_new_tokens=12, temperature=0.7), drafter="repeat-last")
+            finally:
+                remote.close()
+            assert split.tokens == autoregressive_decode(cloud_model.backend, prompt, decode).tokens
+            assert all(c.escalated and c.wire_up_bytes > 0 for c in split.cycles)
+            assert sampled.new_tokens == 12 and all(c.escalated for c in sampled.cycles)

@@ -229,11 +229,11 @@ class RemoteCloudSession:
         self.compute_s = 0.0
         self.pending: dict = {}  # the block in flight: byte counters and clock at sending
 
-    def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor) -> Verdict:
+    def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict:
         self.send(seq, draft_tokens, draft_probs)
         return self.receive()
 
-    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor) -> None:
+    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
         """Send a block (and, the first time, the session's `open` right before it); the verdict
         is read by `receive`, so the edge can draft meanwhile."""
         cloud, sock = self.cloud, self.cloud.sock
@@ -243,7 +243,8 @@ class RemoteCloudSession:
             cloud._send(self.opening)
             self.opening = None
         new = seq.ids[self.server_length:].tolist()
-        probs = pack_probs(draft_probs, self.topn) if self.send_probs else None
+        # A draft-free block has no distributions: the server takes each token as a point mass.
+        probs = pack_probs(draft_probs, self.topn) if self.send_probs and draft_probs is not None else None
         cloud._send(encode("verify", base=seq.length, new=new, draft=draft_tokens.tolist(), probs=probs))
 
     def ready(self) -> bool:

@@ -21,7 +21,8 @@ since its last verdict); `base` = the edge's accepted length, so both sides chec
 `ready.runtime` = what runs the model (torch, torch-int8, llamacpp; nil where the server cannot say); an
 older server leaves it out, so a client reads a missing one as unknown.
 `probs` (sample policy only) = the draft distributions the tokens were drawn from: [n, V] float32, or
-the top-N rows as (index, value) when the edge drafts from a top-N truncated distribution.
+the top-N rows as (index, value) when the edge drafts from a top-N truncated distribution; nil for a
+draft-free block (prompt lookup and the like), whose tokens the policy takes as point masses.
 """
 from __future__ import annotations
 

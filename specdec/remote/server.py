@@ -181,9 +181,8 @@ class ServerSession:
                                 code="out_of_sync")
         if not draft or len(new) + len(draft) > self.seq.remaining:
             raise ProtocolError(f"verify: a draft of 1..{self.seq.remaining - len(new)} tokens expected, got {len(draft)}")
+        # No `probs`: a draft-free block, each token a point mass (specdec/core/policies/sample.py).
         probs = unpack_probs(message["probs"], len(draft), self.vocab) if message.get("probs") is not None else None
-        if self.policy == "sample" and probs is None:
-            raise ProtocolError("verify: the sample policy needs the draft distributions (`probs`)")
         self.seq.extend(new)
         return BatchRow(self.cloud.verifier, self.seq, torch.tensor(draft, dtype=torch.long), probs)
 
