@@ -1,6 +1,6 @@
 """The batched verify forward's cost against its rows: what lets one server carry many edges
 (figures go to `extra_info`; nothing here asserts a time). The fleet's own capacity curve is
-`specbench fleet` (README, "One cloud, many edges").
+`specbench fleet` (docs/capacity.md, "One cloud, many edges").
 
     pytest bench/test_bench_fleet.py --benchmark-only -s                    # tiny pair + real pair
     pytest bench/test_bench_fleet.py --benchmark-only -m "not realmodel"   # tiny pair only

@@ -37,3 +37,141 @@ def test_the_main_job_installs_the_runtimes_its_default_config_runs():
     config = SweepConfig.from_toml("default")
     runtimes = {*config.edge_runtime, *config.cloud_runtime, *config.plain_runtimes}
     assert ("llamacpp" in runtimes) == ("'.[llamacpp]'" in readme_commands()[0])
+
+
+# -- the README is a map; docs/ holds one page per subject ---------------------------------------------
+
+README_MAX_LINES = 250
+
+
+def doc_pages() -> list[Path]:
+    """The pages whose links and commands are checked: the README, CONTRIBUTING and docs/*.md."""
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [page for page in pages if page.exists()]
+
+
+def test_readme_is_a_map_of_at_most_250_lines():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move detail to a page in docs/"
+
+
+def github_anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: markup dropped, lowercase, punctuation except '-' and '_' dropped, spaces -> '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link keeps its text
+    text = re.sub(r"[`*]", "", text).strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading's anchor on a markdown page (a repeated heading gets -1, -2, ... as on GitHub)."""
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    in_fence = False
+    for line in page.read_text().splitlines():
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+            continue
+        match = None if in_fence else re.match(r"#{1,6}\s+(.+?)\s*#*\s*$", line)
+        if match:
+            slug = github_anchor(match.group(1))
+            found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def without_code(text: str) -> str:
+    """The text outside fenced blocks and inline code, where a markdown link is a link."""
+    text = re.sub(r"^\s*```.*?^\s*```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def test_anchor_rules_match_github():
+    assert github_anchor("Two commands (fresh machine, Python 3.11, no model hub needed)") == \
+        "two-commands-fresh-machine-python-311-no-model-hub-needed"
+    assert github_anchor("`specbench sweep`, `report`, `profile`") == "specbench-sweep-report-profile"
+    assert github_anchor("A llama.cpp server (measured 2026-11-24, quiet machine)") == \
+        "a-llamacpp-server-measured-2026-11-24-quiet-machine"
+
+
+def test_every_relative_link_in_the_docs_points_to_a_file_and_heading_that_exist():
+    broken = []
+    for page in doc_pages():
+        for target in re.findall(r"\]\(([^)\s]+)\)", without_code(page.read_text())):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ...
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading in {linked.name})")
+    assert not broken, "\n".join(broken)
+
+
+def bash_command_lines(page: Path) -> list[str]:
+    """The command lines of a page's ```bash blocks: continuations joined, comments dropped, split at
+    &&, ||, ;, | and &."""
+    segments = []
+    for block in re.findall(r"```bash\n(.*?)\n\s*```", page.read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"(^|\s)#.*", "", line)
+            segments += [s.strip() for s in re.split(r"&&|\|\||[;|&]", line) if s.strip()]
+    return segments
+
+
+def specbench_commands(page: Path) -> list[list[str]]:
+    """Each `specbench ...` invocation in a page's bash blocks, as its words from the command name on."""
+    found = []
+    for segment in bash_command_lines(page):
+        words = segment.split()
+        for i, word in enumerate(words):
+            if word == "specbench" or word.endswith("/specbench"):
+                found.append(words[i + 1:])
+                break
+    return found
+
+
+def subcommands(parser) -> dict:
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
+def test_every_specbench_command_in_the_docs_is_one_the_cli_has_with_its_flags():
+    from bench.cli import build_parser
+
+    commands = subcommands(build_parser())
+    seen, wrong = 0, []
+    for page in doc_pages():
+        for words in specbench_commands(page):
+            where = f"{page.relative_to(ROOT)}: specbench {' '.join(words)}"
+            if not words or words[0] not in commands:
+                wrong.append(f"{where} (no such command; the CLI has {', '.join(sorted(commands))})")
+                continue
+            seen += 1
+            parser = commands[words[0]]
+            nested = subcommands(parser)  # `specbench models list|verify|fetch`
+            if nested and len(words) > 1 and words[1] in nested:
+                parser = nested[words[1]]
+            flags = set(parser._option_string_actions)
+            for word in words[1:]:
+                if word.startswith("--") and word.split("=")[0] not in flags:
+                    wrong.append(f"{where} ({word.split('=')[0]} is not a flag of `specbench {words[0]}`)")
+    assert not wrong, "\n".join(wrong)
+    assert seen >= 10  # the README's and the pages' examples are found at all
+
+
+def test_the_flag_check_catches_a_misspelt_flag_and_command(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```bash\nspecbench serve --model m --prot 1 &   # --not-checked\n"
+                    "taskset -c 0 specbench run --mode spec \\\n    --k 4\nspecbench nosuch\n```\n")
+    assert specbench_commands(page) == [["serve", "--model", "m", "--prot", "1"], ["run", "--mode", "spec", "--k", "4"],
+                                        ["nosuch"]]
+    from bench.cli import build_parser
+
+    serve = subcommands(build_parser())["serve"]
+    assert "--prot" not in serve._option_string_actions and "--port" in serve._option_string_actions

@@ -30,7 +30,7 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--token-file", type=Path, help="file holding a shared secret every client must present")
     p.add_argument("--share-stats", action="store_true",
                    help="`stats` shows every client the whole batch log (default: only its own address's forwards)")
-    p.add_argument("--tls-cert", help="PEM certificate: serve wss:// (TLS), as the README's two-machine setup needs")
+    p.add_argument("--tls-cert", help="PEM certificate: serve wss:// (TLS), as two machines need (docs/split-deployment.md)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--max-connections", type=int, default=ServeConfig.max_connections,
                    help="open connections at most; one more is refused at once")
