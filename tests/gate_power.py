@@ -14,7 +14,7 @@ import sys
 
 from bench.measure import gate, workload
 
-from bench.derive import verdict
+from bench.derive import gate_verdict
 from tests.test_gate import SlowerForward, quiet
 
 WRAPS = {
@@ -33,13 +33,13 @@ def main() -> None:
     parser.add_argument("--busy", action="store_true", help="one busy-looping process beside the gate")
     args = parser.parse_args()
     gate._quiet_transformers()
-    baseline = verdict.read_gate_file(verdict.default_baseline("tiny"))
+    baseline = gate_verdict.read_gate_file(gate_verdict.default_baseline("tiny"))
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     try:
         for condition in args.conditions:
             failures = 0
             for run in range(args.runs):
-                current, checks = gate.judge(baseline, workload.tiny_workload(), verdict.TOLERANCES["tiny"],
+                current, checks = gate.judge(baseline, workload.tiny_workload(), gate_verdict.TOLERANCES["tiny"],
                                              wrap=WRAPS[condition], log=quiet)
                 failed = [c.metric for c in checks if not c.ok]
                 failures += bool(failed)

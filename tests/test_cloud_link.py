@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.core.cloud import CloudLink, CloudLost, EdgeFallbackLink, Verdict, open_link
+from specdec.core.cloud import CloudLink, EdgeFallbackLink, open_link
+from specdec.core.verdict import CloudLost, Verdict
 
 BLOCK = torch.tensor([1, 2, 3])
 

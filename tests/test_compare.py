@@ -12,7 +12,7 @@ from bench.read import compare
 
 from bench.measure import tinypair
 
-from bench.derive import verdict
+from bench.derive import gate_verdict
 from bench.core.records import ResultsFile
 from bench.measure.run import run
 from specdec.core.config import DecodeConfig, SpecConfig
@@ -86,13 +86,13 @@ def test_lower_acceptance_in_results_fails_exactly(results_dir, tmp_path):
 
 
 def test_gate_files_compare_with_the_gate_rules(tmp_path, capsys):
-    base = verdict.read_gate_file(verdict.default_baseline("tiny"))
+    base = gate_verdict.read_gate_file(gate_verdict.default_baseline("tiny"))
     worse = copy.deepcopy(base)
     worse["timing"]["spec_vs_cloud"] *= 0.5
     worse["timing_repeats"]["spec_vs_cloud"] = [v * 0.5 for v in base["timing_repeats"]["spec_vs_cloud"]]
     worse["deterministic"]["spec.acceptance_rate"] -= 0.01
     for name, record in (("a.json", base), ("b.json", worse)):
-        verdict.write_gate_file(tmp_path / name, record)
+        gate_verdict.write_gate_file(tmp_path / name, record)
     out = tmp_path / "report"
     assert compare_command.cmd_compare(compare_args(str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--out", str(out))) == 0
     assert compare_command.cmd_compare(compare_args(str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out))) == 1
@@ -114,7 +114,7 @@ def test_default_out_names_both_sides(results_dir, tmp_path, monkeypatch):
 ])
 def test_bad_inputs_are_one_clear_error(results_dir, tmp_path, make, message):
     gate_file = tmp_path / "g.json"
-    gate_file.write_text(verdict.default_baseline("tiny").read_text())
+    gate_file.write_text(gate_verdict.default_baseline("tiny").read_text())
     base, current = make(results_dir, gate_file)
     with pytest.raises(InputError, match=message):
         compare.compare_paths(base, current)

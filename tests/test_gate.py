@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bench.commands import gate as gate_command
-from bench.derive import verdict
+from bench.derive import gate_verdict
 from bench.measure import gate, tinypair, workload
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.errors import InputError
@@ -23,8 +23,8 @@ from specdec.errors import InputError
 # A smaller tiny workload keeps the deterministic tests quick; their timing gets a wide margin
 # because 3 repeats decide little, and the slowdown they inject is large (~5x on the spec pass).
 SMALL = dict(prompts=tinypair.PROMPTS[:2], max_new_tokens=16, repeats=3)
-LOOSE = verdict.Tolerance(rate_abs=1e-9, timing_margin=0.3)
-CI = verdict.TOLERANCES["tiny"]  # what `specbench gate --suite tiny` applies
+LOOSE = gate_verdict.Tolerance(rate_abs=1e-9, timing_margin=0.3)
+CI = gate_verdict.TOLERANCES["tiny"]  # what `specbench gate --suite tiny` applies
 VERIFY_DELAY_S = 0.03
 SLOWDOWN = 1.2  # "20 % slower": every forward of the wrapped model takes 1.2x its time
 TIMING = set(gate.RATIOS)
@@ -91,8 +91,8 @@ def noisy_drafter(mode, role, backend):
     return NoisyDrafter(backend) if (mode, role) == ("spec", "edge") else backend
 
 
-def failed(baseline: dict, current: dict, tolerance: verdict.Tolerance = LOOSE) -> dict[str, verdict.Check]:
-    return {c.metric: c for c in verdict.compare(baseline, current, tolerance) if not c.ok}
+def failed(baseline: dict, current: dict, tolerance: gate_verdict.Tolerance = LOOSE) -> dict[str, gate_verdict.Check]:
+    return {c.metric: c for c in gate_verdict.compare(baseline, current, tolerance) if not c.ok}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def ci_baseline():
     return gate.measure(workload.tiny_workload(), log=quiet)
 
 
-def judged(baseline: dict, wrap=None) -> dict[str, verdict.Check]:
+def judged(baseline: dict, wrap=None) -> dict[str, gate_verdict.Check]:
     """The failed checks of a gate run of the CI workload against `baseline`, under the CI tolerance."""
     _, checks = gate.judge(baseline, workload.tiny_workload(), CI, wrap=wrap, log=quiet)
     return {c.metric: c for c in checks if not c.ok}
@@ -175,9 +175,9 @@ def test_a_changed_workload_is_reported_not_compared_silently(baseline):
 
 def test_committed_tiny_baseline_matches_the_code():
     """bench/baselines/tiny.json is current: its deterministic metrics reproduce (timing not checked)."""
-    committed = verdict.read_gate_file(verdict.default_baseline("tiny"))
+    committed = gate_verdict.read_gate_file(gate_verdict.default_baseline("tiny"))
     current = gate.measure(workload.tiny_workload(repeats=1), log=quiet)
-    moved = {k: c.line() for k, c in failed(committed, current, verdict.TOLERANCES["tiny"]).items() if k not in TIMING}
+    moved = {k: c.line() for k, c in failed(committed, current, gate_verdict.TOLERANCES["tiny"]).items() if k not in TIMING}
     assert moved == {}, "re-measure with `specbench gate --suite tiny --update` if this change is intended"
 
 
@@ -191,14 +191,14 @@ def gate_args(*argv: str) -> argparse.Namespace:
 @pytest.fixture
 def small_suite(monkeypatch):
     monkeypatch.setitem(workload.SUITES, "tiny", lambda: workload.tiny_workload(**SMALL))
-    monkeypatch.setitem(verdict.TOLERANCES, "tiny", LOOSE)
+    monkeypatch.setitem(gate_verdict.TOLERANCES, "tiny", LOOSE)
 
 
 @pytest.mark.timing
 def test_update_then_gate_passes_and_a_regression_exits_1(tmp_path, small_suite, capsys):
     path = tmp_path / "tiny.json"
     assert gate_command.cmd_gate(gate_args("--baseline", str(path), "--update")) == 0
-    assert verdict.read_gate_file(path)["suite"] == "tiny"
+    assert gate_verdict.read_gate_file(path)["suite"] == "tiny"
     before = path.read_text()
     assert gate_command.cmd_gate(gate_args("--baseline", str(path))) == 0
     assert "gate passed" in capsys.readouterr().out
@@ -229,9 +229,9 @@ def test_bad_baseline_is_one_clear_error_before_measuring(tmp_path, content, mes
 
 def test_tolerance_validates_itself():
     with pytest.raises(ValueError, match="timing_margin must be in"):
-        verdict.Tolerance(rate_abs=0, timing_margin=1.5)
+        gate_verdict.Tolerance(rate_abs=0, timing_margin=1.5)
     with pytest.raises(ValueError, match="confidence must be in"):
-        verdict.Tolerance(rate_abs=0, timing_margin=0.05, confidence=0.3)
+        gate_verdict.Tolerance(rate_abs=0, timing_margin=0.05, confidence=0.3)
 
 
 def test_a_timing_drop_is_judged_by_its_repeats_not_its_median_alone():
@@ -240,7 +240,7 @@ def test_a_timing_drop_is_judged_by_its_repeats_not_its_median_alone():
         return {"timing": {"r": sorted(values)[len(values) // 2]}, "timing_repeats": {"r": values}}
 
     base = record([1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0])
-    tight = verdict.timing_check("r", base, record([0.9, 0.91, 0.89, 0.9, 0.9, 0.91, 0.89]), CI)
-    scattered = verdict.timing_check("r", base, record([0.9, 1.3, 0.6, 0.9, 1.2, 0.7, 0.95]), CI)
+    tight = gate_verdict.timing_check("r", base, record([0.9, 0.91, 0.89, 0.9, 0.9, 0.91, 0.89]), CI)
+    scattered = gate_verdict.timing_check("r", base, record([0.9, 1.3, 0.6, 0.9, 1.2, 0.7, 0.95]), CI)
     assert not tight.ok and not tight.undecided
     assert scattered.ok and scattered.undecided

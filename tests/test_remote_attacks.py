@@ -20,7 +20,8 @@ from websockets.asyncio.server import serve
 
 from bench.cli import main
 from specdec.backends.base import Prompt
-from specdec.core.cloud import CloudLost, LocalCloud
+from specdec.core.cloud import LocalCloud
+from specdec.core.verdict import CloudLost
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.decode import autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError

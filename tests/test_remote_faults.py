@@ -26,7 +26,7 @@ from bench.cli import main
 from bench.measure.run import FailedSamples, run
 from specdec.engine import Engine
 from specdec.backends.base import Prompt
-from specdec.core.cloud import CloudLost
+from specdec.core.verdict import CloudLost
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.core.decode import speculative_decode
 from specdec.errors import ConfigError

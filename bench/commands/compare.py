@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.derive.verdict import show_value
+from bench.derive.gate_verdict import show_value
 from bench.read.compare import compare_paths, gate_verdict, plot, write_html
 
 

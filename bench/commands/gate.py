@@ -1,5 +1,5 @@
 """`specbench gate`: the command line of the regression gate (bench/measure/gate.py measures and
-judges; bench/derive/verdict.py holds the rules). The workload (and with it transformers, ~2.5 s to
+judges; bench/derive/gate_verdict.py holds the rules). The workload (and with it transformers, ~2.5 s to
 import) is imported only when a gate runs, not on every `specbench` start."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from bench.core.folder import writable_file
-from bench.derive.verdict import TOLERANCES, default_baseline, environment_notes, read_gate_file, verdict, write_gate_file
+from bench.derive.gate_verdict import TOLERANCES, default_baseline, environment_notes, read_gate_file, verdict, write_gate_file
 from bench.measure.gate import _quiet_transformers, judge, measure, timing_summary
 from specdec.errors import InputError
 from specdec.models.registry import is_fetched

@@ -36,7 +36,7 @@ from bench.core.prompts import load_prompts
 from bench.core.records import ResultsFile, environment, read_records
 from bench.measure.launch import ServerProcess, edge_ready, start_edge, stop_edges
 from specdec.backends.base import served_runtime
-from specdec.core.cloud import CloudLost
+from specdec.core.verdict import CloudLost
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.errors import InputError
 from specdec.remote.protocol import read_token

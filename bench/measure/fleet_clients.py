@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from specdec.core.cloud import CloudLost
+from specdec.core.verdict import CloudLost
 from specdec.errors import InputError
 from specdec.remote.protocol import SCHEMA, decode, encode
 

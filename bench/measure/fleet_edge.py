@@ -12,7 +12,7 @@ from bench.core.prompts import load_prompts
 from bench.core.records import result_record
 from bench.core.point import Point
 from bench.measure.trackers import LatencyTracker, PeakMemoryTracker, tracked
-from specdec.core.cloud import CloudLost
+from specdec.core.verdict import CloudLost
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import InputError

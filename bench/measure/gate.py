@@ -11,11 +11,11 @@ One process runs the workload (bench/measure/workload.py) and measures two kinds
                  edge/HF greedy and cloud/HF greedy, transformers' own loop on the same model as a
                  control that none of our code touches (a slower forward of ours moves them even
                  when it slows every mode alike). Higher is better. A ratio fails when its repeats
-                 show a drop beyond the between-run margin with 95 % confidence (bench/derive/verdict.py);
+                 show a drop beyond the between-run margin with 95 % confidence (bench/derive/gate_verdict.py);
                  an undecided drop gets more repeats first. Absolute tokens/s are never gated.
 
 The baseline (bench/baselines/<suite>.json) changes only through `--update`; its format and the
-rules that judge it are bench/derive/verdict.py's. Exit codes: 0 pass, 1 a metric moved (each printed
+rules that judge it are bench/derive/gate_verdict.py's. Exit codes: 0 pass, 1 a metric moved (each printed
 from -> to), 2 bad input (missing or malformed baseline).
 
 The workload (and with it transformers, ~2.5 s to import) is imported only when a gate runs, not
@@ -33,7 +33,7 @@ from typing import Callable
 
 from bench.derive import metrics
 from bench.core.records import environment
-from bench.derive.verdict import FORMAT, compare
+from bench.derive.gate_verdict import FORMAT, compare
 
 MORE_REPEATS = 3  # at most this many times the workload's repeats, when a drop is undecided
 RATIOS = {  # name -> (numerator mode, denominator mode)

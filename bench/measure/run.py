@@ -19,7 +19,7 @@ from bench.core.point import Point
 from bench.core.prompts import PromptInputs, PromptRecord, load_prompts
 from bench.core.records import ResultsFile, environment, result_record
 from bench.measure.trackers import LatencyTracker, PeakMemoryTracker, tracked
-from specdec.core.cloud import CloudLost
+from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError
 

@@ -26,7 +26,7 @@ from bench.core.point import Point
 from bench.measure.run import generate_one, prepare, warm_up
 from bench.measure.split import pin_threads
 from bench.measure.sweep_config import SweepConfig, service_key
-from specdec.core.cloud import CloudLost
+from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError, SpecdecError
 from specdec.models.loading import LoadedModel, load_model

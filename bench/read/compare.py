@@ -5,7 +5,7 @@ per-point summary comes from bench.derive.summary) or a gate JSON (`specbench ga
 baseline). Writes `compare.html` and `compare.png` (per-metric relative change per point; green
 better, red worse) to --out. Reads results only; it never measures.
 
-Verdict, with the gate's rules (bench/derive/verdict.py): token hashes exact; deterministic rates within
+Verdict, with the gate's rules (bench/derive/gate_verdict.py): token hashes exact; deterministic rates within
 `rate_abs`; same-run ratios judged on their repeats (gate files) or, for results directories, a
 speed-up fails when the upper end of its 95 % interval over prompts (summary.csv's `_ci_high`)
 is below baseline * (1 - timing_margin); absolute speeds and latencies are shown but never gated.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.core.metric_registry import compared, direction
-from bench.derive.verdict import TOLERANCES, Check, compare as gate_compare, read_gate_file, show_value, verdict
+from bench.derive.gate_verdict import TOLERANCES, Check, compare as gate_compare, read_gate_file, show_value, verdict
 from bench.core.records import read_records
 from bench.read.report import page
 from bench.core.point import Point

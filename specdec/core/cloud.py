@@ -23,31 +23,12 @@ import torch
 from specdec.backends.base import Backend, Prompt
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.errors import SpecdecError
+from specdec.core.verdict import CloudLost, InFlight, Verdict
 from specdec.core.policies import make_policy
 from specdec.core.processors import Constraints
 from specdec.core.sampling import distribution
 from specdec.core.session import AcceptedSequence
 from specdec.core.verifier import make_verifier
-
-
-class CloudLost(SpecdecError):
-    """The cloud stopped answering in the middle of a generation (server gone, call timed out)."""
-
-
-@dataclass
-class Verdict:
-    """What one verify call decided, and what it cost."""
-
-    accepted: int  # draft tokens kept, in [0, n]
-    next_token: int  # correction at position `accepted`, or the bonus when accepted == n
-    tokens_in: int  # token ids the cloud consumed: unseen accepted + draft
-    sent_features: bool  # the prompt's multimodal features went up with this call
-    wire_up_bytes: int = 0  # bytes that really crossed (remote only)
-    wire_down_bytes: int = 0
-    wait_s: float = 0.0  # edge wall time from sending the block to holding the reply (remote only)
-    server_queue_s: float = 0.0  # time the request waited for the server's model (remote only)
-    sent_at: float = 0.0  # time.perf_counter() when the block left (set by the link)
-    read_at: float = 0.0  # ... and when its verdict was read
 
 
 class CloudSession(Protocol):
@@ -142,19 +123,6 @@ class LocalCloud:
 def as_cloud(cloud: Backend | Cloud) -> Cloud:
     """A backend is a cloud in this process; anything with `open` already is a cloud."""
     return cloud if hasattr(cloud, "open") else LocalCloud(cloud)
-
-
-@dataclass(frozen=True)
-class InFlight:
-    """A block's verify, sent. In process the verdict is decided at once; behind a server it is on
-    its way, and the edge may draft meanwhile (specdec/core/drafters/ahead.py)."""
-
-    receive: Callable[[], Verdict | None]  # waits for the verdict; None: not verified (the cloud is lost)
-    ready: Callable[[], bool] = lambda: True  # is the verdict in? never blocks
-    deadline: float | None = None  # when it is expected (time.perf_counter()); None: nothing to overlap with
-
-    def verdict(self) -> Verdict | None:
-        return self.receive()
 
 
 class CloudLink:

@@ -22,7 +22,7 @@ import torch
 
 from specdec.backends.base import Backend, Prompt
 from specdec.core.block_length import block_size, make_schedule, make_stop
-from specdec.core.cloud import Cloud, CloudLink, Verdict, as_cloud, open_link
+from specdec.core.cloud import Cloud, CloudLink, as_cloud, open_link
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.drafters import DraftContext, DraftNote, Drafter, Proposal, make_drafter
 from specdec.core.drafters.ahead import DraftAhead
@@ -33,6 +33,7 @@ from specdec.core.processors import Constraints
 from specdec.core.sampling import choose, distribution, entropy_nats
 from specdec.core.session import AcceptedSequence, Session
 from specdec.core.trace import Counters, Cycle, Generation
+from specdec.core.verdict import Verdict
 
 NO_CONSTRAINTS = Constraints()
 

@@ -25,7 +25,7 @@ import torch
 
 from specdec.backends.base import Backend
 from specdec.core.shared_forward import BatchRow, Forward, RowFailed, batch_logits
-from specdec.core.cloud import Verdict
+from specdec.core.verdict import Verdict
 from specdec.errors import SpecdecError
 
 

@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
 from specdec.backends.base import Prompt
-from specdec.core.cloud import CloudLost, Verdict
+from specdec.core.verdict import CloudLost, Verdict
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.errors import ConfigError
 from specdec.core.processors import Constraints

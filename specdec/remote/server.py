@@ -29,7 +29,8 @@ from websockets.protocol import State
 
 from specdec.backends.base import Prompt
 from specdec.core.shared_forward import BatchRow, RowFailed
-from specdec.core.cloud import LocalCloudSession, Verdict
+from specdec.core.cloud import LocalCloudSession
+from specdec.core.verdict import Verdict
 from specdec.core.config import CONSTRAINT_PROFILES, DecodeConfig, SpecConfig
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models.loading import LoadedModel

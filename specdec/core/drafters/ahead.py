@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from specdec.core.cloud import InFlight, Verdict
+from specdec.core.verdict import InFlight, Verdict
 from specdec.core.drafters.model import Drawn, ModelDrafter, proposal_of
 from specdec.core.drafters.interface import DraftNote, Proposal
 from specdec.core.overlap import OverlapGovernor

@@ -22,7 +22,7 @@ import torch
 
 from specdec.backends.base import Backend, Prompt
 from specdec.core.block_length import DraftStop
-from specdec.core.cloud import InFlight, Verdict
+from specdec.core.verdict import InFlight, Verdict
 from specdec.core.processors import Constraints
 from specdec.core.session import AcceptedSequence
 from specdec.errors import ConfigError

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from specdec.core.cloud import InFlight, Verdict
+from specdec.core.verdict import InFlight, Verdict
 from specdec.core.drafters.interface import DraftContext, DraftNote, Proposal, register_drafter
 from specdec.core.sampling import choose, distribution, entropy_nats
 from specdec.core.session import AcceptedSequence, Session

@@ -1,0 +1,55 @@
+"""Prompt lookup (Saxena 2023, "Prompt Lookup Decoding"; HF's `prompt_lookup_num_tokens`, Spec-Bench's
+PLD): no model. The last n tokens of the accepted sequence are searched for earlier in it (prompt and
+generation); the tokens that followed the match are the draft.
+
+    for n = max_ngram .. min_ngram:             longest suffix first: the most specific context
+        i = the last j < L - n with ids[j : j+n] == ids[L-n : L]
+        if found: propose ids[i+n : i+n+k]
+    no match: an empty proposal (the cloud's own next token, as plain decoding)
+
+Among several matches the newest wins (HF takes the oldest): output that copies a span of its input
+copies it in order, and the newest occurrence is where the copy stands. Summaries, edits and
+retrieval answers copy spans of their input, so this pays there and nowhere else.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specdec.core.drafters.interface import DraftContext, DraftFree, Proposal, register_drafter
+from specdec.core.session import AcceptedSequence
+from specdec.errors import ConfigError
+
+MAX_NGRAM = 3  # Spec-Bench's PLD and HF's default search the last 3 (HF: max_matching_ngram_size 2) tokens
+MIN_NGRAM = 1
+
+
+def lookup(ids: torch.Tensor, k: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> torch.Tensor:
+    """ids [L] -> up to k tokens that followed the newest earlier occurrence of its longest matching
+    suffix (n from max_ngram down to min_ngram); empty when no suffix recurs."""
+    length = ids.numel()
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        windows = ids[: length - 1].unfold(0, n, 1)  # [L-n, n]: every n-gram that has a token after it
+        hits = (windows == ids[length - n :]).all(-1).nonzero()
+        if hits.numel():
+            start = int(hits[-1]) + n
+            return ids[start : start + k]
+    return ids[:0]
+
+
+@register_drafter("prompt-lookup")
+class PromptLookup(DraftFree):
+    name = "prompt-lookup"
+
+    def __init__(self, context: DraftContext) -> None:
+        super().__init__()
+        self.max_ngram = int(context.options.get("max_ngram", MAX_NGRAM))
+        if self.max_ngram < MIN_NGRAM:
+            raise ConfigError(f"prompt lookup's max_ngram must be >= {MIN_NGRAM}, got {self.max_ngram}")
+
+    def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
+        start = time.perf_counter()
+        tokens = lookup(seq.ids, k, self.max_ngram).clone()
+        self.compute_s += time.perf_counter() - start
+        return Proposal(tokens, None, seq.length, self.name)
