@@ -43,19 +43,21 @@ def speculative_decode(
     edge: Backend | None, cloud: Backend | Cloud, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig,
     constraints: Constraints = NO_CONSTRAINTS, punct_density=None, on_cloud_loss: str = "fail",
     overlap: bool | str = False, governor: OverlapGovernor | None = None, drafter: str = "model",
+    drafter_memory: dict | None = None,
 ) -> Generation:
     """The drafter proposes, the gate escalates uncertain blocks, the cloud verifies them in one forward.
     `cloud`: a backend in this process or a remote cloud (`specdec.remote.RemoteCloud`); `edge`: the
     model a model drafter runs (None for a draft-free one). on_cloud_loss: "fail" raises CloudLost,
     "edge" finishes edge-only. overlap: draft ahead while a remote cloud verifies; "auto": only while
     `governor` (a fresh one if None) finds that it pays. punct_density: draft ids -> density, for
-    `spec.punct_trigger`."""
+    `spec.punct_trigger`. drafter: a registered name (specdec/core/drafters/); drafter_memory: what
+    drafters keep across generations (an engine passes the same dict every time)."""
     spec.check_decoding(decode)
     start, generator, cloud = time.perf_counter(), torch.Generator().manual_seed(decode.seed), as_cloud(cloud)
     vocab = min(cloud.vocab_size, edge.vocab_size) if edge is not None else cloud.vocab_size  # shared ids only
     seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
     context = DraftContext(prompt, vocab, constraints, decode.temperature, generator, edge, spec.draft_topn,
-                           make_stop(spec.draft_stop))
+                           make_stop(spec.draft_stop), memory={} if drafter_memory is None else drafter_memory)
     drafter = drafting_ahead(make_drafter(drafter, context), overlap, governor, spec.k)
     link = open_link(cloud, (prompt, spec, decode, constraints, vocab, generator), on_cloud_loss)
     schedule, cycles, stopped, ttft_s = make_schedule(spec.k_schedule, spec.k), [], False, 0.0
@@ -137,7 +139,7 @@ def trace(block: Proposal, entropies: torch.Tensor | None, verdict: Verdict | No
     extra = emitted[kept] if len(emitted) > kept else None
     cycle = Cycle(block.tokens.tolist(), [] if entropies is None else entropies.tolist(), verdict is not None, kept,
                   extra_token=extra, extra_kind=None if extra is None else "correction" if kept < n else "bonus",
-                  edge_s=edge_s, t_start_s=t_start_s,
+                  edge_s=edge_s, t_start_s=t_start_s, drafter=block.drafter,
                   ahead_chosen=note.ahead_chosen, ahead_guess=note.ahead_guess, ahead_kept=note.ahead_kept,
                   ahead_wasted=note.ahead_wasted, edge_wait_s=note.edge_wait_s)
     if verdict is not None:

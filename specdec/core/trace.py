@@ -35,6 +35,7 @@ class Cycle:
     ahead_guess: int | None = None  # overlap: the bonus token the edge guessed and drafted after
     ahead_kept: int = 0  # overlap: tokens drafted ahead during this verify that became the next block's
     ahead_wasted: int = 0  # ... and those dropped (a rejection, or a bonus other than the guess)
+    drafter: str = "model"  # what proposed the block (a registered drafter's name; a hybrid names its part)
 
 
 @dataclass

@@ -91,6 +91,7 @@ class DraftContext:
     topn: int | None = None  # draw from the top-N of a distribution (speculative sampling over a small upload)
     stop_rule: DraftStop | None = None  # ends a model drafter's block early
     options: dict = field(default_factory=dict)  # a drafter's own settings by name
+    memory: dict = field(default_factory=dict)  # what a drafter keeps across one engine's generations (by drafter name)
 
 
 DRAFTERS: dict[str, Callable[[DraftContext], Drafter]] = {}  # --drafter name -> factory

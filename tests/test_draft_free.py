@@ -1,0 +1,86 @@
+"""Draft-free drafters: prompt lookup finds the longest recurring suffix and proposes what followed
+its newest occurrence; the n-gram cache proposes the most frequent continuations it has counted
+across generations; the hybrid uses lookup when it matches and the edge model otherwise. Each keeps
+greedy decoding the cloud's own, token for token, and says which drafter made each block."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec import DecodeConfig, Prompt, SpecConfig, autoregressive_decode, speculative_decode
+from specdec.backends.hf_causal import HFCausalBackend
+from specdec.core.drafters.ngram import NgramTable
+from specdec.core.drafters.prompt_lookup import lookup
+from tests.tiny import noisy_copy, tiny_causal
+
+T = torch.tensor
+
+
+def test_lookup_takes_the_longest_suffix_first():
+    # the 2-gram (7, 8) recurs at 1 and proposes what followed it; the 1-gram 8 also recurs at 5
+    ids = T([5, 7, 8, 1, 2, 8, 9, 9, 7, 8])
+    assert lookup(ids, 3).tolist() == [1, 2, 8]
+    assert lookup(ids, 3, max_ngram=1).tolist() == [9, 9, 7]  # 1-gram only: the newest 8 (at 5) wins
+
+
+def test_lookup_prefers_the_newest_match_and_stops_at_the_end_of_the_sequence():
+    ids = T([3, 4, 10, 3, 4, 11, 12, 3, 4])
+    assert lookup(ids, 2).tolist() == [11, 12]  # (3, 4) at 0 and 3: the newest one
+    assert lookup(T([6, 1, 2, 6]), 5).tolist() == [1, 2, 6]  # fewer than k tokens follow it
+
+
+def test_no_recurring_suffix_means_no_draft():
+    assert lookup(T([1, 2, 3, 4]), 4).numel() == 0
+    assert lookup(T([9]), 4).numel() == 0
+    assert lookup(T([1, 2, 1, 3]), 4, min_ngram=2).numel() == 0  # only a 1-gram recurs
+
+
+def test_the_ngram_table_counts_continuations_and_prefers_the_longest_context():
+    table = NgramTable(max_ngram=2)
+    table.add([1, 2, 3, 1, 2, 4, 1, 2, 3])
+    assert table.continuation([1, 2], min_count=1) == 3  # (1, 2) -> 3 twice, 4 once
+    assert table.continuation([5, 2], min_count=1) == 3  # (5, 2) unseen: falls back to (2,)
+    assert table.continuation([7], min_count=1) is None
+    assert table.continuation([1, 2], min_count=3) is None  # no continuation counted 3 times
+
+
+@pytest.fixture(scope="module")
+def pair():
+    cloud = tiny_causal("llama", sharpness=8.0)
+    return HFCausalBackend(noisy_copy(cloud, noise=0.2)), HFCausalBackend(cloud)
+
+
+def looping_prompt(seed: int) -> Prompt:
+    """Prompts that repeat themselves, as a text to summarize or edit does: lookup finds matches."""
+    generator = torch.Generator().manual_seed(seed)
+    phrase = torch.randint(0, 96, (5,), generator=generator)
+    return Prompt(torch.cat([phrase, torch.randint(0, 96, (3,), generator=generator), phrase]))
+
+
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "ngram", "hybrid"])
+@pytest.mark.parametrize("verifier", ["cached", "stateless"])
+def test_greedy_with_each_drafter_is_the_clouds_greedy(pair, drafter, verifier):
+    edge, cloud = pair
+    spec = SpecConfig(k=4, entropy_threshold=0, policy="greedy", verifier=verifier)
+    decode = DecodeConfig(max_new_tokens=24)
+    memory, made_by, kept = {}, set(), 0
+    for seed in range(6):
+        prompt = looping_prompt(seed)
+        generation = speculative_decode(edge if drafter == "hybrid" else None, cloud, prompt, spec, decode,
+                                        drafter=drafter, drafter_memory=memory)
+        assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
+        made_by |= {c.drafter for c in generation.cycles}
+        kept += generation.counters.num_accepted_tokens
+    assert kept > 0  # draft tokens were accepted, not only the cloud's own
+    expected = {"prompt-lookup": {"prompt-lookup"}, "ngram": {"ngram"}, "hybrid": {"prompt-lookup", "model"}}[drafter]
+    assert made_by == expected
+    if drafter == "ngram":
+        assert memory["ngram"].next  # the counts carry across generations
+
+
+def test_an_edge_without_a_model_for_a_draft_free_drafter_is_not_loaded(pair):
+    """edge None: nothing runs on the edge but lookup; prefill and edge compute are the lookup's alone."""
+    _, cloud = pair
+    generation = speculative_decode(None, cloud, looping_prompt(0), SpecConfig(k=3, policy="greedy"),
+                                    DecodeConfig(max_new_tokens=8), drafter="prompt-lookup")
+    assert generation.prefill_s == 0.0 and generation.new_tokens == 8
