@@ -169,12 +169,25 @@ class Engine(EngineConfig):
                              f"{prompt_tokens + budget} positions, but model {loaded.name!r} has {limit}: {fix}")
 
     def generate(self, text: str, system: str | None = None, waveform=None, sampling_rate: int = 16000,
-                 language: str | None = None) -> Generation:
+                 language: str | None = None, follow_ups: tuple[str, ...] = ()) -> Generation:
+        """One prompt; with `follow_ups`, a conversation: each later user turn is asked after the
+        model's own answers so far (as Spec-Bench asks MT-bench's second turn), and the turns come
+        back as one Generation (`Generation.then`)."""
+        generation = self._turn(text, system, waveform, sampling_rate, language, ())
+        history = ((text, generation.text),)
+        for turn in follow_ups:
+            later = self._turn(turn, system, None, sampling_rate, language, history)
+            generation, history = generation.then(later), (*history, (turn, later.text))
+        return generation
+
+    def _turn(self, text: str, system: str | None, waveform, sampling_rate: int, language: str | None,
+              history: tuple[tuple[str, str], ...]) -> Generation:
         self.load()
         loaded = self.primary
         if waveform is not None and self.mode == "spec" and not self.cloud_side().accepts_audio:
             raise InputError(f"cloud model {self.cloud_name!r} is text-only but the prompt has audio")
-        prompt = loaded.encode(text, system, waveform, sampling_rate, self.chat_template, language=language)
+        prompt = loaded.encode(text, system, waveform, sampling_rate, self.chat_template, language=language,
+                               **({"history": history} if history else {}))
         self.check_positions(prompt.input_ids.numel())
         constraints = self.constraints_for()
         if self.mode == "spec":

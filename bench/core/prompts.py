@@ -32,13 +32,24 @@ PROMPT_TYPES = {
 }
 OPTIONAL_TEXT = ("system", "reference", "language", "prompt_type", "audio")
 
+# Spec-Bench (Xia et al. 2024, hemingkx/Spec-Bench `data/spec_bench/question.jsonl`): its six task
+# columns, MT-bench's eight subcategories counted as one, in the order of its leaderboard.
+SPEC_BENCH = "spec-bench:"
+SPEC_BENCH_CATEGORIES = {
+    "mt_bench": ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"),
+    "translation": ("translation",), "summarization": ("summarization",), "qa": ("qa",),
+    "math_reasoning": ("math_reasoning",), "rag": ("rag",),
+}
+SPEC_BENCH_HELP = (f"spec-bench:PATH (every category) or spec-bench:PATH:CATEGORY[+CATEGORY...] with categories "
+                   f"{', '.join(SPEC_BENCH_CATEGORIES)}")
+
 
 @dataclass(frozen=True)
 class PromptInputs:
     """Which prompts a run reads (the harness's settings beside the engine's, specdec/core/config.py)."""
 
-    prompts: str = field(metadata={"help": "JSONL file, JSON manifest, or a shipped set (zh-describe, zh-chat, "
-                                           "en-chat, code, audio-samples)"})
+    prompts: str = field(metadata={"help": "JSONL file, JSON manifest, a shipped set (zh-describe, zh-chat, "
+                                           "en-chat, code, audio-samples), or Spec-Bench's questions: " + SPEC_BENCH_HELP})
     limit: int | None = field(default=None, metadata={"help": "only the first N prompts (of each set)"})
     max_audio_s: float = field(default=MAX_SECONDS, metadata={
         "help": "refuse longer audio clips, in seconds (capped by the model's own window)",
@@ -61,6 +72,8 @@ class PromptRecord:
     reference: str | None = None  # what a perfect output says: WER/CER are computed against it
     language: str | None = None  # lower-case as given ("zh", "en", "chinese"); picks CER or WER
     prompt_type: str | None = None  # a key of PROMPT_TYPES, kept as a label when `prompt` is given
+    turns: tuple[str, ...] = ()  # a conversation's user turns (Spec-Bench's MT-bench has two); () for one prompt
+    category: str | None = None  # Spec-Bench's task column (mt_bench, translation, summarization, ...)
 
 
 def prompt_sets() -> list[str]:
@@ -69,8 +82,50 @@ def prompt_sets() -> list[str]:
 
 def canonical_prompts(spec: str) -> str:
     """A shipped set by its name, a prompts file by its resolved path (so `p.jsonl` and `./p.jsonl`
-    name one set in the records and the results folder's identity)."""
+    name one set in the records and the results folder's identity); Spec-Bench's questions as
+    `spec-bench:RESOLVED_PATH[:CATEGORY+...]`."""
+    if spec.startswith(SPEC_BENCH):
+        path, categories = parse_spec_bench(spec)
+        return f"{SPEC_BENCH}{canonical_path(path)}" + (f":{'+'.join(categories)}" if categories else "")
     return spec if spec in SHIPPED_AUDIO or spec in prompt_sets() else canonical_path(spec)
+
+
+def parse_spec_bench(spec: str) -> tuple[str, tuple[str, ...]]:
+    """`spec-bench:PATH[:CAT+CAT]` -> (PATH, categories; () for all). Categories are checked by name."""
+    rest = spec.removeprefix(SPEC_BENCH)
+    path, sep, names = rest.rpartition(":") if rest.count(":") else (rest, "", "")
+    if not sep or "/" in names or names.endswith(".jsonl"):  # no category part (a path may hold no ':')
+        path, names = rest, ""
+    categories = tuple(n.strip() for n in names.replace(",", "+").split("+") if n.strip())
+    if not path:
+        raise InputError(f"{spec!r} names no file: use {SPEC_BENCH_HELP}")
+    unknown = [c for c in categories if c not in SPEC_BENCH_CATEGORIES]
+    if unknown:
+        raise InputError(f"unknown Spec-Bench category {unknown[0]!r} in {spec!r}: use {', '.join(SPEC_BENCH_CATEGORIES)}")
+    return path, categories
+
+
+def expand_prompt_sets(spec: str) -> tuple[str, ...]:
+    """The prompt sets one `--prompts` value stands for: Spec-Bench's questions give one set per
+    category (`spec-bench:PATH:summarization`), so every summary and figure shows each category apart;
+    anything else is one set."""
+    if not spec.startswith(SPEC_BENCH):
+        return (spec,)
+    path, categories = parse_spec_bench(spec)
+    present = {_spec_bench_column(q["category"]) for _, q in _spec_bench_questions(Path(path).expanduser(), spec)}
+    return tuple(f"{SPEC_BENCH}{path}:{c}" for c in (categories or SPEC_BENCH_CATEGORIES) if c in present)
+
+
+def prompt_set_name(spec: str) -> str:
+    """A prompt set as readers know it: a shipped name, a file's stem, or a Spec-Bench category
+    (`summarization`; several joined by '+')."""
+    text = str(spec)
+    if text.startswith(SPEC_BENCH):
+        _, categories = parse_spec_bench(text)
+        return "+".join(categories) or "spec-bench"
+    if text.endswith(".jsonl") or "/" in text:
+        return text.rsplit("/", 1)[-1].removesuffix(".jsonl")
+    return text
 
 
 def resolve_prompts(spec: str) -> Path:
@@ -89,6 +144,8 @@ def resolve_prompts(spec: str) -> Path:
 
 def load_prompts(spec: str) -> list[PromptRecord]:
     """The records of a prompts file or manifest, in file order; ids unique."""
+    if spec.startswith(SPEC_BENCH):
+        return load_spec_bench(spec)
     path = resolve_prompts(spec)
     records: list[PromptRecord] = []
     seen: set[str] = set()
@@ -148,3 +205,43 @@ def _record(obj, where: str, folder: Path) -> PromptRecord:
     audio = (folder / obj["audio"]).resolve() if obj.get("audio") else None
     language = obj["language"].strip().lower() if obj.get("language") else None
     return PromptRecord(obj["id"], prompt, obj.get("system"), audio, obj.get("reference"), language, prompt_type)
+
+
+def _spec_bench_column(category: str) -> str | None:
+    return next((column for column, names in SPEC_BENCH_CATEGORIES.items() if category in names), None)
+
+
+def _spec_bench_questions(path: Path, spec: str):
+    """(where, question) for every line of a Spec-Bench question file, its format checked."""
+    if not path.is_file():
+        raise InputError(f"Spec-Bench question file {str(path)!r} not found ({spec!r}): give the path to a "
+                         "question.jsonl of Spec-Bench's format (question_id, category, turns)")
+    for where, obj in _objects(path):
+        if not isinstance(obj, dict) or not isinstance(obj.get("category"), str) or "question_id" not in obj:
+            raise InputError(f"{where} is not a Spec-Bench question: each line needs question_id, category and turns")
+        turns = obj.get("turns")
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            raise InputError(f"{where} (question {obj['question_id']!r}) needs 'turns': a list of non-empty strings")
+        yield where, obj
+
+
+def load_spec_bench(spec: str) -> list[PromptRecord]:
+    """Spec-Bench's questions of the categories `spec` names, in file order, as prompts: the id is
+    `CATEGORY-QUESTION_ID`, the prompt the first turn, `turns` every turn (MT-bench asks a second one
+    after the model's own first answer)."""
+    path, categories = parse_spec_bench(spec)
+    records, seen = [], set()
+    for where, q in _spec_bench_questions(Path(path).expanduser(), spec):
+        column = _spec_bench_column(q["category"])
+        if column is None or (categories and column not in categories):
+            continue
+        record = PromptRecord(f"{q['category']}-{q['question_id']}", q["turns"][0], turns=tuple(q["turns"]),
+                              category=column)
+        if record.id in seen:
+            raise InputError(f"{where} repeats question {q['question_id']!r} of {q['category']!r}: ids must be unique")
+        seen.add(record.id)
+        records.append(record)
+    if not records:
+        raise InputError(f"{path} has no Spec-Bench questions of {', '.join(categories) or 'any known category'}: "
+                         f"categories are {', '.join(SPEC_BENCH_CATEGORIES)}")
+    return records

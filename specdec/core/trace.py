@@ -99,6 +99,25 @@ class Generation:
     stopped_by: str = "max_new_tokens"  # or "stop_token"
     features_bytes: int = 0  # size of the prompt's multimodal features (what a first cloud call uploads)
     degraded: bool = False  # the cloud was lost mid-generation and the rest was drafted edge-only
+    turns: int = 1  # a conversation's turns answered in it (each after the model's own earlier answers)
+
+    def then(self, later: Generation) -> Generation:
+        """This generation followed by a later turn of the same conversation, as one: Spec-Bench times a
+        multi-turn question over all its turns. Tokens, cycles and times add up; the text joins the answers."""
+        counters = Counters(**{name: getattr(self.counters, name) + getattr(later.counters, name)
+                               for name in ("cycles", "cloud_calls", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                                            "unverified_tokens", "corrections", "bonus_tokens", "overlap_kept_tokens",
+                                            "overlap_wasted_tokens")})
+        first, second = self.counters.accepted_per_position, later.counters.accepted_per_position
+        counters.accepted_per_position = [a + b for a, b in zip(first, second)] if first and second else first or second
+        return Generation(
+            tokens=self.tokens + later.tokens, counters=counters, cycles=self.cycles + later.cycles,
+            text=f"{self.text}\n\n{later.text}", prompt_tokens=self.prompt_tokens + later.prompt_tokens,
+            prompt_ids=self.prompt_ids, prefill_s=self.prefill_s + later.prefill_s, ttft_s=self.ttft_s,
+            decode_s=self.decode_s + later.decode_s, edge_s=self.edge_s + later.edge_s, cloud_s=self.cloud_s + later.cloud_s,
+            stopped_by=later.stopped_by, features_bytes=self.features_bytes, degraded=self.degraded or later.degraded,
+            turns=self.turns + later.turns,
+        )
 
     @property
     def link_s(self) -> float:

@@ -80,12 +80,14 @@ class LoadedModel:
         return uses_chat_template(self.tokenizer, asked or self.backend.accepts_audio)
 
     def encode(self, text: str, system: str | None = None, waveform=None, sampling_rate: int = 16000,
-               chat_template: bool = True, language: str | None = None) -> Prompt:
+               chat_template: bool = True, language: str | None = None,
+               history: tuple[tuple[str, str], ...] = ()) -> Prompt:
         """Text (and audio) -> Prompt. Whisper takes the audio alone: `text` and `system` are
         ignored (a chat instruction is not a transcript; as Whisper's `<|startofprev|>` context it
         would bias the words), the task is transcription, and `language` (a code or an English
         name) is detected from the audio when None on a multilingual model (one extra encoder
-        pass, outside the timed decode; pass it to save that)."""
+        pass, outside the timed decode; pass it to save that). `history`: the (user, assistant) turns
+        before this one, for a conversation's later turns (text models only)."""
         from specdec.backends.whisper import WhisperBackend, build_whisper_prompt, detect_language, whisper_features
 
         if isinstance(self.backend, WhisperBackend):
@@ -98,6 +100,8 @@ class LoadedModel:
             return build_whisper_prompt(config, self.feature_extractor, waveform, sampling_rate, language)
         if not text.strip():
             raise InputError("the prompt is empty: give it some text")
+        if history and (waveform is not None or self.backend.accepts_audio):
+            raise InputError(f"model {self.name!r} takes audio: a conversation's later turns run on text models only")
         if waveform is not None and not self.backend.accepts_audio:
             raise InputError(
                 f"model {self.name!r} is text-only but the prompt has audio: use an audio model "
@@ -107,21 +111,25 @@ class LoadedModel:
             from specdec.backends.omni_thinker import build_omni_prompt
 
             return build_omni_prompt(self.tokenizer, self.feature_extractor, text, waveform, sampling_rate, system)
-        return encode_text(self.tokenizer, text, system, chat_template)
+        return encode_text(self.tokenizer, text, system, chat_template, history)
 
 
 def uses_chat_template(tokenizer, asked: bool) -> bool:
     return asked and bool(getattr(tokenizer, "chat_template", None))
 
 
-def encode_text(tokenizer, text: str, system: str | None = None, chat_template: bool = True) -> Prompt:
-    """The tokenizer's chat template (with the generation prompt) when it has one and it is wanted."""
+def encode_text(tokenizer, text: str, system: str | None = None, chat_template: bool = True,
+                history: tuple[tuple[str, str], ...] = ()) -> Prompt:
+    """The tokenizer's chat template (with the generation prompt) when it has one and it is wanted.
+    `history`: earlier (user, assistant) turns of the conversation, before `text`."""
     if uses_chat_template(tokenizer, chat_template):
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        earlier = [{"role": role, "content": content} for turn in history for role, content in zip(("user", "assistant"), turn)]
+        messages = ([{"role": "system", "content": system}] if system else []) + earlier + [{"role": "user", "content": text}]
         rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
     else:
-        ids = tokenizer((system + "\n\n" if system else "") + text)["input_ids"]
+        earlier = "".join(f"{user}\n\n{answer}\n\n" for user, answer in history)
+        ids = tokenizer((system + "\n\n" if system else "") + earlier + text)["input_ids"]
     return Prompt(torch.tensor(ids, dtype=torch.long), text=text)
 
 
