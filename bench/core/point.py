@@ -105,10 +105,10 @@ class Point:
     edge_runtime: str | None = None  # what ran the edge: torch, torch-int8 or llamacpp
     cloud_runtime: str | None = None  # what ran the cloud, here or in the server (split)
     constraints: str | None = None  # the decoding profile: none, or zh (one short Chinese sentence)
-    chat_template: bool | None = None  # the prompt went through the tokenizer's chat template (once loaded: was applied)
+    chat_template: bool | None = None  # the prompt goes through the tokenizer's chat template (once loaded: went)
     # _Placement: where the cloud ran, and over what link
     deployment: str | None = None  # inproc, split (the cloud behind `specbench serve`) or colocated (split's baseline)
-    link: str | None = None  # split: the shaped link between edge and server (none, wifi, 4g, 5g or rtt=..,up=..,down=..)
+    link: str | None = None  # split: the shaped link between edge and server: none, wifi, 4g, 5g or rtt=..,up=..
     # SpecConfig: spec mode only
     k: int | None = None  # draft tokens per block (the cap, under a k schedule)
     entropy_threshold: float | None = None  # escalate a block iff its uncertainty >= this many nats
