@@ -1,6 +1,7 @@
 """`specbench sweep`: grid, resume, per-point summary, caps and bad configs (tiny models)."""
 import argparse
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 
 from bench.cli import main
 from bench.commands.options import add_sweep_options, sweep_from_args
+from bench.core.point import Point
 from bench.core.records import ResultsFile
 from bench.derive.metrics import expected_speedup
 from bench.derive.summary import summarize
@@ -227,8 +229,28 @@ def test_unreachable_cap_is_refused(pair, prompts, tmp_path, capsys):
 
 def test_config_points_dedupe_baselines():
     config = SweepConfig.from_mapping({"edge": "e", "cloud": "c", "mode": ["edge", "cloud", "spec"], "k": [2, 4], "entropy_threshold": [0, 1]})
-    modes = [p["mode"] for p in config.points()]
+    modes = [p.mode for p in config.points()]
     assert modes.count("edge") == 1 and modes.count("cloud") == 1 and modes.count("spec") == 4
+
+
+def test_points_are_points_in_the_grids_order_holding_the_sweeps_settings():
+    config = SweepConfig.from_mapping({"edge": "e", "cloud": "c", "mode": ["cloud", "spec"], "k": [2, 4],
+                                       "deployment": ["inproc", "split"], "link": ["4g"], "split_cores": "shared",
+                                       "plain_runtimes": ["torch-int8"], "max_new_tokens": 8})
+    points = config.points()
+    assert all(isinstance(p, Point) for p in points)
+    # mode outermost, deployment inside k; a cloud point once (k and deployment do not apply), then in
+    # each plain runtime; a split point followed by its co-located baseline
+    assert [(p.mode, p.cloud_runtime, p.k, p.deployment, p.link, p.overlap) for p in points] == [
+        ("cloud", "torch", None, "inproc", None, None), ("cloud", "torch-int8", None, "inproc", None, None),
+        ("spec", "torch", 2, "inproc", None, None), ("spec", "torch", 2, "split", "4g", "auto"),
+        ("spec", "torch", 2, "colocated", None, None),
+        ("spec", "torch", 4, "inproc", None, None), ("spec", "torch", 4, "split", "4g", "auto"),
+        ("spec", "torch", 4, "colocated", None, None)]
+    cloud, spec = points[0], points[2]
+    assert (cloud.edge, cloud.cloud, cloud.max_new_tokens, cloud.policy) == (None, "c", 8, None)
+    assert (spec.edge, spec.cloud, spec.max_new_tokens, spec.policy) == ("e", "c", 8, "threshold")
+    assert pickle.loads(pickle.dumps(points)) == points  # they travel to spawned workers and Ray tasks
 
 
 def test_plain_runtimes_add_baselines_not_speculative_points():
@@ -236,7 +258,7 @@ def test_plain_runtimes_add_baselines_not_speculative_points():
     config = SweepConfig.from_mapping({"edge": "e", "cloud": "c", "mode": ["edge", "cloud", "spec"], "k": [2, 4],
                                        "edge_runtime": ["torch"], "cloud_runtime": ["torch-int8"],
                                        "plain_runtimes": ["torch-int8", "torch"]})
-    points = {(p["mode"], p["edge_runtime"], p["cloud_runtime"], p["k"]) for p in config.points()}
+    points = {(p.mode, p.edge_runtime, p.cloud_runtime, p.k) for p in config.points()}
     assert points == {("edge", "torch", None, None), ("edge", "torch-int8", None, None),
                       ("cloud", None, "torch-int8", None), ("cloud", None, "torch", None),
                       ("spec", "torch", "torch-int8", 2), ("spec", "torch", "torch-int8", 4)}

@@ -1,12 +1,14 @@
 """What identifies a result: a `Point`, one field per run setting that changes what is measured,
-generated from the run settings (EngineConfig, SpecConfig, DeployConfig, DecodeConfig,
-PromptInputs) the way bench/commands/options.py generates flags from them, so a setting added there (a
-runtime per role, say) is part of every point without another edit.
+written out below in the order of the run settings it copies (EngineConfig, where the cloud ran,
+SpecConfig, DeployConfig, DecodeConfig, PromptInputs). tests/test_point.py checks it against those
+dataclasses field by field, so a setting added to one of them (a runtime per role, say) and not to
+`Point` fails that test, which names the field and where it goes (or name it in NOT_MEASURED).
 
     Point.of(engine, prompts)   the point a run measures: before the models load, as asked;
                                 after, as used (the server's model as `cloud`, the chat template
                                 as really applied)
     Point.from_row(row)         the point of a result record or a summary row
+    point.record(sweep=...)     the point's fields as a result record writes them
     point.key(id=...)           which point (and prompt) a record belongs to: its AXES as JSON;
                                 results, resumes and nll.jsonl scores are matched by it
     point.label()               `spec float32 code greedy k=4 thr=0 p>=0.1 cached`, for comparisons
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import json
 import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +53,15 @@ class _Placement:
                 "rtt=40ms,up=10mbit,down=50mbit)"})
 
 
-def _run_fields() -> list[tuple[str, Any, Any]]:
-    """(name, type, field) per measured run setting, EngineConfig's first, then where it ran."""
-    generated = []
+def _run_fields() -> list[tuple[str, Any, type]]:
+    """(name, type, defined in) of each field `Point` must have, in order: every measured run setting,
+    EngineConfig's first, then where it ran, typed as its setting or None. tests/test_point.py holds
+    the written `Point` to it."""
+    expected = []
     for cls in (EngineConfig, _Placement, SpecConfig, DeployConfig, DecodeConfig, PromptInputs):
         hints = typing.get_type_hints(cls)
-        for f in fields(cls):
-            if f.init and f.name not in NOT_MEASURED:
-                generated.append((f.name, hints[f.name] | None, field(default=None, metadata=f.metadata)))
-    return generated
+        expected += [(f.name, hints[f.name] | None, cls) for f in fields(cls) if f.init and f.name not in NOT_MEASURED]
+    return expected
 
 
 SETTINGS = {f.name: f for cls in (*RUN_SETTINGS, _Placement) for f in fields(cls)}  # name -> where it is defined
@@ -90,7 +92,43 @@ def blank(values: dict) -> dict:
     return {name: value if applies(name) else None for name, value in values.items()}
 
 
-class _PointMethods:
+@dataclass(frozen=True)
+class Point:
+    """The settings that identify a result; see the module's docstring. None: the field does not apply
+    at the point's mode and deployment (`blank`), or a record was written before the field existed."""
+
+    # EngineConfig: which models ran, in what
+    mode: str | None = None  # edge or cloud alone (the baselines), or spec: the edge drafts, the cloud verifies
+    edge: str | None = None  # the edge (draft) model: registry alias, local directory, hub id or .gguf file
+    cloud: str | None = None  # the cloud (verify) model; once loaded, the name the engine (or its server) gives it
+    dtype: str | None = None  # weights and activations of the torch runtime: bfloat16, float32, ...
+    edge_runtime: str | None = None  # what ran the edge: torch, torch-int8 or llamacpp
+    cloud_runtime: str | None = None  # what ran the cloud, here or in the server (split)
+    constraints: str | None = None  # the decoding profile: none, or zh (one short Chinese sentence)
+    chat_template: bool | None = None  # the prompt goes through the tokenizer's chat template (once loaded: went)
+    # _Placement: where the cloud ran, and over what link
+    deployment: str | None = None  # inproc, split (the cloud behind `specbench serve`) or colocated (split's baseline)
+    link: str | None = None  # split: the shaped link between edge and server: none, wifi, 4g, 5g or rtt=..,up=..
+    # SpecConfig: spec mode only
+    k: int | None = None  # draft tokens per block (the cap, under a k schedule)
+    entropy_threshold: float | None = None  # escalate a block iff its uncertainty >= this many nats
+    accept_threshold: float | None = None  # threshold policy: accept while p_cloud(draft) >= this probability
+    policy: str | None = None  # the acceptance rule (specdec/core/policies/)
+    verifier: str | None = None  # how the cloud keeps its state between calls (specdec/core/verifier.py)
+    uncertainty: str | None = None  # a block's uncertainty from its tokens' entropies: max, mean or first
+    punct_trigger: float | None = None  # also escalate blocks whose punctuation density exceeds this (None: off)
+    draft_topn: int | None = None  # sample policy: drafts drawn from the edge's top-N (None: the whole distribution)
+    draft_stop: str | None = None  # what ends a block early: none, entropy:NATS or pmin:P
+    k_schedule: str | None = None  # the block length cap over time: constant, or heuristic
+    # DeployConfig: split only
+    overlap: bool | str | None = None  # draft the next block while the server verifies: True, False or auto
+    # DecodeConfig
+    max_new_tokens: int | None = None  # tokens generated at most
+    temperature: float | None = None  # 0: greedy; > 0: sampling at this temperature
+    seed: int | None = None  # seed of the sampling generator
+    # PromptInputs
+    prompts: str | None = None  # the prompt set: a shipped set's name, or a prompts file's resolved path
+
     @classmethod
     def of(cls, engine, prompts: str, link: str | None = None) -> Point:
         """The point `engine` measures on the prompt set `prompts` (a sweep's split point adds its link)."""
@@ -137,6 +175,4 @@ class _PointMethods:
         return " ".join(parts)
 
 
-Point = make_dataclass("Point", _run_fields(), bases=(_PointMethods,), frozen=True)
-Point.__doc__ = "The settings that identify a result; see the module's docstring."
 FIELDS = tuple(f.name for f in fields(Point))

@@ -1,4 +1,9 @@
-"""Raw result records: one JSON object per (point, prompt), appended as soon as it exists."""
+"""Raw result records: one JSON object per (point, prompt), appended as soon as it exists.
+
+`ResultRecord` is what a generation's record holds, field by field; `result_record` builds one and
+returns it as the JSON object results.jsonl has always had (its keys in the class's order). Readers
+read those objects back as dicts (`parse_records`), old folders included.
+"""
 from __future__ import annotations
 
 import datetime
@@ -7,7 +12,7 @@ import os
 import platform
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import psutil
@@ -17,48 +22,107 @@ from specdec.core.text import punctuation_density
 from specdec.core.trace import Generation
 
 
+@dataclass(frozen=True)
+class ResultRecord:
+    """One generation's line of results.jsonl, written flat by `as_dict`: `id`, the point's fields, then the
+    rest in this order. None: does not apply (the split-only fields outside split deployment, a rate with
+    nothing to divide by)."""
+
+    id: str  # the prompt's id in its set
+    point: dict  # the point's fields (bench/core/point.py's Point.record) and what the caller records beside them
+    # (a sweep's network, cores, node, repeat, warm_up_s): written flat after `id`, not under this name
+    status: str  # ok, or degraded: the cloud was lost and the rest was drafted edge-only (a rerun redoes it)
+    tokens: list[int]  # the new token ids, prompt excluded
+    text: str  # the tokens decoded
+    new_tokens: int  # len(tokens)
+    prompt_tokens: int  # the prompt's length as encoded
+    latency_s: float  # the whole generation, as the caller's tracker timed it
+    ttft_s: float  # start -> first emitted token
+    tpot_s: float | None  # time per output token after the first (TPOT, as in vLLM / MLPerf); None: < 2 tokens
+    tokens_per_s: float | None  # new tokens over decode time; None: no decode time
+    prefill_s: float  # the first forward of the edge (or of the mode's model): prompt + first step
+    edge_s: float  # edge compute inside forwards, prefill included
+    cloud_s: float  # cloud compute inside forwards (split: the server's), its prefill included
+    overhead_s: float  # engine time outside model forwards: sampling, gate, policy, bookkeeping
+    stopped_by: str  # max_new_tokens or stop_token
+    # specdec/core/trace.py's Counters (Counters.as_dict), vLLM's spec-decode metrics
+    cycles: int  # blocks drafted (plain decoding: tokens generated, one step each)
+    cloud_calls: int  # blocks escalated to the cloud
+    num_drafts: int  # blocks verified (= cloud_calls)
+    num_draft_tokens: int  # draft tokens verified
+    num_accepted_tokens: int  # verified draft tokens accepted
+    accepted_per_position: list[int]  # [i]: verified blocks whose position i was accepted
+    unverified_tokens: int  # draft tokens kept without a verify (the block was not escalated)
+    corrections: int  # tokens the cloud put in place of a rejected draft token
+    bonus_tokens: int  # tokens the cloud added after a fully accepted block
+    overlap_kept_tokens: int  # drafted ahead during a verify and kept as the next block's
+    overlap_wasted_tokens: int  # drafted ahead and dropped (a rejection, or a bonus other than the guess)
+    acceptance_rate: float | None  # num_accepted_tokens / num_draft_tokens; None: nothing verified
+    punct_density: float  # punctuation characters / non-whitespace characters of text
+    peak_rss_bytes: int  # the process's peak resident memory (a run's spans its earlier prompts; a sweep's, this one)
+    # split deployment only, None elsewhere: measured on the socket and the clock, not modelled
+    wire_up_bytes: int | None  # bytes the edge sent for its verifies
+    wire_down_bytes: int | None  # bytes of the verdicts it got back
+    link_s: float | None  # seconds waited on the link itself: the waits minus the server's queue and compute
+    server_queue_s: float | None  # seconds the verifies queued on the server
+    server_compute_s: float | None  # seconds the server computed (= cloud_s)
+    edge_wait_s: float | None  # overlap: seconds the edge idled after drafting ahead, waiting for a verdict
+    block_len_mean: float | None  # mean drafted block length; None: no blocks
+    block_len_hist: list[int]  # [i]: blocks of i + 1 tokens
+    trace: list[dict]  # per cycle, specdec/core/trace.py's Cycle as a dict
+    prompt_ids: list[int] | None = None  # split runs only (else left out): the ids the edge sent, so
+    # `specbench fleet --edge-replay` can replay this trace
+
+    @classmethod
+    def of(cls, generation: Generation, point: dict, prompt_id: str, latency_s: float,
+           peak_rss_bytes: int) -> ResultRecord:
+        decode_tokens = max(generation.new_tokens - 1, 0)
+        escalated = [cycle for cycle in generation.cycles if cycle.escalated]
+        split = point.get("deployment") == "split"
+        lengths = [len(cycle.draft_tokens) for cycle in generation.cycles]
+        return cls(
+            id=prompt_id,
+            point=point,
+            status="degraded" if generation.degraded else "ok",
+            tokens=generation.tokens,
+            text=generation.text,
+            new_tokens=generation.new_tokens,
+            prompt_tokens=generation.prompt_tokens,
+            latency_s=latency_s,
+            ttft_s=generation.ttft_s,
+            tpot_s=(generation.decode_s - generation.ttft_s) / decode_tokens if decode_tokens else None,
+            tokens_per_s=generation.new_tokens / generation.decode_s if generation.decode_s else None,
+            prefill_s=generation.prefill_s,
+            edge_s=generation.edge_s,
+            cloud_s=generation.cloud_s,
+            overhead_s=generation.decode_s - generation.edge_s - generation.cloud_s,
+            stopped_by=generation.stopped_by,
+            **generation.counters.as_dict(),  # a counter added there and not here is a TypeError, not a silent key
+            punct_density=punctuation_density(generation.text),
+            peak_rss_bytes=peak_rss_bytes,
+            wire_up_bytes=sum(c.wire_up_bytes for c in escalated) if split else None,
+            wire_down_bytes=sum(c.wire_down_bytes for c in escalated) if split else None,
+            link_s=generation.link_s if split else None,
+            server_queue_s=sum(c.server_queue_s for c in escalated) if split else None,
+            server_compute_s=generation.cloud_s if split else None,
+            edge_wait_s=sum(c.edge_wait_s for c in escalated) if split else None,
+            block_len_mean=sum(lengths) / len(lengths) if lengths else None,
+            block_len_hist=[lengths.count(n) for n in range(1, max(lengths, default=0) + 1)],
+            trace=[asdict(cycle) for cycle in generation.cycles],
+            prompt_ids=generation.prompt_ids if split else None,
+        )
+
+    def as_dict(self) -> dict:
+        """The JSON object results.jsonl holds: `id`, the point's fields, every other field in order,
+        `prompt_ids` only when set (a key of the point's that a field also has takes the field's value)."""
+        named = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "point", "prompt_ids")}
+        split = {"prompt_ids": self.prompt_ids} if self.prompt_ids is not None else {}
+        return {"id": self.id, **self.point, **named, **split}
+
+
 def result_record(generation: Generation, point: dict, prompt_id: str, latency_s: float, peak_rss_bytes: int) -> dict:
-    c = generation.counters
-    decode_tokens = max(generation.new_tokens - 1, 0)
-    escalated = [cycle for cycle in generation.cycles if cycle.escalated]
-    split = point.get("deployment") == "split"
-    lengths = [len(cycle.draft_tokens) for cycle in generation.cycles]
-    return {
-        "id": prompt_id,
-        **point,
-        # degraded: the cloud was lost and the rest was drafted edge-only (a rerun redoes it)
-        "status": "degraded" if generation.degraded else "ok",
-        "tokens": generation.tokens,
-        "text": generation.text,
-        "new_tokens": generation.new_tokens,
-        "prompt_tokens": generation.prompt_tokens,
-        "latency_s": latency_s,
-        "ttft_s": generation.ttft_s,
-        # time per output token after the first (TPOT, as in vLLM / MLPerf)
-        "tpot_s": (generation.decode_s - generation.ttft_s) / decode_tokens if decode_tokens else None,
-        "tokens_per_s": generation.new_tokens / generation.decode_s if generation.decode_s else None,
-        "prefill_s": generation.prefill_s,
-        "edge_s": generation.edge_s,
-        "cloud_s": generation.cloud_s,
-        # engine time outside model forwards: sampling, gate, policy, bookkeeping
-        "overhead_s": generation.decode_s - generation.edge_s - generation.cloud_s,
-        "stopped_by": generation.stopped_by,
-        **{key: value for key, value in c.as_dict().items()},
-        "punct_density": punctuation_density(generation.text),
-        "peak_rss_bytes": peak_rss_bytes,
-        # split deployment: measured on the socket and the clock, not modelled
-        "wire_up_bytes": sum(c.wire_up_bytes for c in escalated) if split else None,
-        "wire_down_bytes": sum(c.wire_down_bytes for c in escalated) if split else None,
-        "link_s": generation.link_s if split else None,
-        "server_queue_s": sum(c.server_queue_s for c in escalated) if split else None,
-        "server_compute_s": generation.cloud_s if split else None,
-        "edge_wait_s": sum(c.edge_wait_s for c in escalated) if split else None,
-        "block_len_mean": sum(lengths) / len(lengths) if lengths else None,
-        "block_len_hist": [lengths.count(n) for n in range(1, max(lengths, default=0) + 1)],  # [i]: blocks of i+1 tokens
-        "trace": [asdict(cycle) for cycle in generation.cycles],
-        # split runs: the ids the edge sent, so `specbench fleet --edge-replay` can replay this trace
-        **({"prompt_ids": generation.prompt_ids} if split else {}),
-    }
+    """The record of one generation of `point` (its fields and the caller's, as a dict) on prompt `prompt_id`."""
+    return ResultRecord.of(generation, point, prompt_id, latency_s, peak_rss_bytes).as_dict()
 
 
 RESULT_FIELDS = ("id", "mode")  # every result record has them, whatever its status

@@ -123,11 +123,11 @@ def stored_bytes(name: str | None) -> int:
     return sum(p.stat().st_size for p in folder.glob("*.safetensors")) if folder else 0
 
 
-def memory_request(config: SweepConfig, points: list[dict]) -> int:
+def memory_request(config: SweepConfig, points: list[Point]) -> int:
     """Memory of one task: the runtime plus the weights of the models its points load (halved in
     bf16), the edge's counted as its cap where there is one. An estimate for placement only: the
     cap itself is the RSS watchdog's."""
-    modes, dtype = {p["mode"] for p in points}, points[0]["dtype"]
+    modes, dtype = {p.mode for p in points}, points[0].dtype
     scale = 0.5 if dtype == "bfloat16" else 1.0
     edge = (config.edge_memory_gb * (1 << 30) if config.edge_memory_gb else stored_bytes(config.edge) * scale) \
         if modes - {"cloud"} else 0
@@ -138,7 +138,7 @@ def memory_request(config: SweepConfig, points: list[dict]) -> int:
 def requests(config: SweepConfig) -> dict[str, Request]:
     """{dtype: what each task of that group asks for}."""
     cpus = config.edge_cores or len(os.sched_getaffinity(0))
-    return {dtype: Request(cpus, memory_request(config, [p for p in config.points() if p["dtype"] == dtype]),
+    return {dtype: Request(cpus, memory_request(config, [p for p in config.points() if p.dtype == dtype]),
                            f"the {dtype} points")
             for dtype in config.dtype}
 
@@ -223,7 +223,7 @@ class Task:
     def left(self, over_cap: set[str]) -> list:
         out = []
         for point, items in self.group:
-            key = Point.from_row(point).key()
+            key = point.key()
             todo = [it for it in items if (key, *it) not in self.done]
             if todo and key not in over_cap:
                 out.append((point, todo))
@@ -255,7 +255,7 @@ class RayExecutor:
 
         try:
             for dtype in self.config.dtype:
-                group = [t for t in todo if t[0]["dtype"] == dtype]
+                group = [t for t in todo if t[0].dtype == dtype]
                 for shard in shards(group, self.slots[dtype]):
                     submit(Task(shard, self.requests[dtype]))
             while running:

@@ -63,8 +63,8 @@ def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progres
     done = {(Point.from_row(r).key(), r["id"], r.get("repeat", 0)) for r in rows if r.get("status") in ("ok", "failed")}
     todo = []  # (point, [(prompt id, repeat)]), repeats outer: the worker interleaves points per item
     for point in config.points():
-        key = Point.from_row(point).key()
-        ids = [(r.id, repeat) for repeat in range(config.repeats) for r in prompts[point["prompts"]]
+        key = point.key()
+        ids = [(r.id, repeat) for repeat in range(config.repeats) for r in prompts[point.prompts]
                if (key, r.id, repeat) not in done]
         if ids and key not in over_cap:
             todo.append((point, ids))
@@ -76,24 +76,24 @@ def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progres
         bar = services.enter_context(tqdm(total=total, desc="sweep", unit="prompt", disable=not progress))
         urls = start_split_services(config, [point for point, _ in todo], services)
         if cluster is not None:  # this process writes what the cluster's tasks send back
-            cluster.run(sorted(todo, key=lambda t: order[t[0]["mode"]]), results, bar)
+            cluster.run(sorted(todo, key=lambda t: order[t[0].mode]), results, bar)
         else:
             for dtype in config.dtype:
-                group = sorted((t for t in todo if t[0]["dtype"] == dtype), key=lambda t: order[t[0]["mode"]])
+                group = sorted((t for t in todo if t[0].dtype == dtype), key=lambda t: order[t[0].mode])
                 while group:
                     finished = _run_worker(config, group, out, bar, urls)
-                    group = [t for t in group if Point.from_row(t[0]).key() not in finished]
+                    group = [t for t in group if t[0].key() not in finished]
     counts: dict[str, int] = {}
     for row in results.read():
         counts[row.get("status", "ok")] = counts.get(row.get("status", "ok"), 0) + 1
     return counts
 
 
-def start_split_services(config: SweepConfig, points: list[dict], services: ExitStack) -> dict[str, str]:
+def start_split_services(config: SweepConfig, points: list[Point], services: ExitStack) -> dict[str, str]:
     """One `specbench serve` per (dtype, cloud runtime) the split points need (on the cloud's cores,
     SweepConfig.cloud_core_ids), reused by every point, or `cloud_url`; one shaped link per (server, link
     preset). -> {service_key: HOST:PORT the edge connects to}."""
-    needed = sorted({(p["dtype"], p["cloud_runtime"], p["link"]) for p in points if p["deployment"] == "split"})
+    needed = sorted({(p.dtype, p.cloud_runtime, p.link) for p in points if p.deployment == "split"})
     servers, urls = {}, {}
     cloud_ids = config.cloud_core_ids()
     cloud_cores = ",".join(map(str, cloud_ids)) if cloud_ids else None
@@ -103,7 +103,7 @@ def start_split_services(config: SweepConfig, points: list[dict], services: Exit
                 ServerProcess(config.cloud, dtype, cloud_cores, "--runtime", runtime))
         host, port = parse_address(servers[(dtype, runtime)], "--cloud-url")
         shaped = link != "none"
-        urls[service_key({"dtype": dtype, "cloud_runtime": runtime, "link": link})] = services.enter_context(
+        urls[service_key(Point(dtype=dtype, cloud_runtime=runtime, link=link))] = services.enter_context(
             BackgroundLink(profile(link), (host, port))) if shaped else servers[(dtype, runtime)]
     return urls
 

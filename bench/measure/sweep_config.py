@@ -20,7 +20,7 @@ from pathlib import Path
 from bench.measure.caps import EdgeCaps
 from bench.core.network import profile
 from bench.core.folder import canonical_path
-from bench.core.point import AXES, DEPLOYMENTS, RUNTIME_OF, SETTING_TYPES, SETTINGS, blank
+from bench.core.point import AXES, DEPLOYMENTS, FIELDS, RUNTIME_OF, SETTING_TYPES, SETTINGS, Point, blank
 from bench.core.prompts import PromptInputs, canonical_prompts
 from specdec.backends.base import RUNTIMES
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
@@ -208,66 +208,67 @@ class SweepConfig(RunSettings):
         except (TypeError, ConfigError) as e:
             raise ConfigError(f"{source}: {e}") from None
 
-    def points(self) -> list[dict]:
+    def points(self) -> list[Point]:
         """The grid; edge and cloud points ignore the spec-only axes and appear once, and again in every
         `plain_runtimes` runtime (a cloud-only point's cloud, an edge-only point's edge). Every split point
         brings its co-located baseline: the same pair, k, policy and thresholds in one process on the
-        cloud's cores (what the server's machine would do alone), measured in the same worker."""
+        cloud's cores (what the server's machine would do alone), measured in the same worker. A point's
+        fields that are no axis hold the sweep's settings, as asked (its records hold them as used)."""
         seen, points = set(), []
+        settings = {name: getattr(self, name) for name in FIELDS if name not in AXES}
 
-        def add(point: dict) -> None:
-            point = blank(point)
-            key = json.dumps(point, sort_keys=True)
-            if key not in seen:
-                seen.add(key)
+        def add(values: dict) -> None:
+            point = Point(**blank({**settings, **values}))
+            if point.key() not in seen:  # the axes: the rest is the sweep's or blank alike at every point
+                seen.add(point.key())
                 points.append(point)
 
         for combo in itertools.product(*(getattr(self, axis) for axis in AXES)):
-            point = dict(zip(AXES, combo))
-            if point["mode"] != "spec":
-                point["deployment"] = "inproc"
-            add(point)
-            if point["mode"] in RUNTIME_OF:  # the same baseline in every extra runtime asked for
+            values = dict(zip(AXES, combo))
+            if values["mode"] != "spec":
+                values["deployment"] = "inproc"
+            add(values)
+            if values["mode"] in RUNTIME_OF:  # the same baseline in every extra runtime asked for
                 for runtime in self.plain_runtimes:
-                    add({**point, RUNTIME_OF[point["mode"]]: runtime})
-            if point["deployment"] == "split":
-                add({**point, "deployment": "colocated"})
+                    add({**values, RUNTIME_OF[values["mode"]]: runtime})
+            if values["deployment"] == "split":
+                add({**values, "deployment": "colocated"})
         return points
 
-    def setting(self, point: dict, name: str):
+    def setting(self, point: Point, name: str):
         """A run setting at `point`: the point's value for an axis (as a number where the axis is
         numeric), else the sweep's."""
         if name not in AXES:
             return getattr(self, name)
         cast = NUMERIC_AXES.get(name)
-        return cast(point[name]) if cast else point[name]
+        return cast(getattr(point, name)) if cast else getattr(point, name)
 
-    def engine_config(self, point: dict, cloud_url: str | None = None) -> EngineConfig:
+    def engine_config(self, point: Point, cloud_url: str | None = None) -> EngineConfig:
         """`cloud_url`: where a split point's server (or its link) listens, once the sweep started it."""
         # A role's runtime is blank where the role does not run: the engine takes its default, and loads nothing.
-        values = {f.name: f.default if f.name in AXES and point[f.name] is None else self.setting(point, f.name)
+        values = {f.name: f.default if f.name in AXES and getattr(point, f.name) is None else self.setting(point, f.name)
                   for f in fields(EngineConfig)}
-        if point["deployment"] == "split":  # the sweep's server runs the cloud in the point's runtime
+        if point.deployment == "split":  # the sweep's server runs the cloud in the point's runtime
             values.update(cloud_url=cloud_url, cloud_runtime=EngineConfig.cloud_runtime)
         else:
             values["cloud_url"] = None
         return EngineConfig(**values)
 
-    def deploy_config(self, point: dict) -> DeployConfig:
+    def deploy_config(self, point: Point) -> DeployConfig:
         values = {f.name: self.setting(point, f.name) for f in fields(DeployConfig) if f.name != "overlap"}
-        overlap = self.setting(point, "overlap") if point["deployment"] == "split" else DeployConfig.overlap
+        overlap = self.setting(point, "overlap") if point.deployment == "split" else DeployConfig.overlap
         return DeployConfig(**values, overlap=overlap)
 
-    def network_of(self, point: dict) -> str:
+    def network_of(self, point: Point) -> str:
         """The network a point's latency is modelled on: its link when split, else `network`."""
-        return point["link"] if point["deployment"] == "split" else self.network
+        return point.link if point.deployment == "split" else self.network
 
-    def spec_config(self, point: dict) -> SpecConfig:
-        if point["mode"] != "spec":
+    def spec_config(self, point: Point) -> SpecConfig:
+        if point.mode != "spec":
             return SpecConfig()
         return SpecConfig(**{f.name: self.setting(point, f.name) for f in fields(SpecConfig)})
 
-    def decode_config(self, point: dict) -> DecodeConfig:
+    def decode_config(self, point: Point) -> DecodeConfig:
         return DecodeConfig(**{f.name: self.setting(point, f.name) for f in fields(DecodeConfig)})
 
     def caps(self) -> EdgeCaps:
@@ -275,7 +276,7 @@ class SweepConfig(RunSettings):
 
     def places_cloud(self) -> bool:
         """Does the grid hold a point whose cloud runs on the cloud's cores (split or co-located)?"""
-        return any(p["deployment"] in ON_CLOUD_CORES for p in self.points())
+        return any(p.deployment in ON_CLOUD_CORES for p in self.points())
 
     def core_counts(self) -> tuple[int | None, int | None]:
         """(edge cores, cloud cores) as used: with split or co-located points and `split_cores` disjoint,
@@ -300,9 +301,9 @@ class SweepConfig(RunSettings):
         return sorted(os.sched_getaffinity(0))[-cloud:] if cloud else None
 
 
-def service_key(point: dict) -> str:
+def service_key(point: Point) -> str:
     """Which of the sweep's servers and links a split point talks to: one per dtype, cloud runtime and link."""
-    return f"{point['dtype']}|{point['cloud_runtime']}|{point['link']}"
+    return f"{point.dtype}|{point.cloud_runtime}|{point.link}"
 
 
 _HINTS = typing.get_type_hints(SweepConfig)

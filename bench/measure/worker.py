@@ -51,9 +51,9 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
     edge_ids = sorted(os.sched_getaffinity(0))
     pinned = edge_ids
 
-    def place(point: dict) -> None:
+    def place(point: Point) -> None:
         nonlocal pinned
-        wanted = cloud_ids if cloud_ids and (point["mode"] == "cloud" or point["deployment"] == "colocated") else edge_ids
+        wanted = cloud_ids if cloud_ids and (point.mode == "cloud" or point.deployment == "colocated") else edge_ids
         if wanted != pinned:
             pin_threads(wanted)  # threads = cores, on each side
             pinned = wanted
@@ -69,36 +69,36 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
     done = {(Point.from_row(r).key(), r["id"], r.get("repeat", 0)) for r in results.read()}  # a restarted worker skips these
     points = []
     for point, items in group:
-        key = Point.from_row(point).key()
+        key = point.key()
         items = [(i, repeat) for i, repeat in items if (key, i, repeat) not in done]
         url = urls.get(service_key(point))  # split points: the sweep's server or link
         engine = Engine(**asdict(config.engine_config(point, url)), spec=config.spec_config(point),
                         decode=config.decode_config(point), deploy=config.deploy_config(point), loader=loader,
                         log=lambda m: None)
-        prepare(engine, [prompts[point["prompts"]][i] for i in dict.fromkeys(i for i, _ in items)])
+        prepare(engine, [prompts[point.prompts][i] for i in dict.fromkeys(i for i, _ in items)])
         network = profile(config.network_of(point))
-        measured = Point.of(engine, point["prompts"], point["link"]).record(sweep=True)
-        if point["deployment"] == "split":  # the engine reaches the cloud by URL; the sweep's server ran it so
-            measured["cloud_runtime"] = point["cloud_runtime"]
-        measured["deployment"] = point["deployment"]  # a co-located point's engine is in process, as inproc's
-        on_cloud = cloud_ids and (point["mode"] == "cloud" or point["deployment"] == "colocated")
+        measured = Point.of(engine, point.prompts, point.link).record(sweep=True)
+        if point.deployment == "split":  # the engine reaches the cloud by URL; the sweep's server ran it so
+            measured["cloud_runtime"] = point.cloud_runtime
+        measured["deployment"] = point.deployment  # a co-located point's engine is in process, as inproc's
+        on_cloud = cloud_ids and (point.mode == "cloud" or point.deployment == "colocated")
         row_point = {**measured, "network": network.name, "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb,
                      "node": node_info(), **placement_fields(config, cloud_ids, cloud_ids if on_cloud else edge_ids)}
-        edge = loaded.get((config.edge, point["dtype"], point["edge_runtime"])) if point["mode"] != "cloud" else None
+        edge = loaded.get((config.edge, point.dtype, point.edge_runtime)) if point.mode != "cloud" else None
         if caps.memory_bytes and edge is not None:
-            caps.check_reachable(weight_bytes(edge), f"edge model {config.edge!r} in {point['dtype']}")
+            caps.check_reachable(weight_bytes(edge), f"edge model {config.edge!r} in {point.dtype}")
         points.append((point, key, engine, row_point, network, edge, items))
     left = {key: len(items) for _, key, *_, items in points}
     warmed = set()  # one untimed generation per kind of engine and placement: first-call costs are not speed
     for key in [key for key, n in left.items() if not n]:
         queue.put(("point_done", key))
     for point, key, engine, row_point, network, edge, (record_id, repeat) in interleaved(points):
-        record = prompts[point["prompts"]][record_id]
+        record = prompts[point.prompts][record_id]
         # Memory that is not the edge's (a cloud model sharing this process) does not count.
         exempt = sum(weight_bytes(m) for m in loaded.values() if m is not edge)
 
         def over_cap(rss: int, record_id=record.id, point=point, key=key, row_point=row_point) -> None:
-            message = (f"point {point['mode']} k={point['k']} thr={point['entropy_threshold']} prompt {record_id}: "
+            message = (f"point {point.mode} k={point.k} thr={point.entropy_threshold} prompt {record_id}: "
                        f"edge RSS {rss / (1 << 30):.2f} GiB over the {caps.memory_gb:g} GiB cap")
             results.append({"id": record_id, **row_point, "status": "over_memory_cap", "error": message})
             queue.put(("over_cap", key, message))
@@ -108,7 +108,7 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
         reset_peak_rss()  # points share this process now: each generation's peak is its own
         watchdog = MemoryWatchdog(caps.memory_bytes, over_cap, exempt) if caps.memory_bytes and edge else nullcontext()
         with watchdog:
-            kind = tuple(point.get(n) for n in ("mode", "deployment", "edge_runtime", "cloud_runtime", "dtype", "link"))
+            kind = (point.mode, point.deployment, point.edge_runtime, point.cloud_runtime, point.dtype, point.link)
             warm = {}
             if kind not in warmed:  # under the memory cap like any generation
                 warmed.add(kind)
