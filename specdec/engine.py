@@ -10,6 +10,7 @@ from typing import Callable
 from specdec.core.cloud import Cloud, LocalCloud
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.decode import autoregressive_decode, speculative_decode
+from specdec.core.drafters.interface import NEEDS_MODEL
 from specdec.errors import ConfigError, InputError
 from specdec.models.loading import LoadedModel, load_model
 from specdec.core.overlap import OverlapGovernor
@@ -38,6 +39,13 @@ class Engine(EngineConfig):
         if self.mode == "spec":
             self.spec.check_decoding(self.decode)
 
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The models this process loads: a draft-free drafter verified here needs no edge model."""
+        if self.mode == "spec" and not self.remote_cloud and self.spec.drafter not in NEEDS_MODEL:
+            return ("cloud",)
+        return super().roles
+
     def _governor(self) -> OverlapGovernor | None:
         """overlap "auto": one governor per engine, its running means carried across generations."""
         if self.deploy.overlap != "auto":
@@ -45,9 +53,11 @@ class Engine(EngineConfig):
         return self._derived.setdefault("overlap", OverlapGovernor(self.spec.k))
 
     def forget_history(self) -> None:
-        """Drop what earlier generations taught this engine (the overlap governor's running means), as
-        after an untimed warm-up: the next generation starts as the first one of a fresh engine."""
+        """Drop what earlier generations taught this engine (the overlap governor's running means, an
+        n-gram drafter's counts), as after an untimed warm-up: the next generation starts as the first
+        one of a fresh engine."""
         self._derived.pop("overlap", None)
+        self._derived.pop("drafter_memory", None)
 
     def model(self, role: str) -> LoadedModel:
         """The edge or cloud model, loaded on first use."""
@@ -61,13 +71,13 @@ class Engine(EngineConfig):
     @property
     def primary(self) -> LoadedModel:
         """The model whose tokenizer encodes prompts and decodes outputs."""
-        return self.model("cloud" if self.mode == "cloud" else "edge")
+        return self.model(self.roles[0] if self.mode == "spec" else self.mode)
 
     @property
     def chat_template_used(self) -> bool:
         """Whether prompts are wrapped in a chat template: as asked until the model that encodes
         them is loaded, then what it really does (a raw-text run must not be recorded as templated)."""
-        loaded = self._models.get("cloud" if self.mode == "cloud" else "edge")
+        loaded = self._models.get(self.roles[0] if self.mode == "spec" else self.mode)
         return self.chat_template if loaded is None else loaded.uses_chat_template(self.chat_template)
 
     def load(self) -> None:
@@ -78,7 +88,7 @@ class Engine(EngineConfig):
         self.check_positions(prompt_tokens=None)
         if self.remote_cloud:
             self._connect()
-        elif self.mode == "spec":
+        elif self.roles == ("edge", "cloud"):
             edge, cloud = self.model("edge"), self.model("cloud")
             if edge.tokenizer.get_vocab() != cloud.tokenizer.get_vocab():
                 raise ConfigError(
@@ -144,7 +154,7 @@ class Engine(EngineConfig):
         if self.mode != "spec" or self.spec.punct_trigger is None:
             return None
         if "punct" not in self._derived:
-            self._derived["punct"] = PunctuationTable.build(self.primary.tokenizer, self.model("edge").backend.vocab_size)
+            self._derived["punct"] = PunctuationTable.build(self.primary.tokenizer, self.primary.backend.vocab_size)
         return self._derived["punct"].density
 
     def load_seconds(self) -> dict[str, float]:
@@ -191,10 +201,12 @@ class Engine(EngineConfig):
         self.check_positions(prompt.input_ids.numel())
         constraints = self.constraints_for()
         if self.mode == "spec":
+            edge = self.model("edge").backend if self.spec.drafter in NEEDS_MODEL else None
             generation = speculative_decode(
-                self.model("edge").backend, self.cloud_side(), prompt, self.spec, self.decode,
+                edge, self.cloud_side(), prompt, self.spec, self.decode,
                 constraints, self.punct_density(), on_cloud_loss=self.deploy.on_cloud_loss,
                 overlap=self.deploy.overlap if self.remote_cloud else False, governor=self._governor(),
+                drafter=self.spec.drafter, drafter_memory=self._derived.setdefault("drafter_memory", {}),
             )
         else:
             generation = autoregressive_decode(loaded.backend, prompt, self.decode, constraints, role=self.mode)

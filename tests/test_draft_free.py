@@ -84,3 +84,26 @@ def test_an_edge_without_a_model_for_a_draft_free_drafter_is_not_loaded(pair):
     generation = speculative_decode(None, cloud, looping_prompt(0), SpecConfig(k=3, policy="greedy"),
                                     DecodeConfig(max_new_tokens=8), drafter="prompt-lookup")
     assert generation.prefill_s == 0.0 and generation.new_tokens == 8
+
+
+def test_a_draft_free_spec_run_never_loads_the_edge_model(pair, tmp_path):
+    """As an edge-only run never loads the cloud: prompt lookup verified here loads the cloud model alone."""
+    from specdec.engine import Engine
+    from tests.tiny import save_tiny_pair
+
+    paths = save_tiny_pair(tmp_path)
+    loaded = []
+
+    def loader(name, dtype, log=print):
+        from specdec.models.loading import load_model
+        loaded.append(name)
+        return load_model(name, dtype, log=log)
+
+    spec = SpecConfig(k=3, policy="greedy", drafter="prompt-lookup")
+    engine = Engine(mode="spec", edge=paths["edge"], cloud=paths["cloud"], dtype="float32", spec=spec,
+                    decode=DecodeConfig(max_new_tokens=8), loader=loader, log=lambda m: None)
+    generation = engine.generate("hello world , hello world ,")
+    cloud_only = Engine(mode="cloud", cloud=paths["cloud"], dtype="float32", decode=DecodeConfig(max_new_tokens=8),
+                        log=lambda m: None).generate("hello world , hello world ,")
+    assert loaded == [paths["cloud"]] and generation.tokens == cloud_only.tokens
+    assert {c.drafter for c in generation.cycles} == {"prompt-lookup"}

@@ -4,7 +4,7 @@ import json
 import typing
 from dataclasses import fields
 
-from bench.core.point import AXES, COLUMNS, FIELDS, NOT_MEASURED, RUN_SETTINGS, Point, _run_fields, blank
+from bench.core.point import AXES, COLUMNS, FIELDS, LATER_AXES, NOT_MEASURED, RUN_SETTINGS, Point, _run_fields, blank
 from bench.measure.sweep_config import SweepConfig
 
 ROW = {"mode": "spec", "dtype": "float32", "prompts": "/p/code.jsonl", "deployment": "inproc", "policy": "greedy",
@@ -74,8 +74,11 @@ def test_the_sweeps_axes_are_the_point_fields_it_takes_lists_of():
 
 def test_the_key_is_the_one_results_and_scores_were_written_with():
     # nll.jsonl stores these keys: the axes (None where a row lacks one) plus the prompt id, as sorted JSON
-    stored = json.dumps({**{axis: ROW.get(axis) for axis in AXES}, "id": "p0"}, sort_keys=True)
+    stored = json.dumps({**{axis: ROW.get(axis) for axis in AXES if axis not in LATER_AXES}, "id": "p0"}, sort_keys=True)
     assert Point.from_row(ROW).key(id="p0") == stored
+    # an axis added later is left out at the value earlier results had, and named at any other
+    assert Point.from_row({**ROW, "drafter": "model"}).key() == Point.from_row(ROW).key()
+    assert '"drafter": "prompt-lookup"' in Point.from_row({**ROW, "drafter": "prompt-lookup"}).key()
     assert Point.from_row(ROW).key() == Point.from_row({**ROW, "id": "other", "seed": 3}).key()
 
 

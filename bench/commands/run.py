@@ -20,7 +20,7 @@ def add_run_parser(sub) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     engine, inputs = engine_from_args(args, log=_say), inputs_from_args(args)
-    rows = run(engine, inputs.prompts, args.out, limit=inputs.limit, max_audio_s=inputs.max_audio_s)
+    rows = run(engine, inputs.prompts, args.out, limit=inputs.limit, max_audio_s=inputs.max_audio_s, turns=inputs.turns)
     ok = [r for r in rows if r["status"] == "ok"]
     if ok:
         t = metrics.totals(ok)

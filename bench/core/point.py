@@ -28,7 +28,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bench.core.prompts import PromptInputs
+from bench.core.prompts import SPEC_BENCH, PromptInputs, prompt_set_name
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 
 RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConfig)
@@ -66,8 +66,10 @@ def _run_fields() -> list[tuple[str, Any, type]]:
 
 SETTINGS = {f.name: f for cls in (*RUN_SETTINGS, _Placement) for f in fields(cls)}  # name -> where it is defined
 SETTING_TYPES = {name: hint for cls in (*RUN_SETTINGS, _Placement) for name, hint in typing.get_type_hints(cls).items()}
-AXES = ("mode", "k", "entropy_threshold", "accept_threshold", "policy", "verifier", "draft_stop", "k_schedule",
+AXES = ("mode", "k", "entropy_threshold", "accept_threshold", "policy", "verifier", "draft_stop", "k_schedule", "drafter",
         "dtype", "prompts", "edge_runtime", "cloud_runtime", "deployment", "link", "overlap")
+# Axes added after results existed -> the value every earlier result had (left out of keys at that value).
+LATER_AXES = {"drafter": "model"}
 SPEC_ONLY = tuple(f.name for f in fields(SpecConfig))
 SPLIT_ONLY = ("link", "overlap")
 # What ran first (mode, dtype, prompts, where), then the spec axes with the policy first, since it names the rule.
@@ -120,6 +122,7 @@ class Point:
     draft_topn: int | None = None  # sample policy: drafts drawn from the edge's top-N (None: the whole distribution)
     draft_stop: str | None = None  # what ends a block early: none, entropy:NATS or pmin:P
     k_schedule: str | None = None  # the block length cap over time: constant, or heuristic
+    drafter: str | None = None  # what proposed the blocks: model, prompt-lookup, ngram, hybrid
     # DeployConfig: split only
     overlap: bool | str | None = None  # draft the next block while the server verifies: True, False or auto
     # DecodeConfig
@@ -128,21 +131,27 @@ class Point:
     seed: int | None = None  # seed of the sampling generator
     # PromptInputs
     prompts: str | None = None  # the prompt set: a shipped set's name, or a prompts file's resolved path
+    turns: str | None = None  # a conversation's later turns: all (each after the model's own answer) or first
 
     @classmethod
-    def of(cls, engine, prompts: str, link: str | None = None) -> Point:
-        """The point `engine` measures on the prompt set `prompts` (a sweep's split point adds its link)."""
+    def of(cls, engine, prompts: str, link: str | None = None, turns: str = "all") -> Point:
+        """The point `engine` measures on the prompt set `prompts` (a sweep's split point adds its link;
+        `turns`: PromptInputs.turns)."""
         sources = {EngineConfig: engine, SpecConfig: engine.spec, DeployConfig: engine.deploy,
                    DecodeConfig: engine.decode}
         values = {f.name: getattr(source, USED.get(f.name, f.name)) for settings, source in sources.items()
                   for f in fields(settings) if f.name in FIELDS}
-        values.update(prompts=prompts, link=link, deployment="split" if engine.remote_cloud else "inproc")
+        values.update(prompts=prompts, link=link, turns=turns, deployment="split" if engine.remote_cloud else "inproc")
         return cls(**blank(values))
 
     @classmethod
     def from_row(cls, row: dict) -> Point:
-        """A record's or summary row's point; a field the row lacks (written before it existed) is None."""
-        return cls(**{name: row.get(name) for name in FIELDS})
+        """A record's or summary row's point; a field the row lacks (written before it existed) is None,
+        but for a spec row's drafter: before drafters were plug-ins every block came from the edge model."""
+        values = {name: row.get(name) for name in FIELDS}
+        if values["mode"] == "spec" and "drafter" not in row:
+            values["drafter"] = "model"
+        return cls(**values)
 
     def record(self, sweep: bool = False) -> dict:
         """The point's fields of a result record. A run has no link: its records leave the field out
@@ -153,8 +162,12 @@ class Point:
         return values
 
     def key(self, **extra) -> str:
-        """Which point (with `extra`, e.g. the prompt's id) a record belongs to: the axes, as JSON."""
-        return json.dumps({**{axis: getattr(self, axis) for axis in AXES}, **extra}, sort_keys=True)
+        """Which point (with `extra`, e.g. the prompt's id) a record belongs to: the axes, as JSON. An
+        axis added after results were written (LATER_AXES) is left out at the value every earlier
+        result had, so their keys, and the nll.jsonl scores stored under them, still match."""
+        axes = {axis: getattr(self, axis) for axis in AXES
+                if not (axis in LATER_AXES and getattr(self, axis) in (None, LATER_AXES[axis]))}
+        return json.dumps({**axes, **extra}, sort_keys=True)
 
     def label(self) -> str:
         """`spec bfloat16 code greedy k=4 thr=0 p>=0.1 cached`: readable, and one per summary row (an
@@ -165,7 +178,8 @@ class Point:
         def text(value) -> str:
             return f"{value:g}" if isinstance(value, float) else str(value)
 
-        parts = [str(self.mode), str(self.dtype), Path(str(self.prompts)).stem]
+        prompts = str(self.prompts)
+        parts = [str(self.mode), str(self.dtype), prompt_set_name(prompts) if prompts.startswith(SPEC_BENCH) else Path(prompts).stem]
         parts += [f"{short}{text(getattr(self, name))}" for name, short in LABELLED if shown(getattr(self, name))]
         named = {"mode", "dtype", "prompts", *(name for name, _ in LABELLED)}
         for axis in COLUMNS:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.core.audio import MAX_SECONDS
 from bench.core.folder import canonical_path
-from specdec.core.config import check_types
+from specdec.core.config import check_choices, check_types
 from specdec.errors import ConfigError, InputError
 
 SETS_DIR = Path(__file__).parent.parent / "prompts"
@@ -30,6 +30,7 @@ PROMPT_TYPES = {
     "detailed": "请用一句中文描述说话人的音色、语速、语调和情绪。",
     "concise": "请用一句简短的中文概括说话人的声音特点和情绪。",
 }
+TURNS = ("all", "first")
 OPTIONAL_TEXT = ("system", "reference", "language", "prompt_type", "audio")
 
 # Spec-Bench (Xia et al. 2024, hemingkx/Spec-Bench `data/spec_bench/question.jsonl`): its six task
@@ -54,11 +55,16 @@ class PromptInputs:
     max_audio_s: float = field(default=MAX_SECONDS, metadata={
         "help": "refuse longer audio clips, in seconds (capped by the model's own window)",
         "flags": ("--max-audio-seconds",)})
+    turns: str = field(default="all", metadata={
+        "help": "a conversation's later turns (Spec-Bench's MT-bench has two): all asks each after the model's own "
+                "answer and times them together, as Spec-Bench does; first asks the first turn only",
+        "choices": TURNS})
 
     def __post_init__(self) -> None:
         check_types(self)
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit must be >= 1 (the first N prompts), got {self.limit}: leave it unset for all of them")
+        check_choices(self)
         if not self.max_audio_s > 0:
             raise ConfigError(f"max_audio_s must be > 0 seconds, got {self.max_audio_s}")
 
@@ -114,6 +120,18 @@ def expand_prompt_sets(spec: str) -> tuple[str, ...]:
     path, categories = parse_spec_bench(spec)
     present = {_spec_bench_column(q["category"]) for _, q in _spec_bench_questions(Path(path).expanduser(), spec)}
     return tuple(f"{SPEC_BENCH}{path}:{c}" for c in (categories or SPEC_BENCH_CATEGORIES) if c in present)
+
+
+def rejoin_categories(specs: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma-separated axis splits `spec-bench:PATH:summarization,rag` in two: a bare category name
+    after a Spec-Bench set joins it again."""
+    joined: list[str] = []
+    for spec in specs:
+        if spec in SPEC_BENCH_CATEGORIES and joined and joined[-1].startswith(SPEC_BENCH) and parse_spec_bench(joined[-1])[1]:
+            joined[-1] += f"+{spec}"
+        else:
+            joined.append(spec)
+    return tuple(joined)
 
 
 def prompt_set_name(spec: str) -> str:

@@ -33,31 +33,36 @@ class FailedSamples(InputError):
 
 
 def run(engine: Engine, prompts: str, out: Path, progress: bool = True, limit: int | None = None,
-        max_audio_s: float = MAX_SECONDS) -> list[dict]:
+        max_audio_s: float = MAX_SECONDS, turns: str = "all") -> list[dict]:
     """Generate for every prompt not already done (`ok`) in `out` for this point; return the new
     records. Raises FailedSamples after the last prompt if any were recorded as failed.
 
     Everything is checked before the folder is touched (settings, prompts) and before a model loads
     (the folder's lock and identity, bench/core/folder.py); the folder's run.json is written once the
     models are loaded and the point they give is known."""
-    PromptInputs(prompts, limit, max_audio_s)
+    PromptInputs(prompts, limit, max_audio_s, turns)
     records = load_prompts(prompts)[:limit]
-    asked = Point.of(engine, prompts).record()  # before the models load: as asked
+    asked = Point.of(engine, prompts, turns=turns).record()  # before the models load: as asked
     with writer(out):
-        claim(out, "run", asked)
-        return _run(engine, prompts, records, asked, out, progress, max_audio_s)
+        claim(out, "run", asked, before=before(asked))
+        return _run(engine, prompts, records, asked, out, progress, max_audio_s, turns)
+
+
+def before(point: dict) -> dict:
+    """Point fields added since a run folder was first written, at the value that reproduces it."""
+    return {"drafter": "model" if point.get("mode") == "spec" else None, "turns": "all"}
 
 
 def _run(engine: Engine, prompts: str, records: list[PromptRecord], asked: dict, out: Path, progress: bool,
-         max_audio_s: float) -> list[dict]:
+         max_audio_s: float, turns: str) -> list[dict]:
     results = ResultsFile(out / "results.jsonl")
     done = {row["id"] for row in results.read() if row.get("status") == "ok"}
     todo = [r for r in records if r.id not in done]
     if not todo:
         return []
     prepare(engine, todo)
-    point = Point.of(engine, prompts).record()  # as used: the server's model, the chat template really applied
-    claim(out, "run", point, key="point")  # e.g. the server at --cloud-url now runs another model
+    point = Point.of(engine, prompts, turns=turns).record()  # as used: the server's model, the chat template really applied
+    claim(out, "run", point, key="point", before=before(point))  # e.g. the server at --cloud-url now runs another model
     if not (has_results(out) and (out / IDENTITY_FILES["run"]).is_file()):  # a resume keeps the first
         write_identity(out, "run", {"config": asked, "point": point, "environment": environment(),
                                     "load_s": engine.load_seconds()})
@@ -120,7 +125,8 @@ def generate_one(engine: Engine, record: PromptRecord, point: dict, results: Res
         # Peak memory is not reset here: a run's peak spans its prompts (a sweep worker resets it per generation).
         latency, memory = LatencyTracker(), PeakMemoryTracker(reset=False)
         with tracked(memory, latency):
-            generation = engine.generate(record.prompt, record.system, waveform, rate, language=record.language)
+            generation = engine.generate(record.prompt, record.system, waveform, rate, language=record.language,
+                                         follow_ups=record.turns[1:] if point.get("turns") != "first" else ())
     except (InputError, CloudLost) as e:  # this sample alone: record it and go on
         row = {"id": record.id, **point, "status": "failed", "error": str(e), **labels}
         results.append(row)

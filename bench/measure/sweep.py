@@ -34,7 +34,7 @@ from specdec.remote.protocol import parse_address
 # Sweep settings added since folders were first written, with the value that reproduces what such a folder
 # measured: its split points' edge and server shared every core (resumed with --split-cores shared), and its
 # plain decoding ran in the grid's runtimes only.
-BEFORE = {"split_cores": "shared", "plain_runtimes": []}
+BEFORE = {"split_cores": "shared", "plain_runtimes": [], "drafter": ["model"], "turns": "all"}
 
 
 def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:

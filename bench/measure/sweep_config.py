@@ -21,10 +21,10 @@ from bench.measure.caps import EdgeCaps
 from bench.core.network import profile
 from bench.core.folder import canonical_path
 from bench.core.point import AXES, DEPLOYMENTS, FIELDS, RUNTIME_OF, SETTING_TYPES, SETTINGS, Point, blank
-from bench.core.prompts import PromptInputs, canonical_prompts
+from bench.core.prompts import PromptInputs, canonical_prompts, expand_prompt_sets, rejoin_categories
 from specdec.backends.base import RUNTIMES
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import parse_address
 
 CONFIGS_DIR = Path(__file__).parent.parent / "configs"
@@ -134,7 +134,7 @@ class SweepConfig(RunSettings):
             self.deploy_config(point)
             self.decode_config(point)
         for prompts in self.prompts:
-            PromptInputs(prompts, self.limit, self.max_audio_s)
+            PromptInputs(prompts, self.limit, self.max_audio_s, self.turns)
         if self.executor == "local":  # on a cluster the caps are checked against the node a task lands on
             self.caps()
         profile(self.network)
@@ -202,7 +202,11 @@ class SweepConfig(RunSettings):
             if isinstance(values.get(key), str):
                 values[key] = canonical_path(values[key])
         if "prompts" in values and all(isinstance(p, str) for p in values["prompts"]):
-            values["prompts"] = tuple(canonical_prompts(p) for p in values["prompts"])
+            try:  # Spec-Bench's questions stand for one prompt set per category
+                values["prompts"] = tuple(s for p in rejoin_categories(values["prompts"])
+                                          for s in expand_prompt_sets(canonical_prompts(p)))
+            except InputError as e:
+                raise ConfigError(f"{source}: {e}") from None
         try:
             return cls(**values)
         except (TypeError, ConfigError) as e:

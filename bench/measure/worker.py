@@ -77,7 +77,7 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
                         log=lambda m: None)
         prepare(engine, [prompts[point.prompts][i] for i in dict.fromkeys(i for i, _ in items)])
         network = profile(config.network_of(point))
-        measured = Point.of(engine, point.prompts, point.link).record(sweep=True)
+        measured = Point.of(engine, point.prompts, point.link, point.turns).record(sweep=True)
         if point.deployment == "split":  # the engine reaches the cloud by URL; the sweep's server ran it so
             measured["cloud_runtime"] = point.cloud_runtime
         measured["deployment"] = point.deployment  # a co-located point's engine is in process, as inproc's

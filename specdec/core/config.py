@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 
 from specdec.backends.base import DTYPES, RUNTIMES, check_runtime
 from specdec.core.block_length import SCHEDULES, parse_stop
+from specdec.core.drafters import DRAFTERS
 from specdec.errors import ConfigError
 from specdec.core.policies import POLICIES
 from specdec.core.verifier import VERIFIERS
@@ -220,6 +221,11 @@ class SpecConfig:
     k_schedule: str = field(
         default="constant", metadata={"help": "block length cap over time: constant k, or heuristic (+2 after a fully "
                                               "accepted block, -1 otherwise; k is the cap)", "choices": tuple(SCHEDULES)}
+    )
+    drafter: str = field(
+        default="model", metadata={"help": "what proposes a block (specdec/core/drafters/): model (the edge model), "
+                                           "prompt-lookup or ngram (no model: always verified), or hybrid (prompt "
+                                           "lookup when it matches, the edge model otherwise)", "choices": tuple(DRAFTERS)}
     )
 
     def __post_init__(self) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from bench.core.metric_registry import lower_is_better
+from bench.core.prompts import prompt_set_name
 
 SPEC_AXES = ("entropy_threshold", "k", "policy")  # the "(thr, k, policy)" of a label
 EXTRA_AXES = ("dtype", "accept_threshold", "verifier")  # named in a label only when they vary
@@ -153,8 +154,6 @@ def point_labels(summary: pd.DataFrame) -> pd.Series:
 
 
 def set_name(prompts: str) -> str:
-    """A prompt set as readers know it: shipped names stay, a file path shows its stem."""
-    text = str(prompts)
-    if text.endswith(".jsonl") or "/" in text:
-        return text.rsplit("/", 1)[-1].removesuffix(".jsonl")
-    return text
+    """A prompt set as readers know it: shipped names stay, a file path shows its stem, a Spec-Bench
+    set its category."""
+    return prompt_set_name(prompts)
