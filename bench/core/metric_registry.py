@@ -48,7 +48,7 @@ METRICS = {m.name: m for m in (
            "prompts, any runtime and dtype (`fastest_cloud` names it; metrics.speedup; interval: paired bootstrap)",
            "timing"),
     Metric("speedup_vs_fastest_plain", "x", "higher", "tokens/s over the fastest plain decoding measured on the same "
-           "prompts, cloud-only or edge-only, any runtime and dtype (`fastest_plain` names it; interval: paired "
+           "prompts of the verifier's model (cloud-only), any runtime and dtype (`fastest_plain` names it; interval: paired "
            "bootstrap); shown in the report's per-pairing figure, not judged by compare"),
     Metric("speedup_vs_colocated", "x", "higher", "a split point's tokens/s over its co-located point's (the same pair "
            "and settings in one process on the cloud's cores; metrics.speedup; interval: paired bootstrap)", "timing"),

@@ -1,13 +1,14 @@
 """The runtime pairings against plain decoding: per pairing (edge runtime -> cloud runtime) and prompt
 set, every speculative point's speed-up over the fastest plain decoding measured on those prompts
-(cloud-only or edge-only, any runtime and dtype: `bench.derive.summary.fastest_plain`) with its 95 %
+(of the verifier's model, cloud-only in any runtime and dtype: `bench.derive.summary.fastest_plain`) with its 95 %
 interval, beside its cloud calls per generated token (pooled, with its interval). One row of two panels
 sharing the points per pairing; split, co-located and in-process points carry their own marker, so
 co-located speculation stands beside the split point it is the baseline of.
 
-Why the fastest plain decoding of either model: speculation that beats its own runtime's cloud-only can
-still lose to plain decoding in a faster runtime, or to the edge model alone; this figure shows whether
-any pairing is worth running at all, and what it costs the cloud per token it delivers."""
+Why the fastest plain decoding of the verifier's model: speculation that beats its own runtime's
+cloud-only can still lose to plain decoding in a faster runtime; this figure shows whether any pairing
+is worth running at all, and what it costs the cloud per token it delivers. The edge model alone is
+drawn as a dotted reference line: a different model writing different text, never the baseline."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bench.derive.summary import colocated, fastest_plain, plain_label, runtime_name  # noqa: E402
+from bench.derive.summary import colocated, fastest_edge, fastest_plain, plain_label, runtime_name  # noqa: E402
 from bench.read.report.pareto import pareto_mask, set_name  # noqa: E402
 from bench.read.report.plots import _interval, _save  # noqa: E402
 
@@ -32,7 +33,7 @@ CALLS = "cloud_calls_per_token"
 # deployment -> (marker, legend text); records from before the axis read "-", in one process
 MARKERS = {"split": ("o", "split (edge and server apart)"), "colocated": ("s", "co-located (both on the cloud's cores)"),
            "inproc": ("D", "in one process")}
-NO_PLAIN = ("no plain decoding (cloud-only or edge-only) was measured on the spec points' prompts: rerun the sweep "
+NO_PLAIN = ("no plain decoding of the cloud model (cloud-only) was measured on the spec points' prompts: rerun the sweep "
             "with --mode edge,cloud,spec")
 NO_SPEC = "no speculative point was measured: rerun the sweep with --mode edge,cloud,spec"
 
@@ -109,7 +110,10 @@ def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) 
     fig, axes = plt.subplots(len(rows), 2, figsize=(12, sum(heights) + 0.6), squeeze=False,
                              gridspec_kw={"height_ratios": heights, "width_ratios": [3, 2]})
     high = spec.get(f"{SPEEDUP}_ci_high", spec[SPEEDUP]).fillna(spec[SPEEDUP])
-    speed_top = max(float(high.max()), float(spec[SPEEDUP].max()), 1.0) * 1.1  # one scale: pairings compare by eye
+    edges = {p: fastest_edge(summary, p) for p in baselines}  # the small model alone, per prompt set: a reference
+    references = {p: float(e["tokens_per_s"]) / float(baselines[p]["tokens_per_s"]) for p, e in edges.items()
+                  if e is not None and float(baselines[p]["tokens_per_s"]) > 0}
+    speed_top = max(float(high.max()), float(spec[SPEEDUP].max()), *references.values(), 1.0) * 1.1  # one scale
     calls_top = max(float(spec[CALLS].max()) if CALLS in spec and spec[CALLS].notna().any() else 0.0, 0.05) * 1.15
     shown = set()
     for (speed_ax, calls_ax), ((prompts, name), points) in zip(axes, rows):
@@ -131,6 +135,10 @@ def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) 
             if CALLS in points:
                 calls_ax.scatter(points.loc[at, CALLS], y[at.to_numpy()], marker=marker, color="#1c7ed6", s=36, zorder=3)
         speed_ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
+        if (ratio := references.get(prompts)) is not None:
+            speed_ax.axvline(ratio, color="#adb5bd", linestyle=":", linewidth=1.2)
+            speed_ax.annotate("edge model alone (reference)", (ratio, len(points) - 0.5), fontsize=6,
+                              color="#868e96", rotation=90, ha="right", va="top")
         speed_ax.set_xlim(0, speed_top)
         speed_ax.set_yticks(y, [labels[i] for i in points.index], fontsize=7)
         speed_ax.set_ylim(-0.6, len(points) - 0.4)
