@@ -23,6 +23,7 @@ from bench.core.prompts import load_prompts
 from bench.core.folder import IDENTITY_FILES, claim, has_results, write_identity, writer
 from bench.core.records import ResultsFile, environment, read_records
 from bench.derive.scores import read_scores
+from bench.derive.spec_bench import spec_bench_table
 from bench.derive.summary import summarize
 from bench.core.point import Point
 from bench.measure.sweep_config import SweepConfig, service_key
@@ -51,7 +52,11 @@ def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:
             if not (has_results(out) and (out / IDENTITY_FILES["sweep"]).is_file()):
                 write_identity(out, "sweep", {"config": settings, "environment": environment()})
             counts = _run_sweep(config, prompts, out, progress, cluster)
-            summarize(read_records(out / "results.jsonl"), read_scores(out)).to_csv(out / "summary.csv", index=False)
+            rows = read_records(out / "results.jsonl")
+            summary = summarize(rows, read_scores(out))
+            summary.to_csv(out / "summary.csv", index=False)
+            if not (table := spec_bench_table(rows, summary)).empty:  # Spec-Bench categories were measured
+                table.to_csv(out / "spec_bench.csv", index=False)
     return counts
 
 

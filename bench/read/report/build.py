@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.derive.spec_bench import categories, cell_text, fastest_per_category, spec_bench_table
+
 from bench.read.report import deployment, fleet_report, page, pairings, paymap, plots
 from bench.read.report.inputs import ReportInputs, load_inputs
 from bench.read.report.pareto import FRONTS, fronts_of, point_labels, set_name
@@ -115,6 +117,19 @@ def _copy_profile(source: Path, out: Path) -> list[Path]:
     return copied
 
 
+def spec_bench_block(rows: list[dict], summary: pd.DataFrame, out: Path) -> dict | None:
+    """The Spec-Bench table (bench/derive/spec_bench.py) as HTML, and as spec_bench.csv beside the page;
+    None when no Spec-Bench category was measured."""
+    table = spec_bench_table(rows, summary)
+    if table.empty:
+        return None
+    table.to_csv(out / "spec_bench.csv", index=False)
+    shown = pd.DataFrame({"way of decoding": table["method"],
+                          **{c: [cell_text(row, c) for _, row in table.iterrows()] for c in categories(table)}})
+    fastest = "; ".join(f"{c}: {m}" for c, m in fastest_per_category(table).items())
+    return {"html": page.table_html(shown, "points"), "fastest": fastest, "csv": "spec_bench.csv"}
+
+
 def build_report(results_dir: Path, out: Path | None = None, profile: Path | None = None,
                  embed: bool = False, samples_per_set: int = 3) -> Path:
     """Write the report for `results_dir` into `out` (default reports/<results dir name>) and
@@ -161,6 +176,7 @@ def build_report(results_dir: Path, out: Path | None = None, profile: Path | Non
         "figure_notes": notes,
         "pays": paymap.section(inputs, labels, out, embed),
         "point_tables": point_tables,
+        "spec_bench": spec_bench_block(inputs.rows, summary, out),
         "samples": page.samples_blocks([s for s in samples if s["rows"]], labels),
         "profile": profile_block,
         "metadata": page.metadata_sections(inputs),

@@ -1,0 +1,85 @@
+"""The Spec-Bench table (bench/derive/spec_bench.py) on synthetic records: each cell is the speed-up over
+the fastest cloud-only decoding of *its* category with a paired interval, τ counts the cloud's token of
+every call, `overall` pools the questions against their own category's baseline, and the report shows
+the table and writes spec_bench.csv."""
+from __future__ import annotations
+
+import html
+import json
+
+import pandas as pd
+import pytest
+
+from bench.derive.spec_bench import fastest_per_category, spec_bench_table
+from bench.derive.summary import summarize
+from bench.read.report import build_report
+
+SB = "spec-bench:/q.jsonl:"
+
+
+def record(mode: str, category: str, qid: int, latency_s: float, **extra) -> dict:
+    """10 new tokens per question."""
+    base = dict(id=f"{category}-{qid}", mode=mode, dtype="float32", prompts=SB + category, status="ok",
+                text="the cat sat on the mat.", tokens=[1, 2], new_tokens=10, latency_s=latency_s, ttft_s=0.1,
+                tpot_s=0.01, num_draft_tokens=0, num_accepted_tokens=0, cloud_calls=0, cycles=10, num_drafts=0,
+                corrections=0, bonus_tokens=0, accepted_per_position=[], edge_s=0.0, cloud_s=0.0, overhead_s=0.0,
+                peak_rss_bytes=1, cloud_runtime="torch" if mode != "edge" else None,
+                edge_runtime=None if mode == "cloud" else "torch")
+    if mode == "spec":
+        base.update(policy="greedy", k=4, entropy_threshold=0.0, accept_threshold=0.1, verifier="cached",
+                    draft_stop="none", k_schedule="constant", drafter="prompt-lookup")
+    return {**base, **extra}
+
+
+def rows() -> list[dict]:
+    out = []
+    for qid, scale in ((1, 1.0), (2, 1.5), (3, 2.0)):
+        # summarization: plain int8 1.0 s (the baseline), llama.cpp 2.0 s; lookup 0.5 s: 2x, 4 calls for 10 tokens
+        out += [record("cloud", "summarization", qid, 1.0 * scale, cloud_runtime="torch-int8"),
+                record("cloud", "summarization", qid, 2.0 * scale, cloud_runtime="llamacpp"),
+                record("spec", "summarization", qid, 0.5 * scale, cloud_calls=4, num_draft_tokens=12,
+                       num_accepted_tokens=6, corrections=3, bonus_tokens=1),
+                # qa: plain llama.cpp is the faster there (0.8 s); lookup 1.6 s: 0.5x, every call one token
+                record("cloud", "qa", qid, 1.0 * scale, cloud_runtime="torch-int8"),
+                record("cloud", "qa", qid, 0.8 * scale, cloud_runtime="llamacpp"),
+                record("spec", "qa", qid, 1.6 * scale, cloud_calls=10, num_draft_tokens=0, num_accepted_tokens=0,
+                       corrections=0, bonus_tokens=10),
+                record("edge", "qa", qid, 0.1 * scale)]  # the small model alone: fastest, never the baseline
+    return out
+
+
+def test_each_cell_is_over_its_own_categorys_fastest_cloud_decoding():
+    records = rows()
+    table = spec_bench_table(records, summarize(records)).set_index("method")
+    lookup = table.loc["prompt-lookup k=4 greedy · → torch"]
+    assert lookup["summarization_speedup"] == pytest.approx(2.0)
+    assert lookup["qa_speedup"] == pytest.approx(0.5)  # against llama.cpp there, not int8
+    assert lookup["summarization_ci_low"] == pytest.approx(2.0) and lookup["qa_ci_high"] == pytest.approx(0.5)  # paired
+    assert lookup["summarization_tau"] == pytest.approx((6 + 3 + 1) / 4) and lookup["qa_tau"] == pytest.approx(1.0)
+    # overall: 60 tokens in 13.5 s against each question's own baseline, 60 tokens in 4.5 + 3.6 s
+    assert lookup["overall_speedup"] == pytest.approx((4.5 + 3.6) / (2.25 + 7.2))
+    assert lookup["overall_tau"] == pytest.approx((18 + 9 + 3 + 30) / (12 + 30))
+    assert table.loc["cloud-only in torch-int8", "summarization_speedup"] == pytest.approx(1.0)
+    assert table.loc["cloud-only in llamacpp", "qa_speedup"] == pytest.approx(1.0)
+    assert not any(m.startswith("edge-only") for m in table.index)  # a reference, not a way to the cloud's text
+    assert fastest_per_category(table.reset_index()) == {
+        "summarization": "prompt-lookup k=4 greedy · → torch", "qa": "cloud-only in llamacpp",
+        "overall": "cloud-only in torch-int8"}  # overall 0.90x (int8 loses 0.8x on qa), lookup 0.86x
+
+
+def test_no_spec_bench_prompt_set_means_no_table():
+    records = [{**r, "prompts": "code"} for r in rows() if r["prompts"].endswith("qa")]
+    assert spec_bench_table(records, summarize(records)).empty
+
+
+def test_the_report_shows_the_table_and_writes_the_csv(tmp_path):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()), encoding="utf-8")
+    index = build_report(folder, tmp_path / "report")
+    text = html.unescape(" ".join(index.read_text(encoding="utf-8").split()))
+    assert "Spec-Bench: speed-up per task category" in text
+    assert "2.00× [2.00–2.00] · τ 2.50" in text
+    assert "Fastest way found per category: summarization: prompt-lookup k=4 greedy · → torch; qa: cloud-only in llamacpp" in text
+    csv = pd.read_csv(tmp_path / "report" / "spec_bench.csv")
+    assert list(csv.columns[:1]) == ["method"] and "overall_speedup" in csv
