@@ -71,7 +71,7 @@ def test_profile_of_a_tiny_run(tmp_path, capsys):
         pytest.skip(f"py-spy could not sample here ({py_spy['status']}: {py_spy['reason']}); the operator table was checked")
     svg = (out / "flamegraph.svg").read_text()
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
-    assert re.search(r"speculative_decode \(specdec/decode\.py:\d+\)", svg)  # the engine's frames were sampled
+    assert re.search(r"speculative_decode \(specdec/core/decode\.py:\d+\)", svg)  # the engine's frames were sampled
     speedscope = json.loads((out / "speedscope.json").read_text())
     assert speedscope["$schema"].startswith("https://www.speedscope.app/")
     assert any(frame["name"] == "speculative_decode" for frame in speedscope["shared"]["frames"])
