@@ -27,6 +27,8 @@ from specdec.remote.client import RemoteCloud
 from specdec.remote.protocol import SCHEMA, decode, encode
 from specdec.remote.server import BackgroundServer, ServeConfig
 
+pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
+
 # Four sessions: prompt lengths 3..11 and k 1..5, so rows differ in past and block length.
 SESSIONS = [([5, 9, 14], 1), ([7, 3, 22, 40, 12, 9, 30], 3), ([11, 2, 6, 8, 17, 19, 25, 28, 31, 33, 36], 5),
             ([4, 4, 20, 13, 27], 2)]

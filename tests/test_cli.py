@@ -9,6 +9,8 @@ from bench.cli import main
 from specdec.engine import Engine
 from specdec.models.loading import load_model
 
+pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out
+
 REQUIRED = (
     "id mode policy k entropy_threshold accept_threshold dtype tokens text new_tokens latency_s ttft_s cycles "
     "cloud_calls num_drafts num_draft_tokens num_accepted_tokens accepted_per_position acceptance_rate "

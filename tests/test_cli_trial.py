@@ -17,6 +17,8 @@ from bench.measure.peer_runtimes import PeerSettings
 from specdec.errors import ConfigError
 from tests.test_costmodel import USER, synthetic, write_folder
 
+pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out
+
 
 def one_error_line(capsys) -> str:
     err = capsys.readouterr().err.strip()

@@ -106,6 +106,7 @@ def test_sampling_with_a_draft_free_drafter_runs_the_loop(cloud):
     assert generation.counters.num_draft_tokens > 0 and generation.counters.cloud_calls == len(generation.cycles)
 
 
+@pytest.mark.server
 def test_a_draft_free_drafter_verified_through_the_server_is_the_clouds_greedy(pair):
     """Split deployment: the edge proposes without a model, the server verifies; greedy is lossless
     and a draft-free block under speculative sampling crosses the wire with no distributions."""

@@ -20,6 +20,8 @@ from specdec.remote.server import BackgroundServer
 from tests.test_remote import chi_square_p
 from tests.tiny import noisy_copy, save_tiny_pair, tiny_causal
 
+pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
+
 STOPS = ["none", "entropy:3.3", "pmin:0.3"]
 PROMPTS = [torch.randint(0, 64, (5 + i,), generator=torch.Generator().manual_seed(i)) for i in range(6)]
 

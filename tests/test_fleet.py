@@ -21,6 +21,8 @@ from bench.derive.fleet_summary import cost_curve, read_fleet
 from specdec.models.loading import load_model
 from specdec.remote.server import BackgroundServer, ServeConfig
 
+pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
+
 SETTINGS = ["--dtype", "float32", "--policy", "greedy", "--entropy-threshold", "0", "--k", "3", "--max-new-tokens", "12"]
 SUMMARY_COLUMNS = ("clients", "server_accepted_tokens_per_s", "server_verified_tokens_per_s", "edge_tokens_per_s_p50",
                    "edge_tokens_per_s_p90", "verify_latency_p50_s", "verify_latency_p99_s", "mean_batch_size",

@@ -17,6 +17,8 @@ from bench.derive.fleet_summary import read_fleet
 from specdec.models.loading import load_model
 from specdec.remote.server import BackgroundServer, ServeConfig
 
+pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
+
 SETTINGS = ["--dtype", "float32", "--policy", "greedy", "--entropy-threshold", "0", "--k", "3", "--max-new-tokens", "12"]
 
 

@@ -20,6 +20,8 @@ from bench.measure import gate, tinypair, workload
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.errors import InputError
 
+pytestmark = pytest.mark.slow  # see CONTRIBUTING.md: the quick loop leaves these out
+
 # A smaller tiny workload keeps the deterministic tests quick; their timing gets a wide margin
 # because 3 repeats decide little, and the slowdown they inject is large (~5x on the spec pass).
 SMALL = dict(prompts=tinypair.PROMPTS[:2], max_new_tokens=16, repeats=3)

@@ -27,6 +27,8 @@ from specdec.remote.server import BackgroundServer  # noqa: E402
 from tests.tiny_gguf import write_llama_gguf  # noqa: E402
 from tests.test_registry import GGUF_TOML  # noqa: E402
 
+pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
+
 TEXTS = ["hello world", "what is one two", "yes no . ,", "say three", "write a function to sort a list"]
 GREEDY = dict(entropy_threshold=0.0, policy="greedy")
 QUIET = dict(log=lambda m: None)

@@ -13,6 +13,8 @@ from bench.core.records import ResultsFile
 from bench.derive.summary import summarize
 from specdec.models.loading import load_model
 
+pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out
+
 
 @pytest.fixture(scope="module")
 def swept(pair, tmp_path_factory):

@@ -23,6 +23,8 @@ from specdec.models.loading import load_model
 from tests.omni_fixtures import random_waveform, tiny_omni_tokenizer, tiny_thinker
 from tests.tiny import noisy_copy
 
+pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out
+
 QUESTION = "what is said in the audio clip ?"  # words of the tiny tokenizer
 SPEC = ["--k", "3", "--entropy-threshold", "0", "--policy", "greedy"]  # every block verified
 

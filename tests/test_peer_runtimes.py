@@ -75,6 +75,7 @@ def test_the_example_runs_greedy_with_the_same_threads_and_a_draft_type():
     assert (flags["--temp"], flags["--top-k"], flags["--spec-type"]) == ("0", "1", "draft-simple")
 
 
+@pytest.mark.subprocess  # runs the example's module as a child process
 @pytest.mark.parametrize("binary", [None, "no/such/llama-speculative-simple"])
 def test_a_missing_example_binary_is_one_line_naming_the_build(binary, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != BINARY_ENV}

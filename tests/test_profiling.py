@@ -13,6 +13,8 @@ from bench.read.report import build_report
 from specdec.errors import InputError
 from tests.tiny import save_tiny_pair
 
+pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out
+
 
 def profile_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="specbench")

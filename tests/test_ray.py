@@ -21,6 +21,8 @@ from bench.cli import main
 from bench.core.records import ResultsFile
 from bench.read.report.recommend import node_notes
 
+pytestmark = pytest.mark.cluster  # see CONTRIBUTING.md: the quick loop leaves these out
+
 ROOT = Path(__file__).resolve().parents[1]
 COUNTERS = ("tokens", "new_tokens", "num_draft_tokens", "num_accepted_tokens", "cloud_calls", "cycles", "status")
 

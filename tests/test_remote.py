@@ -21,6 +21,8 @@ from specdec.backends.base import Prompt
 from specdec.remote.client import RemoteCloud
 from specdec.remote.server import BackgroundServer
 
+pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
+
 TEXTS = ["hello world", "what is one two", "yes no . ,", "say three", "write a function to sort a list"]
 GREEDY = dict(entropy_threshold=0.0, policy="greedy")
 

@@ -31,6 +31,8 @@ from specdec.remote.protocol import SCHEMA, decode, encode, read_token, token_fi
 from specdec.remote.server import BackgroundServer, ServeConfig
 from tests.test_remote_faults import IDS, opening, raw_client, refused, start_cli_server, still_serves, wait_for
 
+pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
+
 GREEDY = SpecConfig(k=3, entropy_threshold=0, policy="greedy")
 
 

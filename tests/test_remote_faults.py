@@ -35,6 +35,8 @@ from specdec.remote.client import CloudUnreachable, RemoteCloud
 from specdec.remote.protocol import SCHEMA, decode, encode
 from specdec.remote.server import BackgroundServer, ServeConfig
 
+pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
+
 GREEDY = SpecConfig(k=3, entropy_threshold=0, policy="greedy")
 IDS = torch.tensor([3, 17, 5, 22, 9, 40])
 

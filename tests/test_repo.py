@@ -23,7 +23,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_timing_tests_leave_the_default_run_and_ci_runs_them_on_their_own():
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert "addopts = \"-m 'not timing'\"" in pyproject and "\n    \"timing:" in pyproject
+    assert "addopts = \"--strict-markers -m 'not timing'\"" in pyproject and "\n    \"timing:" in pyproject
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert ".venv/bin/pytest -q -m timing" in ci
     assert ci.index(".venv/bin/pytest -q -m timing") > ci.index(readme_commands()[1])
@@ -175,3 +175,32 @@ def test_the_flag_check_catches_a_misspelt_flag_and_command(tmp_path):
 
     serve = subcommands(build_parser())["serve"]
     assert "--prot" not in serve._option_string_actions and "--port" in serve._option_string_actions
+
+
+def test_the_quick_loop_leaves_out_every_marker_that_says_so():
+    """CONTRIBUTING's quick loop and `tox -e quick` deselect exactly the markers whose description says
+    the quick loop leaves them out, plus the real models and timing; each one has its row there."""
+    import tomllib
+
+    markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    left_out = {m.split(":")[0] for m in markers if "the quick loop leaves these out" in m} | {"realmodel", "timing"}
+    contributing = (ROOT / "CONTRIBUTING.md").read_text()
+    quick = re.search(r'pytest -q -m "not \(([^)]*)\)"', contributing)
+    assert quick, "CONTRIBUTING.md shows the quick loop as pytest -q -m \"not (a or b ...)\""
+    assert set(quick.group(1).split(" or ")) == left_out
+    assert f'pytest -q -m "not ({quick.group(1)})"' in (ROOT / "tox.ini").read_text()
+    assert all(f"| `{marker}` |" in contributing for marker in left_out)
+
+
+def test_a_test_module_that_starts_servers_or_processes_is_marked():
+    """A module whose tests start a server or child processes carries a quick-loop marker somewhere
+    (its `pytestmark` or a test's decorator), so the quick loop stays in one process."""
+    starts = ("BackgroundServer(", "ServerProcess(", "subprocess.run(", "subprocess.Popen(", "ray.init(")
+    unmarked = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        text = path.read_text()
+        if path.name == "test_repo.py":  # names what it looks for
+            continue
+        if any(s in text for s in starts) and not re.search(r"pytest\.mark\.(server|subprocess|cluster|realmodel|slow)", text):
+            unmarked.append(path.name)
+    assert not unmarked, f"mark these (see CONTRIBUTING.md, Which tests to run when): {unmarked}"

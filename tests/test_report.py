@@ -287,6 +287,7 @@ def tiny_report(tiny_sweep, tmp_path_factory):
     return out
 
 
+@pytest.mark.subprocess  # a real tiny sweep in child processes
 def test_report_from_a_tiny_sweep(tiny_report, tiny_sweep, capsys):
     index = tiny_report / "index.html"
     page = index.read_text(encoding="utf-8")
@@ -338,6 +339,7 @@ window.addEventListener("load", () => {
 </script>"""
 
 
+@pytest.mark.subprocess  # a real tiny sweep in child processes
 def test_report_opens_in_chromium_after_moving(tiny_report, chromium, tmp_path):
     moved = tmp_path / "mailed" / "report copy"  # moved, and a space in the path
     shutil.copytree(tiny_report, moved)

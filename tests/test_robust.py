@@ -22,6 +22,8 @@ from bench.core.folder import LOCK
 from bench.core.records import ResultsFile
 from specdec.models import integrity, registry
 
+pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out
+
 
 def run_args(pair, prompts, out, *extra) -> list[str]:
     return ["run", "--mode", "edge", "--edge", pair["edge"], "--prompts", prompts, "--out", str(out),

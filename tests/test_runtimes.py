@@ -102,6 +102,7 @@ def test_an_int8_cloud_runs_in_process(pair):
 BLOCKED = "import sys; sys.modules['llama_cpp'] = None  # as if llama-cpp-python were not installed\n"
 
 
+@pytest.mark.subprocess  # runs specbench in a child process
 def test_missing_llamacpp_extra_is_one_line(pair, prompts, tmp_path):
     """Without llama-cpp-python, choosing llamacpp is one line naming the extra (checked before any
     model loads); a torch run in the same interpreter is unaffected."""
@@ -120,6 +121,7 @@ def test_missing_llamacpp_extra_is_one_line(pair, prompts, tmp_path):
     assert (tmp_path / "b" / "results.jsonl").exists()
 
 
+@pytest.mark.subprocess  # runs specbench in a child process
 def test_a_broken_llamacpp_install_is_one_line_too(pair, prompts, tmp_path):
     """Installed but not importable (a build whose shared library is missing): the same kind of line."""
     shadow = tmp_path / "shadow" / "llama_cpp"

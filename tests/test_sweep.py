@@ -16,6 +16,8 @@ from bench.derive.metrics import expected_speedup
 from bench.derive.summary import summarize
 from bench.measure.sweep_config import SweepConfig
 
+pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out
+
 
 def sweep(pair, prompts, out, *extra):
     return main(["sweep", "--edge", pair["edge"], "--cloud", pair["cloud"], "--prompts", prompts, "--out", str(out),

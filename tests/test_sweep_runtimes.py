@@ -19,6 +19,8 @@ from bench.cli import main  # noqa: E402
 from bench.core.records import ResultsFile  # noqa: E402
 from tests.tiny_gguf import write_llama_gguf  # noqa: E402
 
+pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out
+
 
 @pytest.fixture(scope="module")
 def gguf_pair(pair):

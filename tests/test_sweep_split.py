@@ -18,6 +18,8 @@ from bench.core.records import ResultsFile
 from bench.measure.sweep_config import SweepConfig
 from specdec.errors import ConfigError
 
+pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out
+
 
 def servers_of(model_dir: str) -> list[psutil.Process]:
     """Every `specbench serve` process of this model still alive on the machine."""

@@ -1,5 +1,7 @@
 """A sweep's first generation of each kind of engine is preceded by an untimed one (first-call costs
 are not the model's speed) that changes nothing about the timed generation (tiny models, fp32)."""
+import pytest
+
 from bench.core.prompts import PromptRecord
 from bench.core.records import ResultsFile
 from bench.measure.run import warm_up
@@ -25,6 +27,7 @@ def test_warm_up_leaves_the_timed_generation_as_a_fresh_engine_makes_it(pair):
     assert warmed.generate(record.prompt).tokens == fresh
 
 
+@pytest.mark.subprocess  # a sweep's workers
 def test_a_sweep_warms_each_kind_of_engine_once_and_records_only_timed_generations(pair, prompts, tmp_path):
     from bench.cli import main
     out = tmp_path / "r"
