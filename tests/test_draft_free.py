@@ -107,3 +107,41 @@ def test_a_draft_free_spec_run_never_loads_the_edge_model(pair, tmp_path):
                         log=lambda m: None).generate("hello world , hello world ,")
     assert loaded == [paths["cloud"]] and generation.tokens == cloud_only.tokens
     assert {c.drafter for c in generation.cycles} == {"prompt-lookup"}
+
+
+def test_auto_sends_a_block_only_while_its_tokens_per_verify_pay_for_its_cost():
+    from specdec.core.drafters.auto import CostCurve
+
+    curve = CostCurve()
+    assert curve.ratio(5) == 1.0 and curve.prior_tau() == 2.0  # nothing measured: send, and learn
+    for seconds in (0.10, 0.12):
+        curve.observe(1, seconds)
+    curve.observe(5, 0.33)
+    assert curve.ratio(5) == pytest.approx(3.0)  # a 5-token forward costs 3 plain steps: tau must beat 3
+    assert curve.ratio(3) == 1.0  # an unmeasured size is sent, to measure it
+
+
+@pytest.mark.parametrize("verifier", ["cached", "stateless"])
+def test_auto_switching_between_blocks_and_plain_steps_mid_request_stays_lossless(pair, verifier):
+    """With blocks made to look expensive, auto withholds most of them (plain steps) and sends every
+    PROBE-th: both kinds of cycle in one request, and the output is still the cloud's greedy."""
+    from specdec.core.drafters.auto import PLAIN, CostCurve
+
+    _, cloud = pair
+    curve = CostCurve()
+    curve.observe(1, 0.01)
+    for n in range(2, 7):
+        curve.observe(n, 1.0)  # 100 plain steps a block: no acceptance pays for it
+    memory = {"auto": curve}
+    spec = SpecConfig(k=4, entropy_threshold=0, policy="greedy", verifier=verifier)
+    decode = DecodeConfig(max_new_tokens=40)
+    kinds, switched = set(), False
+    for seed in range(4):
+        prompt = looping_prompt(seed)
+        generation = speculative_decode(None, cloud, prompt, spec, decode, drafter="auto", drafter_memory=memory)
+        assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
+        drafted = [c.drafter for c in generation.cycles]
+        kinds |= set(drafted)
+        if "prompt-lookup" in drafted and PLAIN in drafted[drafted.index("prompt-lookup") + 1:]:
+            switched = True
+    assert kinds == {"prompt-lookup", PLAIN} and switched

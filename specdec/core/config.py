@@ -224,8 +224,9 @@ class SpecConfig:
     )
     drafter: str = field(
         default="model", metadata={"help": "what proposes a block (specdec/core/drafters/): model (the edge model), "
-                                           "prompt-lookup or ngram (no model: always verified), or hybrid (prompt "
-                                           "lookup when it matches, the edge model otherwise)", "choices": tuple(DRAFTERS)}
+                                           "prompt-lookup or ngram (no model: always verified), hybrid (prompt "
+                                           "lookup when it matches, the edge model otherwise), or auto (prompt lookup "
+                                           "only while its blocks pay, plain steps otherwise)", "choices": tuple(DRAFTERS)}
     )
 
     def __post_init__(self) -> None:
