@@ -7,7 +7,7 @@ Acceptance rate = accepted / verified tokens (unverified tokens are not in it).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass(slots=True)  # slots: setting a field that does not exist is an error, not a silent new attribute
@@ -104,10 +104,8 @@ class Generation:
     def then(self, later: Generation) -> Generation:
         """This generation followed by a later turn of the same conversation, as one: Spec-Bench times a
         multi-turn question over all its turns. Tokens, cycles and times add up; the text joins the answers."""
-        counters = Counters(**{name: getattr(self.counters, name) + getattr(later.counters, name)
-                               for name in ("cycles", "cloud_calls", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
-                                            "unverified_tokens", "corrections", "bonus_tokens", "overlap_kept_tokens",
-                                            "overlap_wasted_tokens")})
+        counters = Counters(**{f.name: getattr(self.counters, f.name) + getattr(later.counters, f.name)
+                               for f in fields(Counters) if f.name != "accepted_per_position"})
         first, second = self.counters.accepted_per_position, later.counters.accepted_per_position
         counters.accepted_per_position = [a + b for a, b in zip(first, second)] if first and second else first or second
         return Generation(

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from specdec.core.drafters.interface import DraftContext, DraftFree, DraftNote, Proposal, register_drafter
-from specdec.core.drafters.prompt_lookup import MAX_NGRAM, lookup
+from specdec.core.drafters.prompt_lookup import PromptLookup
 from specdec.core.session import AcceptedSequence
 from specdec.core.verdict import Verdict
 
@@ -65,14 +63,14 @@ class Auto(DraftFree):
 
     def __init__(self, context: DraftContext) -> None:
         super().__init__()
-        self.max_ngram = int(context.options.get("max_ngram", MAX_NGRAM))
+        self.lookup = PromptLookup(context)  # its settings, checked there
         self.curve: CostCurve = context.memory.setdefault(self.name, CostCurve())
         self.tau_hat = self.curve.prior_tau()
         self.withheld = 0  # blocks withheld since the last one sent
 
     def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
         start = time.perf_counter()
-        tokens = lookup(seq.ids, k, self.max_ngram).clone()
+        tokens = self.lookup.propose(seq, k).tokens
         send = tokens.numel() > 0 and (self.tau_hat > self.curve.ratio(tokens.numel() + 1) or self.withheld + 1 >= PROBE)
         self.withheld = 0 if send else self.withheld + (tokens.numel() > 0)
         self.compute_s += time.perf_counter() - start
