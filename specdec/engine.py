@@ -7,9 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specdec.core.cloud import Cloud, LocalCloud
+from specdec.backends.base import runtime_parts
+from specdec.core.cloud import Cloud, LocalCloud, TwoRuntimeCloud
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.decode import autoregressive_decode, speculative_decode
+from specdec.core.drafters import WEIGHS_RUNTIMES
 from specdec.core.drafters.interface import NEEDS_MODEL
 from specdec.errors import ConfigError, InputError
 from specdec.models.loading import LoadedModel, load_model
@@ -20,6 +22,9 @@ from specdec.remote.client import RemoteCloud, SessionSettings
 from specdec.remote.protocol import read_token, token_file_warning, tokenizer_sha256
 from specdec.core.tokenstats import PunctuationTable
 from specdec.core.trace import Generation
+
+
+PLAIN_STEPS = "cloud plain steps"  # the model key of a two-runtime cloud's plain-step copy
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,6 +43,10 @@ class Engine(EngineConfig):
         super().__post_init__()
         if self.mode == "spec":
             self.spec.check_decoding(self.decode)
+            if len(runtime_parts(self.cloud_runtime)) > 1 and self.spec.drafter not in WEIGHS_RUNTIMES:
+                raise ConfigError(f"--cloud-runtime {self.cloud_runtime} needs a drafter that weighs switching between "
+                                  f"the two runtimes ({', '.join(sorted(WEIGHS_RUNTIMES))}); {self.spec.drafter!r} would "
+                                  "feed the whole prompt to each: use --drafter auto or one runtime")
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -60,12 +69,15 @@ class Engine(EngineConfig):
         self._derived.pop("drafter_memory", None)
 
     def model(self, role: str) -> LoadedModel:
-        """The edge or cloud model, loaded on first use."""
+        """The edge or cloud model, loaded on first use. A cloud held in two runtimes (PLAIN+BLOCKS) is
+        "cloud" in the blocks' runtime (it verifies, its tokenizer encodes) and PLAIN_STEPS in the other."""
         if role not in self._models:
-            runtime = getattr(self, f"{role}_runtime")
+            name, *runtimes = (self.cloud, *runtime_parts(self.cloud_runtime)) if role == PLAIN_STEPS else \
+                (getattr(self, role), *runtime_parts(getattr(self, f"{role}_runtime")))
+            runtime = runtimes[0] if role == PLAIN_STEPS else runtimes[-1]
             # A loader that predates runtimes takes (name, dtype, log): it is asked for torch only.
             extra = {} if runtime == "torch" else {"runtime": runtime}
-            self._models[role] = self.loader(getattr(self, role), self.dtype, log=self.log, **extra)
+            self._models[role] = self.loader(name, self.dtype, log=self.log, **extra)
         return self._models[role]
 
     @property
@@ -85,6 +97,8 @@ class Engine(EngineConfig):
         if self._derived.get("checked"):
             return
         self.primary
+        if self.mode == "spec" and not self.remote_cloud and len(runtime_parts(self.cloud_runtime)) > 1:
+            self.model(PLAIN_STEPS)  # a cloud held in two runtimes: its plain-step copy too
         self.check_positions(prompt_tokens=None)
         if self.remote_cloud:
             self._connect()
@@ -132,8 +146,14 @@ class Engine(EngineConfig):
         return self.cloud_runtime
 
     def cloud_side(self) -> Cloud:
-        """What verifies spec blocks: the server, or the cloud model in this process."""
-        return self._derived["remote"] if self.remote_cloud else LocalCloud(self.model("cloud").backend)
+        """What verifies spec blocks: the server, or the cloud model in this process (in two runtimes with
+        --cloud-runtime PLAIN+BLOCKS: plain steps in one, blocks in the other)."""
+        if self.remote_cloud:
+            return self._derived["remote"]
+        blocks = LocalCloud(self.model("cloud").backend)
+        if len(runtime_parts(self.cloud_runtime)) == 1:
+            return blocks
+        return TwoRuntimeCloud(LocalCloud(self.model(PLAIN_STEPS).backend), blocks)
 
     def close(self) -> None:
         """Hang up on the verifier server, if any (models stay loaded)."""

@@ -110,38 +110,174 @@ def test_a_draft_free_spec_run_never_loads_the_edge_model(pair, tmp_path):
 
 
 def test_auto_sends_a_block_only_while_its_tokens_per_verify_pay_for_its_cost():
-    from specdec.core.drafters.auto import CostCurve
+    from specdec.core.drafters.auto import BLOCK, STEP, CostCurve
 
     curve = CostCurve()
     assert curve.ratio(5) == 1.0 and curve.prior_tau() == 2.0  # nothing measured: send, and learn
     for seconds in (0.10, 0.12):
-        curve.observe(1, seconds)
-    curve.observe(5, 0.33)
+        curve.observe(STEP, 1, seconds)
+    curve.observe(BLOCK, 5, 0.33)
     assert curve.ratio(5) == pytest.approx(3.0)  # a 5-token forward costs 3 plain steps: tau must beat 3
     assert curve.ratio(3) == 1.0  # an unmeasured size is sent, to measure it
+    curve.observe(STEP, 5, 9.0)  # a plain step that fed 5 tokens (a catch-up) is no block
+    assert curve.ratio(5) == pytest.approx(3.0)
+
+
+def auto_drafter(curve, cloud_caches: int = 1, prompt_ids=(1, 2, 3, 1, 2)):
+    from specdec.core.drafters.auto import Auto
+    from specdec.core.drafters.interface import DraftContext
+
+    prompt = Prompt(T(list(prompt_ids)))
+    context = DraftContext(prompt, 96, None, 0.0, torch.Generator(), memory={"auto": curve}, cloud_caches=cloud_caches)
+    return Auto(context)
+
+
+def test_a_withheld_block_teaches_auto_its_tokens_per_verify_once_the_plain_steps_decide_them():
+    """Blocks made to look too dear are withheld; the plain steps that follow decide the withheld tokens,
+    and auto reads off what a greedy verify would have kept (matched prefix + the cloud's token)."""
+    from specdec.core.drafters.auto import BLOCK, PLAIN, STEP, CostCurve
+    from specdec.core.session import AcceptedSequence
+    from specdec.core.verdict import Verdict
+
+    curve = CostCurve()
+    curve.observe(STEP, 1, 0.01)
+    curve.observe(BLOCK, 3, 1.0)  # a 2-token block costs 100 plain steps
+    auto = auto_drafter(curve)
+    seq = AcceptedSequence(T([1, 2, 3, 1, 2]), 8)
+    proposal = auto.propose(seq, 2)  # lookup: (1, 2) recurs, proposes 3, 1
+    assert proposal.drafter == PLAIN and len(proposal) == 0 and auto.withheld == [(5, [3, 1])]
+    for token, tau_after in ((3, None), (1, 3)):  # the steps decide 3 (pending), then 1: both matched -> tau 3
+        seq.extend([token])
+        verdict = Verdict(0, token, 1, False)
+        verdict.sent_at, verdict.read_at = 0.0, 0.01
+        before = auto.tau_hat
+        auto.rollback(seq, proposal, verdict)
+        if tau_after is None:
+            assert auto.tau_hat == before and auto.withheld == [(5, [3, 1])]
+        else:
+            assert auto.tau_hat == pytest.approx(0.5 * tau_after + 0.5 * before) and curve.tau == [3.0, 1]
+    seq2 = AcceptedSequence(T([4, 5, 4]), 4)
+    auto.withheld = [(3, [5, 9])]
+    seq2.extend([5, 7])  # 5 matched, 7 is not 9: a verify would have kept 1 and corrected
+    auto.read_withheld(seq2)
+    assert curve.tau == [5.0, 2] and auto.withheld == []
+
+
+def test_with_two_runtimes_auto_switches_to_blocks_only_when_the_rest_of_the_answer_pays_for_the_catch_up():
+    from specdec.core.drafters.auto import BLOCK, STEP, CostCurve
+    from specdec.core.session import AcceptedSequence
+
+    curve = CostCurve()
+    curve.observe(STEP, 1, 0.036)  # plain step in the plain runtime
+    curve.observe(BLOCK, 5, 0.040)  # a 4-token block in the blocks' runtime
+    curve.catch_up = [10.0, 1000]  # 10 ms a token to catch up
+    curve.tau = [3.0, 1]  # tau 3: a block costs 13 ms a token against 36: 23 ms saved a token
+    long_input = AcceptedSequence(torch.arange(1000) % 50, 128)  # 999 tokens behind: ~10 s against 128 * 23 ms
+    assert not auto_drafter(curve, cloud_caches=2).pays(long_input, 4)
+    assert auto_drafter(curve, cloud_caches=1).pays(long_input, 4)  # one runtime: no catch-up to pay
+    short_input = AcceptedSequence(torch.arange(40) % 20, 128)  # 39 behind: 0.4 s against 2.9 s saved
+    assert auto_drafter(curve, cloud_caches=2).pays(short_input, 4)
 
 
 @pytest.mark.parametrize("verifier", ["cached", "stateless"])
-def test_auto_switching_between_blocks_and_plain_steps_mid_request_stays_lossless(pair, verifier):
-    """With blocks made to look expensive, auto withholds most of them (plain steps) and sends every
-    PROBE-th: both kinds of cycle in one request, and the output is still the cloud's greedy."""
-    from specdec.core.drafters.auto import PLAIN, CostCurve
+@pytest.mark.parametrize("two_runtimes", [False, True])
+def test_auto_switching_between_blocks_and_plain_steps_mid_request_stays_lossless(pair, verifier, two_runtimes):
+    """Blocks made to cost 1.5 plain steps: auto sends while lookup's tokens per verify beat that and
+    withholds otherwise, both kinds of cycle in one request; the output is still the cloud's greedy. With
+    the cloud held in two runtimes (here the same model twice), each catches up on what the other decided."""
+    from specdec.core.cloud import LocalCloud, TwoRuntimeCloud
+    from specdec.core.drafters.auto import BLOCK, PLAIN, STEP, CostCurve
 
     _, cloud = pair
     curve = CostCurve()
-    curve.observe(1, 0.01)
+    curve.observe(STEP, 1, 0.01)
     for n in range(2, 7):
-        curve.observe(n, 1.0)  # 100 plain steps a block: no acceptance pays for it
+        curve.observe(BLOCK, n, 0.015)
     memory = {"auto": curve}
     spec = SpecConfig(k=4, entropy_threshold=0, policy="greedy", verifier=verifier)
     decode = DecodeConfig(max_new_tokens=40)
+    verifying = TwoRuntimeCloud(LocalCloud(cloud), LocalCloud(cloud)) if two_runtimes else cloud
     kinds, switched = set(), False
-    for seed in range(4):
+    for seed in range(6):
         prompt = looping_prompt(seed)
-        generation = speculative_decode(None, cloud, prompt, spec, decode, drafter="auto", drafter_memory=memory)
+        generation = speculative_decode(None, verifying, prompt, spec, decode, drafter="auto", drafter_memory=memory)
         assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
         drafted = [c.drafter for c in generation.cycles]
         kinds |= set(drafted)
         if "prompt-lookup" in drafted and PLAIN in drafted[drafted.index("prompt-lookup") + 1:]:
             switched = True
     assert kinds == {"prompt-lookup", PLAIN} and switched
+
+
+def test_a_two_runtime_session_sends_plain_steps_to_one_and_blocks_to_the_other(pair):
+    """Each runtime's cache catches up on the tokens the other decided, in one feed at its next call."""
+    from specdec.core.cloud import LocalCloud, TwoRuntimeCloud
+    from specdec.core.processors import Constraints
+    from specdec.core.session import AcceptedSequence
+
+    _, cloud = pair
+    prompt = looping_prompt(0)
+    spec, decode = SpecConfig(k=2, policy="greedy"), DecodeConfig(max_new_tokens=8)
+    session = TwoRuntimeCloud(LocalCloud(cloud), LocalCloud(cloud)).open(prompt, spec, decode, Constraints(), 96,
+                                                                         torch.Generator())
+    seq = AcceptedSequence(prompt.input_ids, 8)
+    expected = autoregressive_decode(cloud, prompt, decode).tokens
+    fed = []
+    for draft in ([], [], [expected[2], expected[3]], [], [expected[5], 0]):
+        base = seq.length
+        verdict = session.verify(seq, T(draft, dtype=torch.long), None)
+        fed.append((session.last is session.plain, verdict.tokens_in))
+        seq.extend(draft[: verdict.accepted] + [verdict.next_token])
+        session.rollback(base + verdict.accepted, seq)
+    assert seq.generated == expected[: seq.length - seq.prompt_len]
+    # plain: the prompt (13), then its token t0 (1); blocks: the prompt, t0, t1 + 2 drafted (17), keeps both
+    # and adds t4; plain: t1..t4, which the blocks decided (4); blocks: t4 and the step's t5 + 2 drafted (4)
+    assert fed == [(True, 13), (True, 1), (False, 13 + 2 + 2), (True, 4), (False, 2 + 2)]
+
+
+def test_a_cloud_held_in_two_runtimes_loads_both_and_decodes_in_each(tmp_path):
+    """--cloud-runtime PLAIN+BLOCKS: the cloud model loaded in both runtimes (and no edge model), plain
+    steps in the first, blocks in the second; only spec mode in process takes it."""
+    from specdec import ConfigError
+    from specdec.core.drafters.auto import PLAIN, STEP, CostCurve
+    from specdec.engine import Engine
+    from tests.tiny import save_tiny_pair
+
+    paths = save_tiny_pair(tmp_path)
+    loaded = []
+
+    def loader(name, dtype, log=print, runtime="torch"):
+        from specdec.models.loading import load_model
+        loaded.append(runtime)
+        return load_model(name, dtype, log=log, runtime=runtime)
+
+    spec = SpecConfig(k=3, policy="greedy", drafter="auto")
+    engine = Engine(mode="spec", edge=paths["edge"], cloud=paths["cloud"], dtype="float32", spec=spec,
+                    cloud_runtime="torch+torch-int8", decode=DecodeConfig(max_new_tokens=12), loader=loader,
+                    log=lambda m: None)
+    curve = engine._derived.setdefault("drafter_memory", {}).setdefault("auto", CostCurve())
+    curve.observe(STEP, 1, 1.0)  # plain steps made to look dear: lookup's blocks go to int8 while they match
+    generation = engine.generate("hello world , hello world , hello world ,")
+    assert sorted(loaded) == ["torch", "torch-int8"] and generation.new_tokens == 12
+    assert {c.drafter for c in generation.cycles} <= {"prompt-lookup", PLAIN} and generation.cycles[0].drafter == PLAIN
+    with pytest.raises(ConfigError, match="holds the cloud in two runtimes, plain steps in llamacpp and spec "
+                                          "blocks in torch-int8: only a spec run that loads the cloud here"):
+        Engine(mode="cloud", cloud="c", cloud_runtime="llamacpp+torch-int8")
+    with pytest.raises(ConfigError, match="with --cloud-url the server's model runs as that server was started"):
+        Engine(mode="spec", edge="e", cloud_url="127.0.0.1:1", cloud_runtime="llamacpp+torch-int8")
+
+
+def test_only_a_drafter_that_weighs_the_switches_runs_on_a_two_runtime_cloud(tmp_path):
+    """Prompt lookup on llamacpp+torch-int8 would feed the whole prompt to each runtime: refused in a run,
+    left out of a sweep's grid (whose plain decodings run in each runtime)."""
+    from specdec import ConfigError
+    from specdec.engine import Engine
+    from bench.measure.sweep_config import SweepConfig
+
+    with pytest.raises(ConfigError, match="needs a drafter that weighs switching between the two runtimes \\(auto\\); "
+                                          "'prompt-lookup' would feed the whole prompt to each"):
+        Engine(mode="spec", cloud="c", cloud_runtime="torch+torch-int8", spec=SpecConfig(drafter="prompt-lookup"))
+    sweep = SweepConfig(edge="e", cloud="c", mode=("cloud", "spec"), drafter=("prompt-lookup", "auto"),
+                        cloud_runtime=("torch+torch-int8",), prompts=("code",), dtype=("float32",))
+    assert sorted((p.mode, p.cloud_runtime, p.drafter) for p in sweep.points()) == [
+        ("cloud", "torch", None), ("cloud", "torch-int8", None), ("spec", "torch+torch-int8", "auto")]

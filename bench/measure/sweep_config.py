@@ -22,7 +22,8 @@ from bench.core.network import profile
 from bench.core.folder import canonical_path
 from bench.core.point import AXES, DEPLOYMENTS, FIELDS, RUNTIME_OF, SETTING_TYPES, SETTINGS, Point, blank
 from bench.core.prompts import PromptInputs, canonical_prompts, expand_prompt_sets, rejoin_categories
-from specdec.backends.base import RUNTIMES
+from specdec.backends.base import RUNTIMES, runtime_parts
+from specdec.core.drafters import WEIGHS_RUNTIMES
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
 from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import parse_address
@@ -118,6 +119,9 @@ class SweepConfig(RunSettings):
         if self.split_cores not in SPLIT_CORES:
             raise ConfigError(f"unknown split_cores {self.split_cores!r}: use one of {', '.join(SPLIT_CORES)}")
         self.core_counts()
+        if "split" in self.deployment and any(len(runtime_parts(r)) > 1 for r in self.cloud_runtime):
+            raise ConfigError("a cloud held in two runtimes (cloud_runtime PLAIN+BLOCKS) runs in process: a split "
+                              "point's server runs one runtime; drop deployment split or give single runtimes")
         if self.cloud_url and len(self.cloud_runtime) > 1 and "split" in self.deployment:
             raise ConfigError("--cloud-url is one running server, in the runtime it was started with: give one "
                               "--cloud-runtime (what that server runs), or drop --cloud-url and the sweep starts a "
@@ -231,6 +235,12 @@ class SweepConfig(RunSettings):
             values = dict(zip(AXES, combo))
             if values["mode"] != "spec":
                 values["deployment"] = "inproc"
+            if len(runtime_parts(values["cloud_runtime"])) > 1 and values["mode"] != "spec":
+                for runtime in runtime_parts(values["cloud_runtime"]):  # a two-runtime cloud's plain decodings: each
+                    add({**values, "cloud_runtime": runtime})
+                continue
+            if len(runtime_parts(values["cloud_runtime"])) > 1 and values["drafter"] not in WEIGHS_RUNTIMES:
+                continue  # only a drafter that weighs the switches runs on a two-runtime cloud (specdec.engine)
             add(values)
             if values["mode"] in RUNTIME_OF:  # the same baseline in every extra runtime asked for
                 for runtime in self.plain_runtimes:

@@ -24,13 +24,21 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a backen
 # What runs a model's forwards: torch in DTYPES (hf_causal.py and friends), torch with dynamic int8
 # Linear layers (specdec.models.derive, float32 activations), or llama.cpp on a GGUF file (llamacpp.py).
 RUNTIMES = ("torch", "torch-int8", "llamacpp")
+# The cloud held in two runtimes, PLAIN+BLOCKS: plain steps in the first, draft blocks in the second
+# (specdec/core/cloud.py TwoRuntimeCloud; spec mode in process only).
+RUNTIME_PAIRS = tuple(f"{plain}+{blocks}" for plain in RUNTIMES for blocks in RUNTIMES if plain != blocks)
 LLAMACPP_EXTRA = "pip install 'specbench[llamacpp]'"  # pins llama-cpp-python (built from source: ~5 min)
+
+
+def runtime_parts(runtime: str) -> tuple[str, ...]:
+    """`llamacpp+torch-int8` -> ("llamacpp", "torch-int8"): (plain steps', blocks') runtimes; one runtime -> (it,)."""
+    return tuple(runtime.split("+"))
 
 
 def check_runtime(runtime: str, flag: str = "runtime") -> None:
     """The runtime's package is installed, checked without importing it (llama_cpp loads its
     shared library on import)."""
-    if runtime == "llamacpp" and importlib.util.find_spec("llama_cpp") is None:
+    if "llamacpp" in runtime_parts(runtime) and importlib.util.find_spec("llama_cpp") is None:
         raise ConfigError(f"{flag} llamacpp needs llama-cpp-python, which is not installed: {LLAMACPP_EXTRA}")
 
 

@@ -12,7 +12,7 @@ import types
 import typing
 from dataclasses import dataclass, field, fields
 
-from specdec.backends.base import DTYPES, RUNTIMES, check_runtime
+from specdec.backends.base import DTYPES, RUNTIME_PAIRS, RUNTIMES, check_runtime, runtime_parts
 from specdec.core.block_length import SCHEDULES, parse_stop
 from specdec.core.drafters import DRAFTERS
 from specdec.errors import ConfigError
@@ -86,7 +86,9 @@ class EngineConfig:
         "help": "what runs the edge: torch (in --dtype), torch-int8 (dynamic int8 Linear layers, float32 "
                 "activations) or llamacpp (the registry's GGUF file as shipped, or a .gguf path)", "choices": RUNTIMES})
     cloud_runtime: str = field(default="torch", metadata={
-        "help": "what runs the cloud loaded here: torch, torch-int8 or llamacpp, as --edge-runtime", "choices": RUNTIMES})
+        "help": "what runs the cloud loaded here: torch, torch-int8 or llamacpp, as --edge-runtime; spec mode: also "
+                "PLAIN+BLOCKS (e.g. llamacpp+torch-int8), the model held in both, plain steps in the first, blocks in the "
+                "second", "choices": RUNTIMES + RUNTIME_PAIRS})
     constraints: str = field(default="none", metadata={"help": "decoding profile (zh: one short Chinese sentence)",
                                                         "choices": CONSTRAINT_PROFILES})
     chat_template: bool = field(default=True, metadata={"help": "wrap the prompt in the tokenizer's chat template, "
@@ -104,10 +106,15 @@ class EngineConfig:
         if self.remote_cloud and self.cloud_runtime != "torch":
             raise ConfigError("--cloud-runtime chooses what runs a cloud loaded here; with --cloud-url the server's "
                               "model runs as that server was started: drop --cloud-runtime")
+        if len(runtime_parts(self.cloud_runtime)) > 1 and (self.mode != "spec" or self.remote_cloud):
+            plain, blocks = runtime_parts(self.cloud_runtime)
+            raise ConfigError(f"--cloud-runtime {self.cloud_runtime} holds the cloud in two runtimes, plain steps in {plain} "
+                              f"and spec blocks in {blocks}: only a spec run that loads the cloud here takes it; "
+                              f"use --cloud-runtime {plain} or {blocks}")
         for role in self.roles:
             runtime, name = getattr(self, f"{role}_runtime"), getattr(self, role)
             check_runtime(runtime, f"--{role}-runtime")
-            if runtime != "llamacpp" and isinstance(name, str) and name.endswith(".gguf"):
+            if any(part != "llamacpp" for part in runtime_parts(runtime)) and isinstance(name, str) and name.endswith(".gguf"):
                 raise ConfigError(f"{role} {name!r} is a GGUF file, which llama.cpp runs: add --{role}-runtime llamacpp")
         missing = [role for role in self.roles if not getattr(self, role)]
         if missing:

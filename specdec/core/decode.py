@@ -57,7 +57,8 @@ def speculative_decode(
     vocab = min(cloud.vocab_size, edge.vocab_size) if edge is not None else cloud.vocab_size  # shared ids only
     seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
     context = DraftContext(prompt, vocab, constraints, decode.temperature, generator, edge, spec.draft_topn,
-                           make_stop(spec.draft_stop), memory={} if drafter_memory is None else drafter_memory)
+                           make_stop(spec.draft_stop), memory={} if drafter_memory is None else drafter_memory,
+                           cloud_caches=getattr(cloud, "caches", 1))
     drafter = drafting_ahead(make_drafter(drafter, context), overlap, governor, spec.k)
     link = open_link(cloud, (prompt, spec, decode, constraints, vocab, generator), on_cloud_loss)
     schedule, cycles, stopped, ttft_s = make_schedule(spec.k_schedule, spec.k), [], False, 0.0

@@ -14,10 +14,10 @@ import importlib
 import pkgutil
 
 from specdec.core.drafters.interface import (
-    DRAFTERS, DraftContext, DraftFree, DraftNote, Drafter, Proposal, make_drafter, register_drafter,
+    DRAFTERS, NEEDS_MODEL, WEIGHS_RUNTIMES, DraftContext, DraftFree, DraftNote, Drafter, Proposal, make_drafter, register_drafter,
 )
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["DRAFTERS", "DraftContext", "DraftFree", "DraftNote", "Drafter", "Proposal", "make_drafter", "register_drafter"]
+__all__ = ["DRAFTERS", "NEEDS_MODEL", "WEIGHS_RUNTIMES", "DraftContext", "DraftFree", "DraftNote", "Drafter", "Proposal", "make_drafter", "register_drafter"]

@@ -92,13 +92,18 @@ class DraftContext:
     stop_rule: DraftStop | None = None  # ends a model drafter's block early
     options: dict = field(default_factory=dict)  # a drafter's own settings by name
     memory: dict = field(default_factory=dict)  # what a drafter keeps across one engine's generations (by drafter name)
+    cloud_caches: int = 1  # 2: the cloud is held in two runtimes (plain steps in one, blocks in the other), and
+    # switching between them costs the one switched to a catch-up feed (specdec/core/cloud.py TwoRuntimeCloud)
 
 
 DRAFTERS: dict[str, Callable[[DraftContext], Drafter]] = {}  # --drafter name -> factory
 NEEDS_MODEL: set[str] = set()  # drafters that run the edge model
+# Drafters that weigh a two-runtime cloud's switches (DraftContext.cloud_caches): only they may run with
+# one. Another drafter's first plain step after a block would feed the whole prompt to the second runtime.
+WEIGHS_RUNTIMES: set[str] = set()
 
 
-def register_drafter(name: str, *, needs_model: bool = False) -> Callable:
+def register_drafter(name: str, *, needs_model: bool = False, weighs_runtimes: bool = False) -> Callable:
     """Decorator: file a drafter factory (or class taking a DraftContext) under `name`."""
 
     def register(factory):
@@ -107,6 +112,8 @@ def register_drafter(name: str, *, needs_model: bool = False) -> Callable:
         DRAFTERS[name] = factory
         if needs_model:
             NEEDS_MODEL.add(name)
+        if weighs_runtimes:
+            WEIGHS_RUNTIMES.add(name)
         return factory
 
     return register
