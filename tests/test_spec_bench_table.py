@@ -81,5 +81,25 @@ def test_the_report_shows_the_table_and_writes_the_csv(tmp_path):
     assert "Spec-Bench: speed-up per task category" in text
     assert "2.00× [2.00–2.00] · τ 2.50" in text
     assert "Fastest way found per category: summarization: prompt-lookup k=4 greedy · → torch; qa: cloud-only in llamacpp" in text
+    assert "The same after the first token" in text and "1.00× [1.00–1.00]" in text  # records with no trace: 1 token
     csv = pd.read_csv(tmp_path / "report" / "spec_bench.csv")
-    assert list(csv.columns[:1]) == ["method"] and "overall_speedup" in csv
+    assert list(csv.columns[:1]) == ["method"] and {"overall_speedup", "overall_decode_speedup"} <= set(csv)
+
+
+def test_the_decoding_cells_leave_the_prompts_prefill_out():
+    """Summarization's questions: every way spends 0.9 s before its first token (the prefill); after it,
+    plain int8 takes 0.9 s for its 9 more tokens and lookup, whose first cycle emitted 3, 0.1 s for 7."""
+    first_block = [{"accepted": 2, "extra_token": 5}]
+    records = []
+    for qid in (1, 2):
+        records += [record("cloud", "summarization", qid, 1.8, ttft_s=0.9, cloud_runtime="torch-int8"),
+                    record("cloud", "summarization", qid, 2.7, ttft_s=0.9, cloud_runtime="llamacpp"),
+                    record("spec", "summarization", qid, 1.0, ttft_s=0.9, trace=first_block, cloud_calls=3,
+                           num_accepted_tokens=4, corrections=3, num_draft_tokens=12)]
+    table = spec_bench_table(records, summarize(records)).set_index("method")
+    lookup = table.loc["prompt-lookup k=4 greedy · → torch"]
+    assert lookup["summarization_speedup"] == pytest.approx(1.8)  # end to end: the prefill dominates
+    assert lookup["summarization_decode_speedup"] == pytest.approx((7 / 0.1) / (9 / 0.9))  # 7x once it is out
+    assert lookup["overall_decode_speedup"] == pytest.approx(7.0)
+    assert table.loc["cloud-only in torch-int8", "summarization_decode_speedup"] == pytest.approx(1.0)
+    assert table.loc["cloud-only in llamacpp", "summarization_decode_speedup"] == pytest.approx(0.5)

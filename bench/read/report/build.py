@@ -124,10 +124,12 @@ def spec_bench_block(rows: list[dict], summary: pd.DataFrame, out: Path) -> dict
     if table.empty:
         return None
     table.to_csv(out / "spec_bench.csv", index=False)
-    shown = pd.DataFrame({"way of decoding": table["method"],
-                          **{c: [cell_text(row, c) for _, row in table.iterrows()] for c in categories(table)}})
+    def shown(decoding: bool) -> str:
+        cells = {c: [cell_text(row, c, decoding) for _, row in table.iterrows()] for c in categories(table)}
+        return page.table_html(pd.DataFrame({"way of decoding": table["method"], **cells}), "points")
+
     fastest = "; ".join(f"{c}: {m}" for c, m in fastest_per_category(table).items())
-    return {"html": page.table_html(shown, "points"), "fastest": fastest, "csv": "spec_bench.csv"}
+    return {"html": shown(False), "decoding_html": shown(True), "fastest": fastest, "csv": "spec_bench.csv"}
 
 
 def build_report(results_dir: Path, out: Path | None = None, profile: Path | None = None,
