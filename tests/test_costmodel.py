@@ -91,7 +91,20 @@ def test_a_server_of_n_edges_and_the_papers_capacity_factor():
     assert distance_capacity_factor(4, 0.01, 0.025) == pytest.approx(2.6)
 
 
-@pytest.mark.parametrize("bad", [dict(draft_step_s=0.0), dict(draft_step_s=-1.0), dict(draft_step_s=math.nan),
+def test_an_empty_block_is_a_plain_step_in_the_plain_runtime_of_a_two_runtime_cloud():
+    """A draft-free drafter (t_d = 0): a 4-token block with 2 accepted half the time, an empty block (a
+    plain step) the other half. One runtime: the empty block costs V(1) + o; two: the plain runtime's step."""
+    outcomes = Acceptance((Outcome(0.5, 4, 2, 3), Outcome(0.5, 0, 0, 1)), 0.0)
+    one = CostInputs(draft_step_s=0.0, verify_a_s=A, verify_b_s_per_token=B, verify_overhead_s=O, acceptance=outcomes)
+    assert colocated(one).cycle_s == pytest.approx(0.5 * (O + A + 5 * B) + 0.5 * (O + A + B))
+    assert colocated(one).time_per_token_s == pytest.approx(colocated(one).cycle_s / 2)
+    two = replace(one, plain_step_s=0.004)
+    assert colocated(two).cycle_s == pytest.approx(0.5 * (O + A + 5 * B) + 0.5 * 0.004)
+    with pytest.raises(ConfigError, match="an empty block escalated"):
+        Outcome(1.0, 0, 0, 0, escalated=False)
+
+
+@pytest.mark.parametrize("bad", [dict(draft_step_s=-1.0), dict(draft_step_s=math.nan),
                                  dict(verify_a_s=0.0, verify_b_s_per_token=0.0), dict(output_tokens=0.0)])
 def test_inputs_check_themselves(bad):
     values = dict(draft_step_s=T_D, verify_a_s=A, verify_b_s_per_token=B, acceptance=Acceptance.geometric(0.5, 2))
@@ -351,3 +364,52 @@ def test_the_link_terms_come_from_sequential_split_points_when_the_folder_has_th
     only_auto = [r for r in records if r.get("deployment") != "split" or point_key(r) == point_key(rep)] + auto
     fitted = fit_inputs(only_auto, rep)
     assert fitted.call_overhead_s == pytest.approx(0.01) and fitted.link.protocol_s == pytest.approx(alone.link.protocol_s + 0.01)
+
+
+# --- draft-free drafters and a cloud held in two runtimes -----------------------------------------
+P_FORWARD, P_O, P_PREFILL = 0.004, 0.0005, 0.2  # the plain runtime's step forward, its overhead, its prefill
+
+
+def plain_in(runtime: str, prompt: int) -> dict:
+    """Cloud-only decoding of 9 tokens in the plain runtime (its own step cost)."""
+    n = 9
+    gen = Generation(tokens=[5] * n, counters=Counters(cycles=n), text="one two", prefill_s=P_PREFILL,
+                     ttft_s=P_PREFILL + P_O, decode_s=P_PREFILL + P_O + (n - 1) * (P_FORWARD + P_O),
+                     cloud_s=P_PREFILL + (n - 1) * P_FORWARD)
+    return result_record(gen, point("cloud", cloud_runtime=runtime), f"p{prompt}", gen.decode_s, 1)
+
+
+def draft_free(prompt: int, cloud_runtime: str = "torch") -> dict:
+    """Prompt lookup or auto: 3-token blocks and empty ones (plain steps), no drafting time. In one runtime
+    every cycle costs o + V(n + 1); with two, an empty block costs the plain runtime's step."""
+    two = "+" in cloud_runtime
+    pattern = [(3, 3), (0, 0), (3, 1), (0, 0)][prompt % 2:] + [(3, 2)]  # (drafted, accepted)
+    latency = (P_PREFILL - P_FORWARD) if two else (CLOUD_PREFILL_S - (A + B))
+    cycles = []
+    for drafted, accepted in pattern:
+        if drafted == 0 and two:
+            seconds, cloud_s = P_FORWARD + P_O, P_FORWARD
+        else:
+            seconds, cloud_s = O + A + B * (drafted + 1), A + B * (drafted + 1)
+        cycles.append(Cycle(draft_tokens=[7] * drafted, entropies_nats=[], escalated=True, accepted=accepted,
+                            extra_token=9, extra_kind="bonus" if accepted == drafted else "correction",
+                            cloud_s=cloud_s, cloud_tokens_in=drafted + 1, drafter="auto" if two else "prompt-lookup"))
+        latency += seconds
+    counters = Counters(accepted_per_position=[0] * 3)
+    for c in cycles:
+        counters.add(c)
+    gen = Generation(tokens=[7] * sum(c.accepted + 1 for c in cycles), counters=counters, cycles=cycles, text="one two",
+                     prompt_tokens=PROMPT_TOKENS, ttft_s=0.2, decode_s=latency, cloud_s=sum(c.cloud_s for c in cycles))
+    drafter = "auto" if two else "prompt-lookup"
+    return result_record(gen, point("spec", k=3, drafter=drafter, cloud_runtime=cloud_runtime), f"p{prompt}", latency, 1)
+
+
+def test_predict_reproduces_draft_free_points_in_one_runtime_and_in_two():
+    """Exact on timelines that are the model's: no drafting time, empty blocks as plain steps, in the
+    plain runtime's step cost and prefill where the cloud is held in two runtimes."""
+    records = synthetic() + [plain_in("llamacpp", i) for i in range(N_PROMPTS)]
+    records += [draft_free(i) for i in range(N_PROMPTS)] + [draft_free(i, "llamacpp+torch") for i in range(N_PROMPTS)]
+    for key in ({"drafter": "prompt-lookup"}, {"drafter": "auto"}):
+        rep = next(r for r in spec_points(records) if r.get("drafter") == key["drafter"])
+        assert fit_inputs(records, rep).draft_step_s == 0.0
+        assert predict_point(records, rep) == pytest.approx(measured_tokens_per_s(records, key), rel=1e-9)

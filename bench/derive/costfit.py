@@ -4,7 +4,9 @@ every speculative point predicted **without its own timings**.
 Where each input comes from:
   t_d, edge prefill   the edge-only baseline (same edge model, runtime, dtype, prompts): decode wall
                       seconds per token after the first, Σ(latency_s − ttft_s) / Σ(new_tokens − 1);
-                      its ttft_s − t_d is the first draft step's extra (the prompt)
+                      its ttft_s − t_d is the first draft step's extra (the prompt); a draft-free drafter: 0
+  two runtimes        a `PLAIN+BLOCKS` cloud: V(T) and o as below in the blocks' runtime, the empty blocks'
+                      step V_plain(1) + o_plain and the prefill from the plain runtime's cloud-only baseline
   V(1), o, prefill    the cloud-only baseline: forward seconds per token (cloud_s − prefill_s) / (new_tokens
                       − 1), the rest of its decode time per token is o; prefill_s − V(1) the first verify's extra
   V(T) = a + b·T      least squares over the cloud-only step (T = 1) and the verify forwards (trace
@@ -33,6 +35,7 @@ import numpy as np
 from bench.core.network import escalation_bytes, profile
 from bench.core.point import FIELDS
 from bench.derive.costmodel import Acceptance, CostInputs, Link, Outcome, colocated, split
+from specdec.core.drafters import NEEDS_MODEL
 from specdec.errors import InputError
 
 DEPLOYMENT = ("deployment", "link", "overlap")  # what acceptance does not depend on
@@ -197,6 +200,19 @@ def cores_shared_of(point: dict) -> bool:
     return point.get("split_cores", "shared") != "disjoint"
 
 
+def plain_runtime_inputs(records: list[dict], point: dict) -> tuple[dict, dict]:
+    """(the point as its blocks' runtime sees it, the inputs a two-runtime cloud's plain runtime adds):
+    for one runtime, (point, {})."""
+    runtimes = str(point.get("cloud_runtime")).split("+")
+    if len(runtimes) == 1:
+        return point, {}
+    plain = _baseline(records, {**point, "cloud_runtime": runtimes[0]}, "cloud")
+    step_s = _decode_per_token_s(plain, lambda r: r["latency_s"] - r["ttft_s"])
+    forward_s = _decode_per_token_s(plain, lambda r: r["cloud_s"] - r["prefill_s"])
+    prefill_s = float(np.mean([r["prefill_s"] for r in plain]))
+    return {**point, "cloud_runtime": runtimes[-1]}, {"plain_step_s": step_s, "cloud_prefill_extra_s": max(prefill_s - forward_s, 0.0)}
+
+
 def fit_inputs(records: list[dict], point: dict, cores_shared: bool | None = None) -> CostInputs:
     """The model's inputs for `point` (a record or a row with the point's fields), from `records`
     without `point`'s own timings. cores_shared None: as the point's record says."""
@@ -206,11 +222,14 @@ def fit_inputs(records: list[dict], point: dict, cores_shared: bool | None = Non
     accept = acceptance(group)
     mean_drafted = accept.mean(lambda o: o.drafted)
     output_tokens = float(np.mean([r["new_tokens"] for r in group]))
-    verify, link = verify_curve(records, point), link_inputs(records, point, group, mean_drafted)
+    blocks_point, plain = plain_runtime_inputs(records, point)
+    verify, link = verify_curve(records, blocks_point), link_inputs(records, point, group, mean_drafted)
     if "call_overhead_s" in link:  # the cloud's own overhead o is a term of its own
         link["call_overhead_s"] = max(link["call_overhead_s"] - verify["verify_overhead_s"], 0.0)
+    draft_free = str(point.get("drafter") or "model") not in NEEDS_MODEL  # no drafter field: written before plug-ins
+    edge = {"draft_step_s": 0.0, "edge_prefill_extra_s": 0.0} if draft_free else edge_inputs(records, point)
     return CostInputs(acceptance=accept, output_tokens=output_tokens, cores_shared=cores_shared,
-                      **edge_inputs(records, point), **verify, **link)
+                      **edge, **{**verify, **plain}, **link)
 
 
 def predict_point(records: list[dict], point: dict, cores_shared: bool | None = None) -> float:

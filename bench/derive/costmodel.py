@@ -7,6 +7,13 @@ One speculative cycle (k drafted tokens, j of them accepted, then a correction o
   co-located            T = n·t_d' + o + V(n + 1)             (no link; t_d' the draft model on the cloud's cores)
   cloud-only            T = t_v + o                            emitted 1
   edge-only             T = t_d                                emitted 1
+  empty block (n = 0)   T = o + V_plain(1)                     emitted 1: a draft-free drafter with nothing
+                                                               to propose, or `auto` withholding its block
+
+A draft-free drafter (prompt lookup, `auto`) has t_d ≈ 0 (a lookup costs microseconds: taken as 0). A
+cloud held in two runtimes (`llamacpp+torch-int8`) verifies blocks on V (the blocks' runtime) and takes
+plain steps on V_plain (the other's cloud-only step); without one, V_plain = V. The catch-up feed a switch
+between them costs is not modelled: the prediction's error on such a point is what switching costs.
 
 with t_d the edge's wall time per drafted token (forward + sampling), V(T) = a + b·T the verify
 forward over T tokens fed (the accepted token the cloud has not seen + the n drafts), o the cloud's
@@ -55,14 +62,15 @@ class Outcome:
     """One kind of cycle and how often it happens (weights of an `Acceptance` sum to 1)."""
 
     weight: float
-    drafted: int  # n: edge draft steps (the block's length)
+    drafted: int  # n: edge draft steps (the block's length; 0: an empty block, a plain step of the cloud)
     accepted: int  # j <= n
     emitted: int  # j + 1 with a correction or bonus, j when the block ended the generation
     escalated: bool = True  # False: the gate kept the block without a cloud call
 
     def __post_init__(self) -> None:
-        if not (0 <= self.accepted <= self.drafted and self.drafted >= 1 and self.emitted >= self.accepted):
-            raise ConfigError(f"a cycle outcome needs 0 <= accepted <= drafted, drafted >= 1, emitted >= accepted; got {self}")
+        if not (0 <= self.accepted <= self.drafted and self.emitted >= self.accepted and (self.drafted or self.escalated)):
+            raise ConfigError(f"a cycle outcome needs 0 <= accepted <= drafted, emitted >= accepted, and an empty block "
+                              f"escalated (a plain step of the cloud); got {self}")
 
     @property
     def whole(self) -> bool:
@@ -156,6 +164,8 @@ class CostInputs:
     # up to 5 tokens and then climbs, a llama.cpp verify costs ~50 ms per token fed.
     verify_points: tuple[tuple[float, float], ...] = ()
     verify_overhead_s: float = 0.0  # o: the cloud's non-forward time per verify / per token of plain decoding
+    plain_step_s: float | None = None  # V_plain(1) + o_plain: an empty block's cost in a two-runtime cloud's plain
+    # runtime (None: V(1) + o, the blocks' runtime)
     edge_prefill_extra_s: float = 0.0  # a generation's first draft step (the prompt) beyond t_d
     cloud_prefill_extra_s: float = 0.0  # its first verify (the prompt) beyond V(1)
     output_tokens: float = 64.0  # tokens per generation (the prefill is paid once per this many)
@@ -168,12 +178,14 @@ class CostInputs:
     cores_shared: bool = False  # edge and server on the same cores (one machine emulating two)
 
     def __post_init__(self) -> None:
-        _positive("draft_step_s", self.draft_step_s)
+        _positive("draft_step_s", self.draft_step_s, allow_zero=True)  # 0: a draft-free drafter
         _positive("verify_a_s", self.verify_a_s, allow_zero=True)
         _positive("verify_b_s_per_token", self.verify_b_s_per_token, allow_zero=True)
         if self.verify_a_s + self.verify_b_s_per_token <= 0:
             raise ConfigError("the verify cost curve a + b·tokens must be > 0 at one token")
         _positive("output_tokens", self.output_tokens)
+        if self.plain_step_s is not None:
+            _positive("plain_step_s", self.plain_step_s)
         for name in ("verify_overhead_s", "up_bytes_per_call", "down_bytes_per_call", "call_overhead_s"):
             _positive(name, getattr(self, name), allow_zero=True)
         if self.colocated_draft_step_s is not None:
@@ -223,7 +235,10 @@ def _prefill_extra_s(x: CostInputs) -> float:
 
 
 def _outcome_s(x: CostInputs, o: Outcome, draft_step_s: float, link_s: float) -> float:
-    """One sequential cycle of outcome `o`: n drafts, then (if escalated) the call and the verify."""
+    """One sequential cycle of outcome `o`: n drafts, then (if escalated) the call and the verify; an empty
+    block in a two-runtime cloud is its plain runtime's step."""
+    if o.drafted == 0 and x.plain_step_s is not None:
+        return x.call_overhead_s + link_s + x.plain_step_s
     return o.drafted * draft_step_s + (x.verify_overhead_s + x.call_overhead_s + link_s + x.verify_s(o.drafted + 1)
                                        if o.escalated else 0.0)
 
