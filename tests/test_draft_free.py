@@ -163,20 +163,30 @@ def test_a_withheld_block_teaches_auto_its_tokens_per_verify_once_the_plain_step
     assert curve.tau == [5.0, 2] and auto.withheld == []
 
 
-def test_with_two_runtimes_auto_switches_to_blocks_only_when_the_rest_of_the_answer_pays_for_the_catch_up():
-    from specdec.core.drafters.auto import BLOCK, STEP, CostCurve
+def test_with_two_runtimes_auto_switches_only_when_the_rest_of_the_answer_pays_for_the_catch_up():
+    from specdec.core.drafters.auto import BLOCK, HOLD, PLAIN, STEP, CostCurve
     from specdec.core.session import AcceptedSequence
 
     curve = CostCurve()
-    curve.observe(STEP, 1, 0.036)  # plain step in the plain runtime
-    curve.observe(BLOCK, 5, 0.040)  # a 4-token block in the blocks' runtime
-    curve.catch_up = [10.0, 1000]  # 10 ms a token to catch up
+    curve.observe(STEP, 1, 0.036)  # plain step in the plain runtime (A)
+    curve.observe(BLOCK, 5, 0.040)  # a 4-token block in the blocks' runtime (B)
+    curve.observe(BLOCK, 2, 0.038)  # a one-token block there (a hold)
+    curve.catch_up = {BLOCK: [10.0, 1000], STEP: [0.6, 30]}  # 10 ms a token to catch B up, 20 ms for A
     curve.tau = [3.0, 1]  # tau 3: a block costs 13 ms a token against 36: 23 ms saved a token
-    long_input = AcceptedSequence(torch.arange(1000) % 50, 128)  # 999 tokens behind: ~10 s against 128 * 23 ms
-    assert not auto_drafter(curve, cloud_caches=2).pays(long_input, 4)
-    assert auto_drafter(curve, cloud_caches=1).pays(long_input, 4)  # one runtime: no catch-up to pay
+    long_input = AcceptedSequence(torch.arange(1000) % 50, 128)  # B 999 behind: ~10 s against 128 * 23 ms
+    assert not auto_drafter(curve, cloud_caches=2).stay_in_blocks(long_input, 4)
+    assert auto_drafter(curve, cloud_caches=1).propose(long_input, 4).drafter == "prompt-lookup"  # one runtime: no feed
     short_input = AcceptedSequence(torch.arange(40) % 20, 128)  # 39 behind: 0.4 s against 2.9 s saved
-    assert auto_drafter(curve, cloud_caches=2).pays(short_input, 4)
+    auto = auto_drafter(curve, cloud_caches=2)
+    assert auto.stay_in_blocks(short_input, 4)
+    # in B: nothing to propose -> a hold (38 ms a token against 36 in A: 2 ms x 128 < catching A up 39 tokens)
+    auto.in_blocks = True
+    assert auto.stay_in_blocks(short_input, 0)
+    nothing = AcceptedSequence(torch.arange(40), 128)  # no token recurs: lookup has nothing
+    proposal = auto.propose(nothing, 4)
+    assert proposal.drafter == HOLD and proposal.tokens.tolist() == [39]
+    auto.seen[STEP] = 39  # A is current: the same 2 ms a token pays for going back
+    assert not auto.stay_in_blocks(nothing, 0) and auto.propose(nothing, 4).drafter == PLAIN
 
 
 @pytest.mark.parametrize("verifier", ["cached", "stateless"])
@@ -186,7 +196,7 @@ def test_auto_switching_between_blocks_and_plain_steps_mid_request_stays_lossles
     withholds otherwise, both kinds of cycle in one request; the output is still the cloud's greedy. With
     the cloud held in two runtimes (here the same model twice), each catches up on what the other decided."""
     from specdec.core.cloud import LocalCloud, TwoRuntimeCloud
-    from specdec.core.drafters.auto import BLOCK, PLAIN, STEP, CostCurve
+    from specdec.core.drafters.auto import BLOCK, HOLD, PLAIN, STEP, CostCurve
 
     _, cloud = pair
     curve = CostCurve()
@@ -206,7 +216,7 @@ def test_auto_switching_between_blocks_and_plain_steps_mid_request_stays_lossles
         kinds |= set(drafted)
         if "prompt-lookup" in drafted and PLAIN in drafted[drafted.index("prompt-lookup") + 1:]:
             switched = True
-    assert kinds == {"prompt-lookup", PLAIN} and switched
+    assert {"prompt-lookup", PLAIN} <= kinds <= {"prompt-lookup", PLAIN, HOLD} and switched
 
 
 def test_a_two_runtime_session_sends_plain_steps_to_one_and_blocks_to_the_other(pair):
@@ -281,3 +291,16 @@ def test_only_a_drafter_that_weighs_the_switches_runs_on_a_two_runtime_cloud(tmp
                         cloud_runtime=("torch+torch-int8",), prompts=("code",), dtype=("float32",))
     assert sorted((p.mode, p.cloud_runtime, p.drafter) for p in sweep.points()) == [
         ("cloud", "torch", None), ("cloud", "torch-int8", None), ("spec", "torch+torch-int8", "auto")]
+
+
+def test_an_unmeasured_block_size_costs_what_the_nearest_measured_one_did():
+    from specdec.core.drafters.auto import BLOCK, STEP, CostCurve
+
+    curve = CostCurve()
+    assert curve.nearest(BLOCK, 2) is None
+    curve.observe(BLOCK, 5, 0.04)
+    curve.observe(BLOCK, 3, 0.03)
+    curve.observe(BLOCK, 200, 2.0)  # a catch-up feed
+    curve.observe(STEP, 1, 0.01)
+    assert curve.nearest(BLOCK, 2) == 0.03 and curve.nearest(BLOCK, 4) == 0.03 and curve.nearest(BLOCK, 5) == 0.04
+    assert curve.nearest(STEP, 2) == 0.01

@@ -18,15 +18,20 @@ that follow decide the tokens the block proposed, so its tau is read off for fre
 (matched prefix + 1: exactly what a greedy verify would have accepted; under sampling an estimate).
 
 A cloud held in two runtimes (`--cloud-runtime llamacpp+torch-int8`: plain steps in the first, blocks
-in the second, DraftContext.cloud_caches 2) adds a switching cost: the blocks' runtime first feeds the
-c tokens it has not seen (on its first block, the whole prompt). A switch is made only if what the
-blocks save over the tokens still to generate pays for that feed:
+in the second, DraftContext.cloud_caches 2) adds a switching cost: the runtime switched to first feeds
+the c tokens it has not seen (the blocks' runtime on its first block: the whole prompt). So auto keeps a
+mode, plain steps (A) or blocks (B), and switches only when the rest of the answer pays for the feed:
 
-    (t_plain(1) - t_block(n + 1) / tau_hat) * remaining  >  (c - 1) * r_block
+    a = t_plain(1)                    seconds a token in A
+    b = t_block(n + 1) / tau_hat      seconds a token in B
+    A -> B  iff  (a - b) * tokens left  >  (c_B - 1) * r_B
+    B -> A  iff  (b - a) * tokens left  >  (c_A - 1) * r_A
 
-r_block: the blocks' runtime's seconds per token over its catch-up feeds so far (0 before any: switch,
-and learn). A 1,000-token prompt at ~10 ms a token costs ~10 s to catch up, more than 128 tokens can
-save, so on long inputs the plain steps stay in the plain runtime (and the whole request is plain).
+r_A, r_B: each runtime's measured seconds per catch-up token (0 before any: switch, and learn). In B a
+cycle whose lookup finds nothing is a one-token block guessing the last token again (`hold`: a verify in
+B costs about its plain step, where an empty block would be a plain step in A, and a switch). A
+1,000-token article at ~10 ms a token costs ~10 s to catch up, more than 128 tokens can save, so on long
+inputs the request stays in A's plain steps.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ from specdec.core.verdict import Verdict
 ALPHA = 0.5  # EMA weight of the newest block's tokens per verify
 PRIOR_TAU = 2.0  # tokens per verify assumed before any block was verified on this engine
 PLAIN = "plain"  # the name a withheld (empty) block is traced under
+HOLD = "hold"  # a one-token guess that keeps a two-runtime cloud in its blocks' runtime
 BLOCK, STEP = "block", "plain"  # the two kinds of verify forward a CostCurve keeps apart
 
 
@@ -49,7 +55,7 @@ class CostCurve:
 
     def __init__(self) -> None:
         self.seconds: dict[tuple[str, int], list[float]] = {}  # (kind, tokens fed) -> [sum of seconds, count]
-        self.catch_up = [0.0, 0]  # [seconds, tokens] of block feeds that carried tokens the blocks' cache had not seen
+        self.catch_up = {BLOCK: [0.0, 0], STEP: [0.0, 0]}  # [seconds, tokens] of feeds that caught a cache up
         self.tau = [0.0, 0]  # [sum of tokens per block, blocks] (sent or read off plain steps) over earlier requests
 
     def observe(self, kind: str, tokens_fed: int, seconds: float) -> None:
@@ -61,13 +67,21 @@ class CostCurve:
         total, n = self.seconds.get((kind, tokens_fed), (0.0, 0))
         return total / n if n else None
 
+    def nearest(self, kind: str, tokens_fed: int) -> float | None:
+        """The mean at `tokens_fed`, else at the nearest size measured (a one-token hold before any was
+        sent: about a 4-token block's cost in int8); None when none of `kind` was."""
+        sizes = [m for k, m in self.seconds if k == kind]
+        if not sizes:
+            return None
+        return self.mean(kind, min(sizes, key=lambda m: (abs(m - tokens_fed), m)))
+
     def ratio(self, tokens_fed: int) -> float:
         """t_block(tokens_fed) / t_plain(1); 1 until both are measured."""
         block, step = self.mean(BLOCK, tokens_fed), self.mean(STEP, 1)
         return block / step if block and step else 1.0
 
-    def catch_up_s_per_token(self) -> float:
-        seconds, tokens = self.catch_up
+    def catch_up_s_per_token(self, kind: str) -> float:
+        seconds, tokens = self.catch_up[kind]
         return seconds / tokens if tokens else 0.0
 
     def prior_tau(self) -> float:
@@ -85,48 +99,50 @@ class Auto(DraftFree):
         self.curve: CostCurve = context.memory.setdefault(self.name, CostCurve())
         self.two_runtimes = context.cloud_caches > 1
         self.tau_hat = self.curve.prior_tau()
-        self.blocks_seen = 0  # accepted tokens the blocks' cache holds (two runtimes; its first block feeds the prompt)
+        self.seen = {BLOCK: 0, STEP: 0}  # accepted tokens each runtime's cache holds (two runtimes)
+        self.in_blocks = False  # two runtimes: the mode, blocks (B) or plain steps (A)
         self.withheld: list[tuple[int, list[int]]] = []  # (position, tokens) of blocks not sent, until the steps decide them
 
     def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
         start = time.perf_counter()
         tokens = self.lookup.propose(seq, k).tokens
-        send = tokens.numel() > 0 and self.pays(seq, tokens.numel())
-        if tokens.numel() and not send:
+        n = tokens.numel()
+        send = self.stay_in_blocks(seq, n) if self.two_runtimes else n > 0 and self.tau_hat > self.curve.ratio(n + 1)
+        if n and not send:
             self.withheld.append((seq.length, tokens.tolist()))
         self.compute_s += time.perf_counter() - start
-        if send:
+        if send and n:
             return Proposal(tokens, None, seq.length, "prompt-lookup")
+        if send:
+            return Proposal(seq.ids[-1:].clone(), None, seq.length, HOLD)
         return Proposal(tokens[:0], None, seq.length, PLAIN)
 
-    def pays(self, seq: AcceptedSequence, n: int) -> bool:
-        """The rule in the module's docstring."""
-        if self.tau_hat <= self.curve.ratio(n + 1):
-            return False
-        behind = seq.length - self.blocks_seen
-        if not self.two_runtimes or behind <= 1:
-            return True
-        step, block = self.curve.mean(STEP, 1), self.curve.mean(BLOCK, n + 1)
+    def stay_in_blocks(self, seq: AcceptedSequence, n: int) -> bool:
+        """Two runtimes: whether this cycle is a block (mode B), by the rule in the module's docstring."""
+        step, block = self.curve.mean(STEP, 1), self.curve.nearest(BLOCK, max(n, 1) + 1)
         if step is None or block is None:
-            return True  # not measured yet: switch, and learn
-        saved_s = (step - block / self.tau_hat) * seq.remaining
-        return saved_s > (behind - 1) * self.curve.catch_up_s_per_token()
+            return n > 0  # not measured yet: send what lookup finds, and learn
+        per_token_a, per_token_b = step, block / (self.tau_hat if n else 1.0)
+        if self.in_blocks:
+            behind = seq.length - self.seen[STEP]
+            return not (per_token_b - per_token_a) * seq.remaining > (behind - 1) * self.curve.catch_up_s_per_token(STEP)
+        behind = seq.length - self.seen[BLOCK]
+        return n > 0 and (per_token_a - per_token_b) * seq.remaining > (behind - 1) * self.curve.catch_up_s_per_token(BLOCK)
 
     def rollback(self, seq: AcceptedSequence, proposal: Proposal, verdict: Verdict | None) -> DraftNote:
-        """Learn from the verify: its forward's seconds by kind and tokens fed, a sent block's tokens per
-        verify, and those of withheld blocks whose tokens the plain steps have now decided."""
+        """Learn from the verify: its forward's seconds by kind and tokens fed (a feed beyond the block's
+        own tokens: the runtime caught up, its seconds per token), a lookup block's tokens per verify, and
+        those of withheld blocks whose tokens the plain steps have now decided."""
         if verdict is None:
             return DraftNote()
-        seconds = verdict.read_at - verdict.sent_at
-        if len(proposal):
-            self.curve.observe(BLOCK, verdict.tokens_in, seconds)
-            if verdict.tokens_in > len(proposal) + 1:  # the blocks' cache caught up: its per-token cost
-                self.curve.catch_up[0] += seconds
-                self.curve.catch_up[1] += verdict.tokens_in
-            self.blocks_seen = proposal.base + verdict.accepted
+        seconds, kind = verdict.read_at - verdict.sent_at, BLOCK if len(proposal) else STEP
+        self.curve.observe(kind, verdict.tokens_in, seconds)
+        if verdict.tokens_in > len(proposal) + 1:
+            self.curve.catch_up[kind][0] += seconds
+            self.curve.catch_up[kind][1] += verdict.tokens_in
+        self.seen[kind], self.in_blocks = proposal.base + verdict.accepted, kind == BLOCK
+        if proposal.drafter == "prompt-lookup":
             self.learn(verdict.accepted + 1)
-        else:
-            self.curve.observe(STEP, verdict.tokens_in, seconds)
         self.read_withheld(seq)
         return DraftNote()
 
