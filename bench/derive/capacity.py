@@ -152,7 +152,12 @@ def mean_acceptance(tokens_per_verify: float, k: int) -> Acceptance:
 
 
 def fleet_cost_inputs(fit: dict, edge: dict, k: int) -> CostInputs:
-    """bench/derive/costmodel.py's inputs from a fleet's fitted cost curve and one edge alone (module docstring)."""
+    """bench/derive/costmodel.py's inputs from a fleet's fitted cost curve and one edge alone (module docstring).
+    The cost model takes t_d = 0 (a draft-free drafter); the paper's factor 1 + γ·t_d / t_v would read it as
+    no gain, so a fleet's edge must have spent time of its own."""
+    if not (isinstance(edge["g_s"], (int, float)) and edge["g_s"] > 0):
+        raise ConfigError(f"draft_step_s must be a finite number > 0 (the edge's own time per drafted token), "
+                          f"got {edge['g_s'] / k!r}")
     return CostInputs(draft_step_s=edge["g_s"] / k, verify_a_s=fit["a_s"], verify_b_s_per_token=fit["b_s_per_token"],
                       acceptance=mean_acceptance(edge["alpha"], k), output_tokens=edge["n"], link=Link(rtt_s=edge["rtt_s"]))
 
