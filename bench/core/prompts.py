@@ -50,7 +50,7 @@ class PromptInputs:
     """Which prompts a run reads (the harness's settings beside the engine's, specdec/core/config.py)."""
 
     prompts: str = field(metadata={"help": "JSONL file, JSON manifest, a shipped set (zh-describe, zh-chat, "
-                                           "en-chat, code, audio-samples), or Spec-Bench's questions: " + SPEC_BENCH_HELP})
+                                           "en-chat, code, edit-code, edit-text, audio-samples), or Spec-Bench's questions: " + SPEC_BENCH_HELP})
     limit: int | None = field(default=None, metadata={"help": "only the first N prompts (of each set)"})
     max_audio_s: float = field(default=MAX_SECONDS, metadata={
         "help": "refuse longer audio clips, in seconds (capped by the model's own window)",
