@@ -414,3 +414,32 @@ def test_ready_names_the_models_folder_only_to_clients_on_this_machine(models, p
     assert decode(background.server.ready)["model"] == pair["cloud"]  # loopback: `specbench score` needs it
     assert decode(background.server.ready_remote)["model"] == os.path.basename(pair["cloud"]) == "cloud"
     background.server.compute.shutdown()
+
+
+# -- 6. a session that mixes verify and generate (found by tests/test_fuzz_protocol.py's generator) -----
+@pytest.mark.parametrize("draft", [[7, 1, 30], [63, 63, 63]], ids=["some accepted", "accepted 0"])
+def test_generate_after_a_verify_continues_from_the_accepted_sequence(models, draft, caplog):
+    """hello -> open -> verify -> generate once answered `internal` ("AssertionError: cache length 5
+    must be < accepted length 5") and logged a traceback: the verdict's correction (or bonus) was not
+    yet in the server's mirror, so the cache had seen every accepted token. Now the generate takes the
+    verdict's token first and continues, as the edge would: the verified prefix, the token, then the
+    cloud's greedy tokens, equal to a cloud-only generate of that prefix."""
+    caplog.set_level(logging.WARNING, logger="specbench.serve")
+    with BackgroundServer(models["cloud"]) as url:
+        ws = raw_client(url)
+        ws.send(opening())
+        ws.send(encode("verify", base=6, new=[], draft=draft, probs=None))
+        verdict = decode(ws.recv(timeout=30))
+        assert verdict["type"] == "verdict"
+        if draft[0] == 63:
+            assert verdict["accepted"] == 0
+        ws.send(encode("generate"))
+        generated = decode(ws.recv(timeout=60))
+        assert generated["type"] == "generated", generated
+        prefix = draft[: verdict["accepted"]] + [verdict["token"]]
+        assert generated["tokens"][: len(prefix)] == prefix and len(generated["tokens"]) == 8
+        alone = raw_client(url)  # the same prefix given as the prompt: its cloud-only continuation
+        alone.send(opening(prompt_ids=IDS.tolist() + prefix, max_new_tokens=8 - len(prefix)))
+        alone.send(encode("generate"))
+        assert decode(alone.recv(timeout=60))["tokens"] == generated["tokens"][len(prefix):]
+    assert not [r for r in caplog.records if r.exc_info], "verify then generate logged a traceback"
