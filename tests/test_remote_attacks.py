@@ -443,3 +443,35 @@ def test_generate_after_a_verify_continues_from_the_accepted_sequence(models, dr
         alone.send(encode("generate"))
         assert decode(alone.recv(timeout=60))["tokens"] == generated["tokens"][len(prefix):]
     assert not [r for r in caplog.records if r.exc_info], "verify then generate logged a traceback"
+
+
+def test_constraints_that_mask_the_whole_vocabulary_are_one_line_without_an_exception_name(models, caplog):
+    """Found by tests/test_fuzz_protocol.py: an open with vocab 1, the zh profile and eos [0], then a
+    verify, answered "this session's verdict failed: SpecdecError: the cloud distribution is not
+    finite at temperature 0": an exception's class name on the wire and a cause the user cannot see."""
+    caplog.set_level(logging.WARNING, logger="specbench.serve")
+    with BackgroundServer(models["cloud"]) as url:
+        ws = raw_client(url)
+        ws.send(opening(prompt_ids=[0], max_new_tokens=1, constraints="zh", eos_ids=[0], vocab=1))
+        ws.send(encode("verify", base=1, new=[], draft=[0], probs=None))
+        error, _ = refused(ws)
+        assert error["code"] == "verify_failed"
+        assert error["message"] == ("this session's verdict failed: the constraints allow no token of this session's "
+                                    "vocabulary (1): widen vocab or use other constraints")
+        still_serves(models, url)
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_an_eos_id_outside_the_sessions_vocab_is_refused_at_open(models, caplog):
+    """Found by tests/test_fuzz_protocol.py: open {vocab 33, constraints zh, eos_ids [49]} was taken
+    (49 < the model's 64), and its first verify logged a traceback (IndexError in the zh profile's
+    index_fill) and answered the IndexError's text. The eos ids are now checked against the session's
+    vocab at open."""
+    caplog.set_level(logging.WARNING, logger="specbench.serve")
+    with BackgroundServer(models["cloud"]) as url:
+        ws = raw_client(url)
+        ws.send(opening(constraints="zh", eos_ids=[49], vocab=33))
+        ws.send(encode("verify", base=6, new=[], draft=[1], probs=None))
+        error, _ = refused(ws)
+        assert (error["code"], error["message"]) == ("bad_message", "field 'eos_ids' must hold token ids in [0, 33)")
+    assert not [r for r in caplog.records if r.exc_info]

@@ -163,7 +163,7 @@ class ServerSession:
                                 f"{decode_config.max_new_tokens} need more positions than model {model.name!r} has "
                                 f"({limit}): lower max_new_tokens", code="too_long")
         self.vocab, self.policy = settings["vocab"], settings["policy"]
-        eos_ids = frozenset(token_ids(message, "eos_ids", vocab_limit))
+        eos_ids = frozenset(token_ids(message, "eos_ids", self.vocab))  # the constraints index the session's vocab
         self.constraints = constraints = build_constraints(model, settings["constraints"], self.vocab, eos_ids)
         prompt = Prompt(torch.tensor(prompt_ids, dtype=torch.long), features)
         generator = torch.Generator().manual_seed((settings["seed"] + CLOUD_SEED_OFFSET) % SEED_RANGE)
