@@ -165,7 +165,8 @@ def _one_row_each(records: list[dict], numbers: list[int], path: Path) -> None:
     seen: dict[tuple, int] = {}
     first = records[0] if records else {}
     for record, number in zip(records, numbers):
-        if (other := next((n for n in FIXED if record.get(n) != first.get(n)), None)) is not None:
+        # Only where both say (a record without the field is another problem, named by its reader).
+        if (other := next((n for n in FIXED if n in record and n in first and record[n] != first[n]), None)) is not None:
             raise InputError(f"{path} line {number} has {other} {record.get(other)!r}, line {numbers[0]} "
                              f"{first.get(other)!r}: a line from another folder; restore the file, or delete that line")
         if record.get("status", "ok") != "ok":
