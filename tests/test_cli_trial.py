@@ -4,6 +4,7 @@ runtime peers' settings: each is one `error:` line naming the problem and the fi
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -118,12 +119,22 @@ def test_run_names_a_missing_gguf_and_a_failing_example(tmp_path, capsys):
 
 
 def test_ctrl_c_mid_run_is_one_line_and_130(tmp_path):
-    """The stand-in interrupts its parent the way a terminal's Ctrl-C does, then waits to be stopped."""
-    binary = fake_example(tmp_path, "kill -INT $PPID; sleep 30")
+    """The stand-in interrupts its parent the way a terminal's Ctrl-C does, then waits to be stopped.
+
+    A terminal's Ctrl-C reaches a foreground process, whose SIGINT is at its default. A suite started
+    with SIGINT ignored (a background job of a script, `cmd &`, as a run beside a busy core may be)
+    passed that on to the child, whose Python then installs no KeyboardInterrupt: the child slept its
+    30 s and failed. So the child starts here with SIGINT at its default whatever launched pytest (a
+    Python handler in the parent becomes SIG_DFL across exec)."""
+    binary = fake_example(tmp_path, "kill -INT $PPID; exec sleep 30")  # exec: the parent's kill stops the sleep too
     (tmp_path / "m.gguf").write_bytes(b"")
-    done = subprocess.run([sys.executable, "-m", "bench.measure.llama_speculative", "run", "--binary", str(binary),
-                           "--target", str(tmp_path / "m.gguf"), "--draft", str(tmp_path / "m.gguf"), "--prompt", "hi"],
-                          capture_output=True, text=True, timeout=60, env={**os.environ, BINARY_ENV: ""})
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        done = subprocess.run([sys.executable, "-m", "bench.measure.llama_speculative", "run", "--binary", str(binary),
+                               "--target", str(tmp_path / "m.gguf"), "--draft", str(tmp_path / "m.gguf"), "--prompt", "hi"],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, BINARY_ENV: ""})
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert done.returncode == 130 and done.stderr.strip() == "interrupted: nothing written", done.stderr
 
 

@@ -414,3 +414,64 @@ def test_ready_names_the_models_folder_only_to_clients_on_this_machine(models, p
     assert decode(background.server.ready)["model"] == pair["cloud"]  # loopback: `specbench score` needs it
     assert decode(background.server.ready_remote)["model"] == os.path.basename(pair["cloud"]) == "cloud"
     background.server.compute.shutdown()
+
+
+# -- 6. a session that mixes verify and generate (found by tests/test_fuzz_protocol.py's generator) -----
+@pytest.mark.parametrize("draft", [[7, 1, 30], [63, 63, 63]], ids=["some accepted", "accepted 0"])
+def test_generate_after_a_verify_continues_from_the_accepted_sequence(models, draft, caplog):
+    """hello -> open -> verify -> generate once answered `internal` ("AssertionError: cache length 5
+    must be < accepted length 5") and logged a traceback: the verdict's correction (or bonus) was not
+    yet in the server's mirror, so the cache had seen every accepted token. Now the generate takes the
+    verdict's token first and continues, as the edge would: the verified prefix, the token, then the
+    cloud's greedy tokens, equal to a cloud-only generate of that prefix."""
+    caplog.set_level(logging.WARNING, logger="specbench.serve")
+    with BackgroundServer(models["cloud"]) as url:
+        ws = raw_client(url)
+        ws.send(opening())
+        ws.send(encode("verify", base=6, new=[], draft=draft, probs=None))
+        verdict = decode(ws.recv(timeout=30))
+        assert verdict["type"] == "verdict"
+        if draft[0] == 63:
+            assert verdict["accepted"] == 0
+        ws.send(encode("generate"))
+        generated = decode(ws.recv(timeout=60))
+        assert generated["type"] == "generated", generated
+        prefix = draft[: verdict["accepted"]] + [verdict["token"]]
+        assert generated["tokens"][: len(prefix)] == prefix and len(generated["tokens"]) == 8
+        alone = raw_client(url)  # the same prefix given as the prompt: its cloud-only continuation
+        alone.send(opening(prompt_ids=IDS.tolist() + prefix, max_new_tokens=8 - len(prefix)))
+        alone.send(encode("generate"))
+        assert decode(alone.recv(timeout=60))["tokens"] == generated["tokens"][len(prefix):]
+    assert not [r for r in caplog.records if r.exc_info], "verify then generate logged a traceback"
+
+
+def test_constraints_that_mask_the_whole_vocabulary_are_one_line_without_an_exception_name(models, caplog):
+    """Found by tests/test_fuzz_protocol.py: an open with vocab 1, the zh profile and eos [0], then a
+    verify, answered "this session's verdict failed: SpecdecError: the cloud distribution is not
+    finite at temperature 0": an exception's class name on the wire and a cause the user cannot see."""
+    caplog.set_level(logging.WARNING, logger="specbench.serve")
+    with BackgroundServer(models["cloud"]) as url:
+        ws = raw_client(url)
+        ws.send(opening(prompt_ids=[0], max_new_tokens=1, constraints="zh", eos_ids=[0], vocab=1))
+        ws.send(encode("verify", base=1, new=[], draft=[0], probs=None))
+        error, _ = refused(ws)
+        assert error["code"] == "verify_failed"
+        assert error["message"] == ("this session's verdict failed: the constraints allow no token of this session's "
+                                    "vocabulary (1): widen vocab or use other constraints")
+        still_serves(models, url)
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_an_eos_id_outside_the_sessions_vocab_is_refused_at_open(models, caplog):
+    """Found by tests/test_fuzz_protocol.py: open {vocab 33, constraints zh, eos_ids [49]} was taken
+    (49 < the model's 64), and its first verify logged a traceback (IndexError in the zh profile's
+    index_fill) and answered the IndexError's text. The eos ids are now checked against the session's
+    vocab at open."""
+    caplog.set_level(logging.WARNING, logger="specbench.serve")
+    with BackgroundServer(models["cloud"]) as url:
+        ws = raw_client(url)
+        ws.send(opening(constraints="zh", eos_ids=[49], vocab=33))
+        ws.send(encode("verify", base=6, new=[], draft=[1], probs=None))
+        error, _ = refused(ws)
+        assert (error["code"], error["message"]) == ("bad_message", "field 'eos_ids' must hold token ids in [0, 33)")
+    assert not [r for r in caplog.records if r.exc_info]

@@ -22,8 +22,10 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_timing_tests_leave_the_default_run_and_ci_runs_them_on_their_own():
+    """And the long fuzz leaves it too (its quick run stays in): docs/fuzzing.md."""
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert "addopts = \"--strict-markers -m 'not timing'\"" in pyproject and "\n    \"timing:" in pyproject
+    assert "addopts = \"--strict-markers -m 'not timing and not fuzz'\"" in pyproject
+    assert "\n    \"timing:" in pyproject and "\n    \"fuzz:" in pyproject
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert ".venv/bin/pytest -q -m timing" in ci
     assert ci.index(".venv/bin/pytest -q -m timing") > ci.index(readme_commands()[1])

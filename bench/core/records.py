@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 
+from bench.core.point import AXES
 from specdec.errors import InputError
 from specdec.core.text import punctuation_density
 from specdec.core.trace import Generation
@@ -147,7 +148,35 @@ def parse_records(data: bytes, path: Path, required: tuple[str, ...] = RESULT_FI
             raise InputError(f"{path} line {number} {what}: not a record specbench wrote; restore the file, "
                              "or delete that line")
         records.append(record)
+    if required == RESULT_FIELDS:
+        _one_row_each(records, [n for n, line in enumerate(data.split(b"\n"), start=1) if line.strip()], path)
     return records
+
+
+ROW = ("id", "repeat", *AXES)  # one result row: a prompt's repeat at one point
+FIXED = ("max_new_tokens", "temperature", "seed", "turns")  # the same for every row of a folder
+
+
+def _one_row_each(records: list[dict], numbers: list[int], path: Path) -> None:
+    """A line pasted twice or from another folder would be read as one more measurement, silently:
+    a row measured ok twice, or a row with other fixed settings than the first, is damage."""
+    if any("client" in record for record in records):  # a fleet's: one row per request, a prompt replayed many times
+        return
+    seen: dict[tuple, int] = {}
+    first = records[0] if records else {}
+    for record, number in zip(records, numbers):
+        # Only where both say (a record without the field is another problem, named by its reader).
+        if (other := next((n for n in FIXED if n in record and n in first and record[n] != first[n]), None)) is not None:
+            raise InputError(f"{path} line {number} has {other} {record.get(other)!r}, line {numbers[0]} "
+                             f"{first.get(other)!r}: a line from another folder; restore the file, or delete that line")
+        if record.get("status", "ok") != "ok":
+            continue
+        row = tuple(json.dumps(record.get(n), sort_keys=True) for n in ROW)
+        if row in seen:
+            raise InputError(f"{path} line {number} measures again the row of line {seen[row]} (id "
+                             f"{record['id']!r}): a line pasted twice or from another folder; restore the file, "
+                             "or delete one of them")
+        seen[row] = number
 
 
 def read_records(path: Path, required: tuple[str, ...] = RESULT_FIELDS) -> list[dict]:

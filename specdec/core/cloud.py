@@ -86,6 +86,9 @@ class LocalCloudSession:
         """The verdict on a block from its cloud logits [n+1, V] (computed alone or in a shared forward)."""
         cloud_logits = logits[:, : self.vocab]  # [n+1, V]
         cloud_logits = process_rows(cloud_logits, seq.generated, draft_tokens.tolist(), self.constraints)
+        if bool(torch.isneginf(cloud_logits).all(-1).any()):  # e.g. vocab 1 under a profile that masks that token
+            raise SpecdecError(f"the constraints allow no token of this session's vocabulary ({self.vocab}): "
+                               "widen vocab or use other constraints")
         cloud_probs = distribution(cloud_logits, self.decode.temperature)
         if not bool(torch.isfinite(cloud_probs).all()):
             raise SpecdecError(f"the cloud distribution is not finite at temperature {self.decode.temperature:g}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,7 @@ from specdec.core.verdict import Verdict
 from specdec.errors import SpecdecError
 
 
+logger = logging.getLogger("specbench.serve")
 LOG_ENTRIES = 100_000  # forwards kept for `stats` (a fleet level reads its own as it ends)
 YIELDS = 3  # event-loop turns between answering a batch and taking the next (future -> coroutine -> queue)
 
@@ -169,5 +171,8 @@ def _conclude_alone(request: QueuedRow, logits: torch.Tensor) -> Verdict | RowFa
     finite, a policy error) that row fails alone, its neighbours in the forward keep theirs."""
     try:
         return request.session.conclude(request.row, logits)
-    except Exception as e:  # one session's settings or policy must not fail the others in its batch
-        return RowFailed(f"this session's verdict failed: {type(e).__name__}: {e}")
+    except SpecdecError as e:  # one session's settings or policy must not fail the others in its batch
+        return RowFailed(f"this session's verdict failed: {e}")
+    except Exception:  # a bug: its traceback goes to the server's log, not to the client
+        logger.exception("a session's verdict failed")
+        return RowFailed("this session's verdict failed on a server bug (the server's log has it)")

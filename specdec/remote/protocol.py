@@ -11,9 +11,11 @@ the connection, or the server's idle TTL, whichever comes first.
   generate {}                                           generated {tokens, stopped_by, queue_s[], compute_s[], batch[]}
   stats  {since}                                        stats   {batches: [{t_s, rows, tokens, max_block, positions, forward_s}], next}
   close  {}                                             error   {code, message}, then the server closes the connection
+                                                        (code: one of ERROR_CODES below)
 
 `generate` = cloud-only serving: the server produces every remaining token itself, one batched
-next-token step at a time. `batch` = rows in the forward that served the request (its
+next-token step at a time; after verifies it continues from their accepted sequence (the last
+verdict's token first). `batch` = rows in the forward that served the request (its
 `compute_s` is that whole forward). `stats` needs no session: the batch log from entry `since` on.
 
 `verify.new` = accepted tokens the server has not seen (corrections, bonuses and unescalated blocks
@@ -39,6 +41,24 @@ from safetensors.torch import save as save_tensors
 from specdec.errors import ConfigError
 
 SCHEMA = 1
+# Every `error.code` the server sends, and what it means. `error.message` is one line for a person;
+# an `internal` one never carries an exception's text (the server's log has it).
+ERROR_CODES = {
+    "bad_message": "a message that breaks the protocol: undecodable, wrong type or field, out of range",
+    "no_session": "verify or generate before open",
+    "out_of_sync": "verify.base disagrees with the server's accepted length",
+    "too_long": "the prompt plus max_new_tokens exceed the model's positions",
+    "no_audio": "audio features sent to a text-only model",
+    "schema": "hello.schema is not this server's",
+    "auth": "a bad or missing token",
+    "capacity": "too many connections, sessions, or sessions of this client",
+    "idle": "a connection without a session idled too long",
+    "expired": "a session idled past the server's TTL",
+    "verify_failed": "this session's verdict failed (its settings or policy); other sessions go on",
+    "shutdown": "the server is stopping",
+    "refused": "the session's own failure, not one of the above",
+    "internal": "a bug in the server: logged there; this session ends, the server goes on",
+}
 MAX_DRAFT_TOKENS = 64  # per verify; k beyond this is refused by the server
 
 # Settings an `open` carries, with their types: the server validates each before using it.

@@ -51,6 +51,7 @@ CLOUD_SEED_OFFSET = 0x9E3779B9
 SEED_RANGE = 1 << 64  # torch seeds are 64-bit: the cloud's seed wraps instead of overflowing
 SHUTDOWN_ANSWER_POLLS = 200  # 10 ms each: at most 2 s for requests in flight to get their error verdict
 SHUTDOWN = "the server is shutting down (SIGTERM or SIGINT): retry against a running server"
+INTERNAL = "the server failed on this session (its log has the details): retry, or report it with that log"
 logger = logging.getLogger("specbench.serve")
 
 
@@ -162,7 +163,7 @@ class ServerSession:
                                 f"{decode_config.max_new_tokens} need more positions than model {model.name!r} has "
                                 f"({limit}): lower max_new_tokens", code="too_long")
         self.vocab, self.policy = settings["vocab"], settings["policy"]
-        eos_ids = frozenset(token_ids(message, "eos_ids", vocab_limit))
+        eos_ids = frozenset(token_ids(message, "eos_ids", self.vocab))  # the constraints index the session's vocab
         self.constraints = constraints = build_constraints(model, settings["constraints"], self.vocab, eos_ids)
         prompt = Prompt(torch.tensor(prompt_ids, dtype=torch.long), features)
         generator = torch.Generator().manual_seed((settings["seed"] + CLOUD_SEED_OFFSET) % SEED_RANGE)
@@ -170,6 +171,10 @@ class ServerSession:
         self.seq = AcceptedSequence(prompt.input_ids, decode_config.max_new_tokens)
         self.cloud = LocalCloudSession(model.backend, prompt, spec, decode_config, constraints, self.vocab, generator)
         self.features_pending = bool(features)
+        # The last verdict's correction or bonus: the edge's next `new` carries it back, and a
+        # `generate` after a verify takes it into the mirror first (the cache has seen every token of
+        # the mirror then: the step needs at least one it has not).
+        self.pending: int | None = None
         self.last_active = time.monotonic()
 
     def prepare(self, message: dict) -> BatchRow:
@@ -185,7 +190,17 @@ class ServerSession:
         # No `probs`: a draft-free block, each token a point mass (specdec/core/policies/sample.py).
         probs = unpack_probs(message["probs"], len(draft), self.vocab) if message.get("probs") is not None else None
         self.seq.extend(new)
+        self.pending = None
         return BatchRow(self.cloud.verifier, self.seq, torch.tensor(draft, dtype=torch.long), probs)
+
+    def take_pending(self) -> int | None:
+        """Before cloud-only steps: the last verdict's token joins the mirror, as the edge took it
+        (None if there was none, or the budget is spent)."""
+        token, self.pending = self.pending, None
+        if token is None or not self.seq.remaining:
+            return None
+        self.seq.extend([token])
+        return token
 
     def next_step(self) -> BatchRow:
         """A next-token step of cloud-only serving: a block with no draft."""
@@ -201,6 +216,7 @@ class ServerSession:
         if row.draft_tokens.numel():
             self.seq.extend(row.draft_tokens[: verdict.accepted].tolist())
             self.cloud.rollback(self.seq.length, self.seq)
+            self.pending = verdict.next_token
         else:
             self.seq.extend([verdict.next_token])
         return verdict
@@ -263,8 +279,8 @@ class VerifierServer:
             pass
         except Exception as e:  # a bug must not take the server down: report it, close this session only
             self.stats["errors"] += 1
-            logger.exception("session failed")
-            await self.refuse(ws, "internal", f"{type(e).__name__}: {e}")
+            logger.exception("session failed")  # the traceback stays in the server's log, not on the wire
+            await self.refuse(ws, "internal", INTERNAL)
         finally:
             self.connections -= 1
             self.answering.discard(ws)
@@ -317,7 +333,10 @@ class VerifierServer:
         batched with every other session's steps and verifies."""
         steps: list[dict] = []
         stopped_by = "max_new_tokens"
-        while session.seq.remaining:
+        taken = session.take_pending()  # after a verify: its correction or bonus first
+        if taken is not None and session.constraints.stop.stops(taken, len(session.seq.generated)):
+            stopped_by = "stop_token"
+        while session.seq.remaining and stopped_by != "stop_token":
             if ws.state is not State.OPEN:  # its client is gone: stop generating for no one
                 raise ConnectionClosed(None, None)
             served = await self.batcher.submit(session, session.next_step(), client_address(ws))

@@ -68,9 +68,13 @@ def _meta(results_dir: Path) -> tuple[str, dict]:
         path = results_dir / name
         if path.is_file():
             try:
-                return kind, json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path} is not valid JSON ({e}): restore it or delete it") from None
+                meta = json.loads(path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:  # bytes flipped on disk are not UTF-8
+                why = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+                raise InputError(f"{path} is not valid JSON ({why}): restore it or delete it") from None
+            if not isinstance(meta, dict):
+                raise InputError(f"{path} is not a JSON object: restore it or delete it")
+            return kind, meta
     return "run", {}
 
 
