@@ -413,3 +413,15 @@ def test_predict_reproduces_draft_free_points_in_one_runtime_and_in_two():
         rep = next(r for r in spec_points(records) if r.get("drafter") == key["drafter"])
         assert fit_inputs(records, rep).draft_step_s == 0.0
         assert predict_point(records, rep) == pytest.approx(measured_tokens_per_s(records, key), rel=1e-9)
+
+
+def test_points_the_folder_has_no_inputs_for_are_left_out_by_name(tmp_path, capsys):
+    """A Spec-Bench sweep has draft-free points (no edge model) and a model drafter's (no edge-only
+    decoding measured): the first are predicted, the second named with what is missing."""
+    records = [r for r in synthetic() if r["mode"] != "edge"] + [draft_free(i) for i in range(N_PROMPTS)]
+    write_folder(tmp_path / "r", records)
+    assert main(["predict", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "1 spec points: median |error| 0.0%" in out
+    assert out.count("left out spec float32 code greedy k=") == 2 and "no edge-only baseline" in out
+    assert len(pd.read_csv(tmp_path / "r" / "predictions.csv")) == 1

@@ -89,10 +89,16 @@ def predict_folder(folder: Path, cores_shared: bool | None = None) -> int:
         raise InputError(f"{folder} has no spec points to predict: rerun the sweep with --mode edge,cloud,spec")
     summary = summarize(records)
     measured = {columns_key(row[c] for c in COLUMNS): row for _, row in summary.iterrows()}
-    rows = []
+    rows, left_out = [], []  # left out: (label, why) of points whose inputs the folder lacks
     for point in points:
         row = measured[columns_key(point.get(c) for c in COLUMNS)]
-        predicted = predict_point(records, point, cores_shared)
+        try:
+            predicted = predict_point(records, point, cores_shared)
+        except InputError as e:
+            if len(left_out) + 1 == len(points) and not rows:
+                raise  # nothing to predict at all: the one line says what to rerun
+            left_out.append((Point.from_row(point).label(), str(e)))
+            continue
         rows.append({**{c: row[c] for c in COLUMNS}, "label": Point.from_row(point).label(),
                      "measured_tokens_per_s": row["tokens_per_s"],
                      "measured_tokens_per_s_ci_low": row["tokens_per_s_ci_low"],
@@ -108,6 +114,8 @@ def predict_folder(folder: Path, cores_shared: bool | None = None) -> int:
     print(f"{len(table)} spec points: median |error| {errors.median():.1%}, largest {errors.max():.1%} "
           f"({worst['label']}: measured {worst['measured_tokens_per_s']:.3g}, predicted "
           f"{worst['predicted_tokens_per_s']:.3g} tok/s)")
+    for label, why in left_out:  # e.g. a model drafter's point in a sweep with no edge-only decoding
+        print(f"left out {label}: {why}")
     print(f"predictions: {folder / 'predictions.csv'}")
     return 0
 
