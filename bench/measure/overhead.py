@@ -55,7 +55,7 @@ def harness_overhead(pair: Pair, mode: str = "spec", repeats: int = 3, network: 
                         engine.generate(record.prompt)
                         bare[record.id].append(time.perf_counter() - start)
                     else:
-                        instrumented(engine, record, point, results, net)
+                        instrumented(engine, record, {**point, "repeat": r}, results, net)  # one row per repeat
                         harness[record.id].append(time.perf_counter() - start)
         rows = results.read()
     bare_s = sum(statistics.median(v) for v in bare.values())
