@@ -153,3 +153,21 @@ def _summary_and_labels(folder, records):
     write_folder(folder, records)
     inputs = load_inputs(folder)
     return inputs.summary, point_labels(inputs.summary)
+
+
+def test_draft_free_points_are_not_placed_on_a_drafting_models_map(tmp_path):
+    """The map's axes are a drafting model's acceptance and RTT: prompt lookup's points (no edge model,
+    t_d = 0) stay off it, and a folder with only those and no edge-only decoding still gets its report."""
+    from tests.test_costmodel import N_PROMPTS, draft_free
+
+    records = synthetic() + [draft_free(i) for i in range(N_PROMPTS)]
+    write_folder(tmp_path / "r", records)
+    inputs = load_inputs(tmp_path / "r")
+    panels, _ = build_panels(inputs.ok_rows, inputs.summary, point_labels(inputs.summary))
+    assert [len(p.placed) for p in panels] == [2]  # k = 2 and 4 of the model drafter, not the lookup point
+    html, _ = _html(tmp_path, records)
+    assert 'id="pays"' in html
+    only = [r for r in records if r["mode"] != "edge" and not (r["mode"] == "spec" and r.get("drafter") in (None, "model"))]
+    (tmp_path / "only").mkdir()
+    html, _ = _html(tmp_path / "only", only)  # once divided by the lookup's t_d = 0 here
+    assert 'id="points"' in html and 'id="pays"' in html

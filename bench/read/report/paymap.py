@@ -35,6 +35,7 @@ from bench.derive.regions import (LOSSLESS, ahead_colocated_rtt_bound_s, alpha_o
 from bench.derive.summary import PLACED, baseline, fastest_cloud, plain_label  # noqa: E402
 from bench.read.report.inputs import ReportInputs  # noqa: E402
 from bench.read.report.page import image_src  # noqa: E402
+from specdec.core.drafters import NEEDS_MODEL  # noqa: E402
 from bench.read.report.pareto import set_name  # noqa: E402
 from specdec.errors import ConfigError, InputError  # noqa: E402
 
@@ -162,8 +163,11 @@ def _model_way(records: list[dict], point: dict, measured: dict, x: CostInputs, 
 
 
 def build_panels(records: list[dict], summary: pd.DataFrame, labels: pd.Series) -> tuple[list[Panel], list[str]]:
-    """The map's panels, and one line per reason a panel could not be fitted (predict's wording)."""
-    rows, points, panels, hints = _rows_by_key(summary), spec_points(records), [], []
+    """The map's panels, and one line per reason a panel could not be fitted (predict's wording). The map
+    is a drafting model's (its axes: the acceptance of its drafts, the link's RTT): draft-free drafters'
+    points are not placed on it."""
+    rows, panels, hints = _rows_by_key(summary), [], []
+    points = [p for p in spec_points(records) if str(p.get("drafter") or "model") in NEEDS_MODEL]
     groups: dict[tuple, list[dict]] = {}
     for point in points:
         groups.setdefault((pairing_of(point), point["prompts"]), []).append(point)
