@@ -43,7 +43,7 @@ class Engine(EngineConfig):
         super().__post_init__()
         if self.mode == "spec":
             self.spec.check_decoding(self.decode)
-            if len(runtime_parts(self.cloud_runtime)) > 1 and self.spec.drafter not in WEIGHS_RUNTIMES:
+            if self.two_runtimes and self.spec.drafter not in WEIGHS_RUNTIMES:
                 raise ConfigError(f"--cloud-runtime {self.cloud_runtime} needs a drafter that weighs switching between "
                                   f"the two runtimes ({', '.join(sorted(WEIGHS_RUNTIMES))}); {self.spec.drafter!r} would "
                                   "feed the whole prompt to each: use --drafter auto or one runtime")
@@ -68,13 +68,19 @@ class Engine(EngineConfig):
         self._derived.pop("overlap", None)
         self._derived.pop("drafter_memory", None)
 
+    @property
+    def two_runtimes(self) -> bool:
+        """The cloud is held in two runtimes (--cloud-runtime PLAIN+BLOCKS)."""
+        return len(runtime_parts(self.cloud_runtime)) > 1
+
     def model(self, role: str) -> LoadedModel:
         """The edge or cloud model, loaded on first use. A cloud held in two runtimes (PLAIN+BLOCKS) is
         "cloud" in the blocks' runtime (it verifies, its tokenizer encodes) and PLAIN_STEPS in the other."""
         if role not in self._models:
-            name, *runtimes = (self.cloud, *runtime_parts(self.cloud_runtime)) if role == PLAIN_STEPS else \
-                (getattr(self, role), *runtime_parts(getattr(self, f"{role}_runtime")))
-            runtime = runtimes[0] if role == PLAIN_STEPS else runtimes[-1]
+            if role == PLAIN_STEPS:
+                name, runtime = self.cloud, runtime_parts(self.cloud_runtime)[0]
+            else:
+                name, runtime = getattr(self, role), runtime_parts(getattr(self, f"{role}_runtime"))[-1]
             # A loader that predates runtimes takes (name, dtype, log): it is asked for torch only.
             extra = {} if runtime == "torch" else {"runtime": runtime}
             self._models[role] = self.loader(name, self.dtype, log=self.log, **extra)
@@ -97,7 +103,7 @@ class Engine(EngineConfig):
         if self._derived.get("checked"):
             return
         self.primary
-        if self.mode == "spec" and not self.remote_cloud and len(runtime_parts(self.cloud_runtime)) > 1:
+        if self.mode == "spec" and not self.remote_cloud and self.two_runtimes:
             self.model(PLAIN_STEPS)  # a cloud held in two runtimes: its plain-step copy too
         self.check_positions(prompt_tokens=None)
         if self.remote_cloud:
@@ -151,7 +157,7 @@ class Engine(EngineConfig):
         if self.remote_cloud:
             return self._derived["remote"]
         blocks = LocalCloud(self.model("cloud").backend)
-        if len(runtime_parts(self.cloud_runtime)) == 1:
+        if not self.two_runtimes:
             return blocks
         return TwoRuntimeCloud(LocalCloud(self.model(PLAIN_STEPS).backend), blocks)
 
