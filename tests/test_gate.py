@@ -138,17 +138,26 @@ def test_unchanged_code_passes_with_a_busy_process_beside_it(ci_baseline):
         busy.wait()
 
 
+USES = {"cloud": {"cloud", "spec"}, "edge": {"edge", "spec"}}  # the modes that run each role's model
+CONTROLS = {name for name, (_, den) in gate.RATIOS.items() if den.startswith("hf_")}
+
+
 @pytest.mark.timing
 @pytest.mark.parametrize("role", ["cloud", "edge"])
 def test_a_20_percent_slower_forward_fails_the_ci_gate(ci_baseline, role):
     """Slowing one model's forward in every mode leaves some ratios between our own modes flat
-    (spec/cloud even rises when the cloud slows); the control ratio against transformers' own
-    greedy loop on that model drops by about 16 %, past the 5 % margin with confidence."""
+    (spec/cloud even rises when the cloud slows); the control ratios against transformers' own
+    loops, which the wrapper does not touch, drop by up to ~16 %, past the 5 % margin with
+    confidence. Which control crosses first depends on the machine's noise that day (a CI run
+    caught the slower cloud through spec/HF assisted, x0.88, while cloud/HF greedy stayed
+    undecided), so the test asks for any control whose numerator runs the slowed model."""
     moved = judged(ci_baseline, wrap=slower(role))
-    assert f"{role}_vs_hf_greedy" in moved, moved
-    assert moved.keys() <= TIMING  # outputs are unchanged: only the time moved
-    check = moved[f"{role}_vs_hf_greedy"]
-    assert check.current < check.baseline and "FAIL" in check.line() and "upper bound" in check.line()
+    assert moved.keys() <= TIMING, moved  # outputs are unchanged: only the time moved
+    caught = {name for name in moved.keys() & CONTROLS if gate.RATIOS[name][0] in USES[role]}
+    assert caught, moved
+    for name in caught:
+        check = moved[name]
+        assert check.current < check.baseline and "FAIL" in check.line() and "upper bound" in check.line()
 
 
 @pytest.mark.timing
