@@ -146,11 +146,10 @@ def tuple_of(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def test_speculative_sampling_with_overlap_keeps_the_cloud_distribution(models, server):
-    """k = 1, three new tokens over an overlapped split run: when the first block (t0) is accepted
-    and the cloud's bonus t1 equals the edge's guess, the token drafted ahead after t1 is the next
-    block's draft for t2. The marginal of t0 and the law of t2 given the likeliest (t0, t1) must
-    still be the cloud's."""
+def overlapped_p_values(models, server, seeds: range) -> tuple[float, float, int, int]:
+    """Three new tokens per seed over an overlapped split run, k = 1: the chi-square p-values of t0
+    against the cloud's law and of t2 given the likeliest (t0, t1) against the cloud's law there;
+    the ahead tokens kept, and the samples of that t2."""
     ids = torch.tensor([3, 17, 5, 22, 9, 40])
     temperature = 0.5
     cloud = models["cloud"].backend.model
@@ -159,8 +158,7 @@ def test_speculative_sampling_with_overlap_keeps_the_cloud_distribution(models, 
     remote = RemoteCloud(link.__enter__())  # a round trip long enough to draft ahead in
     remote.connect()
     first_counts, third_counts, kept = torch.zeros(64), {}, 0
-    trials = 1500
-    for seed in range(trials):
+    for seed in seeds:
         generation = speculative_decode(models["edge"].backend, remote, Prompt(ids), spec,
                                         DecodeConfig(max_new_tokens=3, temperature=temperature, seed=seed), overlap=True)
         t0, t1, t2 = generation.tokens
@@ -173,6 +171,21 @@ def test_speculative_sampling_with_overlap_keeps_the_cloud_distribution(models, 
     with torch.inference_mode():
         first = torch.softmax(cloud(ids.unsqueeze(0)).logits[0, -1] / temperature, -1)
         third = torch.softmax(cloud(torch.cat([ids, torch.tensor([t0, t1])]).unsqueeze(0)).logits[0, -1] / temperature, -1)
-    assert kept > 100 and counts.sum() > 200
-    assert chi_square_p(first_counts, first) > 0.001
-    assert chi_square_p(counts, third) > 0.001
+    return chi_square_p(first_counts, first), chi_square_p(counts, third), kept, int(counts.sum())
+
+
+def test_speculative_sampling_with_overlap_keeps_the_cloud_distribution(models, server):
+    """k = 1, three new tokens over an overlapped split run: when the first block (t0) is accepted
+    and the cloud's bonus t1 equals the edge's guess, the token drafted ahead after t1 is the next
+    block's draft for t2. The marginal of t0 and the law of t2 given the likeliest (t0, t1) must
+    still be the cloud's.
+
+    How many tokens are drafted ahead before a verdict lands depends on time, so under load every
+    run samples afresh: at 0.001 per test a sound sampler fails about one run in 500 by chance (a
+    CI run under load did, p = 0.00074). A run below 0.001 is redone once on fresh seeds: a biased
+    sampler fails both, a sound one both with probability ~1e-6."""
+    p_first, p_third, kept, samples = overlapped_p_values(models, server, range(1500))
+    assert kept > 100 and samples > 200
+    if min(p_first, p_third) <= 0.001:
+        p_first, p_third, _, _ = overlapped_p_values(models, server, range(1500, 3000))
+    assert p_first > 0.001 and p_third > 0.001, (p_first, p_third)
