@@ -174,19 +174,51 @@ def test_with_two_runtimes_auto_switches_only_when_the_rest_of_the_answer_pays_f
     curve.catch_up = {BLOCK: [10.0, 1000], STEP: [0.6, 30]}  # 10 ms a token to catch B up, 20 ms for A
     curve.tau = [3.0, 1]  # tau 3: a block costs 13 ms a token against 36: 23 ms saved a token
     long_input = AcceptedSequence(torch.arange(1000) % 50, 128)  # B 999 behind: ~10 s against 128 * 23 ms
-    assert not auto_drafter(curve, cloud_caches=2).stay_in_blocks(long_input, 4)
+    auto = auto_drafter(curve, cloud_caches=2)
+    auto.seen[STEP] = 1000  # A prefilled the prompt (a request's first cycle)
+    assert not auto.stay_in_blocks(long_input, 4)
     assert auto_drafter(curve, cloud_caches=1).propose(long_input, 4).drafter == "prompt-lookup"  # one runtime: no feed
     short_input = AcceptedSequence(torch.arange(40) % 20, 128)  # 39 behind: 0.4 s against 2.9 s saved
     auto = auto_drafter(curve, cloud_caches=2)
+    auto.seen[STEP] = 40
     assert auto.stay_in_blocks(short_input, 4)
     # in B: nothing to propose -> a hold (38 ms a token against 36 in A: 2 ms x 128 < catching A up 39 tokens)
-    auto.in_blocks = True
+    auto.in_blocks, auto.seen[BLOCK], auto.seen[STEP] = True, 40, 1  # in B; A saw the prompt's first token only
     assert auto.stay_in_blocks(short_input, 0)
     nothing = AcceptedSequence(torch.arange(40), 128)  # no token recurs: lookup has nothing
     proposal = auto.propose(nothing, 4)
     assert proposal.drafter == HOLD and proposal.tokens.tolist() == [39]
     auto.seen[STEP] = 39  # A is current: the same 2 ms a token pays for going back
     assert not auto.stay_in_blocks(nothing, 0) and auto.propose(nothing, 4).drafter == PLAIN
+
+
+def test_with_two_runtimes_a_request_starts_in_plain_steps_and_weighs_the_first_switch_by_the_prefill():
+    """A lookup match in the chat template made a request's first cycle a block: each runtime then fed
+    the whole prompt (a 740-token RAG question: 11 s in int8, then 18 s in llama.cpp). The first cycle
+    is a plain step whatever lookup finds; its feed measures the prompt's cost per token, which stands
+    for the other runtime's until that one is measured, and a block not measured yet costs a step."""
+    from specdec.core.drafters.auto import BLOCK, PLAIN, STEP, CostCurve
+    from specdec.core.session import AcceptedSequence
+
+    template = AcceptedSequence(torch.tensor([7, 8, 9, 1, 2, 3, 4, 7, 8]), 128)  # "7 8" recurs: lookup proposes "9 1 2 3"
+    curve = CostCurve()
+    auto = auto_drafter(curve, cloud_caches=2)
+    assert auto.lookup.propose(template, 4).tokens.numel() > 0
+    assert auto.propose(template, 4).drafter == PLAIN  # nothing measured, nothing fed: the plain runtime first
+    curve.observe(STEP, 740, 18.4)
+    curve.catch_up[STEP] = [18.4, 740]  # that first feed: 25 ms a prompt token
+    curve.observe(STEP, 1, 0.037)
+    assert curve.catch_up_s_per_token(BLOCK) == pytest.approx(18.4 / 740)  # B's own not measured: A's stands in
+    curve.tau = [3.0, 1]
+    rag = AcceptedSequence(torch.arange(741) % 60, 128)
+    auto = auto_drafter(curve, cloud_caches=2)
+    auto.seen[STEP] = 741
+    assert not auto.stay_in_blocks(rag, 4)  # 128 x 25 ms saved at best < 740 x 25 ms to feed B
+    short = AcceptedSequence(torch.arange(30) % 10, 128)
+    auto.seen[STEP] = 30
+    assert auto.stay_in_blocks(short, 4)  # 128 x 25 ms > 29 x 25 ms
+    curve.catch_up[BLOCK] = [30.0, 1000]  # once B's own feeds are measured, they decide
+    assert curve.catch_up_s_per_token(BLOCK) == pytest.approx(0.03)
 
 
 @pytest.mark.parametrize("verifier", ["cached", "stateless"])
@@ -200,9 +232,10 @@ def test_auto_switching_between_blocks_and_plain_steps_mid_request_stays_lossles
 
     _, cloud = pair
     curve = CostCurve()
-    curve.observe(STEP, 1, 0.01)
-    for n in range(2, 7):
-        curve.observe(BLOCK, n, 0.015)
+    for _ in range(1000):  # weighty: the tiny pair's own timings (a few ms, block ~ step) barely move them
+        curve.observe(STEP, 1, 0.01)
+        for n in range(2, 7):
+            curve.observe(BLOCK, n, 0.015)
     memory = {"auto": curve}
     spec = SpecConfig(k=4, entropy_threshold=0, policy="greedy", verifier=verifier)
     decode = DecodeConfig(max_new_tokens=40)

@@ -27,7 +27,11 @@ mode, plain steps (A) or blocks (B), and switches only when the rest of the answ
     A -> B  iff  (a - b) * tokens left  >  (c_B - 1) * r_B
     B -> A  iff  (b - a) * tokens left  >  (c_A - 1) * r_A
 
-r_A, r_B: each runtime's measured seconds per catch-up token (0 before any: switch, and learn). In B a
+r_A, r_B: each runtime's measured seconds per catch-up token (before any, the other's; a request's
+first cycle is a plain step in A, so its prompt's prefill measures r_A before any switch is weighed; a
+block not yet measured is assumed to cost a plain step). Before this a lookup match in the chat
+template made the first cycle a block: each runtime prefilled the whole prompt, and a 740-token RAG
+question paid 11 s in int8 and then 18 s in llama.cpp (the first 10-question run, 2026-11-25). In B a
 cycle whose lookup finds nothing is a one-token block guessing the last token again (`hold`: a verify in
 B costs about its plain step, where an empty block would be a plain step in A, and a switch). A
 1,000-token article at ~10 ms a token costs ~10 s to catch up, more than 128 tokens can save, so on long
@@ -81,8 +85,14 @@ class CostCurve:
         return block / step if block and step else 1.0
 
     def catch_up_s_per_token(self, kind: str) -> float:
-        seconds, tokens = self.catch_up[kind]
-        return seconds / tokens if tokens else 0.0
+        """Measured seconds per token of the feeds that caught `kind`'s runtime up; before any, the
+        other runtime's (both feed the same model's prompt: the first request's prefill measures one
+        of them); before either, 0."""
+        for which in (kind, STEP if kind == BLOCK else BLOCK):
+            seconds, tokens = self.catch_up[which]
+            if tokens:
+                return seconds / tokens
+        return 0.0
 
     def prior_tau(self) -> float:
         total, n = self.tau
@@ -119,9 +129,12 @@ class Auto(DraftFree):
 
     def stay_in_blocks(self, seq: AcceptedSequence, n: int) -> bool:
         """Two runtimes: whether this cycle is a block (mode B), by the rule in the module's docstring."""
+        if not self.seen[STEP] and not self.seen[BLOCK]:
+            return False  # a request's first cycle: its prompt goes to the plain runtime (and measures its feed)
         step, block = self.curve.mean(STEP, 1), self.curve.nearest(BLOCK, max(n, 1) + 1)
-        if step is None or block is None:
+        if step is None:
             return n > 0  # not measured yet: send what lookup finds, and learn
+        block = step if block is None else block  # no block measured yet: assume a block costs a step
         per_token_a, per_token_b = step, block / (self.tau_hat if n else 1.0)
         if self.in_blocks:
             behind = seq.length - self.seen[STEP]
