@@ -23,7 +23,7 @@ from typing import Iterator
 from specdec.errors import InputError
 
 LOCK = ".specbench.lock"
-IDENTITY_FILES = {"run": "run.json", "sweep": "sweep.json", "fleet": "fleet.json"}
+IDENTITY_FILES = {"run": "run.json", "sweep": "sweep.json", "fleet": "fleet.json", "soak": "soak.json"}
 RESULTS = "results.jsonl"
 _held: dict[Path, int] = {}  # folders this process holds, so a command may re-enter its own lock
 

@@ -117,7 +117,7 @@ class Connection:
         return message
 
 
-def _open(script: Script, prefix: int, vocab: int) -> dict:
+def open_fields(script: Script, prefix: int, vocab: int) -> dict:
     """`open` fields for a session holding the prompt and the first `prefix` generated tokens."""
     settings = {**script.settings, "max_new_tokens": script.settings["max_new_tokens"] - prefix}
     return dict(prompt_ids=script.prompt_ids + script.tokens[:prefix], features=None, eos_ids=[], vocab=vocab, **settings)
@@ -135,7 +135,7 @@ async def replay(url: str, script: Script, vocab: int, token: str | None = None,
             if reopen:  # first block, or after a mismatch: a session holding the recorded prefix
                 if server_length is not None:
                     await server.send("close")
-                await server.send("open", **_open(script, step.base - prompt_len, vocab))
+                await server.send("open", **open_fields(script, step.base - prompt_len, vocab))
                 server_length, reopen = step.base, False
             new = script.tokens[server_length - prompt_len: step.base - prompt_len]
             sent = time.perf_counter()
@@ -164,7 +164,7 @@ async def cloud_only(url: str, script: Script, vocab: int, token: str | None = N
     """The server generates the recorded generation's length of tokens for its prompt."""
     start = time.perf_counter()
     async with Connection(url, token, timeout_s) as server:
-        opening = _open(script, 0, vocab)
+        opening = open_fields(script, 0, vocab)
         opening["max_new_tokens"] = script.new_tokens
         await server.send("open", **opening)
         await server.send("generate")

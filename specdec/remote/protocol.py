@@ -9,14 +9,17 @@ the connection, or the server's idle TTL, whichever comes first.
   open   {prompt_ids, features, settings...}            (no reply: sent back to back with the first verify)
   verify {base, new, draft, probs}                      verdict {accepted, token, tokens_in, compute_s, queue_s, batch}
   generate {}                                           generated {tokens, stopped_by, queue_s[], compute_s[], batch[]}
-  stats  {since}                                        stats   {batches: [{t_s, rows, tokens, max_block, positions, forward_s}], next}
+  stats  {since}                                        stats   {batches: [{t_s, rows, tokens, max_block, positions, forward_s}], next,
+                                                                 live: {connections, sessions, tasks} or nil}
   close  {}                                             error   {code, message}, then the server closes the connection
                                                         (code: one of ERROR_CODES below)
 
 `generate` = cloud-only serving: the server produces every remaining token itself, one batched
 next-token step at a time; after verifies it continues from their accepted sequence (the last
 verdict's token first). `batch` = rows in the forward that served the request (its
-`compute_s` is that whole forward). `stats` needs no session: the batch log from entry `since` on.
+`compute_s` is that whole forward). `stats` needs no session: the batch log from entry `since` on, and
+`live`: the server's open connections, sessions and asyncio tasks now (a soak's health signals; nil
+for a remote client unless the server shares its stats).
 
 `verify.new` = accepted tokens the server has not seen (corrections, bonuses and unescalated blocks
 since its last verdict); `base` = the edge's accepted length, so both sides check they agree.

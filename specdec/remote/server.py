@@ -293,7 +293,10 @@ class VerifierServer:
             if since < 0:
                 raise ProtocolError(f"stats: since must be >= 0, got {since}")
             batches, following = self.batcher.entries(since, None if self.config.share_stats else client_address(ws))
-            await ws.send(encode("stats", batches=batches, next=following))
+            live = None  # what a soak watches return to its baseline; a remote client sees it only if shared
+            if self.config.share_stats or is_loopback(client_address(ws)):
+                live = {"connections": self.connections, "sessions": len(self.sessions), "tasks": len(asyncio.all_tasks())}
+            await ws.send(encode("stats", batches=batches, next=following, live=live))
             return
         if kind == "close":
             self.sessions.pop(ws, None)
