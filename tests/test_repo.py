@@ -206,3 +206,12 @@ def test_a_test_module_that_starts_servers_or_processes_is_marked():
         if any(s in text for s in starts) and not re.search(r"pytest\.mark\.(server|subprocess|cluster|realmodel|slow)", text):
             unmarked.append(path.name)
     assert not unmarked, f"mark these (see CONTRIBUTING.md, Which tests to run when): {unmarked}"
+
+
+def test_ci_runs_the_soaks_one_minute_version_and_the_other_benchmarks_leave_it_out():
+    """The soak (marker `soak`, bench/test_bench_soak.py) is not in the default suite; CI runs its
+    tiny 1-minute version on a line of its own (docs/soak.md)."""
+    assert "\n    \"soak:" in (ROOT / "pyproject.toml").read_text()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert any("bench/test_bench_soak.py" in line and '-m "soak and not realmodel"' in line for line in ci)
+    assert any(line.startswith(".venv/bin/pytest bench --benchmark-only") and "not soak" in line for line in ci)

@@ -11,7 +11,7 @@ import pandas as pd
 
 from bench.derive.spec_bench import categories, cell_text, fastest_per_category, spec_bench_table
 
-from bench.read.report import deployment, fleet_report, page, pairings, paymap, plots
+from bench.read.report import deployment, fleet_report, page, pairings, paymap, plots, soak_report
 from bench.read.report.inputs import ReportInputs, load_inputs
 from bench.read.report.pareto import FRONTS, fronts_of, point_labels, set_name
 from bench.read.report.recommend import node_notes, precision_notes, recommend
@@ -139,6 +139,8 @@ def build_report(results_dir: Path, out: Path | None = None, profile: Path | Non
     out = Path(out) if out is not None else default_out(results_dir)
     if fleet_report.is_fleet_folder(results_dir):  # `specbench fleet`: its own page (capacity, batches, cost curve)
         return fleet_report.build_fleet_report(Path(results_dir), out, embed=embed)
+    if soak_report.is_soak_folder(results_dir):  # a soak (bench/measure/soak.py): its checks and the server over time
+        return soak_report.build_soak_report(Path(results_dir), out, embed=embed)
     inputs = load_inputs(Path(results_dir), profile)
     out.mkdir(parents=True, exist_ok=True)
     for stale in (out / "figures").glob("*.png"):  # figures of an earlier report into the same folder
