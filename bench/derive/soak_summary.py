@@ -45,10 +45,13 @@ def p99(values: list[float]) -> float:
     return float(np.percentile(values, 99)) if values else float("nan")
 
 
+def flat(generations: list[list[float]]) -> list[float]:
+    return [w for waits in generations for w in waits]
+
+
 def p99_ratio(before: list[list[float]], after: list[list[float]], seed: int = 0) -> tuple[float, float, float]:
     """p99 of every verify wait in `after` over `before`'s; the interval resamples generations (a
     generation's waits move together) with replacement."""
-    flat = lambda gens: [w for waits in gens for w in waits]  # noqa: E731
     point = p99(flat(after)) / p99(flat(before))
     draw = random.Random(seed)
     ratios = sorted(p99(flat(draw.choices(after, k=len(after)))) / p99(flat(draw.choices(before, k=len(before))))
@@ -122,8 +125,7 @@ def summarize_soak(rows: list[dict]) -> dict:
                              f"{RECOVERY_LIMIT_S:.0f} s of each fault's end"},
         "p99 verify wait": {"ok": abs(ratio - 1) <= P99_BAND,
                             "figure": f"after/before x{ratio:.2f} (95% CI {low:.2f}-{high:.2f}); "
-                                      f"{p99([w for ws in waits['before'] for w in ws]) * 1e3:.0f} -> "
-                                      f"{p99([w for ws in waits['after'] for w in ws]) * 1e3:.0f} ms",
+                                      f"{p99(flat(waits['before'])) * 1e3:.0f} -> {p99(flat(waits['after'])) * 1e3:.0f} ms",
                             "rule": f"within {P99_BAND:.0%}"},
     }
     return {"checks": checks, "recoveries": recovered, "generations": len(generations), "finished": len(ok),

@@ -40,11 +40,11 @@ from tqdm import tqdm
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from bench.core.folder import canonical_path, claim, write_identity, writer
+from bench.core.folder import claim, write_identity, writer
 from bench.core.records import ResultsFile, environment, read_records
 from bench.measure.caps import parse_cores
 from bench.measure.fleet_clients import Connection, script_of, server_info
-from bench.measure.launch import ServerProcess, die_with_parent
+from bench.measure.launch import ServerProcess, die_with_parent, start_edge
 from bench.measure.soak_edge import write_scripts
 from specdec.backends.base import RUNTIMES
 from specdec.core.verdict import CloudLost
@@ -177,9 +177,7 @@ class Soak:
         incarnation = self.incarnations[index] = self.incarnations.get(index, -1) + 1
         job = {"role": "edge", "client": index, "incarnation": incarnation, "scripts": str(self.out / "scripts.json"),
                "url": self.url, "vocab": self.vocab, "deadline": self.deadline, "timeout_s": self.config.timeout_s}
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.measure.soak_edge", json.dumps(job), stdout=asyncio.subprocess.PIPE,
-            preexec_fn=die_with_parent, limit=1 << 26)
+        process = await start_edge("bench.measure.soak_edge", json.dumps(job))
         self.edges[index] = process
         self.readers.append(asyncio.create_task(self.collect(index, process)))
 
@@ -228,9 +226,7 @@ class Soak:
     async def vanish(self) -> None:
         job = {"role": "hold", "client": len(self.holders), "scripts": str(self.out / "scripts.json"), "url": self.url,
                "vocab": self.vocab, "deadline": self.deadline, "timeout_s": self.config.timeout_s}
-        holder = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.measure.soak_edge", json.dumps(job), stdout=asyncio.subprocess.PIPE,
-            preexec_fn=die_with_parent)
+        holder = await start_edge("bench.measure.soak_edge", json.dumps(job))
         self.holders.append(holder)
         line = await holder.stdout.readline()
         if json.loads(line or b"{}").get("event") != "held":
@@ -311,12 +307,4 @@ def run_soak(config: SoakConfig, out: Path, progress: bool = True) -> Path:
             with tqdm(desc="soak", unit="generation", disable=not progress) as bar:
                 asyncio.run(Soak(config, serve, url, out, bar).run())
     return out / "results.jsonl"
-
-
-def soak_config(**values) -> SoakConfig:
-    """A SoakConfig with its model paths resolved (as the commands resolve theirs)."""
-    for name in ("edge", "cloud", "prompts"):
-        if name in values and values[name] and Path(values[name]).exists():
-            values[name] = canonical_path(values[name])
-    return SoakConfig(**values)
 
