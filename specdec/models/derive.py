@@ -6,9 +6,11 @@
     int8c  the same with one weight scale per output channel (per_channel_dynamic_qconfig): closer
            to the float weights where a few rows have outlying ranges, at about the same speed.
            Whisper and causal LMs.
-    int8t  int8 with activations quantized per token (`TokenScaledInt8`): a row's logits do not
-           depend on the rows batched beside it, so a batching server's verdicts are a session's
-           own; slower per Linear than int8 (a few elementwise passes and one anchor row).
+    int8t  int8 with activations quantized per token (`TokenScaledInt8`) and, in a causal LM,
+           attention computed row by row (`rowwise_attention`): a row's logits are bit for bit
+           the same alone or batched beside other rows and padding, so a batching server's
+           verdicts are a session's own; slower per Linear than int8 (a few elementwise passes
+           and one anchor row) and one attention call per batched row.
     decN   the decoder's first N layers only (the final norm and tied head are kept): a
            layer-skipping drafter in the style of LayerSkip / self-speculative decoding
            (Elhoushi et al. 2024; Zhang et al. 2023). Whisper only.
@@ -114,6 +116,10 @@ def quantize_int8(model, per_channel: bool = False, per_token: bool = False):
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.ao.nn.quantized.dynamic.Linear):
                 setattr(parent, name, TokenScaledInt8(child))
+    if type(model).__name__.endswith("ForCausalLM"):  # a text LM (what a server batches): its attention too
+        from specdec.models.rowwise_attention import install
+
+        install(model)
     return model
 
 
@@ -150,7 +156,10 @@ class TokenScaledInt8(nn.Module):
         rows = x.reshape(-1, self.in_features)  # [M, in]
         low, high = rows.amin(dim=1, keepdim=True), rows.amax(dim=1, keepdim=True)  # [M, 1]: one range per token
         center, half = (high + low) / 2, ((high - low) / 2).clamp(min=_TINY)
-        out = self.inner(torch.cat([(rows - center) / half, self.anchor]))[:-1] * half + center * self.row_sums
+        # (x - c) / h can round to 1 + 1 ulp at a row's max: unclamped, that row would set the whole call's
+        # quantization range instead of the anchor, and move every other row's rounding with it
+        scaled = ((rows - center) / half).clamp(-1.0, 1.0)
+        out = self.inner(torch.cat([scaled, self.anchor]))[:-1] * half + center * self.row_sums
         if self.bias is not None:
             out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)
