@@ -13,6 +13,7 @@ import pytest
 from bench.derive.spec_bench import fastest_per_category, spec_bench_table
 from bench.derive.summary import summarize
 from bench.read.report import build_report
+from bench.read.report.cycles import panels, plot_cycles
 
 SB = "spec-bench:/q.jsonl:"
 
@@ -103,3 +104,29 @@ def test_the_decoding_cells_leave_the_prompts_prefill_out():
     assert lookup["overall_decode_speedup"] == pytest.approx(7.0)
     assert table.loc["cloud-only in torch-int8", "summarization_decode_speedup"] == pytest.approx(1.0)
     assert table.loc["cloud-only in llamacpp", "summarization_decode_speedup"] == pytest.approx(0.5)
+
+
+def cycle(accepted: int, extra: int | None, t_reply_s: float) -> dict:
+    return {"accepted": accepted, "extra_token": extra, "t_reply_s": t_reply_s}
+
+
+def test_the_per_cycle_timeline_steps_each_cycle_after_the_first_token_of_the_median_question(tmp_path):
+    """Three summarization questions with lookup τ 1, 2 and 3: the panel is the τ-2 one; its staircase has
+    a corner per cycle after the first (time since the first verdict, tokens emitted so far), and the plain
+    line is that question's fastest plain decoding after its first token."""
+    records = []
+    for qid, kept in ((1, 0), (2, 1), (3, 2)):
+        trace = [cycle(0, 7, 0.5)] + [cycle(kept, 7, 0.5 + 0.2 * i) for i in range(1, 4)]  # 3 calls after the first
+        records += [record("cloud", "summarization", qid, 2.0, ttft_s=0.5, cloud_runtime="torch-int8"),
+                    record("cloud", "summarization", qid, 1.5, ttft_s=0.5, cloud_runtime="llamacpp"),
+                    record("spec", "summarization", qid, 1.1, ttft_s=0.5, trace=trace, cloud_calls=4,
+                           num_accepted_tokens=3 * kept, corrections=4, num_draft_tokens=16)]
+    [panel] = panels(records)
+    assert panel["category"] == "summarization" and panel["question"] == "summarization-2"
+    assert panel["tau"] == pytest.approx((3 + 4) / 4)
+    assert panel["plain"] == ("cloud-only in llamacpp", pytest.approx(1.0), 9.0)  # 1.5 s - 0.5 s, 10 - 1 tokens
+    [(label, xs, ys)] = panel["stairs"]
+    assert label == "prompt-lookup k=4 greedy · → torch"
+    assert xs == pytest.approx([0.0, 0.2, 0.4, 0.6]) and ys == [0.0, 2.0, 4.0, 6.0]
+    assert plot_cycles(records, tmp_path / "cycles.png").stat().st_size > 0
+    assert panels([{**r, "prompts": "code"} for r in records]) == []  # not a Spec-Bench set: no panel

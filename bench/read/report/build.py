@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.core.prompts import SPEC_BENCH
 from bench.derive.spec_bench import categories, cell_text, fastest_per_category, spec_bench_table
 
-from bench.read.report import deployment, fleet_report, page, pairings, paymap, plots, soak_report
+from bench.read.report import cycles, deployment, fleet_report, page, pairings, paymap, plots, soak_report
 from bench.read.report.inputs import ReportInputs, load_inputs
 from bench.read.report.pareto import FRONTS, fronts_of, point_labels, set_name
 from bench.read.report.recommend import node_notes, precision_notes, recommend
@@ -95,6 +96,10 @@ def _figures(inputs: ReportInputs, labels: pd.Series, per_position: pd.DataFrame
     add(plots.plot_per_position(per_position, summary, labels, figures_dir / "acceptance_per_position.png"),
         "per_position", "Acceptance by draft position", PER_POSITION_READ,
         "Acceptance by draft position: no spec point verified any block.")
+    if any(str(p).startswith(SPEC_BENCH) for p in sets):
+        add(cycles.plot_cycles(inputs.rows, figures_dir / "cycles.png"), "cycles",
+            "Per-cycle timelines, one typical question per Spec-Bench category", cycles.READ,
+            "Per-cycle timelines: needs a speculative and a plain decoding of one Spec-Bench question.")
     if "deployment" in summary and (summary["deployment"] == "split").any():
         add(deployment.plot_network(summary, labels, figures_dir / "network_modelled_vs_measured.png"), "network",
             "Network time: modelled vs measured", deployment.NETWORK_READ,
