@@ -85,7 +85,23 @@ def derive(model, ops: tuple[str, ...]):
             model = quantize_int8(model, per_channel=op == "int8c", per_token=op == "int8t")
         else:
             model = truncate_decoder(model, int(_DEC.match(op).group(1)))
+    if needs_float32(ops):
+        give_back_memory()
     return model.eval()
+
+
+def give_back_memory() -> None:
+    """Collect the float model's remains (the loader's reference cycles kept the checkpoint mapped until a
+    collection) and hand freed heap back to the OS (glibc keeps it otherwise): a 1.5B loaded @int8t went
+    from 11.6 GB resident to 4.5 after the collection and 3.0 after the trim (2026-11-25)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the heap stays as the allocator leaves it
+        pass
 
 
 def truncate_decoder(model, n_layers: int):
@@ -129,7 +145,8 @@ def own_memory(model) -> None:
 
     transformers maps a checkpoint's file and its float tensors are views of that mapping, so the few
     kept ones held the whole file's pages: a 1.5B loaded @int8t showed 8.1 GB resident, 6.1 GB of it the
-    mapped checkpoint (clean file pages), against 3.0 GB once they are copies (2026-11-25)."""
+    mapped checkpoint (clean file pages), against 3.0 GB once they are copies (2026-11-25). The biases a
+    quantized Linear packed with its weight are views too (Qwen2's q/k/v biases alone held the file)."""
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.data = parameter.data.clone()
@@ -137,6 +154,10 @@ def own_memory(model) -> None:
             for name, buffer in module._buffers.items():
                 if buffer is not None:
                     module._buffers[name] = buffer.clone()
+            if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+                weight, bias = module._packed_params._weight_bias()
+                if bias is not None:
+                    module.set_weight_bias(weight, bias.clone())
 
 
 class TokenScaledInt8(nn.Module):
