@@ -10,8 +10,14 @@ each with its figure and its rule. Measures nothing.
                       and the FDs and asyncio tasks the idle server had before the first client
   recovery            after each fault ends, the first sample whose FDs and sessions are back
                       within `before`'s range; a fault never recovered from fails
-  p99 verify wait     `after` / `before`, with a bootstrap 95 % interval over generations; within
-                      20 % (the point estimate; the interval says how sure)
+  p99 verify wait     `after` / `before` of the block verifies, with a bootstrap 95 % interval over
+                      generations; within 20 % (the point estimate; the interval says how sure). A
+                      generation's first verify carries its prompt (prefill and verify in one forward)
+                      and is another population: its p99 is reported beside, not judged. Pooled, the
+                      tail was the prefills' and followed how the edges' starts lined up: the first
+                      20-minute real soak's edges started together and their prefills coincided before
+                      the faults (p99 7.3 s) and not after the kills had scattered them (3.8 s), while
+                      the block verifies' p99 stayed level (3.68 -> 3.51 s).
 """
 from __future__ import annotations
 
@@ -97,8 +103,12 @@ def summarize_soak(rows: list[dict]) -> dict:
     fds_max = max(s["fds"] for s in phase["before"])
     sessions_max = max(s["sessions"] for s in phase["before"] if s["sessions"] is not None)
     recovered = recoveries(samples, ended, fds_max, sessions_max)
-    waits = {name: [g["verify_wait_s"] for g in ok if g["phase"] == name and g["verify_wait_s"]] for name in ("before", "after")}
+    waits = {name: [g["verify_wait_s"][1:] for g in ok if g["phase"] == name and len(g["verify_wait_s"]) > 1]
+             for name in ("before", "after")}
+    firsts = {name: [g["verify_wait_s"][0] for g in ok if g["phase"] == name and g["verify_wait_s"]]
+              for name in ("before", "after")}
     ratio, low, high = p99_ratio(waits["before"], waits["after"]) if all(waits.values()) else (float("nan"),) * 3
+    first_p99 = {name: p99(values) * 1e3 if values else float("nan") for name, values in firsts.items()}
     end_state = {"sessions": end["sessions"], "connections": end["connections"],
                  "fds": f"{idle['fds']} -> {end['fds']}", "tasks": f"{idle['tasks']} -> {end['tasks']}"}
 
@@ -124,9 +134,11 @@ def summarize_soak(rows: list[dict]) -> dict:
                      "rule": f"FDs <= {fds_max} and sessions <= {sessions_max} (before's maxima) within "
                              f"{RECOVERY_LIMIT_S:.0f} s of each fault's end"},
         "p99 verify wait": {"ok": abs(ratio - 1) <= P99_BAND,
-                            "figure": f"after/before x{ratio:.2f} (95% CI {low:.2f}-{high:.2f}); "
-                                      f"{p99(flat(waits['before'])) * 1e3:.0f} -> {p99(flat(waits['after'])) * 1e3:.0f} ms",
-                            "rule": f"within {P99_BAND:.0%}"},
+                            "figure": f"block verifies after/before x{ratio:.2f} (95% CI {low:.2f}-{high:.2f}); "
+                                      f"{p99(flat(waits['before'])) * 1e3:.0f} -> {p99(flat(waits['after'])) * 1e3:.0f} ms"
+                                      if all(waits.values()) else "no block verify before or after the faults",
+                            "rule": f"within {P99_BAND:.0%}; first verifies (with the prompt) "
+                                    f"{first_p99['before']:.0f} -> {first_p99['after']:.0f} ms, not judged"},
     }
     return {"checks": checks, "recoveries": recovered, "generations": len(generations), "finished": len(ok),
             "failed": dict(failed), "rss_growth": growth, "p99_ratio": [ratio, low, high], "end": end, "idle": idle,
