@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "specbench_rowwise"
@@ -29,26 +30,24 @@ NAME = "specbench_rowwise"
 def rowwise_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """query [B, H, q, d], key/value [B, H_kv, kv, d], attention_mask [B, 1, q, kv] bool (True:
     attend) or None (every row real and causal); returns [B, q, H, d] as transformers' SDPA does."""
-    batch, heads, q_len, head_dim = query.shape
+    batch, heads, q_len, _ = query.shape
     kv_len = key.shape[2]
     groups = getattr(module, "num_key_value_groups", 1)
     out = query.new_zeros(batch, q_len, heads, value.shape[-1])
+    if attention_mask is None:  # no padding: every row the causal pattern of the last q_len positions
+        shared = torch.ones(q_len, kv_len, dtype=torch.bool)
+        if getattr(module, "is_causal", True):
+            shared = shared.tril(kv_len - q_len)
     for row in range(batch):
-        if attention_mask is None:  # no padding: the causal pattern of the last q_len positions
-            keys_real = torch.ones(kv_len, dtype=torch.bool)
-            mask = torch.ones(q_len, kv_len, dtype=torch.bool)
-            if getattr(module, "is_causal", True):
-                mask = mask.tril(kv_len - q_len)
-        else:
-            mask = attention_mask[row, 0].bool()  # [q, kv]
-            keys_real = mask.any(dim=0)
+        mask = shared if attention_mask is None else attention_mask[row, 0].bool()  # [q, kv]
+        keys_real = mask.any(dim=0)
         queries_real = keys_real[kv_len - q_len:]  # query j is position kv_len - q_len + j
         n = int(queries_real.sum())
         if n == 0:
             continue
         q = query[row : row + 1, :, queries_real].contiguous()  # [1, H, n, d]
-        k = key[row : row + 1, :, keys_real].repeat_interleave(groups, dim=1).contiguous()  # [1, H, R, d]
-        v = value[row : row + 1, :, keys_real].repeat_interleave(groups, dim=1).contiguous()
+        k = repeat_kv(key[row : row + 1, :, keys_real], groups).contiguous()  # [1, H, R, d]
+        v = repeat_kv(value[row : row + 1, :, keys_real], groups).contiguous()
         row_mask = mask[queries_real][:, keys_real].view(1, 1, n, -1)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=row_mask, dropout_p=dropout, scale=scaling)
         out[row, queries_real] = attended[0].transpose(0, 1)
