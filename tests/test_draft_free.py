@@ -9,6 +9,7 @@ import torch
 
 from specdec import DecodeConfig, Prompt, SpecConfig, autoregressive_decode, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
+from specdec.core import cloud as cloud_module
 from specdec.core.drafters.ngram import NgramTable
 from specdec.core.drafters.prompt_lookup import lookup
 from tests.tiny import noisy_copy, tiny_causal
@@ -337,3 +338,22 @@ def test_an_unmeasured_block_size_costs_what_the_nearest_measured_one_did():
     curve.observe(STEP, 1, 0.01)
     assert curve.nearest(BLOCK, 2) == 0.03 and curve.nearest(BLOCK, 4) == 0.03 and curve.nearest(BLOCK, 5) == 0.04
     assert curve.nearest(STEP, 2) == 0.01
+
+
+def test_a_greedy_verify_reads_the_logits_alone_as_plain_greedy_decoding_does(pair, monkeypatch):
+    """No softmax over the vocabulary per verify: `auto`'s plain steps cost what plain decoding's do.
+    The threshold policy still gets its distribution."""
+    _, cloud = pair
+    prompt, decode = looping_prompt(0), DecodeConfig(max_new_tokens=16)
+    expected = autoregressive_decode(cloud, prompt, decode).tokens
+    calls = []
+    real = cloud_module.distribution
+    monkeypatch.setattr(cloud_module, "distribution", lambda *a: calls.append(1) or real(*a))
+    for drafter in ("prompt-lookup", "auto"):
+        generation = speculative_decode(None, cloud, prompt, SpecConfig(k=4, entropy_threshold=0, policy="greedy"),
+                                        decode, drafter=drafter)
+        assert generation.tokens == expected, drafter
+    assert calls == []
+    speculative_decode(None, cloud, prompt, SpecConfig(k=4, entropy_threshold=0, policy="threshold"), decode,
+                       drafter="prompt-lookup")
+    assert calls

@@ -73,7 +73,7 @@ def test_a_poisoned_row_fails_alone_and_the_honest_rows_of_its_batch_get_the_clo
         expected = decode(alone.recv(timeout=30))
         alone.send(encode("close"))
         poisoned = raw_client(url)
-        poisoned.send(opening())
+        poisoned.send(opening(policy="threshold"))  # a policy that reads the distribution (greedy reads logits)
         wait_for(lambda: len(background.server.sessions) == 1, "the poisoned session opened")
         session = next(iter(background.server.sessions.values()))
         session.cloud.decode = types.SimpleNamespace(temperature=1e-40, do_sample=False)

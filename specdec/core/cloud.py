@@ -86,12 +86,15 @@ class LocalCloudSession:
         """The verdict on a block from its cloud logits [n+1, V] (computed alone or in a shared forward)."""
         cloud_logits = logits[:, : self.vocab]  # [n+1, V]
         cloud_logits = process_rows(cloud_logits, seq.generated, draft_tokens.tolist(), self.constraints)
-        if bool(torch.isneginf(cloud_logits).all(-1).any()):  # e.g. vocab 1 under a profile that masks that token
+        # Only a processor masks logits (e.g. vocab 1 under a profile that masks that token)
+        if self.constraints.processors and bool(torch.isneginf(cloud_logits).all(-1).any()):
             raise SpecdecError(f"the constraints allow no token of this session's vocabulary ({self.vocab}): "
                                "widen vocab or use other constraints")
-        cloud_probs = distribution(cloud_logits, self.decode.temperature)
-        if not bool(torch.isfinite(cloud_probs).all()):
-            raise SpecdecError(f"the cloud distribution is not finite at temperature {self.decode.temperature:g}")
+        cloud_probs = None  # greedy verification reads the logits alone, as plain greedy decoding does:
+        if self.decode.do_sample or getattr(self.policy, "needs_probs", True):  # no softmax over V per step
+            cloud_probs = distribution(cloud_logits, self.decode.temperature)
+            if not bool(torch.isfinite(cloud_probs).all()):
+                raise SpecdecError(f"the cloud distribution is not finite at temperature {self.decode.temperature:g}")
         accepted, next_token = self.policy(
             draft_tokens, draft_probs, cloud_logits, cloud_probs, self.decode.do_sample, self.generator
         )
