@@ -222,6 +222,105 @@ def test_with_two_runtimes_a_request_starts_in_plain_steps_and_weighs_the_first_
     assert curve.catch_up_s_per_token(BLOCK) == pytest.approx(0.03)
 
 
+def spec_bench_curve():
+    """The 1.5B on 2026-11-25, 2 threads: llama.cpp (A) prefills 10.6 ms a prompt token and steps in
+    37 ms; int8 (B) prefills 6.1 ms a token, a hold costs 61 ms and a 4-token block 65 ms."""
+    from specdec.core.drafters.auto import BLOCK, STEP, CostCurve
+
+    curve = CostCurve()
+    curve.observe(STEP, 1, 0.037)
+    curve.catch_up[STEP] = [9.7, 918]
+    return curve, BLOCK
+
+
+def test_with_two_runtimes_the_prompt_is_prefilled_where_prefill_and_answer_cost_least():
+    """A's llama.cpp prefills a 900-token article 4 s slower than int8 and decodes 128 tokens 3 s faster:
+    such a request starts in B; a 60-token question stays in A. While B's prefill is unmeasured, one
+    request whose prefill in A costs more than its decoding there starts in B to measure it."""
+    from specdec.core.drafters.auto import HOLD, PLAIN
+    from specdec.core.session import AcceptedSequence
+
+    curve, BLOCK = spec_bench_curve()
+    article, question = AcceptedSequence(torch.arange(900), 128), AcceptedSequence(torch.arange(60), 128)
+    assert auto_drafter(curve, cloud_caches=2).propose(question, 4).drafter == PLAIN  # 0.6 s < 128 x 37 ms
+    first_look = auto_drafter(curve, cloud_caches=2).propose(article, 4)  # 9.5 s > 4.7 s: B's prefill is worth a look
+    assert first_look.drafter == HOLD and first_look.tokens.tolist() == [899]
+    curve.catch_up[BLOCK] = [5.6, 918]  # what that look measured
+    curve.observe(BLOCK, 2, 0.061)
+    curve.observe(BLOCK, 5, 0.065)
+    curve.tau = [1.5, 1]  # b = min(61, 65 / 1.5) = 43 ms a token in B
+    assert auto_drafter(curve, cloud_caches=2).propose(article, 4).drafter == HOLD  # 5.5 + 5.6 s < 9.5 + 4.7 s
+    assert auto_drafter(curve, cloud_caches=2).propose(question, 4).drafter == PLAIN  # 0.4 + 5.6 s > 0.6 + 4.7 s
+    looping = AcceptedSequence(torch.arange(900) % 300, 128)  # lookup finds a block: B verifies it with the prefill
+    assert auto_drafter(curve, cloud_caches=2).propose(looping, 4).drafter == "prompt-lookup"
+    curve.catch_up[BLOCK] = [9.7, 918]  # a B that prefills no faster than A: A
+    assert auto_drafter(curve, cloud_caches=2).propose(article, 4).drafter == PLAIN
+
+
+def test_with_two_runtimes_the_answers_seen_so_far_say_how_much_decoding_a_prefill_must_pay_for():
+    """A 600-token question whose answers run ~20 tokens of a 128-token budget (RAG's do). Weighed against
+    128 tokens int8's prefill does not pay (3.7 + 7.8 s > 6.3 + 4.7 s); against the ~20 its earlier
+    answers ran, it does (3.7 + 1.2 s < 6.3 + 0.7 s). A request's answer is the tokens it had when the
+    next request opened."""
+    from specdec.core.drafters.auto import HOLD, PLAIN
+    from specdec.core.session import AcceptedSequence
+
+    curve, BLOCK = spec_bench_curve()
+    curve.catch_up[BLOCK] = [5.6, 918]
+    curve.observe(BLOCK, 2, 0.061)
+    curve.observe(BLOCK, 5, 0.065)
+    curve.tau = [1.0, 1]  # lookup finds nothing worth a block: b = a hold, 61 ms
+    rag = AcceptedSequence(torch.arange(600), 128)
+    assert curve.expected_tokens(128) == 128 and auto_drafter(curve, cloud_caches=2).propose(rag, 4).drafter == PLAIN
+    for answer in (18, 22):
+        auto_drafter(curve, cloud_caches=2)
+        curve.answer_so_far = answer  # what the request's last rollback saw
+    auto = auto_drafter(curve, cloud_caches=2)
+    assert curve.answers == [40, 2] and curve.expected_tokens(128) == 20 and curve.expected_tokens(12) == 12
+    assert auto.propose(rag, 4).drafter == HOLD
+
+
+def test_a_prefill_or_a_catch_up_is_a_rate_per_token_not_a_blocks_cost():
+    """The forward that fed a prompt with a block is kept as seconds per token fed, never as the cost of
+    a block of its size: the nearest measured block size would otherwise be a 900-token feed."""
+    from specdec.core.drafters.auto import BLOCK, STEP, CostCurve
+    from specdec.core.session import AcceptedSequence
+    from specdec.core.verdict import Verdict
+
+    curve = CostCurve()
+    auto = auto_drafter(curve, cloud_caches=2, prompt_ids=range(900))
+    seq = AcceptedSequence(torch.arange(900), 128)
+    proposal = auto.propose(seq, 4)
+    verdict = Verdict(0, 7, 900, False)
+    verdict.sent_at, verdict.read_at = 0.0, 9.0
+    seq.extend([7])
+    auto.rollback(seq, proposal, verdict)
+    assert curve.catch_up[STEP] == [9.0, 900] and curve.nearest(STEP, 1) is None and curve.nearest(BLOCK, 5) is None
+
+
+@pytest.mark.parametrize("verifier", ["cached", "stateless"])
+def test_a_request_prefilled_in_the_blocks_runtime_stays_lossless(pair, verifier):
+    """B's prefill measured as far cheaper than A's: every request starts in B (its prompt fed with a hold
+    or a lookup block) and the output is still the cloud's greedy."""
+    from specdec.core.cloud import LocalCloud, TwoRuntimeCloud
+    from specdec.core.drafters.auto import BLOCK, HOLD, STEP, CostCurve
+
+    _, cloud = pair
+    curve = CostCurve()
+    curve.observe(STEP, 1, 0.01)
+    curve.catch_up = {STEP: [1e6, 1000], BLOCK: [1e-6, 1000]}  # weighty: the tiny pair's own feeds barely move them
+    spec, decode = SpecConfig(k=4, entropy_threshold=0, policy="greedy", verifier=verifier), DecodeConfig(max_new_tokens=24)
+    verifying = TwoRuntimeCloud(LocalCloud(cloud), LocalCloud(cloud))
+    firsts = set()
+    for seed in range(4):
+        prompt = looping_prompt(seed)
+        generation = speculative_decode(None, verifying, prompt, spec, decode, drafter="auto",
+                                        drafter_memory={"auto": curve})
+        assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
+        firsts.add(generation.cycles[0].drafter)
+    assert firsts and firsts <= {HOLD, "prompt-lookup"}
+
+
 @pytest.mark.parametrize("verifier", ["cached", "stateless"])
 @pytest.mark.parametrize("two_runtimes", [False, True])
 def test_auto_switching_between_blocks_and_plain_steps_mid_request_stays_lossless(pair, verifier, two_runtimes):

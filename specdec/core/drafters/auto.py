@@ -27,15 +27,28 @@ mode, plain steps (A) or blocks (B), and switches only when the rest of the answ
     A -> B  iff  (a - b) * tokens left  >  (c_B - 1) * r_B
     B -> A  iff  (b - a) * tokens left  >  (c_A - 1) * r_A
 
-r_A, r_B: each runtime's measured seconds per catch-up token (before any, the other's; a request's
-first cycle is a plain step in A, so its prompt's prefill measures r_A before any switch is weighed; a
-block not yet measured is assumed to cost a plain step). Before this a lookup match in the chat
-template made the first cycle a block: each runtime prefilled the whole prompt, and a 740-token RAG
-question paid 11 s in int8 and then 18 s in llama.cpp (the first 10-question run, 2026-11-25). In B a
-cycle whose lookup finds nothing is a one-token block guessing the last token again (`hold`: a verify in
-B costs about its plain step, where an empty block would be a plain step in A, and a switch). A
-1,000-token article at ~10 ms a token costs ~10 s to catch up, more than 128 tokens can save, so on long
-inputs the request stays in A's plain steps.
+r_A, r_B: each runtime's measured seconds per catch-up token (before any, the other's; a block not yet
+measured is assumed to cost a plain step). In B a cycle whose lookup finds nothing is a one-token block
+guessing the last token again (`hold`: a verify in B costs about its plain step, where an empty block
+would be a plain step in A, and a switch). A 1,000-token article at ~10 ms a token costs ~10 s to catch
+up, more than 128 tokens can save, so a request stays in the runtime that prefilled its prompt.
+
+Which runtime prefills, at a request's first cycle (c = prompt tokens, N = the mean length of this
+engine's earlier answers, at most the tokens left):
+
+    start in B  iff  c * r_B + N * b  <  c * r_A + N * a       b: the cheaper of a hold and a block's b
+
+r_A, r_B here are only each runtime's own measurements. The engine's first request starts in A (and
+measures r_A and a); while r_B is unmeasured, the first request whose prefill in A would cost more than
+decoding its answer there (c * r_A > N * a) starts in B to measure it: one request pays for finding
+out, and only one whose prompt is long enough for a faster prefill to matter. Measured on Spec-Bench's
+questions (2026-11-25, 2 threads; medians, prefill over prompts of 400+ tokens): llama.cpp Q4_K_M
+prefilled 10.1 ms a prompt token and decoded 33 ms a token, int8 6.0 and 61 ms. A 780-token RAG
+question whose answers run ~20 tokens prefills 3.2 s faster in int8 and decodes 0.6 s slower there; a
+60-token MT-bench question stays in llama.cpp. (Until then the first cycle was always a plain step in
+A, and RAG ran at plain llama.cpp's 0.58x of plain int8. Before that a lookup match in the chat
+template made the first cycle a block and the request then switched: each runtime prefilled the whole
+prompt, 11 s + 18 s on a 740-token RAG question.)
 """
 from __future__ import annotations
 
@@ -61,6 +74,8 @@ class CostCurve:
         self.seconds: dict[tuple[str, int], list[float]] = {}  # (kind, tokens fed) -> [sum of seconds, count]
         self.catch_up = {BLOCK: [0.0, 0], STEP: [0.0, 0]}  # [seconds, tokens] of feeds that caught a cache up
         self.tau = [0.0, 0]  # [sum of tokens per block, blocks] (sent or read off plain steps) over earlier requests
+        self.answers = [0, 0]  # [sum of tokens, requests]: the lengths of earlier answers
+        self.answer_so_far = 0  # the newest request's tokens so far: an answer once the next request opens
 
     def observe(self, kind: str, tokens_fed: int, seconds: float) -> None:
         entry = self.seconds.setdefault((kind, tokens_fed), [0.0, 0])
@@ -89,14 +104,31 @@ class CostCurve:
         other runtime's (both feed the same model's prompt: the first request's prefill measures one
         of them); before either, 0."""
         for which in (kind, STEP if kind == BLOCK else BLOCK):
-            seconds, tokens = self.catch_up[which]
-            if tokens:
-                return seconds / tokens
+            if (measured := self.own_catch_up_s_per_token(which)) is not None:
+                return measured
         return 0.0
+
+    def own_catch_up_s_per_token(self, kind: str) -> float | None:
+        """`kind`'s runtime's own measured seconds per catch-up token; None before its first feed."""
+        seconds, tokens = self.catch_up[kind]
+        return seconds / tokens if tokens else None
 
     def prior_tau(self) -> float:
         total, n = self.tau
         return total / n if n else PRIOR_TAU
+
+    def open_request(self) -> None:
+        """A new request: the previous one's tokens so far were its answer."""
+        if self.answer_so_far:
+            self.answers[0] += self.answer_so_far
+            self.answers[1] += 1
+        self.answer_so_far = 0
+
+    def expected_tokens(self, remaining: int) -> float:
+        """Tokens a new request will decode: the mean of earlier answers (many stop well before the
+        budget: RAG's at ~20 of 128), at most `remaining`; `remaining` before any."""
+        total, n = self.answers
+        return min(remaining, total / n) if n else remaining
 
 
 @register_drafter("auto", weighs_runtimes=True)
@@ -107,6 +139,7 @@ class Auto(DraftFree):
         super().__init__()
         self.lookup = PromptLookup(context)  # its settings, checked there
         self.curve: CostCurve = context.memory.setdefault(self.name, CostCurve())
+        self.curve.open_request()
         self.two_runtimes = context.cloud_caches > 1
         self.tau_hat = self.curve.prior_tau()
         self.seen = {BLOCK: 0, STEP: 0}  # accepted tokens each runtime's cache holds (two runtimes)
@@ -117,7 +150,7 @@ class Auto(DraftFree):
         start = time.perf_counter()
         tokens = self.lookup.propose(seq, k).tokens
         n = tokens.numel()
-        send = self.stay_in_blocks(seq, n) if self.two_runtimes else n > 0 and self.tau_hat > self.curve.ratio(n + 1)
+        send = self.stay_in_blocks(seq, n, k) if self.two_runtimes else n > 0 and self.tau_hat > self.curve.ratio(n + 1)
         if n and not send:
             self.withheld.append((seq.length, tokens.tolist()))
         self.compute_s += time.perf_counter() - start
@@ -127,10 +160,10 @@ class Auto(DraftFree):
             return Proposal(seq.ids[-1:].clone(), None, seq.length, HOLD)
         return Proposal(tokens[:0], None, seq.length, PLAIN)
 
-    def stay_in_blocks(self, seq: AcceptedSequence, n: int) -> bool:
-        """Two runtimes: whether this cycle is a block (mode B), by the rule in the module's docstring."""
+    def stay_in_blocks(self, seq: AcceptedSequence, n: int, k: int | None = None) -> bool:
+        """Two runtimes: whether this cycle is a block (mode B), by the rules in the module's docstring."""
         if not self.seen[STEP] and not self.seen[BLOCK]:
-            return False  # a request's first cycle: its prompt goes to the plain runtime (and measures its feed)
+            return self.prefill_in_blocks(seq, n, k or n)
         step, block = self.curve.mean(STEP, 1), self.curve.nearest(BLOCK, max(n, 1) + 1)
         if step is None:
             return n > 0  # not measured yet: send what lookup finds, and learn
@@ -142,17 +175,32 @@ class Auto(DraftFree):
         behind = seq.length - self.seen[BLOCK]
         return n > 0 and (per_token_a - per_token_b) * seq.remaining > (behind - 1) * self.curve.catch_up_s_per_token(BLOCK)
 
+    def prefill_in_blocks(self, seq: AcceptedSequence, n: int, k: int) -> bool:
+        """Two runtimes, a request's first cycle: whether B (rather than A) prefills its prompt."""
+        r_a, r_b, a = self.curve.own_catch_up_s_per_token(STEP), self.curve.own_catch_up_s_per_token(BLOCK), \
+            self.curve.mean(STEP, 1)
+        prompt, left = seq.length, self.curve.expected_tokens(seq.remaining)
+        if r_a is None or a is None:
+            return False  # the engine's first request: A prefills, measuring r_A and its step
+        if r_b is None:
+            return prompt * r_a > left * a  # B's prefill measured once, where a faster one could matter
+        hold, block = self.curve.nearest(BLOCK, 2), self.curve.nearest(BLOCK, max(k, 1) + 1)
+        b = min(hold or a, (block or a) / self.tau_hat)  # in B: a hold, or a lookup block of up to k
+        return prompt * r_b + left * b < prompt * r_a + left * a
+
     def rollback(self, seq: AcceptedSequence, proposal: Proposal, verdict: Verdict | None) -> DraftNote:
         """Learn from the verify: its forward's seconds by kind and tokens fed (a feed beyond the block's
         own tokens: the runtime caught up, its seconds per token), a lookup block's tokens per verify, and
         those of withheld blocks whose tokens the plain steps have now decided."""
+        self.curve.answer_so_far = len(seq.generated)
         if verdict is None:
             return DraftNote()
         seconds, kind = verdict.read_at - verdict.sent_at, BLOCK if len(proposal) else STEP
-        self.curve.observe(kind, verdict.tokens_in, seconds)
-        if verdict.tokens_in > len(proposal) + 1:
+        if verdict.tokens_in > len(proposal) + 1:  # a prefill or a catch-up: a rate per token, not a block's cost
             self.curve.catch_up[kind][0] += seconds
             self.curve.catch_up[kind][1] += verdict.tokens_in
+        else:
+            self.curve.observe(kind, verdict.tokens_in, seconds)
         self.seen[kind], self.in_blocks = proposal.base + verdict.accepted, kind == BLOCK
         if proposal.drafter == "prompt-lookup":
             self.learn(verdict.accepted + 1)
