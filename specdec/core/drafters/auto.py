@@ -24,8 +24,11 @@ mode, plain steps (A) or blocks (B), and switches only when the rest of the answ
 
     a = t_plain(1)                    seconds a token in A
     b = t_block(n + 1) / tau_hat      seconds a token in B
-    A -> B  iff  (a - b) * tokens left  >  (c_B - 1) * r_B
-    B -> A  iff  (b - a) * tokens left  >  (c_A - 1) * r_A
+    A -> B  iff  (a - b) * N  >  (c_B - 1) * r_B
+    B -> A  iff  (b - a) * N  >  (c_A - 1) * r_A
+
+N: the tokens the request will still decode, estimated as the mean length of this engine's earlier
+answers less what it has (at least 1, at most its budget left; the budget before any answer is known).
 
 r_A, r_B: each runtime's measured seconds per catch-up token (before any, the other's; a block not yet
 measured is assumed to cost a plain step). In B a cycle whose lookup finds nothing is a one-token block
@@ -33,22 +36,26 @@ guessing the last token again (`hold`: a verify in B costs about its plain step,
 would be a plain step in A, and a switch). A 1,000-token article at ~10 ms a token costs ~10 s to catch
 up, more than 128 tokens can save, so a request stays in the runtime that prefilled its prompt.
 
-Which runtime prefills, at a request's first cycle (c = prompt tokens, N = the mean length of this
-engine's earlier answers, at most the tokens left):
+Which runtime prefills, at a request's first cycle (c = prompt tokens):
 
-    start in B  iff  c * r_B + N * b  <  c * r_A + N * a       b: the cheaper of a hold and a block's b
+    start in B  iff  c * r_B + N * b_B  <  c * r_A + N * a_A
 
-r_A, r_B here are only each runtime's own measurements. The engine's first request starts in A (and
-measures r_A and a); while r_B is unmeasured, the first request whose prefill in A would cost more than
-decoding its answer there (c * r_A > N * a) starts in B to measure it: one request pays for finding
-out, and only one whose prompt is long enough for a faster prefill to matter. Measured on Spec-Bench's
-questions (2026-11-25, 2 threads; medians, prefill over prompts of 400+ tokens): llama.cpp Q4_K_M
-prefilled 10.1 ms a prompt token and decoded 33 ms a token, int8 6.0 and 61 ms. A 780-token RAG
+a_A, b_B: each runtime's measured seconds per emitted token (A's plain steps; B's holds and lookup
+blocks together) and r_A, r_B only each runtime's own measurements. The engine's first request starts
+in A (measuring r_A and a_A); while B's are unmeasured, the first request whose prefill in A would cost
+more than decoding its answer there (c * r_A > N * a_A) starts in B to measure them: one request pays
+for finding out, and only one whose prompt is long enough for a faster prefill to matter. Measured on
+Spec-Bench's questions (2026-11-25, 2 threads; medians, prefill over prompts of 400+ tokens): llama.cpp
+Q4_K_M prefilled 10.1 ms a prompt token and decoded 33 ms a token, int8 6.0 and 61 ms. A 780-token RAG
 question whose answers run ~20 tokens prefills 3.2 s faster in int8 and decodes 0.6 s slower there; a
-60-token MT-bench question stays in llama.cpp. (Until then the first cycle was always a plain step in
-A, and RAG ran at plain llama.cpp's 0.58x of plain int8. Before that a lookup match in the chat
-template made the first cycle a block and the request then switched: each runtime prefilled the whole
-prompt, 11 s + 18 s on a 740-token RAG question.)
+60-token MT-bench question stays in llama.cpp.
+
+What this replaced, each measured on that run's questions: the first cycle always a plain step in A
+(RAG at plain llama.cpp's 0.58x of plain int8); the rule above with b_B taken from one hold's time and
+the prior tau (2.0) and N the whole budget (a 197-ms hold after a RAG prefill sent the request back to
+A, which prefilled it again: 0.55x; MT-bench prompts went to B on the prior's promise: 0.91x); before
+both, a lookup match in the chat template that made the first cycle a block, each runtime prefilling
+the whole prompt (11 s + 18 s on a 740-token RAG question).
 """
 from __future__ import annotations
 
@@ -73,6 +80,7 @@ class CostCurve:
     def __init__(self) -> None:
         self.seconds: dict[tuple[str, int], list[float]] = {}  # (kind, tokens fed) -> [sum of seconds, count]
         self.catch_up = {BLOCK: [0.0, 0], STEP: [0.0, 0]}  # [seconds, tokens] of feeds that caught a cache up
+        self.decoded = {BLOCK: [0.0, 0], STEP: [0.0, 0]}  # [seconds, tokens emitted] by verifies of their own block
         self.tau = [0.0, 0]  # [sum of tokens per block, blocks] (sent or read off plain steps) over earlier requests
         self.answers = [0, 0]  # [sum of tokens, requests]: the lengths of earlier answers
         self.answer_so_far = 0  # the newest request's tokens so far: an answer once the next request opens
@@ -117,6 +125,12 @@ class CostCurve:
         total, n = self.tau
         return total / n if n else PRIOR_TAU
 
+    def decode_s_per_token(self, kind: str) -> float | None:
+        """Seconds per emitted token of `kind`'s verifies that fed only their own block (a runtime's
+        decoding rate, lookup's blocks and holds together in B); None before any."""
+        seconds, tokens = self.decoded[kind]
+        return seconds / tokens if tokens else None
+
     def open_request(self) -> None:
         """A new request: the previous one's tokens so far were its answer."""
         if self.answer_so_far:
@@ -124,11 +138,12 @@ class CostCurve:
             self.answers[1] += 1
         self.answer_so_far = 0
 
-    def expected_tokens(self, remaining: int) -> float:
-        """Tokens a new request will decode: the mean of earlier answers (many stop well before the
-        budget: RAG's at ~20 of 128), at most `remaining`; `remaining` before any."""
+    def tokens_left(self, seq: AcceptedSequence) -> float:
+        """Tokens this request will still decode: the mean length of earlier answers (many stop well
+        before the budget: RAG's at ~20 of 128) less what it has, at least 1 and at most the budget left;
+        the budget left before any answer is known."""
         total, n = self.answers
-        return min(remaining, total / n) if n else remaining
+        return min(seq.remaining, max(total / n - len(seq.generated), 1.0)) if n else seq.remaining
 
 
 @register_drafter("auto", weighs_runtimes=True)
@@ -150,7 +165,7 @@ class Auto(DraftFree):
         start = time.perf_counter()
         tokens = self.lookup.propose(seq, k).tokens
         n = tokens.numel()
-        send = self.stay_in_blocks(seq, n, k) if self.two_runtimes else n > 0 and self.tau_hat > self.curve.ratio(n + 1)
+        send = self.stay_in_blocks(seq, n) if self.two_runtimes else n > 0 and self.tau_hat > self.curve.ratio(n + 1)
         if n and not send:
             self.withheld.append((seq.length, tokens.tolist()))
         self.compute_s += time.perf_counter() - start
@@ -160,32 +175,31 @@ class Auto(DraftFree):
             return Proposal(seq.ids[-1:].clone(), None, seq.length, HOLD)
         return Proposal(tokens[:0], None, seq.length, PLAIN)
 
-    def stay_in_blocks(self, seq: AcceptedSequence, n: int, k: int | None = None) -> bool:
+    def stay_in_blocks(self, seq: AcceptedSequence, n: int) -> bool:
         """Two runtimes: whether this cycle is a block (mode B), by the rules in the module's docstring."""
         if not self.seen[STEP] and not self.seen[BLOCK]:
-            return self.prefill_in_blocks(seq, n, k or n)
+            return self.prefill_in_blocks(seq)
         step, block = self.curve.mean(STEP, 1), self.curve.nearest(BLOCK, max(n, 1) + 1)
         if step is None:
             return n > 0  # not measured yet: send what lookup finds, and learn
         block = step if block is None else block  # no block measured yet: assume a block costs a step
         per_token_a, per_token_b = step, block / (self.tau_hat if n else 1.0)
+        left = self.curve.tokens_left(seq)
         if self.in_blocks:
             behind = seq.length - self.seen[STEP]
-            return not (per_token_b - per_token_a) * seq.remaining > (behind - 1) * self.curve.catch_up_s_per_token(STEP)
+            return not (per_token_b - per_token_a) * left > (behind - 1) * self.curve.catch_up_s_per_token(STEP)
         behind = seq.length - self.seen[BLOCK]
-        return n > 0 and (per_token_a - per_token_b) * seq.remaining > (behind - 1) * self.curve.catch_up_s_per_token(BLOCK)
+        return n > 0 and (per_token_a - per_token_b) * left > (behind - 1) * self.curve.catch_up_s_per_token(BLOCK)
 
-    def prefill_in_blocks(self, seq: AcceptedSequence, n: int, k: int) -> bool:
+    def prefill_in_blocks(self, seq: AcceptedSequence) -> bool:
         """Two runtimes, a request's first cycle: whether B (rather than A) prefills its prompt."""
-        r_a, r_b, a = self.curve.own_catch_up_s_per_token(STEP), self.curve.own_catch_up_s_per_token(BLOCK), \
-            self.curve.mean(STEP, 1)
-        prompt, left = seq.length, self.curve.expected_tokens(seq.remaining)
+        curve, prompt, left = self.curve, seq.length, self.curve.tokens_left(seq)
+        r_a, r_b = curve.own_catch_up_s_per_token(STEP), curve.own_catch_up_s_per_token(BLOCK)
+        a, b = curve.decode_s_per_token(STEP), curve.decode_s_per_token(BLOCK)
         if r_a is None or a is None:
-            return False  # the engine's first request: A prefills, measuring r_A and its step
-        if r_b is None:
-            return prompt * r_a > left * a  # B's prefill measured once, where a faster one could matter
-        hold, block = self.curve.nearest(BLOCK, 2), self.curve.nearest(BLOCK, max(k, 1) + 1)
-        b = min(hold or a, (block or a) / self.tau_hat)  # in B: a hold, or a lookup block of up to k
+            return False  # the engine's first request: A prefills, measuring r_A and a
+        if r_b is None or b is None:
+            return prompt * r_a > left * a  # B measured once, where a faster prefill could matter
         return prompt * r_b + left * b < prompt * r_a + left * a
 
     def rollback(self, seq: AcceptedSequence, proposal: Proposal, verdict: Verdict | None) -> DraftNote:
@@ -201,6 +215,8 @@ class Auto(DraftFree):
             self.curve.catch_up[kind][1] += verdict.tokens_in
         else:
             self.curve.observe(kind, verdict.tokens_in, seconds)
+            self.curve.decoded[kind][0] += seconds
+            self.curve.decoded[kind][1] += verdict.accepted + 1
         self.seen[kind], self.in_blocks = proposal.base + verdict.accepted, kind == BLOCK
         if proposal.drafter == "prompt-lookup":
             self.learn(verdict.accepted + 1)
