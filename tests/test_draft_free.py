@@ -10,8 +10,10 @@ import torch
 from specdec import DecodeConfig, Prompt, SpecConfig, autoregressive_decode, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.core import cloud as cloud_module
+from specdec.core.drafters.hybrid import ModelCosts
 from specdec.core.drafters.ngram import NgramTable
 from specdec.core.drafters.prompt_lookup import lookup
+from specdec.core.processors import Constraints
 from tests.tiny import noisy_copy, tiny_causal
 
 T = torch.tensor
@@ -74,9 +76,64 @@ def test_greedy_with_each_drafter_is_the_clouds_greedy(pair, drafter, verifier):
         kept += generation.counters.num_accepted_tokens
     assert kept > 0  # draft tokens were accepted, not only the cloud's own
     expected = {"prompt-lookup": {"prompt-lookup"}, "ngram": {"ngram"}, "hybrid": {"prompt-lookup", "model"}}[drafter]
-    assert made_by == expected
+    # the hybrid's model drafts until its costs are measured, then only while its blocks pay (else plain steps)
+    assert expected <= made_by <= expected | ({"plain"} if drafter == "hybrid" else set())
     if drafter == "ngram":
         assert memory["ngram"].next  # the counts carry across generations
+
+
+def hybrid_costs(draft_s: float, tau: float, edge_s_per_token: float = 0.0, weight: int = 1):
+    """The cloud verified in int8 (a step 60 ms, a 5-token block 65 ms), a model proposal of 4 tokens
+    costing draft_s, model blocks carrying tau tokens per verify."""
+    from specdec.core.drafters.auto import BLOCK, STEP
+
+    costs = ModelCosts()
+    for _ in range(weight):
+        costs.verify.observe(STEP, 1, 0.060)
+        costs.verify.observe(BLOCK, 5, 0.065)
+    costs.draft = [draft_s * weight, weight]
+    costs.edge_feed = [edge_s_per_token * 1000 * weight, 1000 * weight]
+    costs.verify.tau = [tau * weight, weight]
+    return costs
+
+
+def test_the_hybrids_model_drafts_only_while_its_blocks_pay_for_drafting_and_catching_up(pair):
+    """Lookup's match goes first; without one the model drafts only where (drafting + verify) / tau beats
+    a plain step, and where the rest of the answer pays for feeding the edge what it has not seen."""
+    from specdec.core.drafters.hybrid import Hybrid
+    from specdec.core.drafters.interface import DraftContext
+    from specdec.core.session import AcceptedSequence
+
+    edge, _ = pair
+
+    def proposal(costs, ids):
+        context = DraftContext(Prompt(T(ids[:4])), 96, Constraints(), 0.0, torch.Generator(), edge,
+                               memory={"hybrid": costs})
+        return Hybrid(context).propose(AcceptedSequence(T(ids), 128), 4).drafter
+
+    fresh = list(range(40))  # no token recurs: lookup has nothing
+    assert proposal(hybrid_costs(0.080, 2.4), [5, 6, 7, 5, 6]) == "prompt-lookup"  # (5, 6) recurs
+    assert proposal(hybrid_costs(0.080, 2.4), fresh) == "plain"  # (80 + 65) / 2.4 = 60 ms a token: no gain
+    assert proposal(hybrid_costs(0.080, 3.0), fresh) == "model"  # 48 ms a token, 12 saved x 128 > 40 x 0
+    assert proposal(hybrid_costs(0.080, 3.0, 0.003), list(range(900))) == "plain"  # 900 x 3 ms > 128 x 12 ms
+    assert proposal(hybrid_costs(0.080, 3.0, 0.003), fresh) == "model"  # 40 x 3 ms < 1.5 s
+    assert proposal(ModelCosts(), fresh) == "model"  # nothing measured: draft, and learn
+
+
+@pytest.mark.parametrize("verifier", ["cached", "stateless"])
+def test_a_hybrid_whose_model_does_not_pay_takes_plain_steps_and_stays_lossless(pair, verifier):
+    """The model measured as too dear: lookup's blocks where it matches, plain steps elsewhere, and the
+    output is still the cloud's greedy."""
+    edge, cloud = pair
+    memory = {"hybrid": hybrid_costs(1.0, 2.0, weight=1000)}  # weighty: the tiny pair's own timings barely move them
+    spec, decode = SpecConfig(k=4, entropy_threshold=0, policy="greedy", verifier=verifier), DecodeConfig(max_new_tokens=24)
+    made_by = set()
+    for seed in range(4):
+        prompt = looping_prompt(seed)
+        generation = speculative_decode(edge, cloud, prompt, spec, decode, drafter="hybrid", drafter_memory=memory)
+        assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
+        made_by |= {c.drafter for c in generation.cycles}
+    assert made_by == {"prompt-lookup", "plain"}
 
 
 def test_an_edge_without_a_model_for_a_draft_free_drafter_is_not_loaded(pair):
@@ -223,61 +280,69 @@ def test_with_two_runtimes_a_request_starts_in_plain_steps_and_weighs_the_first_
 
 
 def spec_bench_curve():
-    """The 1.5B on 2026-11-25, 2 threads: llama.cpp (A) prefills 10.6 ms a prompt token and steps in
-    37 ms; int8 (B) prefills 6.1 ms a token, a hold costs 61 ms and a 4-token block 65 ms."""
+    """The 1.5B on 2026-11-25, 2 threads: llama.cpp (A) prefills 10.6 ms a prompt token and decodes 37 ms
+    a token; the int8 runtime (B) is not measured yet."""
     from specdec.core.drafters.auto import BLOCK, STEP, CostCurve
 
     curve = CostCurve()
     curve.observe(STEP, 1, 0.037)
+    curve.decoded[STEP] = [3.7, 100]
     curve.catch_up[STEP] = [9.7, 918]
     return curve, BLOCK
 
 
 def test_with_two_runtimes_the_prompt_is_prefilled_where_prefill_and_answer_cost_least():
-    """A's llama.cpp prefills a 900-token article 4 s slower than int8 and decodes 128 tokens 3 s faster:
-    such a request starts in B; a 60-token question stays in A. While B's prefill is unmeasured, one
-    request whose prefill in A costs more than its decoding there starts in B to measure it."""
+    """A's llama.cpp prefills a 900-token article 4 s slower than int8 (B), and B decodes lookup's blocks
+    and holds at 43 ms a token: such a request starts in B; a 60-token question stays in A. While B is
+    unmeasured, one request whose prefill in A costs more than its decoding there starts in B to measure it."""
     from specdec.core.drafters.auto import HOLD, PLAIN
     from specdec.core.session import AcceptedSequence
 
     curve, BLOCK = spec_bench_curve()
     article, question = AcceptedSequence(torch.arange(900), 128), AcceptedSequence(torch.arange(60), 128)
     assert auto_drafter(curve, cloud_caches=2).propose(question, 4).drafter == PLAIN  # 0.6 s < 128 x 37 ms
-    first_look = auto_drafter(curve, cloud_caches=2).propose(article, 4)  # 9.5 s > 4.7 s: B's prefill is worth a look
+    first_look = auto_drafter(curve, cloud_caches=2).propose(article, 4)  # 9.5 s > 4.7 s: B is worth a look
     assert first_look.drafter == HOLD and first_look.tokens.tolist() == [899]
     curve.catch_up[BLOCK] = [5.6, 918]  # what that look measured
-    curve.observe(BLOCK, 2, 0.061)
-    curve.observe(BLOCK, 5, 0.065)
-    curve.tau = [1.5, 1]  # b = min(61, 65 / 1.5) = 43 ms a token in B
-    assert auto_drafter(curve, cloud_caches=2).propose(article, 4).drafter == HOLD  # 5.5 + 5.6 s < 9.5 + 4.7 s
-    assert auto_drafter(curve, cloud_caches=2).propose(question, 4).drafter == PLAIN  # 0.4 + 5.6 s > 0.6 + 4.7 s
+    curve.decoded[BLOCK] = [4.3, 100]
+    assert auto_drafter(curve, cloud_caches=2).propose(article, 4).drafter == HOLD  # 5.5 + 5.5 s < 9.5 + 4.7 s
+    assert auto_drafter(curve, cloud_caches=2).propose(question, 4).drafter == PLAIN  # 0.4 + 5.5 s > 0.6 + 4.7 s
     looping = AcceptedSequence(torch.arange(900) % 300, 128)  # lookup finds a block: B verifies it with the prefill
     assert auto_drafter(curve, cloud_caches=2).propose(looping, 4).drafter == "prompt-lookup"
     curve.catch_up[BLOCK] = [9.7, 918]  # a B that prefills no faster than A: A
     assert auto_drafter(curve, cloud_caches=2).propose(article, 4).drafter == PLAIN
 
 
-def test_with_two_runtimes_the_answers_seen_so_far_say_how_much_decoding_a_prefill_must_pay_for():
-    """A 600-token question whose answers run ~20 tokens of a 128-token budget (RAG's do). Weighed against
-    128 tokens int8's prefill does not pay (3.7 + 7.8 s > 6.3 + 4.7 s); against the ~20 its earlier
-    answers ran, it does (3.7 + 1.2 s < 6.3 + 0.7 s). A request's answer is the tokens it had when the
+def test_with_two_runtimes_the_answers_seen_so_far_say_how_much_decoding_a_switch_must_pay_for():
+    """A 600-token question whose answers run ~20 tokens of a 128-token budget (RAG's do), B decoding at
+    61 ms a token. Weighed against 128 tokens int8's prefill does not pay (3.7 + 7.8 s > 6.3 + 4.7 s);
+    against the ~20 its earlier answers ran, it does (3.7 + 1.2 s < 6.3 + 0.7 s). Once in B, one slow
+    hold (197 ms) must not send the request back to A's second prefill: 0.16 s x 19 tokens < 6.3 s,
+    where the whole budget said 0.16 s x 127 > 6.3 s. A request's answer is the tokens it had when the
     next request opened."""
     from specdec.core.drafters.auto import HOLD, PLAIN
     from specdec.core.session import AcceptedSequence
 
     curve, BLOCK = spec_bench_curve()
     curve.catch_up[BLOCK] = [5.6, 918]
-    curve.observe(BLOCK, 2, 0.061)
-    curve.observe(BLOCK, 5, 0.065)
-    curve.tau = [1.0, 1]  # lookup finds nothing worth a block: b = a hold, 61 ms
+    curve.decoded[BLOCK] = [6.1, 100]
     rag = AcceptedSequence(torch.arange(600), 128)
-    assert curve.expected_tokens(128) == 128 and auto_drafter(curve, cloud_caches=2).propose(rag, 4).drafter == PLAIN
+    assert curve.tokens_left(rag) == 128 and auto_drafter(curve, cloud_caches=2).propose(rag, 4).drafter == PLAIN
+    in_b = auto_drafter(curve, cloud_caches=2)
+    in_b.in_blocks, in_b.seen[BLOCK] = True, 601
+    curve.observe(BLOCK, 2, 0.197)
+    rag.extend([7])
+    assert not in_b.stay_in_blocks(rag, 0)  # no answer known yet: the budget's 127 tokens
     for answer in (18, 22):
         auto_drafter(curve, cloud_caches=2)
         curve.answer_so_far = answer  # what the request's last rollback saw
     auto = auto_drafter(curve, cloud_caches=2)
-    assert curve.answers == [40, 2] and curve.expected_tokens(128) == 20 and curve.expected_tokens(12) == 12
-    assert auto.propose(rag, 4).drafter == HOLD
+    assert curve.answers == [40, 2] and curve.tokens_left(AcceptedSequence(torch.arange(600), 128)) == 20
+    assert curve.tokens_left(AcceptedSequence(torch.arange(600), 12)) == 12 and curve.tokens_left(rag) == 19
+    assert auto.propose(AcceptedSequence(torch.arange(600), 128), 4).drafter == HOLD
+    assert in_b.stay_in_blocks(rag, 0)
+    rag.extend(list(range(30)))
+    assert curve.tokens_left(rag) == 1  # past the mean answer: no switch pays any more
 
 
 def test_a_prefill_or_a_catch_up_is_a_rate_per_token_not_a_blocks_cost():
@@ -309,6 +374,7 @@ def test_a_request_prefilled_in_the_blocks_runtime_stays_lossless(pair, verifier
     curve = CostCurve()
     curve.observe(STEP, 1, 0.01)
     curve.catch_up = {STEP: [1e6, 1000], BLOCK: [1e-6, 1000]}  # weighty: the tiny pair's own feeds barely move them
+    curve.decoded = {STEP: [10.0, 1000], BLOCK: [10.0, 1000]}
     spec, decode = SpecConfig(k=4, entropy_threshold=0, policy="greedy", verifier=verifier), DecodeConfig(max_new_tokens=24)
     verifying = TwoRuntimeCloud(LocalCloud(cloud), LocalCloud(cloud))
     firsts = set()
