@@ -114,6 +114,8 @@ def test_the_hybrids_model_drafts_only_while_its_blocks_pay_for_drafting_and_cat
     fresh = list(range(40))  # no token recurs: lookup has nothing
     assert proposal(hybrid_costs(0.080, 2.4), [5, 6, 7, 5, 6]) == "prompt-lookup"  # (5, 6) recurs
     assert proposal(hybrid_costs(0.080, 2.4), fresh) == "plain"  # (80 + 65) / 2.4 = 60 ms a token: no gain
+    assert proposal(hybrid_costs(0.080, 2.4), [5, 6, 7, 8, 5]) == "prompt-lookup"  # ... so lookup's one-token match
+    assert proposal(hybrid_costs(0.080, 3.0), [5, 6, 7, 8, 5]) == "model"  # too weak where the model pays
     assert proposal(hybrid_costs(0.080, 3.0), fresh) == "model"  # 48 ms a token, 12 saved x 128 > 40 x 0
     assert proposal(hybrid_costs(0.080, 3.0, 0.003), list(range(900))) == "plain"  # 900 x 3 ms > 128 x 12 ms
     assert proposal(hybrid_costs(0.080, 3.0, 0.003), fresh) == "model"  # 40 x 3 ms < 1.5 s
@@ -122,8 +124,8 @@ def test_the_hybrids_model_drafts_only_while_its_blocks_pay_for_drafting_and_cat
 
 @pytest.mark.parametrize("verifier", ["cached", "stateless"])
 def test_a_hybrid_whose_model_does_not_pay_takes_plain_steps_and_stays_lossless(pair, verifier):
-    """The model measured as too dear: lookup's blocks where it matches, plain steps elsewhere, and the
-    output is still the cloud's greedy."""
+    """The model measured as too dear: the hybrid sends what lookup alone would (its blocks where a suffix
+    recurs, plain steps elsewhere), and the output is still the cloud's greedy."""
     edge, cloud = pair
     memory = {"hybrid": hybrid_costs(1.0, 2.0, weight=1000)}  # weighty: the tiny pair's own timings barely move them
     spec, decode = SpecConfig(k=4, entropy_threshold=0, policy="greedy", verifier=verifier), DecodeConfig(max_new_tokens=24)
@@ -133,6 +135,8 @@ def test_a_hybrid_whose_model_does_not_pay_takes_plain_steps_and_stays_lossless(
         generation = speculative_decode(edge, cloud, prompt, spec, decode, drafter="hybrid", drafter_memory=memory)
         assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
         made_by |= {c.drafter for c in generation.cycles}
+        lookup_alone = speculative_decode(None, cloud, prompt, spec, decode, drafter="prompt-lookup")
+        assert [c.draft_tokens for c in generation.cycles] == [c.draft_tokens for c in lookup_alone.cycles], seed
     assert made_by == {"prompt-lookup", "plain"}
 
 

@@ -1,7 +1,7 @@
-"""Prompt lookup when it finds a match, the edge model otherwise, while the model's blocks pay; a plain
-step of the cloud when they do not. A draft-free block costs no edge forward, and a model block covers
-the text that copies nothing, but only where drafting k tokens and verifying them costs less per token
-than the cloud's own step:
+"""Prompt lookup when it finds a match of 2+ tokens; otherwise the edge model while its blocks pay, and
+what prompt lookup alone would send (a one-token match's block, or a plain step of the cloud) when they
+do not. A draft-free block costs no edge forward, and a model block covers the text that copies nothing,
+but only where drafting k tokens and verifying them costs less per token than the cloud's own step:
 
     d = seconds of a model proposal (k edge forwards)      v = t_verify(k + 1)      s = t_verify(1)
     draft with the model  iff  (d + v) / tau_model < s
@@ -10,16 +10,16 @@ than the cloud's own step:
 tau_model: tokens per verify of model blocks (EMA, alpha 0.5, from the mean over the engine's earlier
 requests; 2.0 before any); behind: accepted tokens the edge's cache has not seen (after lookup blocks or
 plain steps it lags, and its next proposal feeds them as one block: on a request's first cycle, the
-whole prompt); r_edge: the edge's measured seconds per token of such proposals (the feed and the
-k - 1 forwards after it, over the tokens they fed). Until a cost is measured the
-model drafts, and learns it. A withheld model block teaches nothing, so once the model stops paying on
-an engine it stays off there. On 2026-11-25 (2 threads, the 1.5B verified in int8) the 0.5B's block cost
-more per token than an int8 step on four of Spec-Bench's six categories, and its prefill of a 900-token
-article ~3 s: the hybrid without this rule ran at 0.53-0.98x plain llama.cpp where lookup alone ran at
-0.77-2.27x.
+whole prompt); r_edge: the edge's measured seconds per token of such proposals (the feed and the k - 1
+forwards after it, over the tokens they fed); s, before a plain step is measured: the cheapest verify
+measured. Until a cost is measured the model drafts, and learns it. A withheld model block teaches
+nothing, so once the model stops paying on an engine it stays off there, and the hybrid is prompt
+lookup. On 2026-11-25 (2 threads, the 1.5B verified in int8) the hybrid without this rule ran at
+0.53-0.98x plain llama.cpp where lookup alone ran at 0.77-2.27x: the 0.5B's block cost more per token
+than an int8 step on MT-bench, and on a 900-token article its prefill took ~3 s of a ~12-s request.
 
 A one-token match (a repeated word) is too weak to skip the model for: lookup must match at least
-`min_ngram` (2) tokens here."""
+`min_ngram` (2) tokens before the model is asked."""
 from __future__ import annotations
 
 import time
@@ -27,7 +27,7 @@ import time
 from specdec.core.drafters.auto import ALPHA, BLOCK, PLAIN, STEP, CostCurve
 from specdec.core.drafters.interface import DraftContext, DraftNote, Proposal, register_drafter
 from specdec.core.drafters.model import ModelDrafter
-from specdec.core.drafters.prompt_lookup import MAX_NGRAM, lookup
+from specdec.core.drafters.prompt_lookup import MAX_NGRAM, MIN_NGRAM as ANY_NGRAM, lookup
 from specdec.core.session import AcceptedSequence
 from specdec.core.verdict import InFlight, Verdict
 
@@ -73,15 +73,21 @@ class Hybrid:
     def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
         start = time.perf_counter()
         tokens = lookup(seq.ids, k, self.max_ngram, MIN_NGRAM)
+        with_model = not tokens.numel() and self.model_pays(seq, k)
+        if not tokens.numel() and not with_model:
+            tokens = lookup(seq.ids, k, self.max_ngram, ANY_NGRAM)  # what lookup alone would send
         self.lookup_s += time.perf_counter() - start
-        if tokens.numel():
-            return Proposal(tokens.clone(), None, seq.length, "prompt-lookup")
-        if not self.model_pays(seq, k):
-            return Proposal(tokens, None, seq.length, PLAIN)  # empty: the cloud's plain step
+        if with_model:
+            return self.draft_with_model(seq, k)
+        return Proposal(tokens.clone(), None, seq.length, "prompt-lookup" if tokens.numel() else PLAIN)
+
+    def draft_with_model(self, seq: AcceptedSequence, k: int) -> Proposal:
+        """The model's block, its seconds kept as a drafting cost or, when it fed the edge what it had
+        not seen (the prompt, lookup's tokens, plain steps'), as a catch-up rate."""
         behind, before = seq.length - self.model.session.length, self.model.compute_s
         proposal = self.model.propose(seq, k)
         seconds = self.model.compute_s - before
-        if behind > 2:  # the edge caught up on a prompt or on lookup's and the plain steps' tokens
+        if behind > 2:
             self.costs.edge_feed[0] += seconds
             self.costs.edge_feed[1] += behind + len(proposal) - 1
         else:
@@ -91,7 +97,8 @@ class Hybrid:
 
     def model_pays(self, seq: AcceptedSequence, k: int) -> bool:
         """By the rule in the module's docstring; True while a cost is unmeasured (draft, and learn)."""
-        step, verify, draft = self.costs.verify.mean(STEP, 1), self.costs.verify.nearest(BLOCK, k + 1), self.costs.draft_s()
+        curve, draft = self.costs.verify, self.costs.draft_s()
+        step, verify = curve.mean(STEP, 1) or curve.nearest(BLOCK, 1), curve.nearest(BLOCK, k + 1)
         if step is None or verify is None or draft is None:
             return True
         per_token = (draft + verify) / self.tau_model
