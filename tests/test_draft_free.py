@@ -4,6 +4,8 @@ across generations; the hybrid uses lookup when it matches and the edge model ot
 greedy decoding the cloud's own, token for token, and says which drafter made each block."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -244,14 +246,18 @@ def test_with_two_runtimes_auto_switches_only_when_the_rest_of_the_answer_pays_f
     auto = auto_drafter(curve, cloud_caches=2)
     auto.seen[STEP] = 40
     assert auto.stay_in_blocks(short_input, 4)
-    # in B: nothing to propose -> a hold (38 ms a token against 36 in A: 2 ms x 128 < catching A up 39 tokens)
+    # in B: nothing to propose -> a hold; B leaves on its record, not on one cycle: none yet, so it stays
     auto.in_blocks, auto.seen[BLOCK], auto.seen[STEP] = True, 40, 1  # in B; A saw the prompt's first token only
+    assert auto.stay_in_blocks(short_input, 0)
+    curve.decoded[BLOCK] = [3.8, 100]  # B's record: 38 ms a token against 36 in A: 2 ms x 128 < catching A up 39 tokens
     assert auto.stay_in_blocks(short_input, 0)
     nothing = AcceptedSequence(torch.arange(40), 128)  # no token recurs: lookup has nothing
     proposal = auto.propose(nothing, 4)
     assert proposal.drafter == HOLD and proposal.tokens.tolist() == [39]
     auto.seen[STEP] = 39  # A is current: the same 2 ms a token pays for going back
     assert not auto.stay_in_blocks(nothing, 0) and auto.propose(nothing, 4).drafter == PLAIN
+    auto.in_blocks, auto.seen[BLOCK] = False, 1  # back in A, B behind by a token: its record (38 ms) bars the way back
+    assert not auto.stay_in_blocks(short_input, 4)  # though this block alone (40 / 3 = 13 ms a token) would go
 
 
 def test_with_two_runtimes_a_request_starts_in_plain_steps_and_weighs_the_first_switch_by_the_prefill():
@@ -308,7 +314,7 @@ def test_with_two_runtimes_the_prompt_is_prefilled_where_prefill_and_answer_cost
     first_look = auto_drafter(curve, cloud_caches=2).propose(article, 4)  # 9.5 s > 4.7 s: B is worth a look
     assert first_look.drafter == HOLD and first_look.tokens.tolist() == [899]
     curve.catch_up[BLOCK] = [5.6, 918]  # what that look measured
-    curve.decoded[BLOCK] = [4.3, 100]
+    curve.whole_answers_in_blocks = [4.3, 100]
     assert auto_drafter(curve, cloud_caches=2).propose(article, 4).drafter == HOLD  # 5.5 + 5.5 s < 9.5 + 4.7 s
     assert auto_drafter(curve, cloud_caches=2).propose(question, 4).drafter == PLAIN  # 0.4 + 5.5 s > 0.6 + 4.7 s
     looping = AcceptedSequence(torch.arange(900) % 300, 128)  # lookup finds a block: B verifies it with the prefill
@@ -329,12 +335,12 @@ def test_with_two_runtimes_the_answers_seen_so_far_say_how_much_decoding_a_switc
 
     curve, BLOCK = spec_bench_curve()
     curve.catch_up[BLOCK] = [5.6, 918]
-    curve.decoded[BLOCK] = [6.1, 100]
+    curve.whole_answers_in_blocks = [6.1, 100]
     rag = AcceptedSequence(torch.arange(600), 128)
     assert curve.tokens_left(rag) == 128 and auto_drafter(curve, cloud_caches=2).propose(rag, 4).drafter == PLAIN
     in_b = auto_drafter(curve, cloud_caches=2)
     in_b.in_blocks, in_b.seen[BLOCK] = True, 601
-    curve.observe(BLOCK, 2, 0.197)
+    curve.decoded[BLOCK] = [0.197, 1]  # B's record so far: one slow hold
     rag.extend([7])
     assert not in_b.stay_in_blocks(rag, 0)  # no answer known yet: the budget's 127 tokens
     for answer in (18, 22):
@@ -379,6 +385,7 @@ def test_a_request_prefilled_in_the_blocks_runtime_stays_lossless(pair, verifier
     curve.observe(STEP, 1, 0.01)
     curve.catch_up = {STEP: [1e6, 1000], BLOCK: [1e-6, 1000]}  # weighty: the tiny pair's own feeds barely move them
     curve.decoded = {STEP: [10.0, 1000], BLOCK: [10.0, 1000]}
+    curve.whole_answers_in_blocks = [10.0, 1000]
     spec, decode = SpecConfig(k=4, entropy_threshold=0, policy="greedy", verifier=verifier), DecodeConfig(max_new_tokens=24)
     verifying = TwoRuntimeCloud(LocalCloud(cloud), LocalCloud(cloud))
     firsts = set()
@@ -391,12 +398,31 @@ def test_a_request_prefilled_in_the_blocks_runtime_stays_lossless(pair, verifier
     assert firsts and firsts <= {HOLD, "prompt-lookup"}
 
 
+class SlowForwards:
+    """A backend whose forwards take `seconds` longer: a runtime slower than the block it was chosen for."""
+
+    def __init__(self, backend, seconds: float) -> None:
+        self.backend, self.seconds = backend, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def prefill(self, *args, **kwargs):  # a stateless verifier's every call
+        time.sleep(self.seconds)
+        return self.backend.prefill(*args, **kwargs)
+
+    def forward(self, state, token_ids, keep=None):
+        time.sleep(self.seconds)
+        return self.backend.forward(state, token_ids, keep)
+
+
 @pytest.mark.parametrize("verifier", ["cached", "stateless"])
 @pytest.mark.parametrize("two_runtimes", [False, True])
 def test_auto_switching_between_blocks_and_plain_steps_mid_request_stays_lossless(pair, verifier, two_runtimes):
     """Blocks made to cost 1.5 plain steps: auto sends while lookup's tokens per verify beat that and
     withholds otherwise, both kinds of cycle in one request; the output is still the cloud's greedy. With
-    the cloud held in two runtimes (here the same model twice), each catches up on what the other decided."""
+    the cloud held in two runtimes (here the same model twice, its blocks' copy 60 ms slower a forward, so
+    that B's record sends a request back to A), each catches up on what the other decided."""
     from specdec.core.cloud import LocalCloud, TwoRuntimeCloud
     from specdec.core.drafters.auto import BLOCK, HOLD, PLAIN, STEP, CostCurve
 
@@ -409,7 +435,7 @@ def test_auto_switching_between_blocks_and_plain_steps_mid_request_stays_lossles
     memory = {"auto": curve}
     spec = SpecConfig(k=4, entropy_threshold=0, policy="greedy", verifier=verifier)
     decode = DecodeConfig(max_new_tokens=40)
-    verifying = TwoRuntimeCloud(LocalCloud(cloud), LocalCloud(cloud)) if two_runtimes else cloud
+    verifying = TwoRuntimeCloud(LocalCloud(cloud), LocalCloud(SlowForwards(cloud, 0.06))) if two_runtimes else cloud
     kinds, switched = set(), False
     for seed in range(6):
         prompt = looping_prompt(seed)

@@ -22,10 +22,15 @@ in the second, DraftContext.cloud_caches 2) adds a switching cost: the runtime s
 the c tokens it has not seen (the blocks' runtime on its first block: the whole prompt). So auto keeps a
 mode, plain steps (A) or blocks (B), and switches only when the rest of the answer pays for the feed:
 
-    a = t_plain(1)                    seconds a token in A
-    b = t_block(n + 1) / tau_hat      seconds a token in B
+    a = t_plain(1)                                  seconds a token in A
+    b = max(t_block(n + 1) / tau_hat, b_B)          seconds a token in B, by this block and B's record
     A -> B  iff  (a - b) * N  >  (c_B - 1) * r_B
-    B -> A  iff  (b - a) * N  >  (c_A - 1) * r_A
+    B -> A  iff  (b_B - a) * N  >  (c_A - 1) * r_A
+
+b_B: B's measured seconds per emitted token over all its cycles (holds and blocks), once it has any
+(before: this block's estimate alone to enter, and no leaving). Judged cycle by cycle, a good block sent
+a request to B and the next cycle's hold sent it back: on math questions (2026-11-25) 6 round trips a
+request, their catch-up feeds 24 s of 10 requests' 54.
 
 N: the tokens the request will still decode, estimated as the mean length of this engine's earlier
 answers less what it has (at least 1, at most its budget left; the budget before any answer is known).
@@ -81,6 +86,7 @@ class CostCurve:
         self.seconds: dict[tuple[str, int], list[float]] = {}  # (kind, tokens fed) -> [sum of seconds, count]
         self.catch_up = {BLOCK: [0.0, 0], STEP: [0.0, 0]}  # [seconds, tokens] of feeds that caught a cache up
         self.decoded = {BLOCK: [0.0, 0], STEP: [0.0, 0]}  # [seconds, tokens emitted] by verifies of their own block
+        self.whole_answers_in_blocks = [0.0, 0]  # the same, B's, in requests B prefilled: its rate over whole answers
         self.tau = [0.0, 0]  # [sum of tokens per block, blocks] (sent or read off plain steps) over earlier requests
         self.answers = [0, 0]  # [sum of tokens, requests]: the lengths of earlier answers
         self.answer_so_far = 0  # the newest request's tokens so far: an answer once the next request opens
@@ -125,10 +131,11 @@ class CostCurve:
         total, n = self.tau
         return total / n if n else PRIOR_TAU
 
-    def decode_s_per_token(self, kind: str) -> float | None:
+    def decode_s_per_token(self, kind: str, whole_answers: bool = False) -> float | None:
         """Seconds per emitted token of `kind`'s verifies that fed only their own block (a runtime's
-        decoding rate, lookup's blocks and holds together in B); None before any."""
-        seconds, tokens = self.decoded[kind]
+        decoding rate, lookup's blocks and holds together in B; `whole_answers`: B's in requests it
+        prefilled, not in stretches a good block switched to it); None before any."""
+        seconds, tokens = self.whole_answers_in_blocks if whole_answers and kind == BLOCK else self.decoded[kind]
         return seconds / tokens if tokens else None
 
     def open_request(self) -> None:
@@ -159,6 +166,7 @@ class Auto(DraftFree):
         self.tau_hat = self.curve.prior_tau()
         self.seen = {BLOCK: 0, STEP: 0}  # accepted tokens each runtime's cache holds (two runtimes)
         self.in_blocks = False  # two runtimes: the mode, blocks (B) or plain steps (A)
+        self.prefilled_in_blocks = False  # two runtimes: B fed this request's prompt
         self.withheld: list[tuple[int, list[int]]] = []  # (position, tokens) of blocks not sent, until the steps decide them
 
     def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
@@ -183,19 +191,19 @@ class Auto(DraftFree):
         if step is None:
             return n > 0  # not measured yet: send what lookup finds, and learn
         block = step if block is None else block  # no block measured yet: assume a block costs a step
-        per_token_a, per_token_b = step, block / (self.tau_hat if n else 1.0)
+        per_token_a, this_block, in_b = step, block / (self.tau_hat if n else 1.0), self.curve.decode_s_per_token(BLOCK)
         left = self.curve.tokens_left(seq)
-        if self.in_blocks:
-            behind = seq.length - self.seen[STEP]
+        if self.in_blocks:  # leave B only on its record, not on one cycle's hold (before any record: stay, and learn)
+            behind, per_token_b = seq.length - self.seen[STEP], per_token_a if in_b is None else in_b
             return not (per_token_b - per_token_a) * left > (behind - 1) * self.curve.catch_up_s_per_token(STEP)
-        behind = seq.length - self.seen[BLOCK]
+        behind, per_token_b = seq.length - self.seen[BLOCK], this_block if in_b is None else max(this_block, in_b)
         return n > 0 and (per_token_a - per_token_b) * left > (behind - 1) * self.curve.catch_up_s_per_token(BLOCK)
 
     def prefill_in_blocks(self, seq: AcceptedSequence) -> bool:
         """Two runtimes, a request's first cycle: whether B (rather than A) prefills its prompt."""
         curve, prompt, left = self.curve, seq.length, self.curve.tokens_left(seq)
         r_a, r_b = curve.own_catch_up_s_per_token(STEP), curve.own_catch_up_s_per_token(BLOCK)
-        a, b = curve.decode_s_per_token(STEP), curve.decode_s_per_token(BLOCK)
+        a, b = curve.decode_s_per_token(STEP), curve.decode_s_per_token(BLOCK, whole_answers=True)
         if r_a is None or a is None:
             return False  # the engine's first request: A prefills, measuring r_A and a
         if r_b is None or b is None:
@@ -215,8 +223,12 @@ class Auto(DraftFree):
             self.curve.catch_up[kind][1] += verdict.tokens_in
         else:
             self.curve.observe(kind, verdict.tokens_in, seconds)
-            self.curve.decoded[kind][0] += seconds
-            self.curve.decoded[kind][1] += verdict.accepted + 1
+        first = not self.seen[STEP] and not self.seen[BLOCK]
+        if not first and self.in_blocks == (kind == BLOCK):  # the runtime that ran the cycle before: decoding
+            for record in [self.curve.decoded[kind]] + ([self.curve.whole_answers_in_blocks] if self.prefilled_in_blocks else []):
+                record[0] += seconds  # (a stateless verifier's calls each feed the whole context: that is its rate)
+                record[1] += verdict.accepted + 1
+        self.prefilled_in_blocks = self.prefilled_in_blocks or (first and kind == BLOCK)
         self.seen[kind], self.in_blocks = proposal.base + verdict.accepted, kind == BLOCK
         if proposal.drafter == "prompt-lookup":
             self.learn(verdict.accepted + 1)
