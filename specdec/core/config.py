@@ -232,8 +232,7 @@ class SpecConfig:
     drafter: str = field(
         default="model", metadata={"help": "what proposes a block (specdec/core/drafters/): model (the edge model), "
                                            "prompt-lookup or ngram (no model: always verified), hybrid (prompt "
-                                           "lookup when it matches, else the edge model while its blocks pay, else "
-                                           "plain steps), or auto (prompt lookup "
+                                           "lookup when it matches, else the edge model while its blocks pay), or auto (prompt lookup "
                                            "only while its blocks pay, plain steps otherwise)", "choices": tuple(DRAFTERS)}
     )
 

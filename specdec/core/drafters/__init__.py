@@ -5,7 +5,7 @@ package imports every module beside it, so a new drafter is one new file.
     ahead.py   a model drafter that also drafts the next block while a remote cloud verifies this one
     prompt_lookup.py  the longest recurring suffix of prompt + output proposes what followed it (no model)
     ngram.py   the most frequent continuations counted over an engine's prompts and outputs (no model)
-    hybrid.py  prompt lookup when it matches, the edge model otherwise while its blocks pay, plain steps else
+    hybrid.py  prompt lookup when it matches, the edge model otherwise while its blocks pay
     auto.py    prompt lookup only while its blocks pay for their verify cost; plain steps otherwise
 """
 from __future__ import annotations
