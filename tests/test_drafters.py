@@ -107,26 +107,32 @@ def test_sampling_with_a_draft_free_drafter_runs_the_loop(cloud):
 
 
 @pytest.mark.server
-def test_a_draft_free_drafter_verified_through_the_server_is_the_clouds_greedy(pair):
+@pytest.mark.parametrize("drafter", ["repeat-last", "nothing", "prompt-lookup", "auto"])
+def test_a_draft_free_drafter_verified_through_the_server_is_the_clouds_greedy(pair, drafter):
     """Split deployment: the edge proposes without a model, the server verifies; greedy is lossless
-    and a draft-free block under speculative sampling crosses the wire with no distributions."""
+    and a draft-free block under speculative sampling crosses the wire with no distributions. An empty
+    block (lookup found nothing, `auto` withheld its block) is a plain step of the server: the server
+    once refused it ("a draft of 1..127 tokens expected, got 0"), failing every lookup prompt in split."""
     from specdec.models.loading import load_model
     from specdec.remote.client import RemoteCloud
     from specdec.remote.server import BackgroundServer
 
     cloud_model = load_model(pair["cloud"], "float32")
     decode = DecodeConfig(max_new_tokens=12)
+    empty = 0
     with BackgroundServer(cloud_model) as url:
         for seed in range(3):
             prompt = Prompt(random_prompt(seed, length=6) % 60)  # ids the tiny pair's 64-row models hold
             remote = RemoteCloud(url)
             remote.connect()
             try:
-                split = speculative_decode(None, remote, prompt, SpecConfig(k=3, policy="greedy"), decode, drafter="repeat-last")
+                split = speculative_decode(None, remote, prompt, SpecConfig(k=3, policy="greedy"), decode, drafter=drafter)
                 sampled = speculative_decode(None, remote, prompt, SpecConfig(k=3, entropy_threshold=0, policy="sample"),
-                                             DecodeConfig(max_new_tokens=12, temperature=0.7), drafter="repeat-last")
+                                             DecodeConfig(max_new_tokens=12, temperature=0.7), drafter=drafter)
             finally:
                 remote.close()
             assert split.tokens == autoregressive_decode(cloud_model.backend, prompt, decode).tokens
             assert all(c.escalated and c.wire_up_bytes > 0 for c in split.cycles)
             assert sampled.new_tokens == 12 and all(c.escalated for c in sampled.cycles)
+            empty += sum(not c.draft_tokens for c in split.cycles + sampled.cycles)
+    assert (empty > 0) == (drafter != "repeat-last")

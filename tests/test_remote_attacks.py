@@ -448,6 +448,28 @@ def test_generate_after_a_verify_continues_from_the_accepted_sequence(models, dr
     assert not [r for r in caplog.records if r.exc_info], "verify then generate logged a traceback"
 
 
+def test_a_verify_that_drops_the_last_verdicts_token_is_out_of_sync_in_one_line(models, caplog):
+    """After a verdict the server's cache holds every accepted token; a verify whose `new` leaves out
+    that verdict's token gave it nothing to predict from: `internal` and a traceback ("cache length 6
+    must be < accepted length 6"). Now one `out_of_sync` line. An empty draft is a plain step: its
+    verdict is the cloud's next token, which the next verify carries back."""
+    caplog.set_level(logging.WARNING, logger="specbench.serve")
+    with BackgroundServer(models["cloud"]) as url:
+        ws = raw_client(url)
+        ws.send(opening())
+        ws.send(encode("verify", base=6, new=[], draft=[], probs=None))
+        step = decode(ws.recv(timeout=30))
+        greedy = autoregressive_decode(models["cloud"].backend, Prompt(IDS), DecodeConfig(max_new_tokens=2)).tokens
+        assert step["type"] == "verdict" and step["accepted"] == 0 and step["token"] == greedy[0]
+        ws.send(encode("verify", base=7, new=[step["token"]], draft=[], probs=None))
+        assert decode(ws.recv(timeout=30))["token"] == greedy[1]
+        ws.send(encode("verify", base=7, new=[], draft=[1], probs=None))  # base agrees: the token is left out
+        error, _ = refused(ws)
+        assert error["code"] == "out_of_sync" and "last verdict's token" in error["message"], error
+        still_serves(models, url)
+    assert not [r for r in caplog.records if r.exc_info], "a verify without the verdict's token logged a traceback"
+
+
 def test_constraints_that_mask_the_whole_vocabulary_are_one_line_without_an_exception_name(models, caplog):
     """Found by tests/test_fuzz_protocol.py: an open with vocab 1, the zh profile and eos [0], then a
     verify, answered "this session's verdict failed: SpecdecError: the cloud distribution is not

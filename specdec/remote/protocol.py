@@ -22,7 +22,9 @@ verdict's token first). `batch` = rows in the forward that served the request (i
 for a remote client unless the server shares its stats).
 
 `verify.new` = accepted tokens the server has not seen (corrections, bonuses and unescalated blocks
-since its last verdict); `base` = the edge's accepted length, so both sides check they agree.
+since its last verdict: after a verdict it starts with that verdict's token); `base` = the edge's
+accepted length, so both sides check they agree. `verify.draft` may be empty: a plain step of the cloud
+(a draft-free drafter that found nothing to propose), whose verdict is accepted 0 and the next token.
 `ready.runtime` = what runs the model (torch, torch-int8, llamacpp; nil where the server cannot say); an
 older server leaves it out, so a client reads a missing one as unknown.
 `probs` (sample policy only) = the draft distributions the tokens were drawn from: [n, V] float32, or

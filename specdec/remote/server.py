@@ -175,6 +175,7 @@ class ServerSession:
         # `generate` after a verify takes it into the mirror first (the cache has seen every token of
         # the mirror then: the step needs at least one it has not).
         self.pending: int | None = None
+        self.edge_takes_the_token = True  # the row in flight is a verify (its token comes back in `new`), not a `generate` step
         self.last_active = time.monotonic()
 
     def prepare(self, message: dict) -> BatchRow:
@@ -185,12 +186,14 @@ class ServerSession:
         if self.seq.length + len(new) != base:
             raise ProtocolError(f"verify: base {base} != server length {self.seq.length} + {len(new)} new tokens",
                                 code="out_of_sync")
-        if not draft or len(new) + len(draft) > self.seq.remaining:
-            raise ProtocolError(f"verify: a draft of 1..{self.seq.remaining - len(new)} tokens expected, got {len(draft)}")
+        if len(new) + len(draft) > self.seq.remaining:
+            raise ProtocolError(f"verify: a draft of at most {self.seq.remaining - len(new)} tokens expected, got {len(draft)}")
+        if self.pending is not None and not new:  # the cache has seen every accepted token: nothing to predict from
+            raise ProtocolError(f"verify: new must carry the last verdict's token ({self.pending})", code="out_of_sync")
         # No `probs`: a draft-free block, each token a point mass (specdec/core/policies/sample.py).
         probs = unpack_probs(message["probs"], len(draft), self.vocab) if message.get("probs") is not None else None
         self.seq.extend(new)
-        self.pending = None
+        self.pending, self.edge_takes_the_token = None, True
         return BatchRow(self.cloud.verifier, self.seq, torch.tensor(draft, dtype=torch.long), probs)
 
     def take_pending(self) -> int | None:
@@ -205,15 +208,17 @@ class ServerSession:
     def next_step(self) -> BatchRow:
         """A next-token step of cloud-only serving: a block with no draft."""
         no_draft = torch.empty(0, self.vocab) if self.policy == "sample" else None
+        self.edge_takes_the_token = False
         return BatchRow(self.cloud.verifier, self.seq, torch.empty(0, dtype=torch.long), no_draft)
 
     def conclude(self, row: BatchRow, logits: torch.Tensor) -> Verdict:
         """After the forward (compute thread): the verdict from the row's logits, then the mirror
-        follows it. A verify: the accepted draft tokens join the mirror and the cache is cropped to
-        exactly that prefix (the correction or bonus arrives with the next `new`). A next-token step:
-        the token joins the mirror (the cache holds every position before it)."""
+        follows it. A verify (an empty one too: a draft-free drafter's plain step): the accepted draft
+        tokens join the mirror and the cache is cropped to exactly that prefix (the correction, bonus or
+        next token arrives with the next `new`). A `generate` step: the token joins the mirror (the cache
+        holds every position before it)."""
         verdict = self.cloud.decide(self.seq, row.draft_tokens, row.draft_probs, logits)
-        if row.draft_tokens.numel():
+        if self.edge_takes_the_token:  # a verify, an empty block (a draft-free drafter's plain step) included
             self.seq.extend(row.draft_tokens[: verdict.accepted].tolist())
             self.cloud.rollback(self.seq.length, self.seq)
             self.pending = verdict.next_token
