@@ -30,7 +30,7 @@ mode, plain steps (A) or blocks (B), and switches only when the rest of the answ
 b_B: B's measured seconds per emitted token over all its cycles (holds and blocks), once it has any
 (before: this block's estimate alone to enter, and no leaving). Judged cycle by cycle, a good block sent
 a request to B and the next cycle's hold sent it back: on math questions (2026-11-25) 6 round trips a
-request, their catch-up feeds 24 s of 10 requests' 54.
+request, their catch-up feeds 24 s of the 58 s that 10 requests spent in the cloud.
 
 N: the tokens the request will still decode, estimated as the mean length of this engine's earlier
 answers less what it has (at least 1, at most its budget left; the budget before any answer is known).
@@ -212,8 +212,9 @@ class Auto(DraftFree):
 
     def rollback(self, seq: AcceptedSequence, proposal: Proposal, verdict: Verdict | None) -> DraftNote:
         """Learn from the verify: its forward's seconds by kind and tokens fed (a feed beyond the block's
-        own tokens: the runtime caught up, its seconds per token), a lookup block's tokens per verify, and
-        those of withheld blocks whose tokens the plain steps have now decided."""
+        own tokens: the runtime caught up, its seconds per token), the decoding rate of a runtime that also
+        ran the cycle before, a lookup block's tokens per verify, and those of withheld blocks whose tokens
+        the plain steps have now decided."""
         self.curve.answer_so_far = len(seq.generated)
         if verdict is None:
             return DraftNote()
