@@ -88,7 +88,18 @@ def test_ray_and_local_give_the_same_tokens_and_counters(cluster, pair, prompts,
 
 
 def group_tasks() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0] == "ray::group_task"]
+    """The Ray workers running a task of the sweep now under way: each has its sweep worker (a spawned
+    child) alive. An earlier test's worker can still be titled `ray::group_task` after its task ended
+    (on a busy machine, for tens of seconds), its sweep worker gone: killing that one would test nothing."""
+    def sweeping(p: psutil.Process) -> bool:
+        try:
+            return any("multiprocessing.spawn" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE
+                       for c in p.children())
+        except psutil.Error:
+            return False
+
+    return [p for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [""])[0] == "ray::group_task" and sweeping(p)]
 
 
 def test_a_killed_worker_loses_only_its_unfinished_prompt(cluster, pair, many, tmp_path, capsys):
@@ -198,3 +209,77 @@ def test_tasks_on_one_node_claim_different_cores():
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = done.stdout.splitlines()
     assert lines[0] == "True" and "free cores for --edge-cores 1: its Ray CPUs overstate its cores" in lines[1], done
+
+
+def test_a_task_waits_for_cores_an_ended_task_still_holds():
+    """Ray gives an ended task's CPUs to the next task before its worker process (which holds the core
+    locks) has exited: with the other core busy, the next task found every core locked and failed. A
+    claim now waits for them, holding none meanwhile; with no wait it refuses at once."""
+    script = """
+import os, subprocess, sys, time
+from bench.measure.cluster import claim_cores
+from specdec.errors import ConfigError
+holder = subprocess.Popen([sys.executable, "-c", "import os, sys\\nfrom bench.measure.cluster import claim_cores\\n"
+                           "claim_cores(len(os.sched_getaffinity(0)))\\nprint('held', flush=True)\\nsys.stdin.read()"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+assert holder.stdout.readline().strip() == "held"
+try:
+    claim_cores(1)
+    print("claimed a held core")
+except ConfigError as e:
+    print("refused:", e)
+waits = []
+real_sleep = time.sleep
+def sleep(s):  # the first wait lets the holder end, as an ended task's worker finally exits
+    waits.append(s)
+    holder.stdin.close() if not holder.stdin.closed else None
+    real_sleep(s)
+time.sleep = sleep
+print(claim_cores(1, wait_s=300), len(waits) > 0)
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("refused:") and "overstate its cores" in lines[0], done
+    assert lines[1].endswith("True") and lines[1].startswith("["), done  # it waited, then claimed a core
+
+
+def test_a_task_lets_its_cores_go_before_it_ends(monkeypatch):
+    """The task's cores are free when it sends its exit code (before Ray counts it ended), not when its
+    Ray worker process exits, which on a busy node came tens of seconds later."""
+    from bench.measure import cluster
+
+    class Worker:  # the sweep worker, done at once
+        def __init__(self, *args):
+            pass
+
+        def start(self):
+            return self
+
+        def messages(self):
+            yield ("exit",)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(cluster, "WorkerProcess", Worker)
+    monkeypatch.setattr(cluster, "node_ray_cpus", lambda: 1, raising=False)
+    monkeypatch.setattr(cluster.os, "sched_setaffinity", lambda pid, cores: None)
+    probe = ("import os\nfrom bench.measure.cluster import claim_cores\n"
+             "print(claim_cores(len(os.sched_getaffinity(0))))")
+
+    def all_cores_free() -> bool:
+        done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return done.returncode == 0
+
+    task = cluster.group_task({"edge_cores": 1}, [])
+    try:
+        assert next(task)[0] == "started"
+        assert not all_cores_free()  # the task holds one while it runs
+        assert next(task) == ("exit",)
+        assert next(task) == ("exitcode", 0)
+        assert all_cores_free()  # let go before the task's last message
+    finally:
+        task.close()
+        cluster.release_cores()

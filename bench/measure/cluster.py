@@ -28,6 +28,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ RETRIES = 2  # losses of one task's worker or node before the sweep stops
 RUNTIME_BYTES = 1 << 30  # a worker's Python + torch + transformers before any weights (measured ~0.6 GiB)
 LOCAL_OBJECT_STORE_BYTES = 200 << 20  # records are small; Ray's default would reserve 30 % of memory
 CONNECT_TIMEOUT_S = 5.0
+CORE_WAIT_S = 300.0  # how long a task waits for cores an ended task's worker still holds: a bound against a hang
 
 
 def import_ray():
@@ -169,26 +171,58 @@ def shards(group: list, n: int) -> list[list]:
             for part in parts]
 
 
-def claim_cores(n: int) -> list[int]:
-    """`n` of this node's cores no other sweep task holds: one lock file per core, held until this
-    process ends. Ray counts CPUs but does not say which: two tasks pinned to the first n cores, as
-    a lone local worker is, would share them."""
+def claim_cores(n: int, wait_s: float = 0.0) -> list[int]:
+    """`n` of this node's cores no other sweep task holds: one lock file per core, held until
+    `release_cores()` or this process's end. Ray counts CPUs but does not say which: two tasks pinned
+    to the first n cores, as a lone local worker is, would share them.
+
+    A task that Ray counts as ended can still hold its cores: the locks go with its worker process,
+    and Ray gives the task's CPUs to the next one before that process has exited. A killed worker, or
+    one starved on a busy node (Ray's workers run niced; with the other core kept busy, one was still
+    there tens of seconds after its task), held them when the next task came. So a task can wait up
+    to `wait_s` for cores to be let go, polling and holding none meanwhile (two waiting tasks that
+    each held part of their cores could wait for each other)."""
     folder = Path(tempfile.gettempdir()) / "specbench-cores"
     folder.mkdir(exist_ok=True)
-    cores = []
-    for core in sorted(os.sched_getaffinity(0)):
-        fd = os.open(folder / str(core), os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    deadline = time.monotonic() + wait_s
+    while True:
+        fds = []
+        for core in sorted(os.sched_getaffinity(0)):
+            fd = os.open(folder / str(core), os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            fds.append((core, fd))
+            if len(fds) == n:
+                _claimed.extend(fd for _, fd in fds)  # kept open until release_cores() or this worker's end
+                return [core for core, _ in fds]
+        for _, fd in fds:
             os.close(fd)
-            continue
-        _claimed.append(fd)  # kept open: the kernel releases the lock when this worker ends
-        cores.append(core)
-        if len(cores) == n:
-            return cores
-    raise ConfigError(f"node {node_info()['hostname']} has {len(cores)} free cores for --edge-cores {n}: its Ray "
-                      "CPUs overstate its cores; start it with `ray start --num-cpus` at most its core count")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    host = node_info()["hostname"]
+    if not wait_s:
+        raise ConfigError(f"node {host} has {len(fds)} free cores for --edge-cores {n}: its Ray CPUs overstate its "
+                          "cores; start it with `ray start --num-cpus` at most its core count")
+    raise ConfigError(f"node {host} had {len(fds)} free cores for --edge-cores {n} for {wait_s:.0f} s: another "
+                      "process holds them (another sweep on this node?); let it finish, or run one sweep a node")
+
+
+def release_cores() -> None:
+    """Let go of the cores this process claimed."""
+    while _claimed:
+        os.close(_claimed.pop())
+
+
+def node_ray_cpus() -> float:
+    """The Ray CPUs of the node this task runs on."""
+    import ray
+
+    me = ray.get_runtime_context().get_node_id()
+    return next((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["NodeID"] == me), 0)
 
 
 _claimed: list[int] = []
@@ -198,16 +232,22 @@ def group_task(config_dict: dict, group: list) -> Iterator[tuple]:
     """On a node: the sweep worker as a child process on cores of its own, its messages relayed as
     they come; first where it runs, last its exit code."""
     if config_dict["edge_cores"]:  # the worker's caps take the first cores of the affinity it inherits
+        # Cores held on a node whose Ray CPUs do not exceed its cores belong to ending tasks: wait for them.
+        overstated = node_ray_cpus() > len(os.sched_getaffinity(0))
         try:
-            os.sched_setaffinity(0, claim_cores(config_dict["edge_cores"]))
+            os.sched_setaffinity(0, claim_cores(config_dict["edge_cores"], 0.0 if overstated else CORE_WAIT_S))
         except ConfigError as e:
             yield ("error", str(e))
             yield ("exitcode", 1)
             return
-    worker = WorkerProcess(worker_main, config_dict, group, None, {}).start()
-    yield ("started", node_info(), os.getpid())
-    yield from worker.messages()
-    yield ("exitcode", worker.wait())
+    try:
+        worker = WorkerProcess(worker_main, config_dict, group, None, {}).start()
+        yield ("started", node_info(), os.getpid())
+        yield from worker.messages()
+        code = worker.wait()
+    finally:
+        release_cores()  # before the task ends, not when this Ray worker's process has exited: see claim_cores
+    yield ("exitcode", code)
 
 
 @dataclass
