@@ -228,6 +228,11 @@ try:
     print("claimed a held core")
 except ConfigError as e:
     print("refused:", e)
+try:
+    claim_cores(1, wait_s=0.5)
+    print("claimed a held core")
+except ConfigError as e:
+    print("waited:", e)
 waits = []
 real_sleep = time.sleep
 def sleep(s):  # the first wait lets the holder end, as an ended task's worker finally exits
@@ -240,8 +245,9 @@ print(claim_cores(1, wait_s=300), len(waits) > 0)
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = done.stdout.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("refused:") and "overstate its cores" in lines[0], done
-    assert lines[1].endswith("True") and lines[1].startswith("["), done  # it waited, then claimed a core
+    assert len(lines) == 3 and lines[0].startswith("refused:") and "overstate its cores" in lines[0], done
+    assert lines[1].startswith("waited:") and "another process holds them" in lines[1], done  # a bounded wait
+    assert lines[2].endswith("True") and lines[2].startswith("["), done  # it waited, then claimed a core
 
 
 def test_a_task_lets_its_cores_go_before_it_ends(monkeypatch):
