@@ -81,8 +81,11 @@ class Engine(EngineConfig):
                 name, runtime = self.cloud, runtime_parts(self.cloud_runtime)[0]
             else:
                 name, runtime = getattr(self, role), runtime_parts(getattr(self, f"{role}_runtime"))[-1]
-            # A loader that predates runtimes takes (name, dtype, log): it is asked for torch only.
+            # A loader that predates runtimes takes (name, dtype, log): it is asked for torch only, and for
+            # llama.cpp's extra buffers only off their default.
             extra = {} if runtime == "torch" else {"runtime": runtime}
+            if runtime == "llamacpp" and self.llamacpp_extra_buffers != "auto":
+                extra["llamacpp_extra_buffers"] = self.llamacpp_extra_buffers
             self._models[role] = self.loader(name, self.dtype, log=self.log, **extra)
         return self._models[role]
 
@@ -150,6 +153,18 @@ class Engine(EngineConfig):
         if self.remote_cloud and remote is not None and remote.info and remote.info.get("runtime"):
             return remote.info["runtime"]
         return self.cloud_runtime
+
+    @property
+    def llamacpp_extra_buffers_used(self) -> str | None:
+        """Whether the models this process runs in llama.cpp use its extra buffer types: as asked until one
+        is loaded, then "on" or "off" (its backend's verdict; "mixed" if two loads differ); None where no
+        model of this process runs in llama.cpp (a server's model is the server's)."""
+        if not any("llamacpp" in runtime_parts(getattr(self, f"{role}_runtime")) for role in self.roles):
+            return None
+        used = {m.backend.extra_buffers for m in self._models.values() if hasattr(m.backend, "extra_buffers")}
+        if not used:
+            return self.llamacpp_extra_buffers
+        return "mixed" if len(used) > 1 else "on" if used == {True} else "off"
 
     def cloud_side(self) -> Cloud:
         """What verifies spec blocks: the server, or the cloud model in this process (in two runtimes with

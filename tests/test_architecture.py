@@ -23,7 +23,10 @@ HEAVY = ("transformers",)
 # specdec's layers: its modules (a package name covers its modules) and the layers it may import.
 LAYERS = {
     "errors": (("specdec.errors",), ()),
-    "backends": (("specdec.backends",), ("errors",)),
+    # The machine's fingerprint: nothing of specdec's; bench's records, compare and calibrate read it.
+    "machine": (("specdec.machine",), ()),
+    # llamacpp_probe.py keeps its verdicts per machine class.
+    "backends": (("specdec.backends",), ("errors", "machine")),
     # The loop and what it needs: the folder specdec/core/ is the layer.
     "core": (("specdec.core",), ("errors", "backends")),
     # The package's public names (specdec/__init__.py): the core's, re-exported.

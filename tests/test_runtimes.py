@@ -23,7 +23,7 @@ def quantized_linears(model) -> list:
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(edge_runtime="onnx"), "unknown edge_runtime 'onnx': use one of torch, torch-int8, llamacpp"),
+    (dict(edge_runtime="onnx"), "unknown edge_runtime 'onnx': use one of torch, torch-int8, torch-int8t, llamacpp"),
     (dict(edge="m.gguf"), "is a GGUF file, which llama.cpp runs: add --edge-runtime llamacpp"),
     (dict(cloud_url="127.0.0.1:1", cloud=None, cloud_runtime="torch-int8"), "drop --cloud-runtime"),
 ])
@@ -90,6 +90,23 @@ def test_greedy_spec_with_an_int8_edge_equals_the_torch_cloud_alone(pair, verifi
     cycles = [c for g in drafted for c in g.cycles]
     kinds = {c.extra_kind for c in cycles}
     assert "correction" in kinds and ("bonus" in kinds or k == 1 and "correction" in kinds)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_greedy_spec_verified_in_int8t_is_that_runtimes_own_plain_decoding(pair, k):
+    """torch-int8t's blocks compute its steps' logits bit for bit, so greedy speculation verified there emits
+    the int8t cloud's own plain decoding token for token (torch-int8's per-block activation scale does not
+    promise that: the main job's lossless points run on int8t). Every path ran: corrections and bonuses."""
+    decode = DecodeConfig(max_new_tokens=16)
+    common = dict(dtype="float32", decode=decode, log=lambda m: None)
+    spec = Engine(mode="spec", edge=pair["edge"], cloud=pair["cloud"], edge_runtime="torch", cloud_runtime="torch-int8t",
+                  spec=SpecConfig(k=k, **GREEDY), **common)
+    cloud = Engine(mode="cloud", cloud=pair["cloud"], cloud_runtime="torch-int8t", **common)
+    drafted = generate_all(spec)
+    assert spec.model("cloud").runtime == "torch-int8t" and cloud.model("cloud").runtime == "torch-int8t"
+    assert [g.tokens for g in drafted] == [g.tokens for g in generate_all(cloud)]
+    kinds = {c.extra_kind for g in drafted for c in g.cycles}
+    assert {"correction", "bonus"} <= kinds
 
 
 def test_an_int8_cloud_runs_in_process(pair):

@@ -22,8 +22,13 @@ from specdec.errors import ConfigError, InputError, ModelError
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a backend runs in, by name
 
 # What runs a model's forwards: torch in DTYPES (hf_causal.py and friends), torch with dynamic int8
-# Linear layers (specdec.models.derive, float32 activations), or llama.cpp on a GGUF file (llamacpp.py).
-RUNTIMES = ("torch", "torch-int8", "llamacpp")
+# Linear layers (specdec.models.derive, float32 activations), the same with activations quantized per
+# token (`NAME@int8t`), or llama.cpp on a GGUF file (llamacpp.py).
+RUNTIMES = ("torch", "torch-int8", "torch-int8t", "llamacpp")
+# Runtimes whose k+1-row block computes, row for row, the logits of k+1 one-token steps (bit for bit:
+# tests/test_int8_batch.py), so greedy speculation verified there reproduces that runtime's own plain
+# decoding token for token. torch-int8 is not one: one activation scale over all rows of a block.
+BATCH_INVARIANT_RUNTIMES = ("torch-int8t",)
 # The cloud held in two runtimes, PLAIN+BLOCKS: plain steps in the first, draft blocks in the second
 # (specdec/core/cloud.py TwoRuntimeCloud; spec mode in process only).
 RUNTIME_PAIRS = tuple(f"{plain}+{blocks}" for plain in RUNTIMES for blocks in RUNTIMES if plain != blocks)

@@ -20,6 +20,11 @@ verify as its own decode, one sequence at a time on the server's one compute thr
 their own sequences (up to `n_seq_max`) in the shared cells. Batching blocks of several sessions
 into one llama_decode is possible in llama.cpp (several seq ids in one batch) but not built here.
 
+Extra buffer types (llama.cpp's weight repacking: its CPU repack kernels, AMX tiles where the CPU has
+AMX) crash one build on AMX machines (llamacpp_probe.py): `extra_buffers` "auto" loads with them only
+after a one-time probe in a child process says they run here; "on" is llama.cpp's default, "off" its
+`--no-repack`. `backend.extra_buffers` and `backend.extra_buffers_reason` say which path this load took.
+
 Numerics: llama.cpp's kernels differ from torch's (and its K/V cache is float16 by default), so
 logits equal a torch forward of the same weights only within a tolerance (tests/test_llamacpp.py),
 and a block of n rows may round differently from n single steps.
@@ -35,6 +40,7 @@ import numpy as np
 import torch
 
 from specdec.backends.base import LLAMACPP_EXTRA, Prompt
+from specdec.backends.llamacpp_probe import announce, build_id, decide
 from specdec.errors import ConfigError, InputError, ModelError
 
 KV_TYPES = {"f16": 1, "f32": 0}  # ggml_type ids: GGML_TYPE_F16, GGML_TYPE_F32
@@ -73,7 +79,11 @@ class LlamaCppBackend:
     accepts_audio = False
 
     def __init__(self, path: str | Path, name: str = "", n_ctx: int = 4096, n_seq_max: int = 64,
-                 kv_type: str = "f16", n_batch: int = 512) -> None:
+                 kv_type: str = "f16", n_batch: int = 512, extra_buffers: str = "auto",
+                 probe_cache: Path | None = None, probe_argv: list[str] | None = None) -> None:
+        """`extra_buffers`: auto, on or off (llamacpp_probe.EXTRA_BUFFERS); `probe_cache`: the JSON file that
+        keeps auto's probe verdicts (None: probe at every load); `probe_argv`: the probe child's command
+        (default: llamacpp_probe.main in a fresh Python)."""
         llama = self._lib = _llama()
         path = Path(path)
         self.name = name or path.name
@@ -84,11 +94,15 @@ class LlamaCppBackend:
         with open(path, "rb") as f:  # llama.cpp's own message would go to its (silenced) log
             if f.read(4) != b"GGUF":
                 raise ModelError(f"{path} is not a GGUF file (no GGUF magic): fetch the model again or point at a .gguf file")
+        verdict = decide(extra_buffers, path, build_id(llama), probe_cache, probe_argv)
+        self.extra_buffers, self.extra_buffers_reason = verdict.works, verdict.reason
         params = llama.llama_model_default_params()
+        params.use_extra_bufts = verdict.works
         self._model = llama.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
             raise ModelError(f"llama.cpp cannot load {path}: the file is truncated or damaged (or its architecture is "
                              "unknown to llama-cpp-python 0.3.36): fetch the model again")
+        announce(verdict)
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.vocab_size = llama.llama_vocab_n_tokens(self._vocab)
         trained = llama.llama_model_n_ctx_train(self._model)

@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from specdec.backends.base import DTYPES, RUNTIME_PAIRS, RUNTIMES, check_runtime, runtime_parts
+from specdec.backends.llamacpp_probe import EXTRA_BUFFERS
 from specdec.core.block_length import SCHEDULES, parse_stop
 from specdec.core.drafters import DRAFTERS
 from specdec.errors import ConfigError
@@ -84,9 +85,10 @@ class EngineConfig:
                                                               "for exactness checks)", "choices": tuple(DTYPES)})
     edge_runtime: str = field(default="torch", metadata={
         "help": "what runs the edge: torch (in --dtype), torch-int8 (dynamic int8 Linear layers, float32 "
-                "activations) or llamacpp (the registry's GGUF file as shipped, or a .gguf path)", "choices": RUNTIMES})
+                "activations), torch-int8t (int8 with activations quantized per token: a block's logits are its "
+                "steps') or llamacpp (the registry's GGUF file as shipped, or a .gguf path)", "choices": RUNTIMES})
     cloud_runtime: str = field(default="torch", metadata={
-        "help": "what runs the cloud loaded here: torch, torch-int8 or llamacpp, as --edge-runtime; spec mode: also "
+        "help": "what runs the cloud loaded here: torch, torch-int8, torch-int8t or llamacpp, as --edge-runtime; spec mode: also "
                 "PLAIN+BLOCKS (e.g. llamacpp+torch-int8), the model held in both, plain steps in the first, blocks in the "
                 "second", "choices": RUNTIMES + RUNTIME_PAIRS})
     constraints: str = field(default="none", metadata={"help": "decoding profile (zh: one short Chinese sentence)",
@@ -96,6 +98,10 @@ class EngineConfig:
     cloud_url: str | None = field(default=None, metadata={
         "help": "spec mode: verify on a `specbench serve` server at HOST:PORT instead of loading the cloud model here "
                 "(edge mode never contacts it)"})
+    llamacpp_extra_buffers: str = field(default="auto", metadata={
+        "help": "llama.cpp's extra buffer types (weight repacking, AMX tiles) for the models run in llamacpp here: "
+                "auto (only after a one-time probe in a child process says they run on this machine), on (llama.cpp's "
+                "default) or off (its --no-repack); docs/runtimes.md", "choices": EXTRA_BUFFERS})
 
     def __post_init__(self) -> None:
         check_types(self)

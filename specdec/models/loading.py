@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 
 from specdec.backends.base import DTYPES, RUNTIMES, Backend, Prompt, check_runtime
 from specdec.backends.llamacpp import LlamaCppBackend  # imports llama_cpp only when it builds one
+from specdec.backends.llamacpp_probe import CACHE_FILE
 from specdec.errors import InputError, ModelError
 from specdec.models import fetch as fetching, integrity, registry
 from specdec.models.derive import INT8, check_derivable, derive, needs_float32, split_name
@@ -185,13 +186,25 @@ def cast_copy(location: Path | str, dtype: str, log: Callable[[str], object] = p
     return copy
 
 
+# A torch runtime that is a derivation of the model: runtime torch-int8 is NAME@int8, torch-int8t NAME@int8t.
+RUNTIME_OPS = {"torch-int8": "int8", "torch-int8t": "int8t"}
+
+
+def runtime_of(ops: tuple[str, ...]) -> str:
+    """The runtime a torch model with these derivations runs in (int8c counts as torch-int8)."""
+    if "int8t" in ops:
+        return "torch-int8t"
+    return "torch-int8" if set(INT8) & set(ops) else "torch"
+
+
 def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print,
-               runtime: str | None = None) -> LoadedModel:
+               runtime: str | None = None, llamacpp_extra_buffers: str = "auto") -> LoadedModel:
     """Resolve `name` (fetching a registry alias on first use) and load it for CPU inference in
     `runtime` (specdec.backends.base.RUNTIMES; None: llamacpp for a `.gguf` file, else torch).
     `NAME@OPS` (or a derived registry alias) loads NAME and derives an edge from it in memory
     (`specdec.models.derive`); int8 derivations run in float32 whatever `dtype` says, and
-    runtime torch-int8 is NAME@int8. llamacpp runs the GGUF file itself and ignores `dtype`."""
+    runtime torch-int8 is NAME@int8 (torch-int8t NAME@int8t). llamacpp runs the GGUF file itself and ignores `dtype`
+    (`llamacpp_extra_buffers`: auto, on or off, specdec/backends/llamacpp_probe.py)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -206,10 +219,10 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
         raise ModelError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     hf_logging.disable_progress_bar()  # a sub-second bar per load is noise in run logs
     if runtime == "llamacpp":
-        return load_gguf(name, log)
+        return load_gguf(name, log, llamacpp_extra_buffers)
     base, ops = split_name(registry.expand(name))
-    if runtime == "torch-int8" and not set(INT8) & set(ops):
-        ops = (*ops, "int8")
+    if runtime in RUNTIME_OPS and not set(INT8) & set(ops):
+        ops = (*ops, RUNTIME_OPS[runtime])
     location = resolve(base, log=log)
     if isinstance(location, Path) and (damaged := integrity.problems(location, None)):
         raise ModelError(f"cannot load model {name!r}: {damaged[0]} in {location}: restore that file, or point at a "
@@ -247,10 +260,10 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
         check_weights(name, location, info)
         backend = HFCausalBackend(derive(model, ops), name=name)
     return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor,
-                       "torch-int8" if set(INT8) & set(ops) else "torch")  # `NAME@int8` runs int8 whatever was asked
+                       runtime_of(ops))  # `NAME@int8` runs int8 whatever was asked
 
 
-def load_gguf(name: str, log: Callable[[str], object] = print) -> LoadedModel:
+def load_gguf(name: str, log: Callable[[str], object] = print, llamacpp_extra_buffers: str = "auto") -> LoadedModel:
     """Runtime llamacpp: a registry GGUF entry (its kept, verified file; the tokenizer and stop
     tokens of its converted folder, so both runtimes encode and stop alike) or a `.gguf` path (the
     tokenizer of the folder beside it when it has one, else the one in the file's metadata), or a
@@ -275,7 +288,9 @@ def load_gguf(name: str, log: Callable[[str], object] = print) -> LoadedModel:
         raise ModelError(f"runtime llamacpp runs a GGUF file: {name!r} is neither a registry GGUF entry, a .gguf "
                          "path nor a model folder holding one .gguf file (a model folder or hub id runs in torch)")
     start = time.perf_counter()
-    backend = LlamaCppBackend(gguf, name=name)  # first: it names a damaged file in one line
+    # First: it names a damaged file in one line. Its extra-buffer probe verdicts live in the model cache.
+    backend = LlamaCppBackend(gguf, name=name, extra_buffers=llamacpp_extra_buffers,
+                              probe_cache=registry.home() / CACHE_FILE)
     with _load_errors(name, folder):
         tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": gguf.name} if from_file else {}))
     if (folder / "generation_config.json").is_file():  # the converted folder's stop tokens, as torch reads them
