@@ -6,6 +6,7 @@ import signal
 import sys
 import threading
 
+from bench.commands.calibrate import add_calibrate_parser, cmd_calibrate
 from bench.commands.compare import add_compare_parser, cmd_compare
 from bench.commands.fleet import add_fleet_parser, cmd_fleet
 from bench.commands.gate import add_gate_parser, cmd_gate
@@ -37,13 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_fleet_parser(sub)
     add_models_parser(sub)
     add_predict_parser(sub)
+    add_calibrate_parser(sub)
     return parser
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models, "report": cmd_report, "profile": cmd_profile,
             "gate": cmd_gate, "compare": cmd_compare, "score": cmd_score,
             "serve": cmd_serve, "link": cmd_link, "fleet": cmd_fleet,
-            "predict": cmd_predict}
+            "predict": cmd_predict, "calibrate": cmd_calibrate}
 
 
 def _stop(signum, frame) -> None:

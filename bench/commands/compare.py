@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from bench.derive.gate_verdict import show_value
-from bench.read.compare import compare_paths, gate_verdict, plot, write_html
+from bench.read.compare import compare_paths, gate_verdict, machine_note, plot, write_html
 
 
 def add_compare_parser(subparsers) -> argparse.ArgumentParser:
@@ -23,8 +23,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = args.out or Path("reports") / f"compare-{_name(args.baseline)}-vs-{_name(args.current)}"
     out.mkdir(parents=True, exist_ok=True)
     passed, line = gate_verdict(rows)
+    note = machine_note(args.baseline, args.current)
     plot(rows, out / "compare.png")
-    write_html(rows, args.baseline, args.current, line, passed, out / "compare.html")
+    write_html(rows, args.baseline, args.current, line, passed, out / "compare.html", note)
+    if note:
+        print(note)
     for r in rows:
         if not r.ok:
             print(f"FAIL {r.point}: {r.metric} {show_value(r.baseline)} -> {show_value(r.current)} ({r.rule})")

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from bench.core.folder import writable_file
-from bench.derive.gate_verdict import TOLERANCES, default_baseline, environment_notes, read_gate_file, verdict, write_gate_file
+from bench.derive.gate_verdict import (TOLERANCES, default_baseline, environment_notes, machine_of, other_machine,
+                                       read_gate_file, verdict, write_gate_file)
 from bench.measure.gate import _quiet_transformers, judge, measure, timing_summary
 from specdec.errors import InputError
 from specdec.models.registry import is_fetched
@@ -56,6 +57,8 @@ def cmd_gate(args: argparse.Namespace, wrap=None) -> int:
         write_gate_file(path, current)
         print(f"baseline written: {path}")
         return 0
+    if other := other_machine(machine_of(baseline), machine_of(current)):
+        print(f"note: timing ratios not judged: {other} (a baseline measured here, `--update`, judges them)")
     for check in checks:
         if args.verbose or not check.ok or check.kind == "timing":
             print(check.line())

@@ -20,6 +20,7 @@ import psutil
 from bench.core.point import AXES
 from specdec.errors import InputError
 from specdec.core.text import punctuation_density
+from specdec.machine import fingerprint
 from specdec.core.trace import Generation
 
 
@@ -31,8 +32,12 @@ class ResultRecord:
 
     id: str  # the prompt's id in its set
     point: dict  # the point's fields (bench/core/point.py's Point.record) and what the caller records beside them
-    # (a sweep's network, cores, node, repeat, warm_up_s): written flat after `id`, not under this name
+    # (a sweep's network, cores, repeat, warm_up_s; a sweep's and a run's `node`, a `Node`): written flat after
+    # `id`, not under this name
     status: str  # ok, or degraded: the cloud was lost and the rest was drafted edge-only (a rerun redoes it)
+    # Records with no generation carry `id`, the point's fields, `status` and `error` only: failed (a bad
+    # sample, a lost cloud, a point that crashed twice; done, not rerun), over_memory_cap, or crashed (a sweep
+    # worker died of a signal in this generation; its sweep writes it and retries). Only ok rows are measurements.
     tokens: list[int]  # the new token ids, prompt excluded
     text: str  # the tokens decoded
     new_tokens: int  # len(tokens)
@@ -215,17 +220,21 @@ class ResultsFile:
             os.fsync(f.fileno())
 
 
+@dataclass(frozen=True)
+class Node:
+    """A record's `node` (every sweep and run record): the machine it was measured on, so reports can tell a
+    cluster's machines apart and compare and the gate judge timings only within one machine class."""
+
+    hostname: str
+    cpu_model: str  # /proc/cpuinfo's model name (a cloud VM's may say only "Intel(R) Xeon(R) Processor")
+    machine_class: str  # specdec/machine.py's fingerprint hash: CPU model, cores, kernel features, GPU
+    kernel_features: list[str]  # the instruction-set features that pick kernels (AVX-512, VNNI, AMX, ...)
+
+
 def node_info() -> dict:
-    """The machine a record was measured on, so reports can tell a cluster's machines apart."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("model name"):
-                cpu = line.partition(":")[2].strip()
-                break
-    except OSError:  # not Linux
-        pass
-    return {"hostname": platform.node(), "cpu_model": cpu}
+    """This machine as a record's `node` field (`Node`, as a dict)."""
+    found = fingerprint()
+    return asdict(Node(platform.node(), found["cpu_model"], found["machine_class"], found["kernel_features"]))
 
 
 def environment() -> dict:
@@ -249,4 +258,5 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "memory_bytes": psutil.virtual_memory().total,
         "git_commit": commit,
+        "fingerprint": fingerprint(),  # specdec/machine.py: compare and the gate judge timings within its class
     }

@@ -9,22 +9,27 @@ one-sided `confidence` upper bound of median(current) / median(baseline) (bootst
 is below 1 - timing_margin, i.e. when the run shows, with that confidence, a drop larger than the
 drift that unchanged code shows between runs. A drop whose estimate is past the margin but whose
 bound is not is `undecided`: the gate then measures more repeats. Absolute tokens/s are never gated.
+Timing ratios are judged only against a baseline from the same machine class (specdec/machine.py; a
+file records it in environment.fingerprint): from another machine, or one that records none, they are
+shown without a verdict, and the deterministic metrics are still judged exactly.
 """
 from __future__ import annotations
 
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.derive import metrics
 from bench.core.metric_registry import TIMING_RATIO, direction
 from specdec.errors import InputError
+from specdec.machine import describe
 
 BASELINES = Path(__file__).parent.parent / "baselines"
 FORMAT = 1
 REQUIRED = ("format", "suite", "workload", "deterministic", "timing")
+NOT_JUDGED = "not judged: another machine"  # a timing check's rule against another machine's baseline
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class Check:
     rule: str  # the tolerance applied, in words
     note: str = ""
     undecided: bool = False  # timing: a drop past the margin that the repeats cannot yet confirm
+    judged: bool = True  # False: shown without a verdict (a timing ratio against another machine's baseline)
 
     @property
     def direction(self) -> str | None:
@@ -72,7 +78,7 @@ class Check:
         return direction(self.metric) if self.kind == "deterministic" else None
 
     def line(self) -> str:
-        status = "ok  " if self.ok else "FAIL"
+        status = "--  " if not self.judged else "ok  " if self.ok else "FAIL"
         moved = f"{show_value(self.baseline)} -> {show_value(self.current)}"
         if self.kind == "timing" and _finite(self.baseline) and _finite(self.current) and self.baseline:
             moved += f" ({self.current / self.baseline - 1:+.1%})"
@@ -108,9 +114,37 @@ def compare(baseline: dict, current: dict, tolerance: Tolerance) -> list[Check]:
         else:
             ok, rule = base == now, "exact"
         checks.append(Check(metric, "deterministic", base, now, ok, rule))
+    other = other_machine(machine_of(baseline), machine_of(current))
     for metric in sorted(baseline["timing"].keys() | current["timing"].keys()):
-        checks.append(timing_check(metric, baseline, current, tolerance))
+        check = timing_check(metric, baseline, current, tolerance)
+        if other:
+            measured = check.note.split(":")[0]  # the estimate and its bounds, without a verdict's words
+            check = replace(check, ok=True, undecided=False, judged=False, rule=NOT_JUDGED, note=measured)
+        checks.append(check)
     return checks
+
+
+# --- machines --------------------------------------------------------------------------------
+def machine_of(record: dict) -> dict | None:
+    """The machine fingerprint a gate file or a folder's identity records in its environment; None for
+    one written before fingerprints were."""
+    found = (record.get("environment") or {}).get("fingerprint")
+    return found if isinstance(found, dict) and isinstance(found.get("machine_class"), str) else None
+
+
+def describe_machine(found: dict | None) -> str:
+    return describe(found) if found else "an unknown machine (recorded before machine fingerprints)"
+
+
+def other_machine(baseline: dict | None, current: dict | None, current_is: str = "this is") -> str | None:
+    """Why timings of `current` cannot be judged against `baseline` ("baseline from <machine>, this is
+    <machine>"), or None when both are one machine class. A baseline that records no machine is another
+    machine; two that record none (both older than fingerprints) are judged as they always were."""
+    if baseline is None and current is None:
+        return None
+    if baseline is not None and current is not None and baseline["machine_class"] == current["machine_class"]:
+        return None
+    return f"baseline from {describe_machine(baseline)}, {current_is} {describe_machine(current)}"
 
 
 def timing_check(metric: str, baseline: dict, current: dict, tolerance: Tolerance) -> Check:
@@ -179,8 +213,10 @@ def write_gate_file(path: Path, record: dict) -> None:
 
 
 def verdict(checks: list[Check]) -> tuple[bool, str]:
-    failed = [c.metric for c in checks if not c.ok]
+    judged = [c for c in checks if c.judged]
+    unjudged = f" ({len(checks) - len(judged)} timing checks not judged: another machine)" if len(judged) < len(checks) else ""
+    failed = [c.metric for c in judged if not c.ok]
     if failed:
         names = ", ".join(failed[:4]) + (f" and {len(failed) - 4} more" if len(failed) > 4 else "")
-        return False, f"gate FAILED: {len(failed)} of {len(checks)} checks moved ({names})"
-    return True, f"gate passed: {len(checks)} checks"
+        return False, f"gate FAILED: {len(failed)} of {len(judged)} checks moved ({names}){unjudged}"
+    return True, f"gate passed: {len(judged)} checks{unjudged}"

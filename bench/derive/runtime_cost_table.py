@@ -12,12 +12,24 @@ from pathlib import Path
 BLOCKS = range(2, 10)  # k + 1 for k = 1..8
 
 
-def _spread(values: list[float]) -> tuple[float, float, float]:
+def spread(values: list[float]) -> tuple[float, float, float]:
+    """(median, p10, p90) of `values` (one value: itself three times)."""
     values = sorted(values)
     if len(values) == 1:
         return values[0], values[0], values[0]
     deciles = statistics.quantiles(values, n=10, method="inclusive")
     return statistics.median(values), deciles[0], deciles[-1]
+
+
+def step_seconds(rounds: list[dict]) -> list[float]:
+    """Each round's token step: the median of its timed steps (`step_s`)."""
+    return [statistics.median(r["step_s"]) for r in rounds]
+
+
+def block_steps(rounds: list[dict]) -> dict[int, list[float]]:
+    """Per block of n = k + 1 tokens: its cost in token steps in each round, block_s[n] / that round's step."""
+    steps = step_seconds(rounds)
+    return {n: [r["block_s"][str(n)] / s for r, s in zip(rounds, steps)] for n in BLOCKS}
 
 
 def table(path: Path) -> str:
@@ -29,11 +41,10 @@ def table(path: Path) -> str:
     lines = ["model | runtime | threads | rounds | ms per token step | tok/s | " + " | ".join(f"k={n - 1} block (steps)" for n in BLOCKS),
              "--- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in BLOCKS)]
     for (model, runtime, threads), group in rows.items():
-        steps = [statistics.median(r["step_s"]) for r in group]
-        step, low, high = _spread(steps)
+        step, low, high = spread(step_seconds(group))
         cells = []
-        for n in BLOCKS:
-            ratio, r_low, r_high = _spread([r["block_s"][str(n)] / s for r, s in zip(group, steps)])
+        for ratios in block_steps(group).values():
+            ratio, r_low, r_high = spread(ratios)
             cells.append(f"{ratio:.2f} [{r_low:.2f}-{r_high:.2f}]")
         lines.append(f"{model} | {runtime} | {threads} | {len(group)} | {step * 1e3:.1f} [{low * 1e3:.1f}-{high * 1e3:.1f}] | "
                      f"{1 / step:.1f} | " + " | ".join(cells))

@@ -17,7 +17,7 @@ from bench.core.audio import MAX_SECONDS, SAMPLING_RATE, model_limits, read_audi
 from bench.core.folder import IDENTITY_FILES, claim, has_results, write_identity, writer
 from bench.core.point import Point
 from bench.core.prompts import PromptInputs, PromptRecord, load_prompts
-from bench.core.records import ResultsFile, environment, result_record
+from bench.core.records import ResultsFile, environment, node_info, result_record
 from bench.measure.trackers import LatencyTracker, PeakMemoryTracker, tracked
 from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
@@ -49,8 +49,11 @@ def run(engine: Engine, prompts: str, out: Path, progress: bool = True, limit: i
 
 
 def before(point: dict) -> dict:
-    """Point fields added since a run folder was first written, at the value that reproduces it."""
-    return {"drafter": "model" if point.get("mode") == "spec" else None, "turns": "all"}
+    """Point fields added since a run folder was first written, at the value that reproduces it (llama.cpp ran
+    with its extra buffers then: asked auto or on, or used on, matches; off does not)."""
+    extra_buffers = point.get("llamacpp_extra_buffers")
+    return {"drafter": "model" if point.get("mode") == "spec" else None, "turns": "all",
+            "llamacpp_extra_buffers": extra_buffers if extra_buffers in (None, "auto", "on") else "on"}
 
 
 def _run(engine: Engine, prompts: str, records: list[PromptRecord], asked: dict, out: Path, progress: bool,
@@ -67,7 +70,8 @@ def _run(engine: Engine, prompts: str, records: list[PromptRecord], asked: dict,
         write_identity(out, "run", {"config": asked, "point": point, "environment": environment(),
                                     "load_s": engine.load_seconds()})
     with tqdm(total=len(todo), desc=engine.mode, unit="prompt", disable=not progress) as bar:  # closed on errors too
-        rows = [generate_one(engine, record, point, results, after=lambda: bar.update(), max_audio_s=max_audio_s)
+        measured_on = {**point, "node": node_info()}  # beside the point, as a sweep's records: not part of its identity
+        rows = [generate_one(engine, record, measured_on, results, after=lambda: bar.update(), max_audio_s=max_audio_s)
                 for record in todo]
     failed = [r for r in rows if r["status"] == "failed"]
     if failed:

@@ -37,12 +37,20 @@ def _configs(models: list[str], runtimes: list[str], threads: list[int]) -> list
     return [(m, r, t) for m in models for r in runtimes for t in threads]
 
 
-def _context_ids(tokenizer, length: int) -> torch.Tensor:
+def context_ids(tokenizer, length: int) -> torch.Tensor:
+    """`length` real token ids: the shipped `code` prompts' text, tokenized, repeated to length."""
     text = " ".join(p.prompt for p in load_prompts("code"))
     ids = tokenizer(text, return_tensors="pt").input_ids[0]
     while ids.numel() < length:
         ids = torch.cat([ids, ids])
     return ids[:length]
+
+
+def prefilled(lm, context: int):
+    """(the context's ids, a state whose cache holds them): what every timed block is fed after."""
+    ids = context_ids(lm.tokenizer, context)
+    state, _ = lm.backend.prefill(Prompt(ids), ids, keep=1)
+    return ids, state
 
 
 def _time_forward(backend, state, block: torch.Tensor, context: int) -> float:
@@ -51,6 +59,16 @@ def _time_forward(backend, state, block: torch.Tensor, context: int) -> float:
     seconds = time.perf_counter() - start
     backend.crop(state, context)
     return seconds
+
+
+def time_round(backend, state, ids: torch.Tensor, context: int) -> dict:
+    """One round at the current thread count: a warm step, STEP_REPEATS timed steps, one block of each
+    size in BLOCKS, each cropped back to the `context`-token cache: {"step_s": [...], "block_s": {"n": s}}."""
+    next_ids = ids[: max(BLOCKS)]  # any real ids: the cost does not depend on which
+    _time_forward(backend, state, next_ids[:1], context)  # warm at these threads
+    steps = [_time_forward(backend, state, next_ids[:1], context) for _ in range(STEP_REPEATS)]
+    blocks = {n: _time_forward(backend, state, next_ids[:n], context) for n in BLOCKS}
+    return {"step_s": steps, "block_s": {str(n): s for n, s in blocks.items()}}
 
 
 @torch.inference_mode()
@@ -68,8 +86,7 @@ def measure(args: argparse.Namespace) -> Path:
     for model, runtime, _ in configs:
         if (model, runtime) not in loaded:
             lm = load_model(model, args.dtype, log=lambda m: print(m, file=sys.stderr), runtime=runtime)
-            ids = _context_ids(lm.tokenizer, args.context)
-            state, _ = lm.backend.prefill(Prompt(ids), ids, keep=1)
+            ids, state = prefilled(lm, args.context)
             loaded[(model, runtime)], states[(model, runtime)] = (lm, ids), state
     todo = [(r, c) for r in range(args.rounds) for c in range(len(configs)) if (*configs[c], r) not in done]
     with path.open("a") as sink, tqdm(total=len(todo), desc="forwards timed", unit="config") as bar:
@@ -80,13 +97,10 @@ def measure(args: argparse.Namespace) -> Path:
                     continue
                 torch.set_num_threads(threads)
                 (lm, ids), state = loaded[(model, runtime)], states[(model, runtime)]
-                next_ids = ids[: max(BLOCKS)]  # any real ids: the cost does not depend on which
-                _time_forward(lm.backend, state, next_ids[:1], args.context)  # warm at these threads
-                steps = [_time_forward(lm.backend, state, next_ids[:1], args.context) for _ in range(STEP_REPEATS)]
-                blocks = {n: _time_forward(lm.backend, state, next_ids[:n], args.context) for n in BLOCKS}
+                timed = time_round(lm.backend, state, ids, args.context)
                 sink.write(json.dumps({"model": model, "runtime": runtime, "threads": threads, "round": round_,
                                        "dtype": args.dtype if runtime == "torch" else None, "context": args.context,
-                                       "step_s": steps, "block_s": {str(n): s for n, s in blocks.items()}}) + "\n")
+                                       **timed}) + "\n")
                 sink.flush()
                 bar.update()
     return path

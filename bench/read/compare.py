@@ -11,7 +11,10 @@ speed-up fails when the upper end of its 95 % interval over prompts (summary.csv
 is below baseline * (1 - timing_margin); absolute speeds and latencies are shown but never gated.
 Results directories take the tiny suite's tolerance for fp32 points and the real suite's for bf16
 points. Their speed-ups come from a sweep's runs, not from the gate's interleaved repeats: with
-one prompt (no interval) or on tiny models, whose passes take milliseconds, they can flap.
+one prompt (no interval) or on tiny models, whose passes take milliseconds, they can flap. Timings
+are judged only between two measurements of one machine class (a folder's identity records its
+fingerprint, its records their node's class; older ones record none, an "unknown machine"): across
+machines they are shown, not judged, and the comparison opens with a line naming both machines.
 """
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.core.folder import IDENTITY_FILES, read_identity
 from bench.core.metric_registry import compared, direction
-from bench.derive.gate_verdict import TOLERANCES, Check, compare as gate_compare, read_gate_file, show_value, verdict
+from bench.derive.gate_verdict import (NOT_JUDGED, TOLERANCES, Check, compare as gate_compare, machine_of, other_machine,
+                                       read_gate_file, show_value, verdict)
 from bench.core.records import read_records
 from bench.read.report import page
 from bench.core.point import Point
@@ -89,8 +94,40 @@ def _point_hashes(rows: list[dict]) -> dict[str, str]:
             for key, ids in by_point.items()}
 
 
+def folder_machine(path: Path, rows: list[dict] | None = None) -> dict | None:
+    """The machine a results folder was measured on: its identity's environment fingerprint, else the
+    class its records' `node` names; None for a folder older than fingerprints."""
+    for name in IDENTITY_FILES.values():
+        if (path / name).is_file():
+            try:
+                if found := machine_of(read_identity(path / name)):
+                    return found
+            except InputError:
+                pass  # a damaged identity says nothing about the machine; the records may
+    for row in rows if rows is not None else read_records(path / "results.jsonl"):
+        node = row.get("node")
+        if isinstance(node, dict) and isinstance(node.get("machine_class"), str):
+            return {key: node.get(key) for key in ("cpu_model", "kernel_features", "machine_class")}
+    return None
+
+
+def machines(base: Path, current: Path) -> tuple[dict | None, dict | None]:
+    """The machines of two results folders or two gate files (None: unknown)."""
+    if is_gate_file(base) and is_gate_file(current):
+        return machine_of(read_gate_file(base)), machine_of(read_gate_file(current))
+    return folder_machine(base), folder_machine(current)
+
+
+def machine_note(base: Path, current: Path) -> str | None:
+    """The comparison's first line when its two sides come from different machines, else None."""
+    if other := other_machine(*machines(base, current), current_is="current from"):
+        return f"note: measured on different machines: {other}; timings are shown, not judged"
+    return None
+
+
 def compare_results(base_dir: Path, current_dir: Path) -> list[Row]:
     (base, base_rows), (now, now_rows) = read_results_dir(base_dir), read_results_dir(current_dir)
+    other = other_machine(folder_machine(base_dir, base_rows), folder_machine(current_dir, now_rows))
     base_points = {Point.from_row(r).label(): r for r in base.to_dict("records")}
     now_points = {Point.from_row(r).label(): r for r in now.to_dict("records")}
     common = [p for p in base_points if p in now_points]
@@ -111,6 +148,8 @@ def compare_results(base_dir: Path, current_dir: Path) -> list[Row]:
             if rule == "deterministic":
                 ok = _number(bv) and _number(cv) and abs(cv - bv) <= tolerance.rate_abs
                 rows.append(Row(label, metric, bv, cv, better, True, ok, f"±{tolerance.rate_abs:g}"))
+            elif rule == "timing" and other:
+                rows.append(Row(label, metric, bv, cv, better, False, True, NOT_JUDGED))
             elif rule == "timing":
                 high = _clean(c.get(f"{metric}_ci_high"))
                 high = high if _number(high) else cv  # no interval (one prompt): the estimate itself
@@ -146,7 +185,7 @@ def _median(values) -> float | None:
 
 
 def _row_from_check(suite: str, check: Check) -> Row:
-    return Row(suite, check.metric, check.baseline, check.current, check.direction, True, check.ok, check.rule)
+    return Row(suite, check.metric, check.baseline, check.current, check.direction, check.judged, check.ok, check.rule)
 
 
 def compare_paths(base: Path, current: Path) -> list[Row]:
@@ -192,12 +231,13 @@ def plot(rows: list[Row], path: Path) -> None:
 CHANGE_COLORS = {True: "#1a7f37", False: "#cf222e", None: "#57606a"}  # better, worse, neutral
 
 
-def write_html(rows: list[Row], base: Path, current: Path, verdict_line: str, passed: bool, path: Path) -> None:
-    """compare.html through the report's jinja2 templates (autoescaped)."""
+def write_html(rows: list[Row], base: Path, current: Path, verdict_line: str, passed: bool, path: Path,
+               note: str | None = None) -> None:
+    """compare.html through the report's jinja2 templates (autoescaped); `note`: the machines line."""
     shown = [{"point": r.point, "metric": r.metric, "baseline": show_value(r.baseline), "current": show_value(r.current),
               "change": "" if r.relative_change is None else f"{100 * r.relative_change:+.2f}%",
               "color": CHANGE_COLORS[r.better], "ok": r.ok, "rule": r.rule} for r in rows]
-    context = {"base": base, "current": current, "verdict": verdict_line, "passed": passed, "rows": shown}
+    context = {"base": base, "current": current, "verdict": verdict_line, "passed": passed, "rows": shown, "note": note}
     path.write_text(page.render(context, "compare.html.j2"), encoding="utf-8")
 
 

@@ -1,0 +1,241 @@
+"""`specbench calibrate`: this machine, measured once and kept. The harness's defaults were set on one
+CPU; on another every runtime costs something else (docs/machines.md), so what a runtime costs here is
+measured here:
+
+  bandwidth   memory read GB/s: the best of a few warm `sum`s over a 1 GiB float32 buffer (far past the
+              last-level cache), at the calibration's threads
+  per entry   per model x runtime: a token step and the k+1-token blocks (k + 1 = 2..9) after a 128-token
+              cache, `--rounds` rounds (bench/measure/runtime_costs.py's `time_round`), and the bytes a
+              step must read, whose time at that bandwidth is the step's floor
+
+Each (model, runtime) is measured in its own spawned process (bench/measure/launch.py's WorkerProcess), so
+a runtime that cannot load, raises or crashes natively (llama.cpp's AMX kernels on GCC 12: docs/runtimes.md)
+is one entry's `error` and the calibration goes on. Rounds run back to back in that process, not
+interleaved with other entries (they live in other processes).
+
+One file per machine class, $SPECBENCH_HOME/calibration/<machine_class>.json (its schema and reader:
+bench/derive/calibration.py), reused until the machine class, a runtime's version (torch, transformers,
+llama_cpp) or a model's weight files change; entries not yet there are measured and merged, `--force`
+measures everything again.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import time
+import tomllib
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from bench.derive.calibration import SCHEMA, entry_of, read_calibration
+from bench.measure.launch import WorkerProcess, bind_to_parent, death_line
+from bench.measure.runtime_costs import prefilled, time_round
+from specdec.backends.base import RUNTIMES
+from specdec.errors import ConfigError, SpecdecError
+from specdec.machine import fingerprint
+from specdec.models import registry
+from specdec.models.derive import split_name
+from specdec.models.loading import LoadedModel, load_model
+
+DEFAULT_CONFIG = Path(__file__).parent.parent / "configs" / "default.toml"  # its models are calibrate's default
+DEFAULT_RUNTIMES = ("torch-int8", "llamacpp", "torch")
+ROUNDS = 3
+CONTEXT = 128  # cached tokens every timed block is fed after
+TORCH_DTYPE = "bfloat16"  # runtime torch: the engine's CPU default (torch-int8 computes in float32 whatever it is)
+BANDWIDTH_BYTES = 1 << 30  # >= 1 GiB: far past any last-level cache (this machine reports 260 MiB of L3)
+BANDWIDTH_REPEATS = 5
+# The packages whose version a runtime's timings depend on, and their distributions' names.
+RUNTIME_PACKAGES = {"llamacpp": ("llama_cpp",)}  # every torch-* runtime: torch, transformers
+DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "llama_cpp": "llama_cpp_python"}
+
+
+def default_models() -> list[str]:
+    """The edge and cloud of the shipped default config (bench/configs/default.toml)."""
+    config = tomllib.loads(DEFAULT_CONFIG.read_text(encoding="utf-8"))
+    return [config["edge"], config["cloud"]]
+
+
+def calibration_path(machine_class: str) -> Path:
+    return registry.home() / "calibration" / f"{machine_class}.json"
+
+
+def runtime_versions() -> dict[str, str | None]:
+    """The installed versions of what the runtimes run on (None: not installed), read without importing them."""
+    found = {}
+    for package, distribution in DISTRIBUTIONS.items():
+        try:
+            found[package] = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def packages_of(runtime: str) -> tuple[str, ...]:
+    return RUNTIME_PACKAGES.get(runtime, ("torch", "transformers"))
+
+
+# --- the public entry point ------------------------------------------------------------------
+def calibration(models: list[str], runtimes: list[str], threads: int, progress: bool = True, force: bool = False,
+                rounds: int = ROUNDS) -> dict:
+    """This machine's calibration file (bench/derive/calibration.py's schema) holding an entry for every
+    model x runtime at `threads`: measured now where the file has none, or a stale one; the rest kept.
+    ConfigError (one line) for an unknown runtime or a damaged file (unless `force`)."""
+    if unknown := [r for r in runtimes if r not in RUNTIMES]:
+        raise ConfigError(f"unknown runtime {unknown[0]!r}: use one of {', '.join(RUNTIMES)}")
+    if threads < 1 or rounds < 1:
+        raise ConfigError(f"threads and rounds must be >= 1, got {threads} and {rounds}")
+    here, versions = fingerprint(), runtime_versions()
+    path = calibration_path(here["machine_class"])
+    data = None if force or not path.exists() else read_calibration(path, any_machine=True)
+    if data is not None and data["fingerprint"]["machine_class"] != here["machine_class"]:
+        data = None  # another machine's file under this machine's name (copied): measure anew
+    kept = [e for e in data["entries"] if fresh(e, data["versions"], versions)] if data else []
+    have = {(e["model"], e["runtime"], e["threads"]) for e in kept}
+    todo = [(m, r) for m in models for r in runtimes if (m, r, threads) not in have]
+    if data is not None and not todo and len(kept) == len(data["entries"]):
+        return data
+    bandwidth = data["bandwidth_gbs"] if data else measure_bandwidth(threads)
+    data = {"schema": SCHEMA, "fingerprint": here, "bandwidth_gbs": bandwidth, "versions": versions,
+            "created": _now(), "threads": threads, "entries": kept}
+    _write(path, data)
+    with tqdm(todo, desc="calibrating", unit="entry", disable=not progress) as bar:
+        for model, runtime in bar:
+            bar.set_postfix_str(f"{model} in {runtime}")
+            measured = {**measure_isolated(model, runtime, threads, rounds), "model_stamp": model_stamp(model, runtime)}
+            data["entries"].append(entry_of(measured, bandwidth))
+            _write(path, data)  # each entry as it is measured: an interrupted calibration keeps it
+    return data
+
+
+def fresh(entry: dict, then: dict, now: dict) -> bool:
+    """An entry still holds: its runtime's packages are the versions it was measured with, and its model's
+    weight files are the ones it was measured on (where both stamps are known). An entry that failed is
+    kept as well: a crash is this machine's and these versions' (`--force` retries it)."""
+    if any(then.get(p) != now.get(p) for p in packages_of(entry["runtime"])):
+        return False
+    stamp = model_stamp(entry["model"], entry["runtime"])
+    return stamp is None or entry.get("model_stamp") in (None, stamp)
+
+
+def model_stamp(model: str, runtime: str) -> str | None:
+    """A short hash of the model's weight files (names, sizes, modification times): a re-fetched or
+    re-quantized model gets a new stamp. None where the files are not found here (a hub id, not fetched)."""
+    try:
+        base, _ = split_name(registry.expand(model))
+        if registry.is_alias(base):
+            where = registry.gguf_path(base) if runtime == "llamacpp" else registry.model_dir(base)
+        else:
+            where = Path(base).expanduser()
+    except SpecdecError:
+        return None
+    if where.is_file():
+        files = [where]
+    else:
+        files = sorted(f for pattern in ("*.safetensors", "*.gguf", "*.bin") for f in where.glob(pattern)) if where.is_dir() else []
+    if not files:
+        return None
+    listed = [(f.name, (s := f.stat()).st_size, s.st_mtime_ns) for f in files]
+    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:12]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _write(path: Path, data: dict) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+
+
+# --- measuring -------------------------------------------------------------------------------
+def measure_bandwidth(threads: int) -> float:
+    """Memory read bandwidth, GB/s: BANDWIDTH_BYTES of float32 summed BANDWIDTH_REPEATS times after one warm
+    sum (pages touched, the kernel chosen); the fastest pass, since nothing makes a read faster than memory."""
+    size_bytes, repeats = BANDWIDTH_BYTES, BANDWIDTH_REPEATS
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        buffer = torch.ones(size_bytes // 4, dtype=torch.float32)
+        buffer.sum()
+        passes = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            buffer.sum()
+            passes.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(previous)
+    return round(buffer.numel() * 4 / min(passes) / 1e9, 2)
+
+
+def streamed_weight_bytes(lm: LoadedModel) -> int:
+    """The bytes one token step must read: a GGUF file's size (llama.cpp maps and reads it whole), or a
+    torch model's weights without its embedding tables (a step reads one row of those; a head tied to
+    them is counted as the head), a dynamic int8 Linear counted as its packed int8 weight and its bias."""
+    if lm.runtime == "llamacpp":
+        return Path(lm.location).stat().st_size
+    seen, total = set(), 0
+    for module in lm.backend.model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            continue
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            for tensor in (module.weight(), module.bias()):
+                total += tensor.numel() * tensor.element_size() if tensor is not None else 0
+        for parameter in module.parameters(recurse=False):
+            if id(parameter) not in seen:
+                seen.add(id(parameter))
+                total += parameter.numel() * parameter.element_size()
+    return total
+
+
+@torch.inference_mode()
+def measure_entry(model: str, runtime: str, threads: int, rounds: int) -> dict:
+    """In this process: load `model` in `runtime`, time `rounds` rounds at `threads` threads."""
+    torch.set_num_threads(threads)  # llama.cpp's backend takes its threads from torch's
+    lm = load_model(model, TORCH_DTYPE, log=lambda message: None, runtime=runtime)
+    ids, state = prefilled(lm, CONTEXT)
+    timed = [time_round(lm.backend, state, ids, CONTEXT) for _ in range(rounds)]
+    return {"model": model, "runtime": runtime, "threads": threads, "dtype": TORCH_DTYPE if runtime == "torch" else None,
+            "weight_bytes": streamed_weight_bytes(lm), "rounds": timed, "error": None}
+
+
+def _measure_child(model: str, runtime: str, threads: int, rounds: int, queue, parent_pid: int) -> None:
+    """A spawned child's whole life: measure one entry, send it (or the one-line error instead)."""
+    bind_to_parent(parent_pid)
+    try:
+        measured = measure_entry(model, runtime, threads, rounds)
+    except SpecdecError as e:  # an unknown model, a runtime not installed, a damaged file: one line already
+        measured = failed(model, runtime, threads, str(e))
+    except Exception as e:  # a runtime's own error: recorded, and the calibration goes on
+        measured = failed(model, runtime, threads, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    queue.put(("entry", measured))
+    queue.put(("exit",))
+
+
+def failed(model: str, runtime: str, threads: int, error: str) -> dict:
+    return {"model": model, "runtime": runtime, "threads": threads, "error": error}
+
+
+def measure_isolated(model: str, runtime: str, threads: int, rounds: int, target: Callable = _measure_child) -> dict:
+    """One entry measured by `target` in a spawned process; a process that dies without sending it
+    (a native crash, the kernel's OOM killer) is that entry's error."""
+    worker = WorkerProcess(target, model, runtime, threads, rounds, ignore_sigint=True).start()
+    measured = None
+    try:
+        for message in worker.messages():
+            if message[0] == "entry":
+                measured = message[1]
+        code = worker.wait()
+    finally:
+        worker.stop()
+    if measured is None:  # `a native crash (SIGSEGV)`, `killed (SIGKILL: ...)`, `exit code 1`
+        measured = failed(model, runtime, threads, death_line(code) if code < 0 else f"no result ({death_line(code)})")
+    return measured
