@@ -38,7 +38,7 @@ from bench.measure.caps import OVER_MEMORY_EXIT
 from bench.core.records import ResultsFile, node_info
 from bench.core.point import Point
 from bench.measure.sweep_config import SweepConfig
-from bench.measure.launch import WorkerProcess
+from bench.measure.launch import WorkerProcess, death_line
 from bench.measure.worker import worker_main
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models import registry
@@ -344,8 +344,7 @@ class RayExecutor:
             if left := task.left(over_cap):
                 submit(Task(left, task.request, task.losses))
         elif task.exitcode != 0:
-            self._lost(task, f"its worker died with exit code {task.exitcode} (killed, or out of memory?)",
-                       over_cap, submit, bar)
+            self._lost(task, f"its worker died: {death_line(task.exitcode)}", over_cap, submit, bar)
 
     def _lost(self, task: Task, why: str, over_cap: set[str], submit, bar) -> None:
         left = task.left(over_cap)

@@ -25,8 +25,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from contextlib import contextmanager, nullcontext
-from queue import Empty
 from typing import Callable, Iterator
 
 from specdec.errors import ConfigError
@@ -67,11 +67,13 @@ def sigint_ignored():
 class WorkerProcess:
     """`target(*args, queue, parent_pid)` in a fresh interpreter (spawn: its caps and its RSS are its
     own). The target calls `bind_to_parent(parent_pid)` first and applies its caps; it speaks
-    through `queue` and ends with an `("exit",)` message."""
+    through `queue` and ends with an `("exit",)` message. The queue is a SimpleQueue: `put` returns
+    once the message is in the pipe (no feeder thread), so a worker that crashes right after saying
+    what it runs has said it."""
 
     def __init__(self, target: Callable, *args, ignore_sigint: bool = False) -> None:
         ctx = multiprocessing.get_context("spawn")
-        self.queue = ctx.Queue()
+        self.queue = ctx.SimpleQueue()
         self.process = ctx.Process(target=target, args=(*args, self.queue, os.getpid()), daemon=True)
         self.ignore_sigint = ignore_sigint
 
@@ -80,21 +82,23 @@ class WorkerProcess:
             self.process.start()
         return self
 
-    def messages(self, poll_s: float = 0.5) -> Iterator[tuple]:
+    def messages(self, poll_s: float = 0.05) -> Iterator[tuple]:
         """Its messages as they come, through its `exit` message, or until it has ended without one
-        (killed, or out of memory)."""
+        (killed, crashed, or out of memory) and every message it sent is read."""
         while True:
-            try:
-                message = self.queue.get(timeout=poll_s)
-            except Empty:
+            if self.queue.empty():
                 if self.process.is_alive():
+                    time.sleep(poll_s)
                     continue
-                return
+                if self.queue.empty():  # (it may have sent its last ones while we looked)
+                    return
+            message = self.queue.get()
             yield message
             if message[0] == "exit":
                 return
 
     def wait(self) -> int:
+        """Its exit code: negative, the signal that killed it (`death_line` says it in words)."""
         self.process.join()
         return self.process.exitcode
 
@@ -103,6 +107,32 @@ class WorkerProcess:
         if self.process.is_alive():
             self.process.terminate()
         self.process.join()
+
+
+# Signals a process gets from its own code going wrong (in native code: llama.cpp, a torch kernel).
+NATIVE_CRASHES = ("SIGSEGV", "SIGILL", "SIGBUS", "SIGFPE", "SIGABRT")
+
+
+def native_crash(exitcode: int) -> bool:
+    """Whether a child died of its own native code (exit code -N: killed by signal N)."""
+    return exitcode < 0 and -exitcode in {signal.Signals[name] for name in NATIVE_CRASHES}
+
+
+def death_line(exitcode: int) -> str:
+    """How a child ended, for a message: `a native crash (SIGSEGV)`, `killed (SIGKILL: out of memory, or
+    another process)`, `killed by SIGTERM`, `exit code 1`. (multiprocessing's exit code for a death by
+    signal N is -N.)"""
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        return f"killed by signal {-exitcode}"
+    if native_crash(exitcode):
+        return f"a native crash ({name})"
+    if name == "SIGKILL":  # the kernel's OOM killer sends it, as does `kill -9`
+        return "killed (SIGKILL: out of memory, or another process)"
+    return f"killed by {name}"
 
 
 class ServerProcess:

@@ -4,13 +4,18 @@
 Every (point, prompt) record is appended to DIR/results.jsonl as soon as it exists; a rerun of the
 same sweep skips what is done. One worker per (dtype) group loads the models once and reuses them
 across that group's points, timing them interleaved per prompt (bench/measure/worker.py); CPU caps are
-applied first thing in the worker.
+applied first thing in the worker. A worker killed by a signal (a native crash in a runtime) is recorded
+against the generation it said it was running (`crashed`), a fresh worker goes on, and a point that
+crashed twice is recorded `failed` and not run again (`_crashed`).
 """
 from __future__ import annotations
 
+import json
+import signal
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
@@ -18,7 +23,7 @@ from bench.measure.caps import OVER_MEMORY_EXIT
 from bench.measure.cluster import RayExecutor, ray_executor
 from bench.measure.link import BackgroundLink
 from bench.core.network import profile
-from bench.measure.launch import ServerProcess, WorkerProcess
+from bench.measure.launch import ServerProcess, WorkerProcess, death_line, native_crash
 from bench.core.prompts import load_prompts
 from bench.core.folder import IDENTITY_FILES, claim, has_results, write_identity, writer
 from bench.core.records import ResultsFile, environment, read_records
@@ -27,7 +32,7 @@ from bench.derive.spec_bench import spec_bench_table
 from bench.derive.summary import summarize
 from bench.core.point import Point
 from bench.measure.sweep_config import SweepConfig, service_key
-from bench.measure.worker import worker_main
+from bench.measure.worker import worker_main, worker_runtimes
 from specdec.errors import SpecdecError
 from specdec.remote.protocol import parse_address
 
@@ -35,13 +40,17 @@ from specdec.remote.protocol import parse_address
 # Sweep settings added since folders were first written, with the value that reproduces what such a folder
 # measured: its split points' edge and server shared every core (resumed with --split-cores shared), and its
 # plain decoding ran in the grid's runtimes only.
-BEFORE = {"split_cores": "shared", "plain_runtimes": [], "drafter": ["model"], "turns": "all"}
+MACHINE_FILE = "machine.json"  # the machine a sweep ran on and the runtimes chosen from its calibration
+BEFORE = {"split_cores": "shared", "plain_runtimes": [], "drafter": ["model"], "turns": "all",
+          "llamacpp_extra_buffers": "auto", "rows": []}
 
 
-def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:
+def run_sweep(config: SweepConfig, out: Path, progress: bool = True, machine: dict | None = None) -> dict:
     """Run what is not done yet, then write DIR/summary.csv; returns counts by status. The config
     validated itself; the prompt sets are read before the folder is touched, and the folder is this
-    sweep's alone while it runs (bench/core/folder.py: its lock and identity)."""
+    sweep's alone while it runs (bench/core/folder.py: its lock and identity). `machine`: the machine
+    and the runtimes chosen from its calibration (bench/measure/runtime_auto.py), kept as DIR/machine.json
+    (rewritten by a resume: the machine that ran last)."""
     settings = config.identity()
     prompts = {name: load_prompts(name)[: config.limit] for name in config.prompts}
     with ExitStack() as placement:
@@ -51,6 +60,8 @@ def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:
             claim(out, "sweep", settings, before=BEFORE)
             if not (has_results(out) and (out / IDENTITY_FILES["sweep"]).is_file()):
                 write_identity(out, "sweep", {"config": settings, "environment": environment()})
+            if machine is not None:
+                (out / MACHINE_FILE).write_text(json.dumps(machine, indent=2, ensure_ascii=False), encoding="utf-8")
             counts = _run_sweep(config, prompts, out, progress, cluster)
             rows = read_records(out / "results.jsonl")
             summary = summarize(rows, read_scores(out))
@@ -61,7 +72,8 @@ def run_sweep(config: SweepConfig, out: Path, progress: bool = True) -> dict:
 
 
 def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progress: bool,
-               cluster: RayExecutor | None = None) -> dict:
+               cluster: RayExecutor | None = None, target: Callable = worker_main) -> dict:
+    """`target`: the worker process's function (a test passes a stand-in that speaks its protocol)."""
     results = ResultsFile(out / "results.jsonl")
     rows = results.read()
     over_cap = {Point.from_row(r).key() for r in rows if r.get("status") == "over_memory_cap"}
@@ -86,7 +98,7 @@ def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progres
             for dtype in config.dtype:
                 group = sorted((t for t in todo if t[0].dtype == dtype), key=lambda t: order[t[0].mode])
                 while group:
-                    finished = _run_worker(config, group, out, bar, urls)
+                    finished = _run_worker(config, group, out, bar, urls, target)
                     group = [t for t in group if t[0].key() not in finished]
     counts: dict[str, int] = {}
     for row in results.read():
@@ -113,23 +125,31 @@ def start_split_services(config: SweepConfig, points: list[Point], services: Exi
     return urls
 
 
-def _run_worker(config: SweepConfig, group: list, out: Path, bar: tqdm, urls: dict[str, str]) -> set[str]:
-    """One worker process for a group of points; returns the keys of points it finished (or that
-    hit the memory cap). A worker that dies otherwise raises."""
-    worker = WorkerProcess(worker_main, asdict(config), group, str(out), urls, ignore_sigint=True).start()
+def _run_worker(config: SweepConfig, group: list, out: Path, bar: tqdm, urls: dict[str, str],
+                target: Callable = worker_main) -> set[str]:
+    """One worker process for a group of points; returns the keys of points it finished, that hit the
+    memory cap or that crashed out (`_crashed`). A worker killed while running a point is recorded
+    against that point, and the caller starts a fresh one for the rest; dying otherwise, it raises."""
+    results = ResultsFile(out / "results.jsonl")
+    worker = WorkerProcess(target, asdict(config), group, str(out), urls, ignore_sigint=True).start()
     try:
-        return _follow(worker, bar)
+        return _follow(worker, bar, group, results)
     finally:  # Ctrl-C, SIGTERM (bench/cli.py makes it a KeyboardInterrupt here) or an error: stop the worker
         worker.stop()
 
 
-def _follow(worker: WorkerProcess, bar: tqdm) -> set[str]:
+def _follow(worker: WorkerProcess, bar: tqdm, group: list, results: ResultsFile) -> set[str]:
     finished: set[str] = set()
     error = None
+    running = None  # (point key, prompt id, repeat, description) from "running" until its "tick"
+    started = False
     for message in worker.messages():
         kind = message[0]
         if kind == "tick":
             bar.update()
+            running = None
+        elif kind == "running":
+            running, started = message[1:], True
         elif kind in ("point_done", "over_cap"):
             finished.add(message[1])
             if kind == "over_cap":
@@ -141,7 +161,48 @@ def _follow(worker: WorkerProcess, bar: tqdm) -> set[str]:
         return finished
     if error:
         raise SpecdecError(error)
+    # A signal other than a stop from outside (SIGTERM: the sweep's own stop, or its parent gone).
+    if exitcode < 0 and running is not None and exitcode != -signal.SIGTERM:
+        point, items = next((point, items) for point, items in group if point.key() == running[0])
+        return finished | _crashed(results, point, items, *running[1:], exitcode, bar)
     if exitcode != 0:
-        raise SpecdecError(f"a sweep worker died with exit code {exitcode} (killed, or out of memory?): "
-                           "rerun the same command to resume")
+        where = "while running a point" if running else "between generations" if started else "while loading models"
+        raise SpecdecError(f"a sweep worker died {where}: {death_line(exitcode)}; rerun the same command to resume")
     return finished
+
+
+CRASHES = 2  # crashes of one point (this sweep's and earlier runs' together) after which it is failed, not rerun
+
+
+def _crashed(results: ResultsFile, point: Point, items: list, prompt_id: str, repeat: int, description: str,
+             exitcode: int, bar: tqdm) -> set[str]:
+    """Record the generation the worker died in as `crashed` (this process writes it: the folder's one
+    writer while the worker is dead). At the point's CRASHES-th crash, every item of the point not done
+    is recorded `failed` with the reason, and {its key} is returned: it is not run again, here or by a
+    rerun (failed items are done). Else {}: a fresh worker retries it."""
+    runtimes = f" in {' or '.join(worker_runtimes(point))}" if native_crash(exitcode) else ""
+    line = f"{death_line(exitcode)}{runtimes} while running {description}"
+    fields = point.record(sweep=True)  # as the worker's records carry them: Point.from_row(row).key() matches
+    results.append({"id": prompt_id, **fields, "repeat": repeat, "status": "crashed", "error": line})
+    key = point.key()
+    rows = [r for r in results.read() if Point.from_row(r).key() == key]
+    if sum(r.get("status") == "crashed" for r in rows) < CRASHES:
+        bar.write(f"{line}: recorded as crashed; a fresh worker goes on")
+        return set()
+    done = {(r["id"], r.get("repeat", 0)) for r in rows if r.get("status") in ("ok", "failed")}
+    why = f"crashed {CRASHES} times, last: {line}"
+    for item_id, item_repeat in items:  # the group's items of this point: what this sweep still had to run
+        if (item_id, item_repeat) not in done:
+            results.append({"id": item_id, **fields, "repeat": item_repeat, "status": "failed", "error": why})
+            bar.update()
+    bar.write(f"{point.label()}: {why}; recorded as failed, not run again")
+    return {key}
+
+
+def crashed_out(rows: list[dict]) -> dict[str, str]:
+    """{point label: its last crash's line} for the points that crashed CRASHES times: failed, not rerun."""
+    crashes: dict[str, list[str]] = {}
+    for row in rows:
+        if row.get("status") == "crashed":
+            crashes.setdefault(Point.from_row(row).label(), []).append(row["error"])
+    return {label: lines[-1] for label, lines in crashes.items() if len(lines) >= CRASHES}

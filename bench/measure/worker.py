@@ -60,13 +60,15 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
     caps.apply_address_limit()
     loaded: dict[tuple[str, str, str], LoadedModel] = {}
 
-    def loader(name: str, dtype: str, log=print, runtime: str = "torch") -> LoadedModel:  # one load per worker and model
+    # One load per worker and model; `options` (llama.cpp's extra buffers) are one setting for the whole sweep.
+    def loader(name: str, dtype: str, log=print, runtime: str = "torch", **options) -> LoadedModel:
         if (name, dtype, runtime) not in loaded:
-            loaded[(name, dtype, runtime)] = load_model(name, dtype, log=log, runtime=runtime)
+            loaded[(name, dtype, runtime)] = load_model(name, dtype, log=log, runtime=runtime, **options)
         return loaded[(name, dtype, runtime)]
 
     prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompts}
-    done = {(Point.from_row(r).key(), r["id"], r.get("repeat", 0)) for r in results.read()}  # a restarted worker skips these
+    # a restarted worker skips these, but reruns a generation that crashed its predecessor (sweep.py counts the crashes)
+    done = {(Point.from_row(r).key(), r["id"], r.get("repeat", 0)) for r in results.read() if r.get("status") != "crashed"}
     points = []
     for point, items in group:
         key = point.key()
@@ -112,7 +114,10 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
             warm = {}
             if kind not in warmed:  # under the memory cap like any generation
                 warmed.add(kind)
+                queue.put(("running", key, record.id, repeat, describe(point, record.id) + " (its warm-up)"))
                 warm = {"warm_up_s": warm_up(engine, record, config.max_audio_s)}
+            # said before it runs, so a native crash in it is recorded against it (sweep.py); "tick" ends it
+            queue.put(("running", key, record.id, repeat, describe(point, record.id)))
             try:
                 generate_one(engine, record, {**row_point, "repeat": repeat, **warm}, results, after=lambda: queue.put(("tick",)),
                              decorate=lambda row, g: row.update(network_fields(row, g, network)),
@@ -144,7 +149,10 @@ class StreamedResults:
 
 def worker_main(config_dict: dict, group: list, out: str | None, urls: dict[str, str], queue, parent: int) -> None:
     """A sweep worker process: caps first, then the group. `out`: the results folder, or None to
-    stream the records to the parent (a Ray task relaying them to the sweep's driver)."""
+    stream the records to the parent (a Ray task relaying them to the sweep's driver). It says on
+    `queue`: ("running", point key, prompt id, repeat, description) before each warm-up and generation,
+    ("tick",) once its record is written, ("point_done", key), ("over_cap", key, line), ("error", line),
+    and last ("exit",)."""
     bind_to_parent(parent)  # a sweep killed, even by SIGKILL, leaves no worker appending to its folder
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops this worker on Ctrl-C
     try:  # on a cluster's node the settings meet this machine for the first time (its cores)
@@ -165,6 +173,29 @@ def worker_main(config_dict: dict, group: list, out: str | None, urls: dict[str,
         queue.put(("error", line))
         exit_worker(queue, 1)
     exit_worker(queue, 0)
+
+
+def describe(point: Point, prompt_id: str) -> str:
+    """What a generation runs, for a crash's line: `spec k=4 thr=0 policy=greedy drafter=model edge
+    llamacpp → cloud torch-int8 on prompt edit-text-03`, `edge in llamacpp on prompt p0`."""
+    def text(value) -> str:
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    if point.mode == "spec":
+        what = (f"spec k={point.k} thr={text(point.entropy_threshold)} policy={point.policy} drafter={point.drafter} "
+                f"edge {point.edge_runtime} → cloud {point.cloud_runtime}")
+    else:
+        what = f"{point.mode} in {point.edge_runtime if point.mode == 'edge' else point.cloud_runtime}"
+    where = f" ({point.deployment})" if point.deployment not in (None, "inproc") else ""
+    return f"{what}{where} on prompt {prompt_id}"
+
+
+def worker_runtimes(point: Point) -> list[str]:
+    """The runtimes that run inside the worker at `point`: a crash there is in one of them (a split
+    point's cloud runs in the server, not here)."""
+    edge = [point.edge_runtime] if point.mode != "cloud" else []
+    cloud = [point.cloud_runtime] if point.mode != "edge" and point.deployment != "split" else []
+    return list(dict.fromkeys(edge + cloud))
 
 
 def placement_fields(config, cloud_ids: list[int] | None, cores: list[int]) -> dict:
@@ -196,15 +227,17 @@ def network_fields(row: dict, generation, network) -> dict:
 
 
 def exit_worker(queue, code: int) -> None:
-    """Say goodbye and leave. The queue's feeder thread must flush first. From the main thread the
+    """Say goodbye and leave. A multiprocessing.Queue's feeder thread must flush first (launch.py's
+    SimpleQueue has none: the message is in the pipe once put). From the main thread the
     worker leaves through SystemExit, so multiprocessing's bootstrap runs this process's finalizers:
     a semaphore made here (tqdm's lock, created while transformers loads a model) is unlinked, where
     os._exit left it to the resource tracker's "leaked semaphore objects" warning at the end of every
     sweep. The memory watchdog's thread (over the cap) cannot raise into the main thread: it leaves at
     once with os._exit."""
     queue.put(("exit",))
-    queue.close()
-    queue.join_thread()
+    if hasattr(queue, "join_thread"):
+        queue.close()
+        queue.join_thread()
     if threading.current_thread() is threading.main_thread():
         sys.exit(code)
     os._exit(code)
