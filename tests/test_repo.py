@@ -36,8 +36,16 @@ def test_the_main_job_installs_the_runtimes_its_default_config_runs():
     """The first command runs `--config default` on a fresh machine: a runtime that needs an extra is installed by it."""
     from bench.measure.sweep_config import SweepConfig  # the config validates itself, runtimes included
 
-    config = SweepConfig.from_toml("default")
-    runtimes = {*config.edge_runtime, *config.cloud_runtime, *config.plain_runtimes}
+    from bench.measure.runtime_auto import CANDIDATES
+
+    chosen = []
+
+    def choose(values: dict) -> dict:  # auto's candidates are what the first command must install
+        chosen.extend(CANDIDATES)
+        return {**values, "edge_runtime": ["llamacpp"], "cloud_runtime": ["torch-int8t"], "plain_runtimes": ["llamacpp"]}
+
+    config = SweepConfig.from_toml("default", choose_runtimes=choose)
+    runtimes = {*config.edge_runtime, *config.cloud_runtime, *config.plain_runtimes, *chosen}
     assert ("llamacpp" in runtimes) == ("'.[llamacpp]'" in readme_commands()[0])
 
 

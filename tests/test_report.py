@@ -122,7 +122,7 @@ def test_recommendations_pick_by_rule(summary):
     picks = recommend(summary)
     s1 = picks[picks["prompts"] == "s1"].set_index("rule")
     assert s1["label"].to_dict() == {
-        "fastest": "edge-only",  # 50 tok/s, quality ignored
+        "fastest": "(inf, 4, greedy)",  # quality ignored; edge-only (50 tok/s) is another model: never a pick
         "fastest_near_cloud": "(2, 4, greedy)",  # 25 tok/s at chrF 100 beats (0, 4) at 20
         "fastest_near_cloud_network": "(0, 4, greedy)",  # 0.7 s with its network beats 1.0 (cloud) and 1.3 s
         "fewest_calls": "(2, 4, greedy)",  # the only point with acceptance >= 0.6 (0.75)
@@ -294,7 +294,7 @@ def test_report_from_a_tiny_sweep(tiny_report, tiny_sweep, capsys):
     sources = re.findall(r'<img src="([^"]+)"', page)
     # speed-up intervals, vs the fastest plain decoding per pairing, six fronts, one heat-map figure, theory,
     # per-position; where speculation pays: map, scatter
-    assert len(sources) == 13
+    assert len(sources) == 14
     assert all(not s.startswith(("/", "http", "file:")) and (tiny_report / s).is_file() for s in sources)
     for section in ("Recommended settings", "All points", "Sample outputs", "Run metadata", "Glossary"):
         assert section in page
@@ -350,7 +350,7 @@ def test_report_opens_in_chromium_after_moving(tiny_report, chromium, tmp_path):
     found = re.search(r'<pre id="image-check">(.*?)</pre>', done.stdout, re.S)
     assert found, f"chromium printed no image check: {done.stderr[-1500:]}"
     images = json.loads(html.unescape(found.group(1)))
-    assert len(images) == 13  # as in test_report_from_a_tiny_sweep
+    assert len(images) == 14  # as in test_report_from_a_tiny_sweep
     assert [i["src"] for i in images if i["width"] <= 0] == []  # every <img> loaded
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report.png"
@@ -370,10 +370,27 @@ def test_a_torn_last_line_is_skipped_and_left_alone(tmp_path):
     assert (tmp_path / "results.jsonl").read_bytes() == before
 
 
+def test_recommendations_never_pick_edge_only(summary):
+    """Edge-only is the smaller model's own text: the fastest, and never a recommendation."""
+    picks = recommend(summary)
+    assert (summary.loc[picks["point"].dropna().astype(int), "mode"] != "edge").all()
+    assert summary.loc[summary["prompts"] == "s1"].sort_values("tokens_per_s").iloc[-1]["mode"] == "edge"
+
+
+def test_a_spec_label_names_its_drafter_where_drafters_differ(summary):
+    """A model point and a prompt-lookup point at one (threshold, k, policy) once shared a label."""
+    spec = summary[summary["mode"] == "spec"].iloc[[0]]
+    both = pd.concat([spec.assign(drafter="model"), spec.assign(drafter="prompt-lookup")], ignore_index=True)
+    first = point_labels(both).tolist()
+    assert first[0] != first[1]
+    assert first[0].startswith("(model, ") and first[1].startswith("(prompt-lookup, ")
+    assert point_labels(both.iloc[[0]]).iloc[0] == first[0].replace("model, ", "", 1)  # one drafter: not named
+
+
 def test_sample_points_are_edge_recommended_spec_then_cloud(summary):
     labels = point_labels(summary)
     shown = sample_points(summary, recommend(summary), "s1")
-    assert labels[shown].tolist() == ["edge-only", "(2, 4, greedy)", "(0, 4, greedy)", "cloud-only"]
+    assert labels[shown].tolist() == ["edge-only", "(inf, 4, greedy)", "(2, 4, greedy)", "(0, 4, greedy)", "cloud-only"]
 
 
 def _split_summary(placement: str) -> pd.DataFrame:

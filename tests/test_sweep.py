@@ -211,7 +211,7 @@ def test_expected_speedup_limits():
         ("colour = 'blue'", "unknown setting 'colour'"),
         ("k = [", "not valid TOML"),
         ("entropy_threshold = ['high']", "must be a list of numbers"),
-        ("plain_runtimes = ['onnx']", "unknown plain runtime 'onnx': use one of torch, torch-int8, llamacpp"),
+        ("plain_runtimes = ['onnx']", "unknown plain runtime 'onnx': use one of torch, torch-int8, torch-int8t, llamacpp"),
         ("plain_runtimes = 'torch-int8'", "plain_runtimes must be"),
     ],
 )

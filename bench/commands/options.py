@@ -146,6 +146,8 @@ def sweep_options() -> list[Option]:
     """Every SweepConfig field as a flag without a default; an axis takes a comma-separated list."""
     hints, options = typing.get_type_hints(SweepConfig), []
     for f in fields(SweepConfig):
+        if f.metadata.get("toml_only"):  # a list of tables has no flag: the config file gives it
+            continue
         source = DEFINED_IN.get(f.name, f)
         kind = _value_type(hints[f.name])
         help_text = f.metadata.get("help") or source.metadata.get("help")
@@ -183,7 +185,7 @@ def run_argv(args: argparse.Namespace, out: Path) -> list[str]:
 
 def values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     """The fields of `cls` read from `args` (which has an attribute of the same name for each)."""
-    return {f.name: getattr(args, f.name) for f in fields(cls) if f.init}
+    return {f.name: getattr(args, f.name) for f in fields(cls) if f.init and not f.metadata.get("toml_only")}
 
 
 def engine_from_args(args: argparse.Namespace, log: Callable[[str], object]) -> Engine:
@@ -207,7 +209,10 @@ def add_sweep_options(parser: argparse.ArgumentParser) -> None:
         option.add_to(parser)
 
 
-def sweep_from_args(args: argparse.Namespace) -> SweepConfig:
-    """The sweep config: the TOML file (if any) with the flags given on top."""
+def sweep_from_args(args: argparse.Namespace, choose_runtimes=None) -> SweepConfig:
+    """The sweep config: the TOML file (if any) with the flags given on top; `auto` runtimes resolved by
+    `choose_runtimes` (bench/measure/runtime_auto.py)."""
     overrides = {name: value for name, value in values(SweepConfig, args).items() if value is not None}
-    return SweepConfig.from_toml(args.config, **overrides) if args.config else SweepConfig.from_mapping(overrides)
+    if args.config:
+        return SweepConfig.from_toml(args.config, choose_runtimes=choose_runtimes, **overrides)
+    return SweepConfig.from_mapping(overrides, choose_runtimes=choose_runtimes)

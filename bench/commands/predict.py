@@ -24,7 +24,11 @@ from bench.core.point import COLUMNS, Point
 from bench.core.records import read_records
 from bench.derive.costfit import acceptance, acceptance_group, columns_key, predict_point, spec_points
 from bench.derive.costmodel import CostInputs, Link, cloud_only, colocated, drafting_ahead, sequential
+from bench.derive.calibration import find_entry, read_calibration
+from bench.derive.runtime_choice import verify_cost_ms
 from bench.derive.summary import summarize
+from bench.measure.calibrate import calibration_path
+from specdec.machine import fingerprint
 from specdec.errors import ConfigError, InputError
 
 USER_FLAGS = ("edge_ms_per_token", "verify_cost", "rtt_ms", "bandwidth_mbps")
@@ -46,10 +50,17 @@ def add_predict_parser(sub) -> None:
     p.add_argument("--colocated-ms-per-token", help="the draft model on the cloud's cores, ms per token "
                                                     "(default: the edge's)")
     p.add_argument("--acceptance-from", type=Path, help="a results folder whose spec points give the acceptance per k")
+    p.add_argument("--calibrated", metavar="CLOUD:RUNTIME,EDGE:RUNTIME",
+                   help="take --verify-cost and --edge-ms-per-token from this machine's calibration (`specbench "
+                        "calibrate`): the cloud's block curve fitted as A + B·tokens, the edge's token step")
     p.set_defaults(func=cmd_predict)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    if args.calibrated is not None:
+        if args.verify_cost is not None or args.edge_ms_per_token is not None:
+            raise ConfigError("--calibrated gives --verify-cost and --edge-ms-per-token: give one or the other")
+        args.verify_cost, args.edge_ms_per_token = calibrated_costs(args.calibrated)
     user = [name for name in USER_FLAGS if getattr(args, name) is not None]
     if args.results is not None and (user or args.acceptance_from or args.colocated_ms_per_token is not None):
         raise ConfigError("give a RESULTS_DIR, or your own numbers with --acceptance-from, not both")
@@ -61,6 +72,25 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ConfigError("predict needs a RESULTS_DIR, or all of --edge-ms-per-token, --verify-cost A,B, --rtt-ms, "
                           "--bandwidth-mbps and --acceptance-from RESULTS_DIR")
     return predict_user(args)
+
+
+def calibrated_costs(text: str) -> tuple[str, str]:
+    """`CLOUD:RUNTIME,EDGE:RUNTIME` -> (--verify-cost "A,B", --edge-ms-per-token "T") from this machine's
+    calibration file, measured beside the user's question instead of another machine's numbers."""
+    pairs = [part.strip().rpartition(":") for part in text.split(",")]
+    if len(pairs) != 2 or not all(model and runtime for model, _, runtime in pairs):
+        raise ConfigError(f"--calibrated {text!r}: need CLOUD:RUNTIME,EDGE:RUNTIME, e.g. "
+                          "qwen2.5-coder-1.5b:torch-int8t,qwen2.5-coder-0.5b:llamacpp")
+    data = read_calibration(calibration_path(fingerprint()["machine_class"]))
+    (cloud, _, cloud_runtime), (edge, _, edge_runtime) = pairs
+    found = [find_entry(data, model, runtime) for model, runtime in ((cloud, cloud_runtime), (edge, edge_runtime))]
+    for (model, _, runtime), entry in zip(pairs, found):
+        if entry is None or entry.get("error"):
+            why = f" ({entry['error']})" if entry else ""
+            raise ConfigError(f"this machine's calibration has no working {model} in {runtime}{why}: run `specbench "
+                              f"calibrate --models {model} --runtimes {runtime}`")
+    a_ms, b_ms = verify_cost_ms(found[0])
+    return f"{a_ms:.6g},{b_ms:.6g}", f"{found[1]['step_ms']:.6g}"
 
 
 def _records(folder: Path) -> list[dict]:

@@ -67,15 +67,18 @@ def _run_fields() -> list[tuple[str, Any, type]]:
 SETTINGS = {f.name: f for cls in (*RUN_SETTINGS, _Placement) for f in fields(cls)}  # name -> where it is defined
 SETTING_TYPES = {name: hint for cls in (*RUN_SETTINGS, _Placement) for name, hint in typing.get_type_hints(cls).items()}
 AXES = ("mode", "k", "entropy_threshold", "accept_threshold", "policy", "verifier", "draft_stop", "k_schedule", "drafter",
-        "dtype", "prompts", "edge_runtime", "cloud_runtime", "deployment", "link", "overlap")
+        "dtype", "prompts", "constraints", "edge_runtime", "cloud_runtime", "deployment", "link", "overlap")
 # Axes added after results existed -> the value every earlier result had (left out of keys at that value).
-LATER_AXES = {"drafter": "model"}
+# constraints: a decoding profile belongs to a prompt set (zh for the Chinese one-sentence task, none for
+# an English edit), so one sweep pairs each set with its own through `rows`.
+LATER_AXES = {"drafter": "model", "constraints": "none"}
 SPEC_ONLY = tuple(f.name for f in fields(SpecConfig))
 SPLIT_ONLY = ("link", "overlap")
 # What ran first (mode, dtype, prompts, where), then the spec axes with the policy first, since it names the rule.
 COLUMNS = [a for a in AXES if a not in SPEC_ONLY] + sorted((a for a in AXES if a in SPEC_ONLY), key=lambda a: a != "policy")
 # The run's setting as the engine used it, where that can differ from the setting asked for.
-USED = {"cloud": "cloud_name", "cloud_runtime": "cloud_runtime_used", "chat_template": "chat_template_used"}
+USED = {"cloud": "cloud_name", "cloud_runtime": "cloud_runtime_used", "chat_template": "chat_template_used",
+        "llamacpp_extra_buffers": "llamacpp_extra_buffers_used"}
 # A plain decoding's mode -> the runtime axis that runs it (its baseline matching, a sweep's extra plain runtimes).
 RUNTIME_OF = {"cloud": "cloud_runtime", "edge": "edge_runtime"}
 # compare's label: the settings always named, with their short prefix, before any other axis off its default.
@@ -108,6 +111,9 @@ class Point:
     cloud_runtime: str | None = None  # what ran the cloud, here or in the server (split)
     constraints: str | None = None  # the decoding profile: none, or zh (one short Chinese sentence)
     chat_template: bool | None = None  # the prompt goes through the tokenizer's chat template (once loaded: went)
+    llamacpp_extra_buffers: str | None = None  # llama.cpp's extra buffer types (repacked weights, AMX): as asked,
+    # auto, on or off; once loaded, as used, on or off (mixed: this process's two llama.cpp models differ); None: no
+    # model of this process runs in llama.cpp (a split point's server model is not counted)
     # _Placement: where the cloud ran, and over what link
     deployment: str | None = None  # inproc, split (the cloud behind `specbench serve`) or colocated (split's baseline)
     link: str | None = None  # split: the shaped link between edge and server: none, wifi, 4g, 5g or rtt=..,up=..

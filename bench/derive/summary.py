@@ -143,6 +143,8 @@ def baseline(table: pd.DataFrame, mode: str, point) -> pd.DataFrame:
     with: same dtype and prompts, and the runtime `point` runs that role in; a point that does not
     run the role ("-": an edge-only point's cloud) takes the torch runtime's, else the first."""
     match = table[(table["mode"] == mode) & (table["dtype"] == point["dtype"]) & (table["prompts"] == point["prompts"])]
+    if "constraints" in table and point.get("constraints", "-") not in ("-", None):  # the same decoding profile
+        match = match[match["constraints"] == point["constraints"]]
     column = RUNTIME_OF[mode]
     if column not in table or not len(match):
         return match

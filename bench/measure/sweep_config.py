@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
 
 from bench.measure.caps import EdgeCaps
+from bench.measure.runtime_auto import has_auto
 from bench.core.network import profile
 from bench.core.folder import canonical_path
 from bench.core.point import AXES, DEPLOYMENTS, FIELDS, RUNTIME_OF, SETTING_TYPES, SETTINGS, Point, blank
@@ -93,6 +94,10 @@ class SweepConfig(RunSettings):
         "help": "also time plain decoding (the cloud-only and edge-only points) in these runtimes, beside the grid's "
                 "edge and cloud runtimes, so every speed-up can name the fastest plain decoding; speculative points "
                 "keep the grid's runtimes (e.g. llamacpp,torch-int8)"})
+    rows: tuple[dict, ...] = field(default=(), metadata={"toml_only": True, "help": (
+        "more points beside the grid, one TOML table each ([[rows]]): axes to override, as lists, e.g. "
+        "drafter = [\"prompt-lookup\"], k = [4]; the other axes keep the grid's values. For what the grid's "
+        "product would multiply needlessly: a draft-free drafter has no entropy, so every threshold is one point")})
     executor: str = field(default="local", metadata={
         "help": "local: worker processes on this machine; ray: each group of points as Ray tasks on a cluster "
                 "(pip install -e '.[cluster]')", "choices": EXECUTORS})
@@ -129,6 +134,11 @@ class SweepConfig(RunSettings):
         self._check_executor()
         if self.repeats < 1:
             raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
+        for row in self.rows:
+            if not isinstance(row, dict) or not row or set(row) - set(AXES):
+                bad = sorted(set(row) - set(AXES)) if isinstance(row, dict) else [repr(row)]
+                raise ConfigError(f"rows: each row is a table of grid axes ({', '.join(AXES)}) to override"
+                                  + (f", not {bad[0]!r}" if bad else ", not an empty one"))
         unknown = sorted(set(self.plain_runtimes) - set(RUNTIMES))
         if unknown:
             raise ConfigError(f"unknown plain runtime {unknown[0]!r}: use one of {', '.join(RUNTIMES)}")
@@ -166,8 +176,9 @@ class SweepConfig(RunSettings):
         return {k: v for k, v in json.loads(json.dumps(asdict(self))).items() if k not in PLACEMENT}
 
     @classmethod
-    def from_toml(cls, path: Path, **overrides) -> SweepConfig:
-        """A TOML file, or the name of a shipped config in bench/configs/ (e.g. `default`)."""
+    def from_toml(cls, path: Path, choose_runtimes=None, **overrides) -> SweepConfig:
+        """A TOML file, or the name of a shipped config in bench/configs/ (e.g. `default`);
+        `choose_runtimes` as in from_mapping."""
         shipped = CONFIGS_DIR / f"{path}.toml"
         if not Path(path).exists() and shipped.exists():
             path = shipped
@@ -178,16 +189,23 @@ class SweepConfig(RunSettings):
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"sweep config {path} is not valid TOML ({e}): fix that line") from None
         return cls.from_mapping({**data, **{k: v for k, v in overrides.items() if v is not None}},
-                                source=f"sweep config {path}")
+                                source=f"sweep config {path}", choose_runtimes=choose_runtimes)
 
     @classmethod
-    def from_mapping(cls, data: dict, source: str = "the sweep options") -> SweepConfig:
+    def from_mapping(cls, data: dict, source: str = "the sweep options", choose_runtimes=None) -> SweepConfig:
         """Settings from a TOML table or flags: axis values are parsed (flags give text), every
-        other value must already have its field's type (checked in __post_init__)."""
+        other value must already have its field's type (checked in __post_init__). `auto` in
+        edge_runtime, cloud_runtime or plain_runtimes is replaced by `choose_runtimes(settings)`
+        (bench/measure/runtime_auto.py: from the machine's calibration) before anything validates."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"{source}: unknown setting {unknown[0]!r}: use one of {', '.join(sorted(known))}")
+        if has_auto(data):
+            if choose_runtimes is None:
+                raise ConfigError(f"{source}: runtime auto is chosen from the machine's calibration by `specbench "
+                                  "sweep`; here name the runtimes")
+            data = choose_runtimes(data)
         values = {}
         for key, value in data.items():
             if key in AXES:
@@ -231,7 +249,9 @@ class SweepConfig(RunSettings):
                 seen.add(point.key())
                 points.append(point)
 
-        for combo in itertools.product(*(getattr(self, axis) for axis in AXES)):
+        grids = [{axis: getattr(self, axis) for axis in AXES}]
+        grids += [{**grids[0], **{axis: _axis_values(axis, values) for axis, values in row.items()}} for row in self.rows]
+        for combo in (c for grid in grids for c in itertools.product(*(grid[axis] for axis in AXES))):
             values = dict(zip(AXES, combo))
             if values["mode"] != "spec":
                 values["deployment"] = "inproc"
@@ -321,6 +341,16 @@ def service_key(point: Point) -> str:
 
 
 _HINTS = typing.get_type_hints(SweepConfig)
+
+
+def _axis_values(axis: str, values) -> tuple:
+    """A row's axis values as the grid holds them: a tuple, numbers parsed."""
+    values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
+    cast = NUMERIC_AXES.get(axis)
+    try:
+        return tuple(cast(v) for v in values) if cast else values
+    except (TypeError, ValueError):
+        raise ConfigError(f"rows: {axis} must be a list of {axis} values, got {list(values)}") from None
 
 
 def parse_int(value) -> int:

@@ -177,6 +177,7 @@ def build_report(results_dir: Path, out: Path | None = None, profile: Path | Non
         "source": str(inputs.source),
         "generated": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "status_text": page.status_text(inputs),
+        "machine": page.machine_block(inputs),
         "problems": page.problem_lines(inputs),
         "recommendations": page.recommendations_html(recommendations),
         "plain_decoding": plain_decoding_notes(summary, labels) + split_notes(summary, labels),

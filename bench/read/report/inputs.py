@@ -24,7 +24,7 @@ class ReportInputs:
     kind: str  # "sweep" | "run"
     rows: list[dict]  # every record, whatever its status
     summary: pd.DataFrame  # bench.derive.summary.summarize(rows): one row per point, ok records only
-    meta: dict  # sweep.json ({config, environment}) or run.json ({point, environment, load_s})
+    meta: dict  # sweep.json ({config, environment}) or run.json ({point, environment, load_s}); + machine.json as "machine"
     profile: Path | None = None  # a `specbench profile` folder for this run
     statuses: dict = field(default_factory=dict)  # status -> number of records
 
@@ -59,6 +59,13 @@ def load_inputs(results_dir: Path, profile: Path | None = None) -> ReportInputs:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
         raise InputError(f"{results} has no successful results ({counts}): see the records' `error` fields")
     kind, meta = _meta(results_dir)
+    machine = results_dir / "machine.json"  # the sweep's machine and its calibration's choices, where written
+    if machine.is_file():
+        try:
+            meta = {**meta, "machine": json.loads(machine.read_text(encoding="utf-8"))}
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise InputError(f"{machine} is not valid JSON: restore it or delete it (the report then names no "
+                             "calibration)") from None
     return ReportInputs(source=results_dir, kind=kind, rows=rows, summary=summarize(rows, read_scores(results_dir)), meta=meta,
                         profile=find_profile(results_dir, profile), statuses=statuses)
 

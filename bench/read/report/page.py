@@ -16,6 +16,7 @@ import pandas as pd
 from bench.read.report.fonts import font_face_css
 from bench.read.report.inputs import ReportInputs
 from bench.read.report.pareto import set_name
+from specdec.machine import describe
 
 TEMPLATES = Path(__file__).parent / "templates"
 GIB = 1 << 30
@@ -77,6 +78,27 @@ def metadata_sections(inputs: ReportInputs) -> list[dict]:
               **_versions("specbench", "pandas", "matplotlib", "sacrebleu")}
     sections.append({"title": "This report was made with", "rows": _items(report)})
     return sections
+
+
+def machine_block(inputs: ReportInputs) -> dict | None:
+    """The machine the results were measured on and the runtimes its calibration chose: the report's header.
+    From DIR/machine.json (a sweep's), else the fingerprint in the records' environment; None if neither."""
+    machine = inputs.meta.get("machine") or {}
+    found = machine.get("fingerprint") or (inputs.meta.get("environment") or {}).get("fingerprint")
+    if not found:
+        return None
+    line = describe(found)
+    if machine.get("bandwidth_gbs"):
+        line += f"; memory read bandwidth {machine['bandwidth_gbs']:.1f} GB/s (measured)"
+    choices = [f"{c['role']} runtime: {', '.join(c['runtimes'])} — {c['reason']}" for c in machine.get("choices", [])]
+    rows = [{"model": e["model"], "runtime": e["runtime"], "threads": e.get("threads"),
+             "step ms": round(e["step_ms"], 1), "floor ms": round(e["floor_ms"], 1) if e.get("floor_ms") else None,
+             "step / floor": round(e["step_ms"] / e["floor_ms"], 2) if e.get("floor_ms") else None,
+             **{f"{n}-token block (steps)": e["block_steps"].get(str(n)) for n in (2, 5, 9)}}
+            for e in machine.get("calibration", []) if not e.get("error") and e.get("step_ms")]
+    rows += [{"model": e["model"], "runtime": e["runtime"], "step ms": None, "floor ms": None,
+              "step / floor": f"failed: {e['error']}"} for e in machine.get("calibration", []) if e.get("error")]
+    return {"line": line, "choices": choices, "table": table_html(pd.DataFrame(rows)) if rows else None}
 
 
 def status_text(inputs: ReportInputs) -> str:

@@ -74,6 +74,12 @@ FRONTS = (
           "Latency vs repetition",
           _LATENCY_READ + " Down is better: the fraction of content 3-grams that repeat an earlier one "
           "(loops like 音色中，音色中 push it up)."),
+    Front("latency_calls", "latency / cloud calls", "latency_p50_s", "cloud_call_rate",
+          "median latency per prompt (s, compute only)", "cloud calls per draft block",
+          "Latency vs cloud traffic",
+          "Spec points: left is faster, down asks the cloud less often (the entropy gate keeps confident blocks on "
+          "the edge). Highlighted, labelled dots are Pareto-optimal: the settings that trade one for the other. "
+          "Grey bars: 95 % intervals over prompts."),
     Front("calls_acceptance", "calls / acceptance", "cloud_call_rate", "acceptance_rate",
           "cloud calls per draft block", "acceptance rate (accepted / verified draft tokens)",
           "Cloud calls vs acceptance",
@@ -128,12 +134,13 @@ def _number(value) -> str:
 
 
 def point_labels(summary: pd.DataFrame) -> pd.Series:
-    """A short name per point: "cloud-only", "edge-only", or "(thr, k, policy)" for spec, with
-    dtype / accept threshold / verifier appended only when they vary within the summary."""
+    """A short name per point: "cloud-only", "edge-only", or "(thr, k, policy)" for spec, with the drafter
+    first and dtype / accept threshold / verifier / runtimes appended only when they vary within the summary."""
     spec = summary[summary["mode"] == "spec"]
     varying = [a for a in EXTRA_AXES if a in summary and (spec if a != "dtype" else summary)[a].nunique() > 1]
     runtimes = [a for a in RUNTIME_AXES if a in summary and summary[a][summary[a] != "-"].nunique() > 1]
     placed = [a for a in PLACED_AXES if a in summary and spec[a][spec[a].astype(str) != "-"].astype(str).nunique() > 1]
+    named_drafter = "drafter" in summary and spec["drafter"].astype(str).nunique() > 1
     labels = []
     for _, row in summary.iterrows():
         extra = [f"{axis.split('_')[0]} {row[axis]}" for axis in runtimes if row[axis] != "-"]  # "edge llamacpp"
@@ -146,7 +153,10 @@ def point_labels(summary: pd.DataFrame) -> pd.Series:
             if row["mode"] == "spec" and str(row[axis]) != "-":
                 extra.append(str(row[axis]) if axis == "deployment" else f"{axis} {str(row[axis]).lower()}")
         if row["mode"] == "spec":
-            label = "(" + ", ".join([_number(row["entropy_threshold"]), _number(row["k"]), str(row["policy"])] + extra) + ")"
+            # where drafters vary, the drafter first: a draft-free point and a model point at one setting differ there
+            drafter = [str(row["drafter"])] if named_drafter else []
+            label = "(" + ", ".join(drafter + [_number(row["entropy_threshold"]), _number(row["k"]), str(row["policy"])]
+                                    + extra) + ")"
         else:
             label = f"{row['mode']}-only" + (f" ({', '.join(extra)})" if extra else "")
         labels.append(label)

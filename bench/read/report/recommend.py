@@ -70,7 +70,8 @@ def _punct_in_band(points: pd.DataFrame, cloud: pd.Series | None) -> pd.Series:
 
 
 RULES = (
-    Rule("fastest", "fastest overall, quality ignored (a reference: what the speed costs)",
+    Rule("fastest", "fastest overall, quality ignored (a reference: what the speed costs; edge-only, another "
+                    "model, is never a pick)",
          "tokens_per_s", _everything),
     Rule("fastest_near_cloud", f"fastest within {CHRF_TOLERANCE:g} chrF point of cloud-only",
          "tokens_per_s", _near_cloud, ("chrf_vs_cloud",), needs_cloud_baseline=True),
@@ -97,6 +98,8 @@ def recommend(summary: pd.DataFrame, rules: tuple[Rule, ...] = RULES) -> pd.Data
     labels = point_labels(summary)
     rows = []
     for prompts, points in summary.groupby("prompts", sort=False):
+        # edge-only is another model writing another text: a reference line in the figures, never a pick
+        points = points[points["mode"] != "edge"]
         cloud_points = points[points["mode"] == "cloud"]
         cloud = cloud_points.iloc[0] if len(cloud_points) else None
         for rule in rules:

@@ -1,0 +1,99 @@
+"""Which runtime runs each role, chosen from the machine's calibration (bench/measure/calibrate.py),
+never from another machine's numbers: pure functions of the calibration file's `entries`.
+
+    plain   the fastest plain decoding of the cloud model:   argmin_r step_ms(r), and every runtime
+            whose step is within PLAIN_MARGIN of it (a close call is settled by the sweep's own
+            interleaved plain decodings, not by the calibration's few rounds: measured beats modelled)
+    cloud   the verifier of speculative points:              argmin_r mean_k step_ms(r) * block_steps(r, k+1)
+            over the grid's k; where the grid holds a lossless policy (greedy, sample) only runtimes
+            whose block logits equal their step logits (BATCH_INVARIANT_RUNTIMES) qualify, so the
+            lossless text is the verifier's own
+    edge    the drafter's runtime:                           argmin_r step_ms(r) of the edge model
+
+A choice carries its reason (the figures it was made from), for the sweep's log and the report's header.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.backends.base import BATCH_INVARIANT_RUNTIMES
+from specdec.errors import ConfigError
+
+PLAIN_MARGIN = 1.25  # a runtime whose step is within 25 % of the fastest is also timed as plain decoding
+LOSSLESS_POLICIES = ("greedy", "sample")  # policies that emit the verifier's own tokens (or distribution)
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    role: str  # plain, cloud or edge
+    model: str
+    runtimes: tuple[str, ...]  # the chosen one first
+    reason: str  # the figures the choice was made from, one line
+
+
+def usable(calibration: dict, model: str, candidates: tuple[str, ...], threads: int | None = None) -> dict[str, dict]:
+    """{runtime: entry} of `model` among `candidates` that were measured without an error (at `threads`,
+    where given: a file may hold other thread counts too)."""
+    found = {e["runtime"]: e for e in calibration.get("entries", [])
+             if e.get("model") == model and e.get("runtime") in candidates and not e.get("error") and e.get("step_ms")
+             and (threads is None or e.get("threads") in (None, threads))}
+    if not found:
+        failed = [f"{e['runtime']}: {e['error']}" for e in calibration.get("entries", [])
+                  if e.get("model") == model and e.get("error")]
+        raise ConfigError(f"the calibration has no working runtime among {', '.join(candidates)} for {model!r}"
+                          + (f" ({'; '.join(failed)})" if failed else "")
+                          + ": run `specbench calibrate --force`, or name the runtimes instead of auto")
+    return found
+
+
+def block_ms(entry: dict, k: int) -> float:
+    """What verifying k draft tokens costs: a (k+1)-token block, in ms."""
+    steps = entry["block_steps"].get(str(k + 1))
+    if steps is None:
+        raise ConfigError(f"the calibration of {entry['runtime']} has no {k + 1}-token block (k = {k}): "
+                          "run `specbench calibrate --force`, or lower k")
+    return entry["step_ms"] * steps
+
+
+def _figures(entries: dict[str, dict], value) -> str:
+    return ", ".join(f"{r} {value(e):.0f} ms" for r, e in sorted(entries.items(), key=lambda kv: value(kv[1])))
+
+
+def fastest_plain(calibration: dict, model: str, candidates: tuple[str, ...], role: str = "plain",
+                  margin: float = PLAIN_MARGIN, threads: int | None = None) -> RuntimeChoice:
+    entries = usable(calibration, model, candidates, threads)
+    best = min(entries.values(), key=lambda e: e["step_ms"])
+    close = sorted((r for r, e in entries.items() if e["step_ms"] <= margin * best["step_ms"]),
+                   key=lambda r: entries[r]["step_ms"])
+    return RuntimeChoice(role, model, tuple(close), f"a token step: {_figures(entries, lambda e: e['step_ms'])}")
+
+
+def cheapest_verifier(calibration: dict, model: str, candidates: tuple[str, ...], ks: tuple[int, ...],
+                      policies: tuple[str, ...], threads: int | None = None) -> RuntimeChoice:
+    lossless = any(p in LOSSLESS_POLICIES for p in policies)
+    allowed = tuple(r for r in candidates if r in BATCH_INVARIANT_RUNTIMES) if lossless else candidates
+    if not allowed:
+        raise ConfigError(f"a lossless policy ({', '.join(p for p in policies if p in LOSSLESS_POLICIES)}) needs a "
+                          f"batch-invariant verifier ({', '.join(BATCH_INVARIANT_RUNTIMES)}), and none is among the "
+                          f"candidates {', '.join(candidates)}: add one, or name cloud_runtime instead of auto")
+    entries = usable(calibration, model, allowed, threads)
+
+    def cost(entry: dict) -> float:
+        return sum(block_ms(entry, k) for k in ks) / len(ks)
+
+    best = min(entries, key=lambda r: cost(entries[r]))
+    why = "batch-invariant (a lossless policy is in the grid), " if lossless else ""
+    return RuntimeChoice("cloud", model, (best,), f"{why}a verify block at k = {', '.join(map(str, ks))}: "
+                                                  f"{_figures(entries, cost)}")
+
+
+def verify_cost_ms(entry: dict) -> tuple[float, float]:
+    """A verify forward of m tokens as A + B·m ms (the cost model's verify line, bench/derive/costmodel.py),
+    least squares over the calibration's block curve: t(m) = step_ms * block_steps(m), m = 1..9. B may come
+    out 0 (a flat curve) but not below."""
+    sizes = sorted(int(m) for m in entry["block_steps"])
+    times = [entry["step_ms"] * entry["block_steps"][str(m)] for m in sizes]
+    mean_m, mean_t = sum(sizes) / len(sizes), sum(times) / len(times)
+    spread = sum((m - mean_m) ** 2 for m in sizes)
+    slope = max(0.0, sum((m - mean_m) * (t - mean_t) for m, t in zip(sizes, times)) / spread) if spread else 0.0
+    return max(mean_t - slope * mean_m, 1e-3), slope

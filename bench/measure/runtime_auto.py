@@ -1,0 +1,101 @@
+"""`auto` runtimes in a sweep config: `edge_runtime`, `cloud_runtime` and `plain_runtimes` chosen from
+the calibration of the machine at hand (bench/measure/calibrate.py measures it once and caches it;
+bench/derive/runtime_choice.py holds the rules), so the defaults of one machine never decide another's.
+
+    chooser = AutoRuntimes()
+    config = SweepConfig.from_toml("default", choose_runtimes=chooser)   # calibrates first if needed
+    chooser.record()   # the fingerprint, the figures and every choice: DIR/machine.json, the report's header
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import asdict
+
+from bench.derive.runtime_choice import RuntimeChoice, cheapest_verifier, fastest_plain
+from bench.measure.calibrate import calibration
+from specdec.errors import ConfigError
+from specdec.machine import describe, fingerprint
+
+AUTO = "auto"
+AUTO_FIELDS = ("edge_runtime", "cloud_runtime", "plain_runtimes")
+# What `auto` chooses among, where installed: torch bf16 is measured too (on an AMX machine its blocks are
+# flat), torch-int8t is the batch-invariant verifier lossless points need.
+CANDIDATES = ("llamacpp", "torch-int8", "torch-int8t", "torch")
+EDGE_CANDIDATES = ("llamacpp", "torch-int8", "torch")  # a drafter's text need not match anything: no int8t
+
+
+def has_auto(values: dict) -> bool:
+    return any(AUTO in _as_tuple(values.get(name)) for name in AUTO_FIELDS)
+
+
+def _as_tuple(value) -> tuple:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+def installed(candidates: tuple[str, ...]) -> tuple[str, ...]:
+    """The candidates this install can run (llama.cpp is an extra)."""
+    return tuple(r for r in candidates if r != "llamacpp" or importlib.util.find_spec("llama_cpp") is not None)
+
+
+class AutoRuntimes:
+    """Resolves `auto` in a sweep's settings (SweepConfig.from_mapping calls it) and keeps what it chose.
+    `calibration`: a function (models, runtimes, threads) -> the calibration dict; by default the cached
+    file of this machine, measured first where missing (specbench calibrate)."""
+
+    def __init__(self, calibration=None, progress: bool = True) -> None:
+        self._calibration = calibration
+        self.progress = progress
+        self.choices: list[RuntimeChoice] = []
+        self.measured: dict | None = None
+        self.threads: int | None = None
+
+    def calibrate(self, models: list[str], runtimes: list[str], threads: int) -> dict:
+        if self._calibration is not None:
+            return self._calibration(models, runtimes, threads)
+        return calibration(models, runtimes, threads, progress=self.progress)
+
+    def __call__(self, values: dict) -> dict:
+        if not has_auto(values):
+            return values
+        for name in AUTO_FIELDS:
+            listed = _as_tuple(values.get(name))
+            if AUTO in listed and len(listed) > 1:
+                raise ConfigError(f"{name} = {list(listed)}: auto chooses the runtime itself; give auto alone, or "
+                                  "name the runtimes")
+        edge, cloud = values.get("edge"), values.get("cloud")
+        edge_auto = AUTO in _as_tuple(values.get("edge_runtime"))
+        if not cloud or (edge_auto and not edge):
+            raise ConfigError("auto runtimes are chosen per model from the calibration: set cloud (and edge) = MODEL")
+        threads = self.threads = int(values.get("edge_cores") or len(os.sched_getaffinity(0)))
+        if edge_auto:  # the edge's candidates only: a drafter needs no batch-invariant runtime
+            self.calibrate([edge], list(installed(EDGE_CANDIDATES)), threads)
+        self.measured = self.calibrate([cloud], list(installed(CANDIDATES)), threads)  # the file, both models
+        ks = tuple(int(k) for k in _as_tuple(values.get("k")) or (4,))
+        policies = tuple(str(p) for p in _as_tuple(values.get("policy")) or ("threshold",))
+        resolved = dict(values)
+        if AUTO in _as_tuple(values.get("cloud_runtime")):
+            choice = cheapest_verifier(self.measured, cloud, installed(CANDIDATES), ks, policies, int(threads))
+            resolved["cloud_runtime"] = choice.runtimes
+            self.choices.append(choice)
+        if AUTO in _as_tuple(values.get("plain_runtimes")):
+            choice = fastest_plain(self.measured, cloud, installed(CANDIDATES), threads=int(threads))
+            resolved["plain_runtimes"] = choice.runtimes
+            self.choices.append(choice)
+        if edge_auto:
+            choice = fastest_plain(self.measured, edge, installed(EDGE_CANDIDATES), role="edge", margin=1.0,
+                                   threads=int(threads))
+            resolved["edge_runtime"] = choice.runtimes[:1]
+            self.choices.append(choice)
+        return resolved
+
+    def record(self) -> dict:
+        """What DIR/machine.json keeps: the machine, its calibration's figures and the choices made from them."""
+        found = (self.measured or {}).get("fingerprint") or fingerprint()
+        return {"fingerprint": found, "machine": describe(found),
+                "bandwidth_gbs": (self.measured or {}).get("bandwidth_gbs"),
+                "calibration": [e for e in (self.measured or {}).get("entries", [])
+                                if e.get("threads") in (None, self.threads)],
+                "choices": [asdict(c) for c in self.choices]}

@@ -1,0 +1,148 @@
+"""`auto` runtimes chosen from a machine's calibration (bench/derive/runtime_choice.py,
+bench/measure/runtime_auto.py), a sweep's `rows` beside its grid and the constraints axis: the shipped
+main job's config resolves and validates on a given calibration, without measuring anything."""
+from __future__ import annotations
+
+import pytest
+
+from bench.core.point import Point
+from bench.derive.runtime_choice import cheapest_verifier, fastest_plain
+from bench.measure.runtime_auto import AutoRuntimes
+from bench.measure.sweep_config import SweepConfig
+from specdec.errors import ConfigError
+
+CLOUD, EDGE = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+
+
+def entry(model: str, runtime: str, step_ms: float, per_token: float, error: str | None = None) -> dict:
+    """A calibration entry whose n-token block costs 1 + per_token * (n - 1) steps."""
+    return {"model": model, "runtime": runtime, "threads": 2, "step_ms": step_ms, "step_ms_p10": step_ms,
+            "step_ms_p90": step_ms, "block_steps": {str(n): 1 + per_token * (n - 1) for n in range(1, 10)},
+            "weight_bytes": 10**9, "floor_ms": 50.0, "error": error}
+
+
+# An Intel-like day: llama.cpp the fastest step but steep blocks, int8 flat-ish, int8t a bit slower than int8.
+CALIBRATION = {"schema": 1, "fingerprint": {"machine_class": "x", "cpu_model": "test"}, "bandwidth_gbs": 20.0,
+               "entries": [entry(CLOUD, "llamacpp", 98, 0.38), entry(CLOUD, "torch-int8", 107, 0.095),
+                           entry(CLOUD, "torch-int8t", 120, 0.1), entry(CLOUD, "torch", 268, 0.005),
+                           entry(EDGE, "llamacpp", 30, 0.3), entry(EDGE, "torch-int8", 40, 0.1),
+                           entry(EDGE, "torch", 90, 0.01)]}
+
+
+def given(calibration: dict):
+    calls = []
+
+    def calibrate(models, runtimes, threads):
+        calls.append((tuple(models), tuple(runtimes), threads))
+        return calibration
+    return calibrate, calls
+
+
+def test_plain_takes_the_fastest_step_and_every_runtime_within_the_margin():
+    choice = fastest_plain(CALIBRATION, CLOUD, ("llamacpp", "torch-int8", "torch-int8t", "torch"))
+    assert choice.runtimes == ("llamacpp", "torch-int8", "torch-int8t")  # 107 and 120 are within 25 % of 98
+    assert "llamacpp 98 ms" in choice.reason and choice.reason.index("llamacpp") < choice.reason.index("torch ")
+    assert fastest_plain(CALIBRATION, CLOUD, ("torch-int8", "torch"), margin=1.0).runtimes == ("torch-int8",)
+
+
+def test_a_lossless_grid_gets_a_batch_invariant_verifier_and_a_lossy_one_the_cheapest_block():
+    candidates = ("llamacpp", "torch-int8", "torch-int8t", "torch")
+    lossless = cheapest_verifier(CALIBRATION, CLOUD, candidates, (2, 4, 6), ("threshold", "greedy"))
+    assert lossless.runtimes == ("torch-int8t",) and "batch-invariant" in lossless.reason
+    # k = 4: llama.cpp 98 * 2.52 = 247 ms, int8 107 * 1.38 = 148 ms, bf16 268 * 1.02 = 273 ms
+    lossy = cheapest_verifier(CALIBRATION, CLOUD, candidates, (4,), ("threshold",))
+    assert lossy.runtimes == ("torch-int8",)
+    with pytest.raises(ConfigError, match="batch-invariant verifier"):
+        cheapest_verifier(CALIBRATION, CLOUD, ("llamacpp",), (4,), ("greedy",))
+
+
+def test_a_runtime_that_crashed_in_calibration_is_never_chosen():
+    crashed = {**CALIBRATION, "entries": [entry(CLOUD, "llamacpp", 10, 0.1, error="a native crash (SIGSEGV)"),
+                                          entry(CLOUD, "torch-int8", 107, 0.1)]}
+    assert fastest_plain(crashed, CLOUD, ("llamacpp", "torch-int8")).runtimes == ("torch-int8",)
+    with pytest.raises(ConfigError, match=r"no working runtime .*llamacpp: a native crash \(SIGSEGV\)"):
+        fastest_plain(crashed, CLOUD, ("llamacpp",))
+
+
+def test_the_main_jobs_config_resolves_from_a_calibration_without_measuring():
+    calibrate, calls = given(CALIBRATION)
+    chooser = AutoRuntimes(calibration=calibrate, progress=False)
+    config = SweepConfig.from_toml("default", choose_runtimes=chooser)
+    assert [c[0] for c in calls] == [(EDGE,), (CLOUD,)] and "torch-int8t" not in calls[0][1]
+    assert config.cloud_runtime == ("torch-int8t",)
+    assert config.edge_runtime == ("llamacpp",)
+    assert config.plain_runtimes == ("llamacpp", "torch-int8", "torch-int8t")
+    assert [c.role for c in chooser.choices] == ["cloud", "plain", "edge"]
+    record = chooser.record()
+    assert record["bandwidth_gbs"] == 20.0 and len(record["calibration"]) == len(CALIBRATION["entries"])
+    points = config.points()
+    spec = [p for p in points if p.mode == "spec"]
+    model = [p for p in spec if p.drafter == "model"]
+    # threshold x k x policy on both prompt sets, the draft-free rows beside it
+    assert len(model) == 3 * 3 * 2 * 2
+    assert {(p.prompts, p.constraints) for p in model} == {("zh-describe", "zh"), ("edit-text", "none")}
+    free = [p for p in spec if p.drafter != "model"]
+    assert sorted((p.drafter, p.prompts) for p in free) == sorted(
+        (d, s) for d in ("prompt-lookup", "auto") for s in ("zh-describe", "edit-text"))
+    assert {(p.k, p.entropy_threshold, p.policy) for p in free} == {(4, 0.0, "greedy")}
+    labels = [p.label() for p in points]
+    assert len(set(labels)) == len(labels)  # every point is told apart by its label
+
+
+def test_auto_needs_the_chooser_and_stands_alone(tmp_path):
+    with pytest.raises(ConfigError, match="chosen from the machine's calibration"):
+        SweepConfig.from_toml("default")
+    calibrate, _ = given(CALIBRATION)
+    with pytest.raises(ConfigError, match="auto chooses the runtime itself"):
+        SweepConfig.from_mapping({"edge": EDGE, "cloud": CLOUD, "cloud_runtime": ["auto", "llamacpp"]},
+                                 choose_runtimes=AutoRuntimes(calibration=calibrate))
+
+
+def test_a_row_must_name_grid_axes(tmp_path):
+    config = tmp_path / "sweep.toml"
+    config.write_text(f'edge = "{EDGE}"\ncloud = "{CLOUD}"\n[[rows]]\ncolour = ["blue"]\n')
+    with pytest.raises(ConfigError, match="rows: each row is a table of grid axes .* not 'colour'"):
+        SweepConfig.from_toml(config)
+
+
+def test_a_row_adds_points_and_the_grid_keeps_its_own(tmp_path):
+    config = tmp_path / "sweep.toml"
+    config.write_text(f'edge = "{EDGE}"\ncloud = "{CLOUD}"\nmode = ["spec"]\nk = [2, 4]\n'
+                      '[[rows]]\ndrafter = ["prompt-lookup"]\nk = [8]\n')
+    points = SweepConfig.from_toml(config).points()
+    assert sorted((p.drafter, p.k) for p in points) == [("model", 2), ("model", 4), ("prompt-lookup", 8)]
+
+
+def test_constraints_none_leaves_a_points_key_as_it_was():
+    """Folders written before constraints was an axis keep their keys (and their scores)."""
+    before = Point(mode="spec", k=4, prompts="code")
+    assert Point(mode="spec", k=4, prompts="code", constraints="none").key() == before.key()
+    assert Point(mode="spec", k=4, prompts="code", constraints="zh").key() != before.key()
+
+
+def test_a_verify_line_fits_a_calibrated_block_curve():
+    from bench.derive.runtime_choice import verify_cost_ms
+
+    a_ms, b_ms = verify_cost_ms(entry(CLOUD, "torch-int8", 100, 0.25))  # t(m) = 100 (1 + 0.25 (m - 1)) = 75 + 25 m
+    assert a_ms == pytest.approx(75) and b_ms == pytest.approx(25)
+    flat = verify_cost_ms({**entry(CLOUD, "torch", 100, 0.0), "block_steps": {"1": 1.0, "2": 0.98, "5": 0.97}})
+    assert flat[1] == 0.0  # a curve that falls is flat, never a negative cost per token
+
+
+def test_predict_takes_its_costs_from_this_machines_calibration(tmp_path, monkeypatch):
+    from bench.commands.predict import calibrated_costs
+    from bench.measure import calibrate
+    from specdec.machine import fingerprint
+
+    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path))
+    path = calibrate.calibration_path(fingerprint()["machine_class"])
+    path.parent.mkdir(parents=True)
+    data = {**CALIBRATION, "fingerprint": fingerprint(), "versions": {}, "created": "2026-11-26", "threads": 2}
+    path.write_text(__import__("json").dumps(data))
+    verify, edge_ms = calibrated_costs(f"{CLOUD}:torch-int8,{EDGE}:llamacpp")
+    a_ms, b_ms = (float(v) for v in verify.split(","))
+    assert a_ms == pytest.approx(107 * (1 - 0.095)) and b_ms == pytest.approx(107 * 0.095) and float(edge_ms) == 30
+    with pytest.raises(ConfigError, match=r"no working qwen2.5-coder-0.5b in torch-int8t: run `specbench calibrate"):
+        calibrated_costs(f"{CLOUD}:torch-int8,{EDGE}:torch-int8t")
+    with pytest.raises(ConfigError, match="need CLOUD:RUNTIME,EDGE:RUNTIME"):
+        calibrated_costs(CLOUD)
