@@ -53,7 +53,7 @@ class FakeMeasure:
         self.calls.append((model, runtime))
         timed = [{"step_s": [0.01, 0.011, 0.012], "block_s": {str(n): 0.01 * (1 + n / 10) for n in range(2, 10)}}] * rounds
         return {"model": model, "runtime": runtime, "threads": threads, "dtype": None, "weight_bytes": 2_000_000,
-                "rounds": timed, "error": None}
+                "rounds": timed, "error": None, "method": calibrate.METHOD, "block_vs_steps": 0.0}
 
 
 @pytest.fixture
@@ -68,13 +68,17 @@ def fake(home, monkeypatch):
 @pytest.mark.subprocess
 def test_a_calibration_writes_the_schema_and_a_second_call_measures_nothing(pair, home, monkeypatch, capsys):
     """torch-int8 is measured in a child; llamacpp cannot run an HF folder: its entry is the one-line error."""
-    data = calibrate.calibration([pair["cloud"]], ["torch-int8", "llamacpp"], threads=1, progress=False, rounds=2)
+    data = calibrate.calibration([pair["cloud"]], ["torch-int8", "torch-int8t", "llamacpp"], threads=1, progress=False,
+                                 rounds=2)
     path = this_file()
     assert path.parent == home / "calibration" and json.loads(path.read_text()) == data
     assert list(data)[: len(FIELDS)] == list(FIELDS) and data["schema"] == 1 and data["threads"] == 1
     assert data["fingerprint"] == fingerprint() and data["bandwidth_gbs"] > 0
     assert set(data["versions"]) == {"torch", "transformers", "llama_cpp"}
-    int8, llama = data["entries"]
+    int8, int8t, llama = data["entries"]
+    # measured, not assumed: int8t's blocks are its steps exactly; dynamic int8's move with the block's rows
+    assert int8t["block_vs_steps"] == 0.0 and int8t["method"] == calibrate.METHOD
+    assert int8["block_vs_steps"] >= 0.0
     assert list(int8)[: len(ENTRY_FIELDS)] == list(ENTRY_FIELDS)
     assert (int8["model"], int8["runtime"], int8["threads"], int8["error"]) == (pair["cloud"], "torch-int8", 1, None)
     assert list(int8["block_steps"]) == [str(n) for n in range(1, 10)] and int8["block_steps"]["1"] == 1.0
@@ -86,8 +90,10 @@ def test_a_calibration_writes_the_schema_and_a_second_call_measures_nothing(pair
     written = path.read_text()
     monkeypatch.setattr(calibrate, "measure_isolated", lambda *a: pytest.fail("measured again"))
     monkeypatch.setattr(calibrate, "measure_bandwidth", lambda *a: pytest.fail("measured the bandwidth again"))
-    assert calibrate.calibration([pair["cloud"]], ["torch-int8", "llamacpp"], threads=1, progress=False) == data
-    assert main(["calibrate", "--models", pair["cloud"], "--runtimes", "torch-int8,llamacpp", "--threads", "1"]) == 0
+    assert calibrate.calibration([pair["cloud"]], ["torch-int8", "torch-int8t", "llamacpp"], threads=1,
+                                 progress=False) == data
+    assert main(["calibrate", "--models", pair["cloud"], "--runtimes", "torch-int8,torch-int8t,llamacpp", "--threads",
+                 "1"]) == 0
     assert path.read_text() == written
     table = capsys.readouterr().out.splitlines()
     assert table[0].startswith("machine: ") and "GB/s" in table[0] and fingerprint()["machine_class"] in table[0]
@@ -144,6 +150,16 @@ def test_only_missing_or_stale_entries_are_measured(fake, monkeypatch):
     fake.calls.clear()
     calibrate.calibration(["a"], ["torch"], threads=1, progress=False, force=True)
     assert fake.calls == [("a", "torch")]
+
+
+def test_an_entry_of_an_older_method_is_measured_again(fake):
+    """What is measured (a block against its steps) or a runtime's code changed: METHOD was bumped."""
+    calibrate.calibration(["m"], ["torch"], 1, progress=False)
+    data = json.loads(this_file().read_text())
+    data["entries"][0]["method"] = calibrate.METHOD - 1
+    this_file().write_text(json.dumps(data))
+    again = calibrate.calibration(["m"], ["torch"], 1, progress=False)
+    assert fake.calls == [("m", "torch"), ("m", "torch")] and again["entries"][0]["method"] == calibrate.METHOD
 
 
 def test_a_model_whose_weight_files_changed_is_measured_again(fake, tmp_path):

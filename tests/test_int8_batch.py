@@ -166,3 +166,18 @@ def test_an_int8_model_keeps_no_view_of_its_checkpoint_file(biased, op):
     ids = torch.arange(1, 9)
     with torch.inference_mode():
         assert quantized.backend.prefill(Prompt(ids[:1]), ids, keep=1)[1].isfinite().all()
+
+
+@pytest.mark.parametrize("past", [1, 9, 40])
+def test_an_int8t_blocks_rows_are_bitwise_its_steps(pair, past):
+    """What makes greedy speculation verified in torch-int8t that runtime's own plain decoding: a block of n
+    tokens computes, row for row, the logits of n one-token steps (attention one query at a time)."""
+    backend = load_model(f"{pair['cloud']}@int8t", "float32", **QUIET).backend
+    torch.manual_seed(1)
+    context, block = torch.randint(0, 60, (past,)), torch.randint(0, 60, (6,))
+    with torch.inference_mode():
+        state, _ = backend.prefill(Prompt(torch.tensor([1])), context)
+        rows = backend.forward(state, block, keep=block.numel())
+        backend.crop(state, past)
+        steps = torch.cat([backend.forward(state, block[i : i + 1], keep=1) for i in range(block.numel())])
+    assert torch.equal(rows, steps)

@@ -46,7 +46,8 @@ def entry_of(measured: dict, bandwidth_gbs: float) -> dict:
     return {**entry, "step_ms": _shown(step * 1e3), "step_ms_p10": _shown(low * 1e3), "step_ms_p90": _shown(high * 1e3),
             "block_steps": blocks, "weight_bytes": measured["weight_bytes"],
             "floor_ms": _shown(measured["weight_bytes"] / (bandwidth_gbs * 1e9) * 1e3), "error": None,
-            "dtype": measured.get("dtype"), "model_stamp": measured.get("model_stamp"), "rounds": rounds}
+            "dtype": measured.get("dtype"), "model_stamp": measured.get("model_stamp"), "rounds": rounds,
+            "method": measured.get("method"), "block_vs_steps": measured.get("block_vs_steps")}
 
 
 def _shown(value: float) -> float:
@@ -119,8 +120,8 @@ def table(data: dict) -> str:
     """The machine line, then one row per entry: step ms [p10-p90], floor ms, step/floor, blocks in steps."""
     lines = [f"machine: {describe(data['fingerprint'])}; memory read {data['bandwidth_gbs']:.1f} GB/s",
              "runtime | model | threads | step ms [p10-p90] | floor ms | step/floor | "
-             + " | ".join(f"k+1={n} (steps)" for n in SHOWN_BLOCKS),
-             "--- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in SHOWN_BLOCKS)]
+             + " | ".join(f"k+1={n} (steps)" for n in SHOWN_BLOCKS) + " | block vs steps max |Δlogit|",
+             "--- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in SHOWN_BLOCKS) + " | ---"]
     for e in sorted(data["entries"], key=lambda e: (e["runtime"], e["model"], e["threads"])):
         head = f"{e['runtime']} | {e['model']} | {e['threads']}"
         if e["error"]:
@@ -128,5 +129,6 @@ def table(data: dict) -> str:
             continue
         blocks = " | ".join(f"{e['block_steps'][n]:.2f}" if n in e["block_steps"] else "-" for n in SHOWN_BLOCKS)
         lines.append(f"{head} | {e['step_ms']:.1f} [{e['step_ms_p10']:.1f}-{e['step_ms_p90']:.1f}] | {e['floor_ms']:.1f} | "
-                     f"{e['step_ms'] / e['floor_ms'] if e['floor_ms'] else math.inf:.2f} | {blocks}")
+                     f"{e['step_ms'] / e['floor_ms'] if e['floor_ms'] else math.inf:.2f} | {blocks} | "
+                     f"{'-' if e.get('block_vs_steps') is None else format(e['block_vs_steps'], '.3g')}")
     return "\n".join(lines)

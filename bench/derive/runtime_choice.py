@@ -6,8 +6,8 @@ never from another machine's numbers: pure functions of the calibration file's `
             interleaved plain decodings, not by the calibration's few rounds: measured beats modelled)
     cloud   the verifier of speculative points:              argmin_r mean_k step_ms(r) * block_steps(r, k+1)
             over the grid's k; where the grid holds a lossless policy (greedy, sample) only runtimes
-            whose block logits equal their step logits (BATCH_INVARIANT_RUNTIMES) qualify, so the
-            lossless text is the verifier's own
+            whose block logits equal their step logits (measured: the calibration's `block_vs_steps`)
+            qualify, so the lossless text is the verifier's own (none here: the cheapest, said so)
     edge    the drafter's runtime:                           argmin_r step_ms(r) of the edge model
 
 A choice carries its reason (the figures it was made from), for the sweep's log and the report's header.
@@ -68,21 +68,30 @@ def fastest_plain(calibration: dict, model: str, candidates: tuple[str, ...], ro
     return RuntimeChoice(role, model, tuple(close), f"a token step: {_figures(entries, lambda e: e['step_ms'])}")
 
 
+def block_equals_steps(entry: dict) -> bool:
+    """The runtime's block rows are its steps' logits exactly: measured by the calibration (`block_vs_steps`
+    == 0), or, for an entry measured before that, the runtime's design (BATCH_INVARIANT_RUNTIMES)."""
+    measured = entry.get("block_vs_steps")
+    return entry["runtime"] in BATCH_INVARIANT_RUNTIMES if measured is None else measured == 0.0
+
+
 def cheapest_verifier(calibration: dict, model: str, candidates: tuple[str, ...], ks: tuple[int, ...],
                       policies: tuple[str, ...], threads: int | None = None) -> RuntimeChoice:
+    entries = usable(calibration, model, candidates, threads)
     lossless = any(p in LOSSLESS_POLICIES for p in policies)
-    allowed = tuple(r for r in candidates if r in BATCH_INVARIANT_RUNTIMES) if lossless else candidates
-    if not allowed:
-        raise ConfigError(f"a lossless policy ({', '.join(p for p in policies if p in LOSSLESS_POLICIES)}) needs a "
-                          f"batch-invariant verifier ({', '.join(BATCH_INVARIANT_RUNTIMES)}), and none is among the "
-                          f"candidates {', '.join(candidates)}: add one, or name cloud_runtime instead of auto")
-    entries = usable(calibration, model, allowed, threads)
+    why = ""
+    if lossless:
+        exact = {r: e for r, e in entries.items() if block_equals_steps(e)}
+        if exact:
+            entries, why = exact, "its blocks compute its steps' logits exactly (a lossless policy is in the grid), "
+        else:  # nothing reproduces its own plain decoding here: the cheapest, and the reason says so
+            why = ("no runtime's blocks equal its steps on this machine, so lossless points are not the verifier's "
+                   "own text; ")
 
     def cost(entry: dict) -> float:
         return sum(block_ms(entry, k) for k in ks) / len(ks)
 
     best = min(entries, key=lambda r: cost(entries[r]))
-    why = "batch-invariant (a lossless policy is in the grid), " if lossless else ""
     return RuntimeChoice("cloud", model, (best,), f"{why}a verify block at k = {', '.join(map(str, ks))}: "
                                                   f"{_figures(entries, cost)}")
 

@@ -55,6 +55,11 @@ RUNTIME_PACKAGES = {"llamacpp": ("llama_cpp",)}  # every torch-* runtime: torch,
 DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "llama_cpp": "llama_cpp_python"}
 
 
+# What an entry's measurement is: bumped when what is measured, or a runtime's own code here, changes (2: a
+# block against its steps, and torch-int8t's attention computed per query), so older entries are measured anew.
+METHOD = 2
+
+
 def default_models() -> list[str]:
     """The edge and cloud of the shipped default config (bench/configs/default.toml)."""
     config = tomllib.loads(DEFAULT_CONFIG.read_text(encoding="utf-8"))
@@ -114,9 +119,12 @@ def calibration(models: list[str], runtimes: list[str], threads: int, progress: 
 
 
 def fresh(entry: dict, then: dict, now: dict) -> bool:
-    """An entry still holds: its runtime's packages are the versions it was measured with, and its model's
-    weight files are the ones it was measured on (where both stamps are known). An entry that failed is
-    kept as well: a crash is this machine's and these versions' (`--force` retries it)."""
+    """An entry still holds: it was measured by this METHOD, its runtime's packages are the versions it was
+    measured with, and its model's weight files are the ones it was measured on (where both stamps are
+    known). An entry that failed is kept as well: a crash is this machine's and these versions' (`--force`
+    retries it)."""
+    if not entry.get("error") and entry.get("method") != METHOD:
+        return False
     if any(then.get(p) != now.get(p) for p in packages_of(entry["runtime"])):
         return False
     stamp = model_stamp(entry["model"], entry["runtime"])
@@ -204,7 +212,21 @@ def measure_entry(model: str, runtime: str, threads: int, rounds: int) -> dict:
     ids, state = prefilled(lm, CONTEXT)
     timed = [time_round(lm.backend, state, ids, CONTEXT) for _ in range(rounds)]
     return {"model": model, "runtime": runtime, "threads": threads, "dtype": TORCH_DTYPE if runtime == "torch" else None,
-            "weight_bytes": streamed_weight_bytes(lm), "rounds": timed, "error": None}
+            "weight_bytes": streamed_weight_bytes(lm), "rounds": timed, "error": None, "method": METHOD,
+            "block_vs_steps": block_vs_steps(lm.backend, state, ids, CONTEXT)}
+
+
+def block_vs_steps(backend, state, ids: torch.Tensor, context: int, n: int = 5) -> float:
+    """max |logit| difference between an n-token block's rows and the same n tokens fed as n one-token steps,
+    after the `context`-token cache: 0.0 means the runtime's verify computes exactly its own plain decoding's
+    logits, so greedy speculation verified there reproduces that decoding token for token (a lossless
+    policy's text is the verifier's own). Measured, not assumed: it depends on the kernels a machine runs."""
+    block = ids[:n]
+    rows = backend.forward(state, block, keep=n)
+    backend.crop(state, context)
+    steps = torch.cat([backend.forward(state, block[i : i + 1], keep=1) for i in range(n)])
+    backend.crop(state, context)
+    return float((rows.float() - steps.float()).abs().max())
 
 
 def _measure_child(model: str, runtime: str, threads: int, rounds: int, queue, parent_pid: int) -> None:

@@ -73,8 +73,9 @@ class AutoRuntimes:
         if edge_auto:  # the edge's candidates only: a drafter needs no batch-invariant runtime
             self.calibrate([edge], list(installed(EDGE_CANDIDATES)), threads)
         self.measured = self.calibrate([cloud], list(installed(CANDIDATES)), threads)  # the file, both models
-        ks = tuple(int(k) for k in _as_tuple(values.get("k")) or (4,))
-        policies = tuple(str(p) for p in _as_tuple(values.get("policy")) or ("threshold",))
+        tables = [values, *(row for row in _as_tuple(values.get("rows")) if isinstance(row, dict))]  # the grid's and rows'
+        ks = tuple(dict.fromkeys(int(k) for t in tables for k in _as_tuple(t.get("k")))) or (4,)
+        policies = tuple(dict.fromkeys(str(p) for t in tables for p in _as_tuple(t.get("policy")))) or ("threshold",)
         resolved = dict(values)
         if AUTO in _as_tuple(values.get("cloud_runtime")):
             choice = cheapest_verifier(self.measured, cloud, installed(CANDIDATES), ks, policies, int(threads))

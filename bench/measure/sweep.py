@@ -52,7 +52,7 @@ def run_sweep(config: SweepConfig, out: Path, progress: bool = True, machine: di
     and the runtimes chosen from its calibration (bench/measure/runtime_auto.py), kept as DIR/machine.json
     (rewritten by a resume: the machine that ran last)."""
     settings = config.identity()
-    prompts = {name: load_prompts(name)[: config.limit] for name in config.prompts}
+    prompts = {name: load_prompts(name)[: config.limit] for name in config.prompt_sets()}
     with ExitStack() as placement:
         # --executor ray: the cluster is joined and checked for room before the folder is touched
         cluster = placement.enter_context(ray_executor(config)) if config.executor == "ray" else None

@@ -147,7 +147,7 @@ class SweepConfig(RunSettings):
             self.spec_config(point)
             self.deploy_config(point)
             self.decode_config(point)
-        for prompts in self.prompts:
+        for prompts in self.prompt_sets():
             PromptInputs(prompts, self.limit, self.max_audio_s, self.turns)
         if self.executor == "local":  # on a cluster the caps are checked against the node a task lands on
             self.caps()
@@ -223,16 +223,25 @@ class SweepConfig(RunSettings):
         for key in ("edge", "cloud", "token_file"):  # one folder, one name (see bench/core/folder.py)
             if isinstance(values.get(key), str):
                 values[key] = canonical_path(values[key])
-        if "prompts" in values and all(isinstance(p, str) for p in values["prompts"]):
-            try:  # Spec-Bench's questions stand for one prompt set per category
-                values["prompts"] = tuple(s for p in rejoin_categories(values["prompts"])
-                                          for s in expand_prompt_sets(canonical_prompts(p)))
-            except InputError as e:
-                raise ConfigError(f"{source}: {e}") from None
+        tables = [values] + [row for row in values.get("rows", ()) if isinstance(row, dict) and "prompts" in row]
+        for table in tables:  # the grid's prompt sets and each row's, named alike
+            names = table.get("prompts")
+            names = [names] if isinstance(names, str) else names
+            if names is not None and all(isinstance(p, str) for p in names):
+                try:  # Spec-Bench's questions stand for one prompt set per category
+                    table["prompts"] = tuple(s for p in rejoin_categories(list(names))
+                                             for s in expand_prompt_sets(canonical_prompts(p)))
+                except InputError as e:
+                    raise ConfigError(f"{source}: {e}") from None
         try:
             return cls(**values)
         except (TypeError, ConfigError) as e:
             raise ConfigError(f"{source}: {e}") from None
+
+    def prompt_sets(self) -> tuple[str, ...]:
+        """Every prompt set the grid and its rows run, the grid's first."""
+        in_rows = [p for row in self.rows if "prompts" in row for p in _axis_values("prompts", row["prompts"])]
+        return tuple(dict.fromkeys([*self.prompts, *in_rows]))
 
     def points(self) -> list[Point]:
         """The grid; edge and cloud points ignore the spec-only axes and appear once, and again in every

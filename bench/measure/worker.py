@@ -66,7 +66,7 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
             loaded[(name, dtype, runtime)] = load_model(name, dtype, log=log, runtime=runtime, **options)
         return loaded[(name, dtype, runtime)]
 
-    prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompts}
+    prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompt_sets()}
     # a restarted worker skips these, but reruns a generation that crashed its predecessor (sweep.py counts the crashes)
     done = {(Point.from_row(r).key(), r["id"], r.get("repeat", 0)) for r in results.read() if r.get("status") != "crashed"}
     points = []

@@ -9,12 +9,16 @@ boundary of the int8 grid moves by a whole grid step in the next Linear, and ove
 2026-11-25: four sessions of 33–61 tokens, blocks of 3–5). Replayed edges against such a server saw
 verdicts differ from their recording in 7 of 68 verifies at 4 edges.
 
-`rowwise_attention` takes, for every row, its real queries and its real keys only (read off the
-mask: a key some query attends is real; a query is real when its own key is) and calls SDPA on
-exactly those: the shapes, the mask and so the kernel are the ones the row gets alone, batch or
-not. With every Linear per-token (`TokenScaledInt8`) and the norms per row, a row's logits are then
-bit for bit its single forward's (`tests/test_int8_batch.py`). Padding queries get zeros (their
-logits are never read). The cost is one SDPA call per row per layer instead of one per layer.
+`rowwise_attention` takes, for every row, each real query and the real keys it attends (read off the
+mask: a query is real when its own key is) and calls SDPA on exactly those, one query at a time: the
+shapes, the mask and so the kernel are the ones a one-token step at that position gets, batch or
+block or not. With every Linear per-token (`TokenScaledInt8`) and the norms per row, a row's logits
+are then bit for bit its single forward's, and a (k+1)-token block's rows are k+1 steps' logits
+(`tests/test_int8_batch.py`; the calibration measures it on the real model, `block_vs_steps`). One
+SDPA call over a row's n queries was not enough for the second: the kernel splits its work by n, and
+on an Intel Xeon (2026-11-26) the 1.5B's block logits moved by up to 1.7 against its steps. Padding
+queries get zeros (their logits are never read). The cost is one SDPA call per query per layer: a
+600-token prompt's prefill makes 600 x 28 small calls.
 """
 from __future__ import annotations
 
@@ -45,12 +49,18 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout: float 
         n = int(queries_real.sum())
         if n == 0:
             continue
-        q = query[row : row + 1, :, queries_real].contiguous()  # [1, H, n, d]
-        k = repeat_kv(key[row : row + 1, :, keys_real], groups).contiguous()  # [1, H, R, d]
-        v = repeat_kv(value[row : row + 1, :, keys_real], groups).contiguous()
-        row_mask = mask[queries_real][:, keys_real].view(1, 1, n, -1)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=row_mask, dropout_p=dropout, scale=scaling)
-        out[row, queries_real] = attended[0].transpose(0, 1)
+        # one SDPA call per real query, over exactly the keys it attends: the call a one-token step at that
+        # position makes, so a (k+1)-token block's rows are bit for bit k+1 steps' (one call over n queries
+        # let the kernel split its work by n: the 1.5B's block logits moved by up to 1.7 against its steps
+        # on an Intel Xeon, 2026-11-26)
+        for j in torch.nonzero(queries_real).flatten().tolist():
+            attends = mask[j]  # [kv]
+            q = query[row : row + 1, :, j : j + 1].contiguous()  # [1, H, 1, d]
+            k = repeat_kv(key[row : row + 1, :, attends], groups).contiguous()  # [1, H, R, d]
+            v = repeat_kv(value[row : row + 1, :, attends], groups).contiguous()
+            every = torch.ones(1, 1, 1, k.shape[2], dtype=torch.bool)  # what a step alone passes
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=every, dropout_p=dropout, scale=scaling)
+            out[row, j] = attended[0, :, 0]
     return out, None
 
 
