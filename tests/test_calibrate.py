@@ -9,22 +9,17 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import shutil
 from dataclasses import fields
 
 import pytest
 import torch
 
 from bench.cli import main
-from bench.commands import compare as compare_command
 from bench.commands import gate as gate_command
-from bench.core.records import Node, ResultsFile, environment, node_info
+from bench.core.records import Node, environment, node_info
 from bench.derive import gate_verdict
 from bench.derive.calibration import ENTRY_FIELDS, FIELDS, read_calibration
-from bench.measure import calibrate, tinypair
-from bench.measure.run import run
-from specdec.core.config import DecodeConfig, SpecConfig
-from specdec.engine import Engine
+from bench.measure import calibrate
 from specdec.errors import ConfigError
 from specdec.machine import fingerprint
 from tests.native_crash import segfault
@@ -246,73 +241,6 @@ def test_records_and_identities_carry_the_machine():
     assert environment()["fingerprint"] == here
 
 
-# --- compare across machines --------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def results_dir(tmp_path_factory):
-    """cloud and spec records of the tiny pair on 2 prompts in one folder, each carrying its node."""
-    root = tmp_path_factory.mktemp("results")
-    paths = tinypair.save_pair(root / "pair")
-    prompts = root / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(tinypair.PROMPTS[:2])))
-    combined = ResultsFile(root / "base" / "results.jsonl")
-    (root / "base").mkdir()
-    for mode in ("cloud", "spec"):
-        engine = Engine(mode=mode, edge=paths["edge"], cloud=paths["cloud"], dtype="float32",
-                        spec=SpecConfig(k=4, entropy_threshold=0, policy="greedy"), decode=DecodeConfig(max_new_tokens=8),
-                        log=lambda message: None)
-        for row in run(engine, str(prompts), root / mode, progress=False):
-            combined.append(row)
-    assert json.loads((root / "spec" / "run.json").read_text())["environment"]["fingerprint"] == fingerprint()
-    return root / "base"
-
-
-def edited_copy(src, dst, edit):
-    shutil.copytree(src, dst)
-    results = ResultsFile(dst / "results.jsonl")
-    rows = [edit(row) or row for row in results.read()]
-    results.path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return dst
-
-
-def compare_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="specbench")
-    compare_command.add_compare_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["compare", *argv])
-
-
-def test_compare_across_machines_says_so_first_and_judges_no_timing(results_dir, tmp_path, capsys):
-    def elsewhere_and_slower(row):
-        row["node"] = {**row["node"], "cpu_model": "AMD EPYC 9B14", "machine_class": "feedfacecafe"}
-        if row["mode"] == "spec":
-            row["latency_s"] *= 3
-
-    assert all(row["node"]["machine_class"] == fingerprint()["machine_class"]
-               for row in ResultsFile(results_dir / "results.jsonl").read())  # `specbench run` records their node
-    current = edited_copy(results_dir, tmp_path / "epyc", elsewhere_and_slower)
-    assert compare_command.cmd_compare(compare_args(str(results_dir), str(current), "--out", str(tmp_path / "r"))) == 0
-    printed = capsys.readouterr().out.splitlines()
-    # a folder without an identity file: the machine its records' node names (no core count there)
-    assert printed[0].startswith("note: measured on different machines: baseline from ")
-    assert f"(class {fingerprint()['machine_class']}), current from AMD EPYC 9B14, ? cores, " in printed[0]
-    assert printed[0].endswith("(class feedfacecafe); timings are shown, not judged")
-    assert "gate passed" in printed[-1] and "not judged" in (tmp_path / "r" / "compare.html").read_text()
-
-
-def test_compare_against_an_unknown_machine_still_judges_the_deterministic_metrics(results_dir, tmp_path, capsys):
-    def before_fingerprints(row):
-        del row["node"]
-        if row["mode"] == "spec":
-            row["num_accepted_tokens"] -= 1
-
-    old = edited_copy(results_dir, tmp_path / "old", before_fingerprints)
-    assert compare_command.cmd_compare(compare_args(str(old), str(results_dir), "--out", str(tmp_path / "r"))) == 1
-    printed = capsys.readouterr().out.splitlines()
-    assert printed[0].startswith("note: measured on different machines: baseline from an unknown machine (recorded "
-                                 "before machine fingerprints), current from ")
-    assert any(line.startswith("FAIL") and "acceptance_rate" in line for line in printed)
-
-
-# --- the gate across machines ---------------------------------------------------------------------------
 def gate_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="specbench")
     gate_command.add_gate_parser(parser.add_subparsers(dest="command"))

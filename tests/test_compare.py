@@ -18,6 +18,7 @@ from bench.measure.run import run
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import InputError
+from specdec.machine import fingerprint
 
 
 def compare_args(*argv: str) -> argparse.Namespace:
@@ -129,3 +130,39 @@ def test_the_page_escapes_what_it_shows(tmp_path):
     assert "<script" not in page and "<b>base" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in page and "&lt;b&gt;base&lt;/b&gt;" in page
     assert "+100.00%" in page and "#1a7f37" in page  # better: green
+
+
+# --- across machines ----------------------------------------------------------------------------
+def test_compare_across_machines_says_so_first_and_judges_no_timing(results_dir, tmp_path, capsys):
+    def elsewhere_and_slower(row):
+        row["node"] = {**row["node"], "cpu_model": "AMD EPYC 9B14", "machine_class": "feedfacecafe"}
+        if row["mode"] == "spec":
+            row["latency_s"] *= 3
+
+    assert all(row["node"]["machine_class"] == fingerprint()["machine_class"]
+               for row in ResultsFile(results_dir / "results.jsonl").read())  # `specbench run` records their node
+    current = edited_copy(results_dir, tmp_path / "epyc", elsewhere_and_slower)
+    assert compare_command.cmd_compare(compare_args(str(results_dir), str(current), "--out", str(tmp_path / "r"))) == 0
+    printed = capsys.readouterr().out.splitlines()
+    # a folder without an identity file: the machine its records' node names (no core count there)
+    assert printed[0].startswith("note: measured on different machines: baseline from ")
+    assert f"(class {fingerprint()['machine_class']}), current from AMD EPYC 9B14, ? cores, " in printed[0]
+    assert printed[0].endswith("(class feedfacecafe); timings are shown, not judged")
+    assert "gate passed" in printed[-1] and "not judged" in (tmp_path / "r" / "compare.html").read_text()
+
+
+def test_compare_against_an_unknown_machine_still_judges_the_deterministic_metrics(results_dir, tmp_path, capsys):
+    def before_fingerprints(row):
+        del row["node"]
+        if row["mode"] == "spec":
+            row["num_accepted_tokens"] -= 1
+
+    old = edited_copy(results_dir, tmp_path / "old", before_fingerprints)
+    assert compare_command.cmd_compare(compare_args(str(old), str(results_dir), "--out", str(tmp_path / "r"))) == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("note: measured on different machines: baseline from an unknown machine (recorded "
+                                 "before machine fingerprints), current from ")
+    assert any(line.startswith("FAIL") and "acceptance_rate" in line for line in printed)
+
+
+# --- the gate across machines ---------------------------------------------------------------------------

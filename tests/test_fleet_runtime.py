@@ -100,7 +100,7 @@ def test_a_fleet_cloud_runtime_is_checked_as_serve_checks_it(prompts, recording,
 
 def test_a_per_token_int8_fleet_replays_without_a_mismatch_batched(pair, prompts, tmp_path):
     """`--cloud MODEL@int8t` (batch-invariant int8, tests/test_int8_batch.py): recorded alone, replayed
-    three at a time in shared forwards, every verdict the recorded one; the runtime recorded is int8's."""
+    three at a time in shared forwards, every verdict the recorded one; the runtime recorded is int8t's."""
     recorded = tmp_path / "recorded"
     cloud = load_model(f"{pair['cloud']}@int8t", "float32", log=lambda m: None)
     with BackgroundServer(cloud, ServeConfig(max_batch=1)) as url:
@@ -111,5 +111,5 @@ def test_a_per_token_int8_fleet_replays_without_a_mismatch_batched(pair, prompts
                  "--batch-window-ms", "20", "--prompts", prompts, "--clients", "3", "--no-baseline", "--out", str(out),
                  *SETTINGS]) == 0
     records, _, batches = read_fleet(out)
-    assert len(records) == 9 and {r["cloud_runtime"] for r in records} == {"torch-int8"}
+    assert len(records) == 9 and {r["cloud_runtime"] for r in records} == {"torch-int8t"}
     assert max(b["rows"] for b in batches) >= 2 and sum(r["replay_mismatches"] for r in records) == 0

@@ -161,3 +161,28 @@ def test_a_rows_prompt_sets_are_validated_and_run(tmp_path):
     assert SweepConfig.from_toml(config).prompt_sets() == ("code", "edit-text")
     points = SweepConfig.from_toml(config).points()
     assert {p.prompts for p in points} == {"code", "edit-text"}
+
+
+def test_the_sweep_chooses_from_this_machines_calibration_file_without_measuring(tmp_path, monkeypatch, capsys):
+    """The default chooser reads $SPECBENCH_HOME/calibration/<class>.json; entries that are fresh (this
+    method, these versions) are not measured again, and the choice is printed by `specbench sweep`'s path."""
+    import json
+
+    from bench.measure import calibrate
+    from specdec.machine import fingerprint
+
+    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path))
+    monkeypatch.setattr(calibrate, "measure_isolated", lambda *a, **k: pytest.fail("measured"))
+    monkeypatch.setattr(calibrate, "measure_bandwidth", lambda *a, **k: pytest.fail("measured the bandwidth"))
+    entries = [{**e, "method": calibrate.METHOD, "block_vs_steps": 0.0 if e["runtime"] == "torch-int8t" else 0.4}
+               for e in CALIBRATION["entries"]]
+    entries.append({**entry(EDGE, "torch-int8t", 60, 0.1), "method": calibrate.METHOD})  # the cloud's candidates, for either model
+    path = calibrate.calibration_path(fingerprint()["machine_class"])
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**CALIBRATION, "fingerprint": fingerprint(), "versions": calibrate.runtime_versions(),
+                                "created": "2026-11-26", "threads": 2, "entries": entries}))
+    monkeypatch.setattr("bench.measure.runtime_auto.installed", lambda candidates: candidates)  # llamacpp or not
+    chooser = AutoRuntimes(progress=False)
+    config = SweepConfig.from_toml("default", choose_runtimes=chooser)
+    assert (config.edge_runtime, config.cloud_runtime) == (("llamacpp",), ("torch-int8t",))
+    assert chooser.record()["fingerprint"]["machine_class"] == fingerprint()["machine_class"]

@@ -151,7 +151,9 @@ def _separable(summary: pd.DataFrame, objective: str, best, runner_up) -> tuple[
 # compares a spec point's text with the cloud-only output of its own cloud runtime).
 QUANTIZED_DRIFT = {
     "torch-int8": "dynamic int8 quantizes a forward's activations with one scale over all its rows, so a (k+1)-row "
-                  "verify computes other logits than a one-token step (MODEL@int8t scales each token alone)",
+                  "verify computes other logits than a one-token step (torch-int8t computes its steps' logits exactly)",
+    "torch-int8t": "int8t's blocks are meant to compute its steps' logits bit for bit, and this machine's kernels did not "
+                   "(the calibration's block_vs_steps for torch-int8t, in the header, says by how much)",
     "llamacpp": "llama.cpp quantizes a block's activations for its quantized matmuls as a whole, so a (k+1)-token "
                 "verify rounds otherwise than a one-token step",
 }
