@@ -419,3 +419,13 @@ def test_split_comparisons_name_the_co_located_baseline_and_the_placement():
     shared = split_notes(_split_summary("shared"), labels)
     assert "SHARED cores" in shared[0] and "do not emulate two machines" in shared[0]
     assert split_notes(summary[summary["deployment"] == "colocated"], labels) == []
+
+
+def test_the_latency_calls_front_holds_spec_points_only(summary):
+    """Edge-only and cloud-only make no cloud calls per block: on that front they would beat every spec point."""
+    from bench.read.report.pareto import FRONTS
+
+    front = next(f for f in FRONTS if f.name == "latency_calls")
+    members = front_members(summary, front)
+    assert members.any() and (summary.loc[members, "mode"] == "spec").all()
+    assert (front.points(summary)["mode"] == "spec").all()

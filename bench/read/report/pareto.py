@@ -36,6 +36,12 @@ class Front:
     y_label: str
     title: str
     how_to_read: str
+    spec_only: bool = False  # the baselines' value on an axis means nothing here (no blocks: 0 cloud calls)
+
+    def points(self, summary: pd.DataFrame) -> pd.DataFrame:
+        """The points this front is drawn and judged over: those with both values (spec only, where said)."""
+        keep = summary[self.x].notna() & summary[self.y].notna()
+        return summary[keep & (summary["mode"] == "spec")] if self.spec_only else summary[keep]
 
     def __post_init__(self) -> None:
         if not self.name.replace("_", "").isalnum():
@@ -77,9 +83,10 @@ FRONTS = (
     Front("latency_calls", "latency / cloud calls", "latency_p50_s", "cloud_call_rate",
           "median latency per prompt (s, compute only)", "cloud calls per draft block",
           "Latency vs cloud traffic",
-          "Spec points: left is faster, down asks the cloud less often (the entropy gate keeps confident blocks on "
-          "the edge). Highlighted, labelled dots are Pareto-optimal: the settings that trade one for the other. "
-          "Grey bars: 95 % intervals over prompts."),
+          "Spec points only (the baselines make no cloud calls per block: edge-only is another model, cloud-only "
+          "is the cloud). Left is faster, down asks the cloud less often (the entropy gate keeps confident blocks "
+          "on the edge). Highlighted, labelled dots are Pareto-optimal: the settings that trade one for the "
+          "other. Grey bars: 95 % intervals over prompts.", spec_only=True),
     Front("calls_acceptance", "calls / acceptance", "cloud_call_rate", "acceptance_rate",
           "cloud calls per draft block", "acceptance rate (accepted / verified draft tokens)",
           "Cloud calls vs acceptance",
@@ -114,7 +121,7 @@ def front_members(summary: pd.DataFrame, front: Front) -> pd.Series:
     member = pd.Series(False, index=summary.index)
     if front.x not in summary or front.y not in summary:
         return member
-    for _, group in summary.groupby("prompts", sort=False):
+    for _, group in front.points(summary).groupby("prompts", sort=False):
         mask = pareto_mask(group[front.x], group[front.y], front.x_lower_is_better, front.y_lower_is_better)
         member.loc[group.index] = mask
     return member
@@ -141,9 +148,13 @@ def point_labels(summary: pd.DataFrame) -> pd.Series:
     runtimes = [a for a in RUNTIME_AXES if a in summary and summary[a][summary[a] != "-"].nunique() > 1]
     placed = [a for a in PLACED_AXES if a in summary and spec[a][spec[a].astype(str) != "-"].astype(str).nunique() > 1]
     named_drafter = "drafter" in summary and spec["drafter"].astype(str).nunique() > 1
+    # a spec label names a runtime where the spec points differ in it (a sweep's extra plain runtimes vary
+    # among the baselines only, and would lengthen every spec label for nothing)
+    spec_runtimes = [a for a in RUNTIME_AXES if a in spec and spec[a][spec[a] != "-"].nunique() > 1]
     labels = []
     for _, row in summary.iterrows():
-        extra = [f"{axis.split('_')[0]} {row[axis]}" for axis in runtimes if row[axis] != "-"]  # "edge llamacpp"
+        named = spec_runtimes if row["mode"] == "spec" else runtimes
+        extra = [f"{axis.split('_')[0]} {row[axis]}" for axis in named if row[axis] != "-"]  # "edge llamacpp"
         for axis in varying:
             if axis == "dtype":
                 extra.append(str(row["dtype"]))

@@ -79,7 +79,7 @@ def plot_front(summary: pd.DataFrame, labels: pd.Series, front: Front, path: Pat
     """Scatter of every point on (front.x, front.y), one panel per prompt set, the Pareto-optimal
     points highlighted, joined by their staircase and labelled."""
     scale = (1 / GIB) if front.x == "peak_rss_bytes" else 1.0
-    data = summary[summary[front.x].notna() & summary[front.y].notna()]
+    data = front.points(summary)
     if data.empty:
         return None
     on_front = front_members(summary, front)
