@@ -12,7 +12,7 @@ from specdec.core.cloud import Cloud, LocalCloud, TwoRuntimeCloud
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.decode import autoregressive_decode, speculative_decode
 from specdec.core.drafters import WEIGHS_RUNTIMES
-from specdec.core.drafters.interface import NEEDS_MODEL
+from specdec.core.drafters.interface import BLOCK_STEPS_PRIOR, NEEDS_MODEL
 from specdec.errors import ConfigError, InputError
 from specdec.models.loading import LoadedModel, load_model
 from specdec.core.overlap import OverlapGovernor
@@ -60,6 +60,17 @@ class Engine(EngineConfig):
         if self.deploy.overlap != "auto":
             return None
         return self._derived.setdefault("overlap", OverlapGovernor(self.spec.k))
+
+    def assume_block_costs(self, block_steps: dict[int, float]) -> None:
+        """What a verify block of n tokens is expected to cost, in plain token steps of the cloud's runtime
+        (a machine's calibration), until this engine has measured its own: drafters that weigh blocks
+        against plain steps (`auto`) start from it instead of assuming every block costs one step. Not
+        history: forget_history keeps it."""
+        self._derived["block_steps_prior"] = {int(n): float(steps) for n, steps in block_steps.items()}
+
+    def _drafter_memory(self) -> dict:
+        """What drafters keep across this engine's generations, seeded with the assumed block costs."""
+        return self._derived.setdefault("drafter_memory", {BLOCK_STEPS_PRIOR: self._derived.get("block_steps_prior", {})})
 
     def forget_history(self) -> None:
         """Drop what earlier generations taught this engine (the overlap governor's running means, an
@@ -247,7 +258,7 @@ class Engine(EngineConfig):
                 edge, self.cloud_side(), prompt, self.spec, self.decode,
                 constraints, self.punct_density(), on_cloud_loss=self.deploy.on_cloud_loss,
                 overlap=self.deploy.overlap if self.remote_cloud else False, governor=self._governor(),
-                drafter=self.spec.drafter, drafter_memory=self._derived.setdefault("drafter_memory", {}),
+                drafter=self.spec.drafter, drafter_memory=self._drafter_memory(),
             )
         else:
             generation = autoregressive_decode(loaded.backend, prompt, self.decode, constraints, role=self.mode)

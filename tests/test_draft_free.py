@@ -552,3 +552,46 @@ def test_a_greedy_verify_reads_the_logits_alone_as_plain_greedy_decoding_does(pa
     speculative_decode(None, cloud, prompt, SpecConfig(k=4, entropy_threshold=0, policy="threshold"), decode,
                        drafter="prompt-lookup")
     assert calls
+
+
+def test_auto_starts_from_the_calibrated_block_cost_until_it_has_measured_its_own():
+    """Engine.assume_block_costs (the sweep: its calibration's curve for the cloud's runtime) seeds the ratio;
+    a measured block and step replace it."""
+    from specdec.core.drafters.auto import BLOCK, STEP, CostCurve
+    from specdec.core.drafters.interface import BLOCK_STEPS_PRIOR
+
+    curve = CostCurve()
+    auto = auto_drafter(curve)
+    assert curve.ratio(3) == 1.0  # no prior: a block is assumed to cost a step
+    prior = {3: 2.5, 5: 3.4}
+    from specdec.core.drafters.auto import Auto
+    from specdec.core.drafters.interface import DraftContext
+    from specdec.core.session import AcceptedSequence
+
+    context = DraftContext(Prompt(T([1, 2, 3, 1, 2])), 96, None, 0.0, torch.Generator(),
+                           memory={"auto": CostCurve(), BLOCK_STEPS_PRIOR: prior})
+    seeded = Auto(context)
+    assert seeded.curve.ratio(3) == 2.5 and seeded.curve.ratio(4) == 1.0
+    seq = AcceptedSequence(T([1, 2, 3, 1, 2]), 16)
+    assert len(seeded.propose(seq, 2)) == 0  # lookup proposes (3, 1), but tau 2 does not pay a 2.5-step block
+    assert len(auto.propose(seq, 2)) == 2  # without the prior it is sent, to be measured
+    seeded.curve.observe(STEP, 1, 0.1)
+    seeded.curve.observe(BLOCK, 3, 0.15)
+    assert seeded.curve.ratio(3) == pytest.approx(1.5)  # measured beats modelled
+
+
+def test_an_engine_hands_its_assumed_block_costs_to_auto(tmp_path):
+    """Greedy stays the cloud's own either way; a prohibitive assumed cost leaves every cycle a plain step."""
+    from specdec.engine import Engine
+    from tests.tiny import save_tiny_pair
+
+    paths = save_tiny_pair(tmp_path)
+    common = dict(mode="spec", edge=paths["edge"], cloud=paths["cloud"], dtype="float32", log=lambda m: None,
+                  spec=SpecConfig(k=3, policy="greedy", drafter="auto"), decode=DecodeConfig(max_new_tokens=12))
+    text = "hello world , hello world , hello world ,"
+    free, priced = Engine(**common), Engine(**common)
+    priced.assume_block_costs({n: 50.0 for n in range(1, 10)})
+    priced.forget_history()  # an untimed warm-up's forgetting keeps what was assumed
+    sent, held = free.generate(text), priced.generate(text)
+    assert sent.tokens == held.tokens
+    assert any(c.draft_tokens for c in sent.cycles) and not any(c.draft_tokens for c in held.cycles)

@@ -186,3 +186,16 @@ def test_the_sweep_chooses_from_this_machines_calibration_file_without_measuring
     config = SweepConfig.from_toml("default", choose_runtimes=chooser)
     assert (config.edge_runtime, config.cloud_runtime) == (("llamacpp",), ("torch-int8t",))
     assert chooser.record()["fingerprint"]["machine_class"] == fingerprint()["machine_class"]
+
+
+def test_a_sweeps_workers_read_the_block_costs_its_runtimes_were_chosen_from(tmp_path):
+    import json
+
+    from bench.measure.worker import block_costs
+
+    (tmp_path / "machine.json").write_text(json.dumps(AutoRuntimes(calibration=given(CALIBRATION)[0]).record()
+                                                      | {"calibration": CALIBRATION["entries"]}))
+    costs = block_costs(str(tmp_path))
+    assert costs[(CLOUD, "torch-int8t")]["5"] == pytest.approx(1.4)
+    (tmp_path / "machine.json").write_text("{not json")
+    assert block_costs(str(tmp_path)) == {} and block_costs(None) == {} and block_costs(str(tmp_path / "x")) == {}

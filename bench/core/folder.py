@@ -25,6 +25,7 @@ from specdec.errors import InputError
 LOCK = ".specbench.lock"
 IDENTITY_FILES = {"run": "run.json", "sweep": "sweep.json", "fleet": "fleet.json", "soak": "soak.json"}
 RESULTS = "results.jsonl"
+MACHINE_FILE = "machine.json"  # a sweep's machine and the runtimes chosen from its calibration (bench/measure/runtime_auto.py)
 _held: dict[Path, int] = {}  # folders this process holds, so a command may re-enter its own lock
 
 

@@ -25,7 +25,7 @@ from bench.measure.link import BackgroundLink
 from bench.core.network import profile
 from bench.measure.launch import ServerProcess, WorkerProcess, death_line, native_crash
 from bench.core.prompts import load_prompts
-from bench.core.folder import IDENTITY_FILES, claim, has_results, write_identity, writer
+from bench.core.folder import IDENTITY_FILES, MACHINE_FILE, claim, has_results, write_identity, writer
 from bench.core.records import ResultsFile, environment, read_records
 from bench.derive.scores import read_scores
 from bench.derive.spec_bench import spec_bench_table
@@ -40,7 +40,6 @@ from specdec.remote.protocol import parse_address
 # Sweep settings added since folders were first written, with the value that reproduces what such a folder
 # measured: its split points' edge and server shared every core (resumed with --split-cores shared), and its
 # plain decoding ran in the grid's runtimes only.
-MACHINE_FILE = "machine.json"  # the machine a sweep ran on and the runtimes chosen from its calibration
 BEFORE = {"split_cores": "shared", "plain_runtimes": [], "drafter": ["model"], "turns": "all",
           "llamacpp_extra_buffers": "auto", "rows": []}
 

@@ -7,6 +7,7 @@ timed back to back and drift of the machine over minutes (another process, therm
 points alike instead of whichever point ran during it. `--repeats R` runs that round R times."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -19,13 +20,14 @@ from bench.measure.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog
 from bench.measure.trackers import reset_peak_rss
 from bench.core.network import network_cost, profile
 from bench.core.prompts import load_prompts
-from bench.core.folder import os_error_line
+from bench.core.folder import MACHINE_FILE, os_error_line
 from bench.core.records import ResultsFile, node_info
 from bench.measure.launch import bind_to_parent
 from bench.core.point import Point
 from bench.measure.run import generate_one, prepare, warm_up
 from bench.measure.split import pin_threads
 from bench.measure.sweep_config import SweepConfig, service_key
+from specdec.backends.base import runtime_parts
 from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError, SpecdecError
@@ -39,8 +41,22 @@ def weight_bytes(model: LoadedModel) -> int:
     return sum(p.numel() * p.element_size() for p in model.backend.model.parameters())
 
 
+def block_costs(out: str | None) -> dict[tuple[str, str], dict]:
+    """{(model, runtime): its verify blocks' cost in token steps} from the sweep's DIR/machine.json (the
+    calibration its runtimes were chosen from); {} without one (an older folder, a cluster's node)."""
+    path = Path(out) / MACHINE_FILE if out is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8")).get("calibration", [])
+    except (OSError, ValueError):
+        return {}  # a damaged file costs the prior, never the sweep
+    return {(e["model"], e["runtime"]): e["block_steps"] for e in entries
+            if isinstance(e, dict) and not e.get("error") and isinstance(e.get("block_steps"), dict)}
+
+
 def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[str, str],
-              cloud_ids: list[int] | None = None) -> None:
+              cloud_ids: list[int] | None = None, costs: dict[tuple[str, str], dict] | None = None) -> None:
     """`results`: the folder's ResultsFile here, or StreamedResults on a cluster's node. `cloud_ids`:
     the cloud's cores where the sweep has split points; its cloud-only and co-located points run
     there (the server's machine), the rest on the edge's, this process moving between them."""
@@ -77,6 +93,8 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
         engine = Engine(**asdict(config.engine_config(point, url)), spec=config.spec_config(point),
                         decode=config.decode_config(point), deploy=config.deploy_config(point), loader=loader,
                         log=lambda m: None)
+        if point.mode == "spec" and (curve := (costs or {}).get((config.cloud, runtime_parts(point.cloud_runtime)[-1]))):
+            engine.assume_block_costs(curve)  # `auto` starts from this machine's calibrated block costs
         prepare(engine, [prompts[point.prompts][i] for i in dict.fromkeys(i for i, _ in items)])
         network = profile(config.network_of(point))
         measured = Point.of(engine, point.prompts, point.link, point.turns).record(sweep=True)
@@ -166,7 +184,7 @@ def worker_main(config_dict: dict, group: list, out: str | None, urls: dict[str,
     caps.apply_cpu()
     results = ResultsFile(Path(out) / "results.jsonl") if out is not None else StreamedResults(queue)
     try:
-        run_group(config, caps, group, results, queue, urls, cloud_ids)
+        run_group(config, caps, group, results, queue, urls, cloud_ids, block_costs(out))
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line
         line = str(e) if isinstance(e, SpecdecError) else os_error_line(e) if isinstance(e, OSError) else \
             f"{type(e).__name__}: {e}"

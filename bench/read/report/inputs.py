@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.derive.scores import read_scores
+from bench.core.folder import MACHINE_FILE
 from bench.core.records import read_records
 from bench.derive.summary import summarize
 from specdec.errors import InputError
@@ -59,7 +60,7 @@ def load_inputs(results_dir: Path, profile: Path | None = None) -> ReportInputs:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
         raise InputError(f"{results} has no successful results ({counts}): see the records' `error` fields")
     kind, meta = _meta(results_dir)
-    machine = results_dir / "machine.json"  # the sweep's machine and its calibration's choices, where written
+    machine = results_dir / MACHINE_FILE  # the sweep's machine and its calibration's choices, where written
     if machine.is_file():
         try:
             meta = {**meta, "machine": json.loads(machine.read_text(encoding="utf-8"))}

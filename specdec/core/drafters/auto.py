@@ -11,7 +11,9 @@ yields tau = accepted + 1 tokens; a plain step is one forward over 1 token that 
 t_block(m), t_plain(m): a verify forward's seconds for m tokens fed, running means per m over this
 engine's generations, blocks and plain steps apart (the machine's cost curve: on 2026-11-25, 2
 threads, a 5-token block cost 1.07 token steps in torch-int8 and 2.9 in llama.cpp Q4_K_M, so the same
-acceptance pays in one runtime and not the other). Until both are measured the ratio is taken as 1.
+acceptance pays in one runtime and not the other). Until both are measured the ratio is the machine's
+calibrated block cost in steps where the engine was told it (Engine.assume_block_costs: the sweep passes
+its calibration's curve for the cloud's runtime), else 1.
 tau_hat: the running mean (EMA, alpha 0.5) of tokens per verify a block gets, starting from the mean
 over the engine's earlier requests (2.0 before any). A withheld block still teaches it: the plain steps
 that follow decide the tokens the block proposed, so its tau is read off for free once they are in
@@ -66,7 +68,7 @@ from __future__ import annotations
 
 import time
 
-from specdec.core.drafters.interface import DraftContext, DraftFree, DraftNote, Proposal, register_drafter
+from specdec.core.drafters.interface import BLOCK_STEPS_PRIOR, DraftContext, DraftFree, DraftNote, Proposal, register_drafter
 from specdec.core.drafters.prompt_lookup import PromptLookup
 from specdec.core.session import AcceptedSequence
 from specdec.core.verdict import Verdict
@@ -90,6 +92,7 @@ class CostCurve:
         self.tau = [0.0, 0]  # [sum of tokens per block, blocks] (sent or read off plain steps) over earlier requests
         self.answers = [0, 0]  # [sum of tokens, requests]: the lengths of earlier answers
         self.answer_so_far = 0  # the newest request's tokens so far: an answer once the next request opens
+        self.prior: dict[int, float] = {}  # tokens fed -> a block's assumed cost in plain steps, before measuring
 
     def observe(self, kind: str, tokens_fed: int, seconds: float) -> None:
         entry = self.seconds.setdefault((kind, tokens_fed), [0.0, 0])
@@ -109,9 +112,10 @@ class CostCurve:
         return self.mean(kind, min(sizes, key=lambda m: (abs(m - tokens_fed), m)))
 
     def ratio(self, tokens_fed: int) -> float:
-        """t_block(tokens_fed) / t_plain(1); 1 until both are measured."""
+        """t_block(tokens_fed) / t_plain(1); until both are measured, the assumed block cost in steps
+        (`prior`: the machine's calibration, Engine.assume_block_costs), else 1."""
         block, step = self.mean(BLOCK, tokens_fed), self.mean(STEP, 1)
-        return block / step if block and step else 1.0
+        return block / step if block and step else self.prior.get(tokens_fed, 1.0)
 
     def catch_up_s_per_token(self, kind: str) -> float:
         """Measured seconds per token of the feeds that caught `kind`'s runtime up; before any, the
@@ -161,6 +165,7 @@ class Auto(DraftFree):
         super().__init__()
         self.lookup = PromptLookup(context)  # its settings, checked there
         self.curve: CostCurve = context.memory.setdefault(self.name, CostCurve())
+        self.curve.prior = context.memory.get(BLOCK_STEPS_PRIOR, {})
         self.curve.open_request()
         self.two_runtimes = context.cloud_caches > 1
         self.tau_hat = self.curve.prior_tau()

@@ -96,6 +96,8 @@ class DraftContext:
     # switching between them costs the one switched to a catch-up feed (specdec/core/cloud.py TwoRuntimeCloud)
 
 
+# DraftContext.memory's key for the verify block's assumed cost in plain steps, by tokens fed (Engine.assume_block_costs)
+BLOCK_STEPS_PRIOR = "block_steps_prior"
 DRAFTERS: dict[str, Callable[[DraftContext], Drafter]] = {}  # --drafter name -> factory
 NEEDS_MODEL: set[str] = set()  # drafters that run the edge model
 # Drafters that weigh a two-runtime cloud's switches (DraftContext.cloud_caches): only they may run with
