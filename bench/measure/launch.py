@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator
 
-from specdec.errors import ConfigError
+from specdec.errors import NATIVE_CRASH_SIGNALS, ConfigError, signal_name
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 30  # a stopped server has this long to leave before it is killed
@@ -109,13 +109,9 @@ class WorkerProcess:
         self.process.join()
 
 
-# Signals a process gets from its own code going wrong (in native code: llama.cpp, a torch kernel).
-NATIVE_CRASHES = ("SIGSEGV", "SIGILL", "SIGBUS", "SIGFPE", "SIGABRT")
-
-
 def native_crash(exitcode: int) -> bool:
     """Whether a child died of its own native code (exit code -N: killed by signal N)."""
-    return exitcode < 0 and -exitcode in {signal.Signals[name] for name in NATIVE_CRASHES}
+    return exitcode < 0 and signal_name(-exitcode) in NATIVE_CRASH_SIGNALS
 
 
 def death_line(exitcode: int) -> str:
@@ -124,10 +120,7 @@ def death_line(exitcode: int) -> str:
     signal N is -N.)"""
     if exitcode >= 0:
         return f"exit code {exitcode}"
-    try:
-        name = signal.Signals(-exitcode).name
-    except ValueError:
-        return f"killed by signal {-exitcode}"
+    name = signal_name(-exitcode)
     if native_crash(exitcode):
         return f"a native crash ({name})"
     if name == "SIGKILL":  # the kernel's OOM killer sends it, as does `kill -9`

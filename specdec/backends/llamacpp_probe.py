@@ -19,7 +19,6 @@ import datetime
 import json
 import logging
 import os
-import signal
 import struct
 import subprocess
 import sys
@@ -30,16 +29,13 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
-from specdec.errors import ConfigError
+from specdec.errors import NATIVE_CRASH_SIGNALS, ConfigError, signal_name
 from specdec.machine import fingerprint
 
 EXTRA_BUFFERS = ("auto", "on", "off")  # the setting: probe first, llama.cpp's default, its --no-repack
 PROBE_TIMEOUT_S = 180.0
 PROBE_BLOCKS = (1, 2, 5, 9)  # tokens per decode: the AMX crash needs 2+
 CACHE_FILE = "llamacpp_extra_buffers.json"
-# A child killed by one of these crashed in its kernels; SIGKILL, SIGTERM or SIGINT came from outside
-# (the OOM killer, a user) and say nothing about them.
-CRASH_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
 
 log = logging.getLogger(__name__)
 _announced: set[str] = set()  # fallback reasons this process has logged
@@ -143,12 +139,9 @@ def run_probe(argv: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> tuple[Verd
         return Verdict(False, f"probe could not start ({e})"), False
     if done.returncode == 0:
         return Verdict(True, "probe passed"), True
-    if done.returncode < 0:
-        try:
-            name = signal.Signals(-done.returncode).name
-        except ValueError:
-            name = f"signal {-done.returncode}"
-        return Verdict(False, f"probe died of {name}"), name in CRASH_SIGNALS
+    if done.returncode < 0:  # a crash signal is the kernels' verdict; one from outside says nothing
+        name = signal_name(-done.returncode)
+        return Verdict(False, f"probe died of {name}"), name in NATIVE_CRASH_SIGNALS
     last = (done.stderr.strip().splitlines() or ["no message"])[-1]
     return Verdict(False, f"probe failed (exit {done.returncode}: {last})"), False
 
