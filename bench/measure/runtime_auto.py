@@ -8,12 +8,12 @@ bench/derive/runtime_choice.py holds the rules), so the defaults of one machine 
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import asdict
 
 from bench.derive.runtime_choice import RuntimeChoice, cheapest_verifier, fastest_plain
 from bench.measure.calibrate import calibration
+from specdec.backends.base import runtime_installed
 from specdec.errors import ConfigError
 from specdec.machine import describe, fingerprint
 
@@ -36,8 +36,8 @@ def _as_tuple(value) -> tuple:
 
 
 def installed(candidates: tuple[str, ...]) -> tuple[str, ...]:
-    """The candidates this install can run (llama.cpp is an extra)."""
-    return tuple(r for r in candidates if r != "llamacpp" or importlib.util.find_spec("llama_cpp") is not None)
+    """The candidates this install can run (llama.cpp and others are extras)."""
+    return tuple(r for r in candidates if runtime_installed(r))
 
 
 class AutoRuntimes:

@@ -35,16 +35,37 @@ RUNTIME_PAIRS = tuple(f"{plain}+{blocks}" for plain in RUNTIMES for blocks in RU
 LLAMACPP_EXTRA = "pip install 'specbench[llamacpp]'"  # pins llama-cpp-python (built from source: ~5 min)
 
 
+@dataclass(frozen=True)
+class RuntimePackage:
+    """A runtime that runs in a package of its own, an extra of this project: checked without importing it."""
+
+    module: str  # what `import` finds
+    distribution: str  # what pip installs
+    extra: str  # the command that installs it
+
+
+# Every runtime not listed runs in torch and transformers, which are always installed.
+RUNTIME_PACKAGES = {"llamacpp": RuntimePackage("llama_cpp", "llama-cpp-python", LLAMACPP_EXTRA)}
+
+
 def runtime_parts(runtime: str) -> tuple[str, ...]:
     """`llamacpp+torch-int8` -> ("llamacpp", "torch-int8"): (plain steps', blocks') runtimes; one runtime -> (it,)."""
     return tuple(runtime.split("+"))
 
 
+def runtime_installed(runtime: str) -> bool:
+    """Every part of `runtime` can run in this install (its extra's package is there), checked without importing
+    it (llama_cpp loads its shared library on import)."""
+    return all(part not in RUNTIME_PACKAGES or importlib.util.find_spec(RUNTIME_PACKAGES[part].module) is not None
+               for part in runtime_parts(runtime))
+
+
 def check_runtime(runtime: str, flag: str = "runtime") -> None:
-    """The runtime's package is installed, checked without importing it (llama_cpp loads its
-    shared library on import)."""
-    if "llamacpp" in runtime_parts(runtime) and importlib.util.find_spec("llama_cpp") is None:
-        raise ConfigError(f"{flag} llamacpp needs llama-cpp-python, which is not installed: {LLAMACPP_EXTRA}")
+    """The runtime's package is installed, or one line naming the extra that installs it."""
+    for part in runtime_parts(runtime):
+        package = RUNTIME_PACKAGES.get(part)
+        if package is not None and not runtime_installed(part):
+            raise ConfigError(f"{flag} {part} needs {package.distribution}, which is not installed: {package.extra}")
 
 
 def served_runtime(model: str, runtime: str | None, flag: str = "--runtime") -> str:
