@@ -6,8 +6,11 @@
 llama-cpp-python's plain greedy generation (flash attention on as in specbench's backend, and off as
 `Llama` defaults), specbench's plain decoding in llama.cpp and torch-int8, llama.cpp's speculative
 example (left out, with one line saying why, when SPECBENCH_LLAMA_SPECULATIVE is unset: build it with
-`python -m bench.measure.llama_speculative build --out DIR`), specbench's spec across runtimes.
-Prompts from `code`, `zh-describe`, `en-chat`: SPECBENCH_PEER_PROMPTS per set (default 3),
+`python -m bench.measure.llama_speculative build --out DIR`), llama-cpp-python's prompt lookup,
+specbench's spec across runtimes (the model drafter and prompt lookup).
+Prompts from SPECBENCH_PEER_SETS (default `code,zh-describe,en-chat`; e.g.
+`spec-bench:../shared/spec-bench/question-dev.jsonl:summarization`), specbench's plain decoding and
+verifiers in SPECBENCH_PEER_RUNTIMES (default `llamacpp,torch-int8`): SPECBENCH_PEER_PROMPTS per set (default 3),
 SPECBENCH_PEER_TOKENS new tokens (default 48), SPECBENCH_PEER_THREADS (default 2). Raw per-prompt
 timings go to SPECBENCH_PEER_JSONL (default runs/peer_runtimes.jsonl) as taken; a rerun overwrites it.
 The table goes to stdout and `extra_info`; nothing asserts a time.
@@ -22,10 +25,8 @@ from bench.core.prompts import load_prompts
 from bench.measure.llama_speculative import find_binary
 from bench.measure.peer_runtimes import PeerSettings, build_peers, run_interleaved, table
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, SpecdecError
 from specdec.models.registry import gguf_path, is_fetched
-
-SETS = ("code", "zh-describe", "en-chat")
 
 
 @pytest.mark.realmodel
@@ -41,17 +42,20 @@ def test_real_peer_runtimes(benchmark):
     if missing := [str(p) for p in ggufs.values() if not p.is_file()]:
         pytest.skip(f"GGUF files not kept ({', '.join(missing)}): run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
     per_set, tokens, threads, sink = settings.prompts_per_set, settings.max_new_tokens, settings.threads, settings.sink
-    prompts = [(r.prompt, r.system) for name in SETS for r in load_prompts(name)[:per_set]]
+    try:
+        prompts = [(r.prompt, r.system) for name in settings.sets for r in load_prompts(name)[:per_set]]
+    except SpecdecError as e:
+        pytest.exit(f"error: SPECBENCH_PEER_SETS: {e}", returncode=2)
     try:
         binary = find_binary()
     except ConfigError as e:
         binary = None
         print(f"\nllama.cpp speculative left out: {e}")
     peers = build_peers(EDGE_ALIAS, CLOUD_ALIAS, str(ggufs[EDGE_ALIAS]), str(ggufs[CLOUD_ALIAS]), prompts, tokens,
-                        threads, binary, log=lambda m: None)
+                        threads, binary, log=lambda m: None, cloud_runtimes=settings.cloud_runtimes)
     timed = benchmark.pedantic(run_interleaved, args=(peers, len(prompts), sink, threads), rounds=1, iterations=1)
     text = table(timed, peers, tokens)
     benchmark.extra_info.update({"prompts": len(prompts), "max_new_tokens": tokens, "threads": threads,
                                  "raw": str(sink), "table": text})
-    print(f"\n{len(prompts)} prompts ({', '.join(SETS)}) x {tokens} tokens, {threads} threads, greedy, interleaved; "
+    print(f"\n{len(prompts)} prompts ({'; '.join(settings.sets)}) x {tokens} tokens, {threads} threads, greedy, interleaved; "
           f"raw timings in {sink}; ratios paired per prompt (median [min-max]):\n{text}")

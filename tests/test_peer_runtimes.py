@@ -14,10 +14,10 @@ import torch
 
 from bench.measure.llama_speculative import BUILD_COMMAND, BINARY_ENV, parse_report, speculative_command
 from bench.measure.peer import Timed, hf_assisted
-from bench.measure.peer_runtimes import same_as_reference
+from bench.measure.peer_runtimes import PeerSettings, same_as_reference, spec_peers
 from specdec.core.config import DecodeConfig
 from specdec.engine import Engine
-from specdec.errors import SpecdecError
+from specdec.errors import ConfigError, SpecdecError
 from specdec.models.loading import load_model
 
 TEXTS = ["hello world", "what is one two", "say three", "write a function to sort a list"]
@@ -47,6 +47,20 @@ def test_llama_cpp_python_greedy_equals_specbench_llamacpp_cloud_only(pair, tmp_
     plain = LlamaCppPython(gguf, threads=1)
     theirs = [plain.generate(cloud.encode(text).input_ids.tolist(), 16, cloud.eos_ids) for text in TEXTS]
     assert theirs == ours
+    # Its prompt lookup (LlamaPromptLookupDecoding) keeps only what its own greedy choice agrees with.
+    lookup = LlamaCppPython(gguf, threads=1, prompt_lookup=True)
+    assert [lookup.generate(cloud.encode(text).input_ids.tolist(), 16, cloud.eos_ids) for text in TEXTS] == ours
+
+
+def test_peer_settings_take_spec_bench_sets_and_cloud_runtimes():
+    settings = PeerSettings.from_env({"SPECBENCH_PEER_SETS": "code,spec-bench:q.jsonl:summarization,rag,en-chat",
+                                      "SPECBENCH_PEER_RUNTIMES": "llamacpp, torch-int8t"})
+    assert settings.sets == ("code", "spec-bench:q.jsonl:summarization,rag", "en-chat")
+    assert settings.cloud_runtimes == ("llamacpp", "torch-int8t")
+    with pytest.raises(ConfigError, match=r"SPECBENCH_PEER_RUNTIMES names 'onnx'.*e\.g\."):
+        PeerSettings.from_env({"SPECBENCH_PEER_RUNTIMES": "onnx"})
+    lookups = [(cloud, drafter) for _, cloud, _, drafter in spec_peers(("llamacpp", "torch-int8t")) if drafter != "model"]
+    assert lookups == [("llamacpp", "prompt-lookup"), ("torch-int8t", "prompt-lookup")]
 
 
 def test_the_examples_report_parses():

@@ -1,7 +1,9 @@
-"""The peers of the runtimes on one GGUF pair: plain decoding as llama-cpp-python ships it, specbench's
-plain decoding through its llama.cpp and int8 backends, llama.cpp's own speculative decoding (the
-example binary, llama_speculative.py) and specbench's lossless speculative configurations across
-runtimes, interleaved prompt by prompt in a rotating order so machine drift hits every peer alike.
+"""The peers of the runtimes on one GGUF pair: plain decoding as llama-cpp-python ships it, its prompt
+lookup (`LlamaPromptLookupDecoding`, the draft-free speculation it ships), specbench's plain decoding
+through each cloud runtime asked, llama.cpp's own speculative decoding (the example binary,
+llama_speculative.py) and specbench's lossless speculative configurations across runtimes (the model
+drafter and prompt lookup), interleaved prompt by prompt in a rotating order so machine drift hits every
+peer alike.
 
 Every peer gets the same chat-templated prompt (the ids specbench encodes; the example gets their text
 and its token count is checked against them), greedy, the same threads, and is timed from the prompt's
@@ -20,18 +22,31 @@ import torch
 
 from bench.measure.llama_speculative import run_speculative
 from bench.measure.peer import Timed, paired, pooled_tokens_per_s
+from specdec.backends.base import RUNTIMES
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.loading import LoadedModel, load_model
 
 LLAMA_CPP_PYTHON = "llama-cpp-python plain"
+LLAMA_PROMPT_LOOKUP = "llama-cpp-python prompt lookup (n-gram 2, 10 tokens)"  # LlamaPromptLookupDecoding's defaults
 LLAMA_SPECULATIVE = "llama.cpp speculative (n-max 3)"
-CLOUD_ONLY = {"llamacpp": "specbench llamacpp cloud-only", "torch-int8": "specbench torch-int8 cloud-only"}
-SPEC = (  # (edge runtime, cloud runtime, k): greedy, every block verified
-    ("llamacpp", "torch-int8", 3), ("llamacpp", "torch-int8", 4), ("llamacpp", "llamacpp", 4),
-    ("torch-int8", "torch-int8", 4),
-)
+CLOUD_RUNTIMES = ("llamacpp", "torch-int8")  # SPECBENCH_PEER_RUNTIMES: specbench's plain decoding in each
+
+
+def cloud_only(runtime: str) -> str:
+    return f"specbench {runtime} cloud-only"
+
+
+def spec_peers(cloud_runtimes: tuple[str, ...]) -> list[tuple[str | None, str, int, str]]:
+    """(edge runtime, cloud runtime, k, drafter) of specbench's speculative peers: greedy, every block
+    verified. The model drafter (the 0.5B) on the pairings measured since the runtimes began, and prompt
+    lookup verified in every cloud runtime asked."""
+    model = [("llamacpp", "torch-int8", 3), ("llamacpp", "torch-int8", 4), ("llamacpp", "llamacpp", 4),
+             ("torch-int8", "torch-int8", 4)]
+    found = [(edge, cloud, k, "model") for edge, cloud, k in model if cloud in cloud_runtimes]
+    found += [("llamacpp", cloud, 4, "model") for cloud in cloud_runtimes if cloud not in ("llamacpp", "torch-int8")]
+    return found + [(None, cloud, 4, "prompt-lookup") for cloud in cloud_runtimes]
 
 
 @dataclass(frozen=True)
@@ -43,11 +58,20 @@ class PeerSettings:
     max_new_tokens: int = 48  # SPECBENCH_PEER_TOKENS
     threads: int = 2  # SPECBENCH_PEER_THREADS
     sink: Path = Path("runs/peer_runtimes.jsonl")  # SPECBENCH_PEER_JSONL: raw timings, overwritten
+    sets: tuple[str, ...] = ("code", "zh-describe", "en-chat")  # SPECBENCH_PEER_SETS, comma-separated prompt sets
+    cloud_runtimes: tuple[str, ...] = CLOUD_RUNTIMES  # SPECBENCH_PEER_RUNTIMES, comma-separated
 
     ENV = {"prompts_per_set": "SPECBENCH_PEER_PROMPTS", "max_new_tokens": "SPECBENCH_PEER_TOKENS",
-           "threads": "SPECBENCH_PEER_THREADS", "sink": "SPECBENCH_PEER_JSONL"}
+           "threads": "SPECBENCH_PEER_THREADS", "sink": "SPECBENCH_PEER_JSONL", "sets": "SPECBENCH_PEER_SETS",
+           "cloud_runtimes": "SPECBENCH_PEER_RUNTIMES"}
 
     def __post_init__(self) -> None:
+        if unknown := [r for r in self.cloud_runtimes if r not in RUNTIMES or "+" in r]:
+            raise ConfigError(f"SPECBENCH_PEER_RUNTIMES names {unknown[0]!r}: use some of {', '.join(RUNTIMES)}, "
+                              "e.g. SPECBENCH_PEER_RUNTIMES=llamacpp,torch-int8")
+        if not self.sets or not self.cloud_runtimes:
+            raise ConfigError("SPECBENCH_PEER_SETS and SPECBENCH_PEER_RUNTIMES need at least one name each, e.g. "
+                              "SPECBENCH_PEER_SETS=spec-bench:question.jsonl:summarization")
         for name in ("prompts_per_set", "max_new_tokens", "threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -67,6 +91,10 @@ class PeerSettings:
             if name == "sink":
                 values[name] = Path(text).expanduser()
                 continue
+            if name in ("sets", "cloud_runtimes"):
+                # a Spec-Bench set names its categories after a colon and commas: split on commas outside those
+                values[name] = tuple(_split_sets(text)) if name == "sets" else tuple(p.strip() for p in text.split(",") if p.strip())
+                continue
             try:
                 values[name] = int(text)
             except ValueError:
@@ -74,17 +102,37 @@ class PeerSettings:
         return cls(**values)
 
 
+def _split_sets(text: str) -> list[str]:
+    """"code,spec-bench:q.jsonl:summarization,rag" -> ["code", "spec-bench:q.jsonl:summarization,rag"]: a
+    name without a colon after a Spec-Bench set is one of its categories."""
+    sets: list[str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if sets and sets[-1].startswith("spec-bench:") and sets[-1].count(":") >= 2 and ":" not in part \
+                and part not in ("code", "zh-describe", "en-chat", "zh-chat", "edit-code", "edit-text"):
+            sets[-1] += f",{part}"
+        else:
+            sets.append(part)
+    return sets
+
+
 class LlamaCppPython:
     """llama-cpp-python's own greedy generation: `Llama.generate` (its sampler chain reduced to greedy
     by temp 0, top-k 1, no penalties) fed the token ids, stopped at an EOS id or the budget. One thread
     count for prompt and tokens, no `logits_all`. `flash_attn`: `Llama` turns it off unless asked,
-    where specbench's backend and the example leave llama.cpp's `auto` (on, on this CPU)."""
+    where specbench's backend and the example leave llama.cpp's `auto` (on, on this CPU).
+    `prompt_lookup`: its draft-free speculation as shipped, `Llama(draft_model=LlamaPromptLookupDecoding())`
+    (n-grams of up to 2 tokens, up to 10 drafted; llama-cpp-python then computes every row's logits,
+    `logits_all`, and keeps the longest prefix of the draft its own greedy choices agree with)."""
 
-    def __init__(self, path: str, threads: int, n_ctx: int = 4096, n_batch: int = 512, flash_attn: bool = True):
+    def __init__(self, path: str, threads: int, n_ctx: int = 4096, n_batch: int = 512, flash_attn: bool = True,
+                 prompt_lookup: bool = False):
         import llama_cpp  # loads its shared library: only where this peer runs
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+        draft = LlamaPromptLookupDecoding() if prompt_lookup else None
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
-                                   n_threads_batch=threads, logits_all=False, flash_attn=flash_attn, verbose=False)
+                                   n_threads_batch=threads, logits_all=False, flash_attn=flash_attn, verbose=False,
+                                   draft_model=draft)
 
     def generate(self, ids: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> list[int]:
         self.llm.reset()  # no prefix reuse from the previous prompt: the whole prompt is evaluated, as in every peer
@@ -115,7 +163,8 @@ def cached_loader(dtype: str, log: Callable[[str], object]) -> Callable[..., Loa
 
 
 def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts: list[tuple[str, str | None]],
-                max_new_tokens: int, threads: int, binary: Path | None, log=print) -> list[Peer]:
+                max_new_tokens: int, threads: int, binary: Path | None, log=print,
+                cloud_runtimes: tuple[str, ...] = CLOUD_RUNTIMES) -> list[Peer]:
     """The peers of the runtime suite; `binary` None leaves llama.cpp's speculative decoding out."""
     loader = cached_loader("bfloat16", log)
     decode = DecodeConfig(max_new_tokens=max_new_tokens)
@@ -129,22 +178,23 @@ def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts:
             return Timed(name, i, generation.tokens, time.perf_counter() - start, text=generation.text)
         return Peer(name, reference, run)
 
-    peers = [engine_peer(name, None, mode="cloud", cloud=cloud, cloud_runtime=runtime)
-             for runtime, name in CLOUD_ONLY.items()]
+    peers = [engine_peer(cloud_only(runtime), None, mode="cloud", cloud=cloud, cloud_runtime=runtime)
+             for runtime in cloud_runtimes]
+    llamacpp_plain = cloud_only("llamacpp") if "llamacpp" in cloud_runtimes else None
     tokenizer_model = loader(cloud, "bfloat16", runtime="llamacpp")  # the GGUF entry's HF tokenizer, as the engine's
     encoded = [tokenizer_model.encode(text, system) for text, system in prompts]
     rendered = [rendered_prompt(tokenizer_model.tokenizer, text, system) for text, system in prompts]
     eos_ids = tokenizer_model.eos_ids
-    for flash_attn in (True, False):
-        plain = LlamaCppPython(cloud_gguf, threads, flash_attn=flash_attn)
-        name = LLAMA_CPP_PYTHON + ("" if flash_attn else " (flash attn off, its default)")
+    for flash_attn, lookup in ((True, False), (False, False), (True, True)):
+        plain = LlamaCppPython(cloud_gguf, threads, flash_attn=flash_attn, prompt_lookup=lookup)
+        name = LLAMA_PROMPT_LOOKUP if lookup else LLAMA_CPP_PYTHON + ("" if flash_attn else " (flash attn off, its default)")
 
         def run(i: int, plain=plain, name=name) -> Timed:
             start = time.perf_counter()
             tokens = plain.generate(encoded[i].input_ids.tolist(), max_new_tokens, eos_ids)
             return Timed(name, i, tokens, time.perf_counter() - start,
                          text=tokenizer_model.tokenizer.decode(tokens, skip_special_tokens=True))
-        peers.append(Peer(name, CLOUD_ONLY["llamacpp"], run))
+        peers.append(Peer(name, llamacpp_plain, run))
     if binary is not None:
         def run_example(i: int) -> Timed:
             report = run_speculative(binary, cloud_gguf, edge_gguf, rendered[i], threads, max_new_tokens)
@@ -152,11 +202,17 @@ def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts:
                          extra={"prompt_tokens": report.prompt_tokens, "same_prompt_tokens":
                                 report.prompt_tokens == encoded[i].input_ids.numel(), "encode_s": report.encode_s,
                                 "decode_s": report.decode_s, "drafted": report.drafted, "accepted": report.accepted})
-        peers.append(Peer(LLAMA_SPECULATIVE, CLOUD_ONLY["llamacpp"], run_example))
-    for edge_runtime, cloud_runtime, k in SPEC:
-        peers.append(engine_peer(f"specbench {edge_runtime} -> {cloud_runtime} k={k}", CLOUD_ONLY[cloud_runtime],
-                                 mode="spec", edge=edge, cloud=cloud, edge_runtime=edge_runtime,
-                                 cloud_runtime=cloud_runtime, spec=SpecConfig(k=k, entropy_threshold=0, policy="greedy")))
+        peers.append(Peer(LLAMA_SPECULATIVE, llamacpp_plain, run_example))
+    for edge_runtime, cloud_runtime, k, drafter in spec_peers(cloud_runtimes):
+        spec = SpecConfig(k=k, entropy_threshold=0, policy="greedy", drafter=drafter)
+        if drafter == "model":
+            peers.append(engine_peer(f"specbench {edge_runtime} -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
+                                     mode="spec", edge=edge, cloud=cloud, edge_runtime=edge_runtime,
+                                     cloud_runtime=cloud_runtime, spec=spec))
+        else:  # draft-free: no edge model; the engine drafts from the context
+            peers.append(engine_peer(f"specbench {drafter} -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
+                                     mode="spec", edge=edge, cloud=cloud, edge_runtime="llamacpp",
+                                     cloud_runtime=cloud_runtime, spec=spec))
     return peers
 
 
@@ -206,7 +262,7 @@ def table(timed: list[Timed], peers: list[Peer], max_new_tokens: int) -> str:
     """Pooled tok/s; paired per-prompt ratios against the fastest plain decoding, llama-cpp-python's and
     llama.cpp's speculative decoding; whether the output equals the same cloud's greedy."""
     names = [p.name for p in peers]
-    plain = [n for n in names if n in CLOUD_ONLY.values() or n.startswith(LLAMA_CPP_PYTHON)]
+    plain = [n for n in names if n.endswith(" cloud-only") or n.startswith(LLAMA_CPP_PYTHON)]
     fastest = max(plain, key=lambda n: pooled_tokens_per_s(timed, n))
     references = [(f"vs fastest plain ({fastest})", fastest), ("vs llama-cpp-python", LLAMA_CPP_PYTHON)]
     if LLAMA_SPECULATIVE in names:
