@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specdec.backends.base import runtime_parts
+from specdec.backends.devices import steps_of
 from specdec.core.cloud import Cloud, LocalCloud, TwoRuntimeCloud
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.decode import autoregressive_decode, speculative_decode
@@ -97,8 +98,17 @@ class Engine(EngineConfig):
             extra = {} if runtime == "torch" else {"runtime": runtime}
             if runtime == "llamacpp" and self.llamacpp_extra_buffers != "auto":
                 extra["llamacpp_extra_buffers"] = self.llamacpp_extra_buffers
+            extra.update(self.placement(role, runtime))
             self._models[role] = self.loader(name, self.dtype, log=self.log, **extra)
         return self._models[role]
+
+    def placement(self, role: str, runtime: str) -> dict:
+        """The loader's device, KV cache and CUDA graphs settings for a role's torch model; nothing where they
+        ask for the CPU's dynamic cache (so a loader that predates devices is asked as before)."""
+        device = self.cloud_device if role == PLAIN_STEPS else getattr(self, f"{role}_device")
+        if runtime != "torch" or steps_of(self.kv_cache, device, self.cuda_graphs) == "dynamic":
+            return {"device": device} if device != "cpu" else {}
+        return {"device": device, "kv_cache": self.kv_cache, "cuda_graphs": self.cuda_graphs}
 
     @property
     def primary(self) -> LoadedModel:
@@ -164,6 +174,15 @@ class Engine(EngineConfig):
         if self.remote_cloud and remote is not None and remote.info and remote.info.get("runtime"):
             return remote.info["runtime"]
         return self.cloud_runtime
+
+    @property
+    def cloud_device_used(self) -> str:
+        """Where the cloud's model runs: as asked in process; for a server, the device its `ready` names once
+        connected (a server too old to say ran on the CPU)."""
+        remote = self._derived.get("remote")
+        if self.remote_cloud and remote is not None and remote.info:
+            return remote.info.get("device", "cpu")
+        return self.cloud_device
 
     @property
     def llamacpp_extra_buffers_used(self) -> str | None:

@@ -14,6 +14,16 @@ from tests.tiny import save_tiny_pair  # noqa: E402
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """`cuda` tests skip where torch sees no CUDA device (every CPU machine, CI included)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (bench/gpu/check.sh runs these on one: docs/gpu.md)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 # The tiny edge/cloud pair saved as HF folders, and three short prompts: one copy per test module
 # (a module may damage its copy on purpose), shared by the modules that do not define their own.
 @pytest.fixture(scope="module")

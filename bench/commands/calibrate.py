@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bench.derive.calibration import read_calibration, table
 from bench.measure.calibrate import DEFAULT_RUNTIMES, ROUNDS, calibration, calibration_path, default_models
+from specdec.backends.devices import check_device
 from specdec.errors import ConfigError
 from specdec.machine import fingerprint
 
@@ -33,6 +34,9 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_count, help="threads per forward (default: this machine's cores)")
     p.add_argument("--rounds", type=_count, default=ROUNDS, help="timed rounds per model and runtime")
     p.add_argument("--force", action="store_true", help="measure every entry again, the bandwidth too")
+    p.add_argument("--device", "--cloud-device", default="cpu",
+                   help="where the runtimes are measured: cpu (a GPU's step and block costs, eager and graph-captured, "
+                        "are bench/gpu/check.sh's cost curve: docs/gpu.md)")
     p.add_argument("--file", type=Path, help="print this calibration file's table and measure nothing")
     p.add_argument("--any-machine", action="store_true", help="with --file: accept another machine's file")
     p.set_defaults(func=cmd_calibrate)
@@ -45,6 +49,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         if args.any_machine:
             raise ConfigError("--any-machine reads another machine's file: give it with --file PATH")
+        if check_device(args.device) != "cpu":  # a missing device is named first, in one line
+            raise ConfigError(f"calibrate measures the CPU's runtimes against its memory bandwidth; {args.device}'s "
+                              "cost curve is measured by bench/gpu/check.sh (docs/gpu.md): drop --device")
         models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else default_models()
         runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
         if not models or not runtimes:

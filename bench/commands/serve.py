@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bench.measure.caps import parse_cores, pin_cores
 from specdec.backends.base import DTYPES, RUNTIMES, served_runtime
+from specdec.backends.devices import check_served_device
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.protocol import read_token, token_file_warning
@@ -23,6 +24,8 @@ def add_serve_parser(sub) -> None:
                    help="what runs the model: torch (in --dtype), torch-int8 (dynamic int8 Linear layers) or llamacpp "
                         "(a registry alias's kept GGUF file, a .gguf path, or a folder holding one); default: llamacpp "
                         "for a .gguf path, else torch")
+    p.add_argument("--device", "--cloud-device", default="cpu",
+                   help="where the torch model runs: cpu, cuda or cuda:N (docs/gpu.md); llama.cpp and int8: cpu only")
     p.add_argument("--cores", help="pin the server to these cores, e.g. 1 or 0-3 (torch threads follow)")
     p.add_argument("--max-sessions", type=int, default=ServeConfig.max_sessions, help="open sessions at most")
     p.add_argument("--session-ttl", type=float, default=ServeConfig.session_ttl_s, help="free a session idle this many s")
@@ -57,7 +60,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.cores:
         pin_cores(parse_cores(args.cores))
     runtime = served_runtime(args.model, args.runtime)
-    model = load_model(args.model, args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True), runtime=runtime)
+    check_served_device(args.device, runtime)
+    # The dynamic cache: sessions interleave, and a static cache holds one sequence (specdec/backends/static_cache.py).
+    model = load_model(args.model, args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True), runtime=runtime,
+                       **({"device": args.device} if args.device != "cpu" else {}))
     try:
         stats = run_server(model, config, announce=lambda line: print(line, flush=True))
     except OSError as e:  # the address: taken, or not this machine's

@@ -78,7 +78,7 @@ SPLIT_ONLY = ("link", "overlap")
 COLUMNS = [a for a in AXES if a not in SPEC_ONLY] + sorted((a for a in AXES if a in SPEC_ONLY), key=lambda a: a != "policy")
 # The run's setting as the engine used it, where that can differ from the setting asked for.
 USED = {"cloud": "cloud_name", "cloud_runtime": "cloud_runtime_used", "chat_template": "chat_template_used",
-        "llamacpp_extra_buffers": "llamacpp_extra_buffers_used"}
+        "llamacpp_extra_buffers": "llamacpp_extra_buffers_used", "cloud_device": "cloud_device_used"}
 # A plain decoding's mode -> the runtime axis that runs it (its baseline matching, a sweep's extra plain runtimes).
 RUNTIME_OF = {"cloud": "cloud_runtime", "edge": "edge_runtime"}
 # compare's label: the settings always named, with their short prefix, before any other axis off its default.
@@ -114,6 +114,10 @@ class Point:
     llamacpp_extra_buffers: str | None = None  # llama.cpp's extra buffer types (repacked weights, AMX): as asked,
     # auto, on or off; once loaded, as used, on or off (mixed: this process's two llama.cpp models differ); None: no
     # model of this process runs in llama.cpp (a split point's server model is not counted)
+    edge_device: str | None = None  # where the edge's torch model ran: cpu, cuda or cuda:N
+    cloud_device: str | None = None  # where the cloud's torch model ran (split: once connected, the server's own)
+    kv_cache: str | None = None  # the torch models' KV cache: auto, dynamic, static or compiled (docs/gpu.md)
+    cuda_graphs: str | None = None  # on CUDA with a static cache: captured steps (on) or eager (off)
     # _Placement: where the cloud ran, and over what link
     deployment: str | None = None  # inproc, split (the cloud behind `specbench serve`) or colocated (split's baseline)
     link: str | None = None  # split: the shaped link between edge and server: none, wifi, 4g, 5g or rtt=..,up=..

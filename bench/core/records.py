@@ -78,10 +78,13 @@ class ResultRecord:
     trace: list[dict]  # per cycle, specdec/core/trace.py's Cycle as a dict
     prompt_ids: list[int] | None = None  # split runs only (else left out): the ids the edge sent, so
     # `specbench fleet --edge-replay` can replay this trace
+    peak_gpu_allocated_bytes: int | None = None  # where this process used CUDA (else left out): the most bytes
+    # torch held in tensors on its GPUs (torch.cuda.max_memory_allocated, summed over devices), beside peak_rss_bytes
+    peak_gpu_reserved_bytes: int | None = None  # ... and the most its caching allocator reserved (max_memory_reserved)
 
     @classmethod
     def of(cls, generation: Generation, point: dict, prompt_id: str, latency_s: float,
-           peak_rss_bytes: int) -> ResultRecord:
+           peak_rss_bytes: int, gpu: dict[str, int] | None = None) -> ResultRecord:
         decode_tokens = max(generation.new_tokens - 1, 0)
         escalated = [cycle for cycle in generation.cycles if cycle.escalated]
         split = point.get("deployment") == "split"
@@ -116,19 +119,23 @@ class ResultRecord:
             block_len_hist=[lengths.count(n) for n in range(1, max(lengths, default=0) + 1)],
             trace=[asdict(cycle) for cycle in generation.cycles],
             prompt_ids=generation.prompt_ids if split else None,
+            **(gpu or {}),
         )
 
     def as_dict(self) -> dict:
         """The JSON object results.jsonl holds: `id`, the point's fields, every other field in order,
         `prompt_ids` only when set (a key of the point's that a field also has takes the field's value)."""
-        named = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "point", "prompt_ids")}
-        split = {"prompt_ids": self.prompt_ids} if self.prompt_ids is not None else {}
-        return {"id": self.id, **self.point, **named, **split}
+        optional = ("prompt_ids", "peak_gpu_allocated_bytes", "peak_gpu_reserved_bytes")  # left out where None
+        named = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "point", *optional)}
+        given = {name: getattr(self, name) for name in optional if getattr(self, name) is not None}
+        return {"id": self.id, **self.point, **named, **given}
 
 
-def result_record(generation: Generation, point: dict, prompt_id: str, latency_s: float, peak_rss_bytes: int) -> dict:
-    """The record of one generation of `point` (its fields and the caller's, as a dict) on prompt `prompt_id`."""
-    return ResultRecord.of(generation, point, prompt_id, latency_s, peak_rss_bytes).as_dict()
+def result_record(generation: Generation, point: dict, prompt_id: str, latency_s: float, peak_rss_bytes: int,
+                  gpu: dict[str, int] | None = None) -> dict:
+    """The record of one generation of `point` (its fields and the caller's, as a dict) on prompt `prompt_id`;
+    `gpu`: its peak GPU memory where it used CUDA (PeakMemoryTracker.gpu)."""
+    return ResultRecord.of(generation, point, prompt_id, latency_s, peak_rss_bytes, gpu).as_dict()
 
 
 RESULT_FIELDS = ("id", "mode")  # every result record has them, whatever its status

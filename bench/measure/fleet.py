@@ -52,7 +52,8 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
     with writer(out):
         identity = {**settings["fleet"], **settings["spec"], **settings["decode"]}  # flat: a refusal names the field
         # A folder written before `cloud_runtime` was: its own server ran the default, a --cloud-url one is unknown.
-        claim(out, "fleet", identity, before={"cloud_runtime": config.cloud and served_runtime(config.cloud, None)})
+        claim(out, "fleet", identity, before={"cloud_runtime": config.cloud and served_runtime(config.cloud, None),
+                                               "cloud_device": "cpu"})
         if not (has_results(out) and (out / IDENTITY_FILES["fleet"]).is_file()):
             write_identity(out, "fleet", {"config": identity, "environment": environment()})
         done = {(lv["mode"], lv["clients"], lv["repeat"]) for lv in ResultsFile(out / LEVELS, ("mode", "clients")).read()}
@@ -64,7 +65,7 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
             bar = services.enter_context(tqdm(total=sum(n * len(prompts) for _, n, _ in plan), desc="fleet",
                                               unit="generation", disable=not progress))
             url = config.cloud_url or services.enter_context(ServerProcess(
-                config.cloud, config.dtype, config.cloud_cores, "--runtime", config.cloud_runtime,
+                config.cloud, config.dtype, config.cloud_cores, "--runtime", config.cloud_runtime, "--device", config.cloud_device,
                 "--max-batch", str(config.max_batch), "--batch-window-ms", str(config.batch_window_ms),
                 "--max-sessions", str(2 * max(config.clients) + 2)))
             if config.cloud and config.cloud_cores:  # this process and its edge processes: the other cores
@@ -138,6 +139,7 @@ class Fleet:
             # What the server says it runs; an older server does not say: the fleet's own server runs what it was
             # started with, someone else's (--cloud-url) is unknown, never guessed.
             self.cloud_runtime = info.get("runtime") or self.config.cloud_runtime or UNKNOWN_RUNTIME
+            self.cloud_device = info.get("device", "cpu")  # an older server does not say: it ran on the CPU
             await self.warm_up()
             for mode, clients, repeat in plan:
                 await self.level(mode, clients, repeat)
@@ -155,7 +157,8 @@ class Fleet:
         kind = None if mode == "cloud" else ("replay" if self.config.edge_replay else "process")
         spec = self.settings["spec"]
         return {"mode": mode, "clients": clients, "repeat": repeat, "level_run": run_id, "edge_kind": kind,
-                "cloud": self.cloud_model, "cloud_runtime": self.cloud_runtime, "prompts": self.config.prompts,
+                "cloud": self.cloud_model, "cloud_runtime": self.cloud_runtime, "cloud_device": self.cloud_device,
+                "prompts": self.config.prompts,
                 "dtype": self.config.dtype,
                 "link": self.config.link, "rate": self.config.rate, "max_batch": self.config.max_batch,
                 "batch_window_ms": self.config.batch_window_ms, "policy": spec["policy"], "k": spec["k"],

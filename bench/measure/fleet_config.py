@@ -14,6 +14,7 @@ from pathlib import Path
 from bench.core.network import profile
 from bench.core.prompts import PromptInputs
 from specdec.backends.base import RUNTIMES, served_runtime
+from specdec.backends.devices import check_served_device
 from specdec.core.config import DeployConfig, EngineConfig, SpecConfig, check_types
 from specdec.errors import ConfigError
 from specdec.remote.protocol import parse_address
@@ -39,6 +40,9 @@ class FleetConfig:
         "help": "server started by the fleet: what runs the cloud, as `serve --runtime` (torch, torch-int8, llamacpp; "
                 "default llamacpp for a .gguf --cloud, else torch); cloud-only serving runs on the same server. With "
                 "--cloud-url the records name the runtime that server reports", "choices": RUNTIMES})
+    cloud_device: str = field(default="cpu", metadata={
+        "help": "server started by the fleet: where its torch model runs, as `serve --device` (cpu, cuda or cuda:N); "
+                "with --cloud-url the records name the device that server reports"})
     token_file: str | None = DeployConfig.token_file
     cloud_timeout_s: float = DeployConfig.cloud_timeout_s
     baseline: bool = field(default=True, metadata={
@@ -75,11 +79,12 @@ class FleetConfig:
             raise ConfigError("a fleet needs its server: give --cloud MODEL (the fleet starts it) or --cloud-url HOST:PORT")
         if self.cloud_url is not None:
             parse_address(self.cloud_url, "--cloud-url")
-            if self.cloud_runtime is not None:
-                raise ConfigError("--cloud-runtime chooses what runs the server the fleet starts; a --cloud-url server "
-                                  "runs as it was started (`serve --runtime`): drop --cloud-runtime")
+            if self.cloud_runtime is not None or self.cloud_device != "cpu":
+                raise ConfigError("--cloud-runtime and --cloud-device choose how the server the fleet starts runs; a "
+                                  "--cloud-url server runs as it was started (`serve --runtime --device`): drop them")
         else:  # the runtime the started server runs, resolved as `serve` resolves it
             object.__setattr__(self, "cloud_runtime", served_runtime(self.cloud, self.cloud_runtime, "--cloud-runtime"))
+            check_served_device(self.cloud_device, self.cloud_runtime, "--cloud-device")
         if (self.edge is None) == (self.edge_replay is None):
             raise ConfigError("a fleet's edges are --edge MODEL (edge processes) or --edge-replay DIR (a recorded "
                               "split run): give exactly one")

@@ -52,8 +52,11 @@ def before(point: dict) -> dict:
     """Point fields added since a run folder was first written, at the value that reproduces it (llama.cpp ran
     with its extra buffers then: asked auto or on, or used on, matches; off does not)."""
     extra_buffers = point.get("llamacpp_extra_buffers")
-    return {"drafter": "model" if point.get("mode") == "spec" else None, "turns": "all",
-            "llamacpp_extra_buffers": extra_buffers if extra_buffers in (None, "auto", "on") else "on"}
+    mode = point.get("mode")
+    return {"drafter": "model" if mode == "spec" else None, "turns": "all",
+            "llamacpp_extra_buffers": extra_buffers if extra_buffers in (None, "auto", "on") else "on",
+            "edge_device": None if mode == "cloud" else "cpu", "cloud_device": None if mode == "edge" else "cpu",
+            "kv_cache": "auto", "cuda_graphs": "on"}
 
 
 def _run(engine: Engine, prompts: str, records: list[PromptRecord], asked: dict, out: Path, progress: bool,
@@ -136,7 +139,7 @@ def generate_one(engine: Engine, record: PromptRecord, point: dict, results: Res
         results.append(row)
         after()
         return row
-    row = result_record(generation, point, record.id, latency.elapsed_s, memory.peak_rss_bytes)
+    row = result_record(generation, point, record.id, latency.elapsed_s, memory.peak_rss_bytes, memory.gpu)
     row.update(labels)
     decorate(row, generation)
     results.append(row)

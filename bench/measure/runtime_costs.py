@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,6 +26,7 @@ from tqdm import tqdm
 from bench.core.prompts import load_prompts
 from bench.derive.runtime_cost_table import BLOCKS, table
 from specdec.backends.base import Prompt
+from specdec.backends.devices import clock
 from specdec.errors import SpecdecError
 from specdec.models.loading import load_model
 
@@ -54,9 +54,10 @@ def prefilled(lm, context: int):
 
 
 def _time_forward(backend, state, block: torch.Tensor, context: int) -> float:
-    start = time.perf_counter()
+    device = getattr(backend, "device", None)  # a CUDA forward is timed once its queue has drained
+    start = clock(device)
     backend.forward(state, block, keep=block.numel())
-    seconds = time.perf_counter() - start
+    seconds = clock(device) - start
     backend.crop(state, context)
     return seconds
 

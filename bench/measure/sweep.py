@@ -41,7 +41,8 @@ from specdec.remote.protocol import parse_address
 # measured: its split points' edge and server shared every core (resumed with --split-cores shared), and its
 # plain decoding ran in the grid's runtimes only.
 BEFORE = {"split_cores": "shared", "plain_runtimes": [], "drafter": ["model"], "turns": "all",
-          "llamacpp_extra_buffers": "auto", "rows": []}
+          "llamacpp_extra_buffers": "auto", "rows": [], "edge_device": "cpu", "cloud_device": "cpu", "kv_cache": "auto",
+          "cuda_graphs": "on"}
 
 
 def run_sweep(config: SweepConfig, out: Path, progress: bool = True, machine: dict | None = None) -> dict:
@@ -116,7 +117,7 @@ def start_split_services(config: SweepConfig, points: list[Point], services: Exi
     for dtype, runtime, link in needed:
         if (dtype, runtime) not in servers:
             servers[(dtype, runtime)] = config.cloud_url or services.enter_context(
-                ServerProcess(config.cloud, dtype, cloud_cores, "--runtime", runtime))
+                ServerProcess(config.cloud, dtype, cloud_cores, "--runtime", runtime, "--device", config.cloud_device))
         host, port = parse_address(servers[(dtype, runtime)], "--cloud-url")
         shaped = link != "none"
         urls[service_key(Point(dtype=dtype, cloud_runtime=runtime, link=link))] = services.enter_context(

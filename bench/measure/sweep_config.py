@@ -291,8 +291,8 @@ class SweepConfig(RunSettings):
         # A role's runtime is blank where the role does not run: the engine takes its default, and loads nothing.
         values = {f.name: f.default if f.name in AXES and getattr(point, f.name) is None else self.setting(point, f.name)
                   for f in fields(EngineConfig)}
-        if point.deployment == "split":  # the sweep's server runs the cloud in the point's runtime
-            values.update(cloud_url=cloud_url, cloud_runtime=EngineConfig.cloud_runtime)
+        if point.deployment == "split":  # the sweep's server runs the cloud in the point's runtime, on its device
+            values.update(cloud_url=cloud_url, cloud_runtime=EngineConfig.cloud_runtime, cloud_device=EngineConfig.cloud_device)
         else:
             values["cloud_url"] = None
         return EngineConfig(**values)

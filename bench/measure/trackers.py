@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 import resource
-import time
 from contextlib import ExitStack
+
+from specdec.backends.devices import clock, gpu_peaks, reset_gpu_peaks
 
 
 class LatencyTracker:
-    """Wall-clock seconds of the block (time.perf_counter)."""
+    """Wall-clock seconds of the block (time.perf_counter, read after any CUDA work queued has run)."""
 
     elapsed_s: float = 0.0
 
     def __enter__(self) -> LatencyTracker:
-        self._start = time.perf_counter()
+        self._start = clock()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.elapsed_s = time.perf_counter() - self._start
+        self.elapsed_s = clock() - self._start
 
 
 class PeakMemoryTracker:
     """Peak RSS (VmHWM) of this process during the block. Linux lets the high-water mark be reset
-    (proc(5), /proc/self/clear_refs "5"), so the peak is the block's own, not the process's."""
+    (proc(5), /proc/self/clear_refs "5"), so the peak is the block's own, not the process's. Beside it,
+    where this process used CUDA, the GPU's peak allocated and reserved bytes (`gpu`, else None)."""
 
     peak_rss_bytes: int = 0
+    gpu: dict[str, int] | None = None  # specdec/backends/devices.py's gpu_peaks
 
     def __init__(self, reset: bool = True) -> None:
         self.reset = reset
@@ -32,10 +35,12 @@ class PeakMemoryTracker:
     def __enter__(self) -> PeakMemoryTracker:
         if self.reset:
             reset_peak_rss()
+            reset_gpu_peaks()
         return self
 
     def __exit__(self, *exc) -> None:
         self.peak_rss_bytes = peak_rss_bytes()
+        self.gpu = gpu_peaks()
 
 
 def reset_peak_rss() -> None:

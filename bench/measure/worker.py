@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bench.measure.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog
 from bench.measure.trackers import reset_peak_rss
+from specdec.backends.devices import reset_gpu_peaks
 from bench.core.network import network_cost, profile
 from bench.core.prompts import load_prompts
 from bench.core.folder import MACHINE_FILE, os_error_line
@@ -126,6 +127,7 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
 
         place(point)
         reset_peak_rss()  # points share this process now: each generation's peak is its own
+        reset_gpu_peaks()
         watchdog = MemoryWatchdog(caps.memory_bytes, over_cap, exempt) if caps.memory_bytes and edge else nullcontext()
         with watchdog:
             kind = (point.mode, point.deployment, point.edge_runtime, point.cloud_runtime, point.dtype, point.link)

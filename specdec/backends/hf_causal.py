@@ -3,6 +3,10 @@
 KV state is a `DynamicCache`; every forward passes explicit `position_ids = length + arange(n)`
 and no attention mask (batch 1, no padding), so positions can never drift (a 1×1 mask per step once
 shifted them and filled outputs with punctuation).
+
+The model may sit on any device (specdec/backends/devices.py): token ids arrive on the host and are copied there,
+positions are made there, and logits are returned there (the loop reads one verdict per cycle from them).
+A preallocated static cache with exact crops, and captured CUDA graphs over it, are static_cache.py.
 """
 from __future__ import annotations
 
@@ -22,9 +26,9 @@ class CausalState:
     length: int  # token positions held in `cache`
 
 
-def block_positions(start: int, n: int) -> torch.Tensor:
+def block_positions(start: int, n: int, device: torch.device | str | None = None) -> torch.Tensor:
     """[1, n] positions start .. start+n-1 (cache length + offset)."""
-    return torch.arange(start, start + n, dtype=torch.long).unsqueeze(0)
+    return torch.arange(start, start + n, dtype=torch.long, device=device).unsqueeze(0)
 
 
 class HFCausalBackend:
@@ -38,6 +42,7 @@ class HFCausalBackend:
         weight = model.get_output_embeddings().weight
         self.vocab_size = (weight() if callable(weight) else weight).shape[0]  # a dynamic int8 head's is a method
         self._cache_kwarg = cache_kwarg(model.forward)
+        self.device = next(model.parameters(), torch.empty(0)).device  # where weights, caches and logits live
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
@@ -73,9 +78,10 @@ class HFCausalBackend:
         ids = torch.zeros(batch, block_len, dtype=torch.long)
         mask = torch.zeros(batch, past_len + block_len, dtype=torch.long)
         for row, (state, block) in enumerate(zip(states, blocks)):
-            ids[row, : block.numel()] = block
+            ids[row, : block.numel()] = block.cpu()
             mask[row, past_len - state.length : past_len + block.numel()] = 1
         positions = torch.stack([block_positions(s.length, block_len)[0] for s in states])  # [B, max n]
+        ids, mask, positions = (t.to(self.device, non_blocking=True) for t in (ids, mask, positions))
         cache = DynamicCache(config=self.model.config)
         if past_len:
             template = next(s.cache for s in states if s.length)  # shapes and dtype of a filled cache
@@ -112,8 +118,8 @@ class HFCausalBackend:
     def _run(self, state: CausalState, token_ids: torch.Tensor, keep: int) -> torch.Tensor | None:
         n = token_ids.numel()
         out = self.model(
-            input_ids=token_ids.view(1, n),
-            position_ids=block_positions(state.length, n),
+            input_ids=token_ids.to(self.device, non_blocking=True).view(1, n),
+            position_ids=block_positions(state.length, n, self.device),
             **{self._cache_kwarg: state.cache},
             use_cache=state.cache is not None,
             logits_to_keep=keep,

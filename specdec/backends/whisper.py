@@ -146,6 +146,7 @@ class WhisperBackend:
         self.name = name or model.config.name_or_path or type(model).__name__
         self.vocab_size = model.config.vocab_size  # proj_out may be quantized: no plain .weight
         self.max_positions = model.config.max_target_positions
+        self.device = model.device  # inputs are copied here (the loop times forwards after its queue drains)
         self._cache_kwarg = cache_kwarg(model.model.decoder.forward)
 
     @property

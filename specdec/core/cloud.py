@@ -84,8 +84,12 @@ class LocalCloudSession:
     def decide(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                logits: torch.Tensor) -> Verdict:
         """The verdict on a block from its cloud logits [n+1, V] (computed alone or in a shared forward)."""
-        cloud_logits = logits[:, : self.vocab]  # [n+1, V]
+        cloud_logits = logits[:, : self.vocab]  # [n+1, V], on the cloud's device
+        if self.decode.do_sample:  # drawn with the session's host generator: one seed, one stream, on any device
+            cloud_logits = cloud_logits.cpu()
+            draft_probs = None if draft_probs is None else draft_probs.cpu()
         cloud_logits = process_rows(cloud_logits, seq.generated, draft_tokens.tolist(), self.constraints)
+        draft_tokens = draft_tokens.to(cloud_logits.device, non_blocking=True)  # [n], beside the logits
         # Only a processor masks logits (e.g. vocab 1 under a profile that masks that token)
         if self.constraints.processors and bool(torch.isneginf(cloud_logits).all(-1).any()):
             raise SpecdecError(f"the constraints allow no token of this session's vocabulary ({self.vocab}): "

@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from specdec.backends.base import DTYPES, RUNTIME_PAIRS, RUNTIMES, check_runtime, runtime_parts
+from specdec.backends.devices import CUDA_GRAPHS, DEVICE_NAMES, KV_CACHES, check_device
 from specdec.backends.llamacpp_probe import EXTRA_BUFFERS
 from specdec.core.block_length import SCHEDULES, parse_stop
 from specdec.core.drafters import DRAFTERS
@@ -102,10 +103,27 @@ class EngineConfig:
         "help": "llama.cpp's extra buffer types (weight repacking, AMX tiles) for the models run in llamacpp here: "
                 "auto (only after a one-time probe in a child process says they run on this machine), on (llama.cpp's "
                 "default) or off (its --no-repack); docs/runtimes.md", "choices": EXTRA_BUFFERS})
+    edge_device: str = field(default="cpu", metadata={
+        "help": f"where the edge's torch model runs: {DEVICE_NAMES} (llama.cpp and the int8 runtimes: cpu only); docs/gpu.md"})
+    cloud_device: str = field(default="cpu", metadata={
+        "help": f"where the cloud's torch model loaded here runs: {DEVICE_NAMES} (with --cloud-url the server's "
+                "`specbench serve --device` says); docs/gpu.md"})
+    kv_cache: str = field(default="auto", metadata={
+        "help": "the torch models' KV cache: dynamic (transformers' DynamicCache), static (preallocated, exact crops), "
+                "compiled (static, its forward under torch.compile) or auto (static with captured steps on CUDA, "
+                "dynamic on the CPU); docs/gpu.md", "choices": KV_CACHES})
+    cuda_graphs: str = field(default="on", metadata={
+        "help": "on CUDA with a static KV cache: replay the 1-token and k+1-token forwards as captured CUDA graphs "
+                "(on), or run them eagerly (off)", "choices": CUDA_GRAPHS})
 
     def __post_init__(self) -> None:
         check_types(self)
         check_choices(self)
+        if self.remote_cloud and self.cloud_device != "cpu":
+            raise ConfigError("--cloud-device chooses where a cloud loaded here runs; with --cloud-url the server's "
+                              "model runs where that server was started (`specbench serve --device`): drop --cloud-device")
+        for role in self.roles:
+            self.check_placement(role)
         if self.cloud_url and self.mode == "cloud":
             raise ConfigError("--cloud-url verifies spec blocks on a server; cloud mode runs the cloud model here: "
                               "drop --cloud-url or use --mode spec")
@@ -126,6 +144,14 @@ class EngineConfig:
         if missing:
             flags = " and ".join(f"--{role} MODEL" for role in missing)
             raise ConfigError(f"--mode {self.mode} needs {flags}" + (" or --cloud-url HOST:PORT" if self.mode == "spec" else ""))
+
+    def check_placement(self, role: str) -> None:
+        """The role's device exists here, and its runtime runs there (llama.cpp and dynamic int8 on the CPU only)."""
+        device = check_device(getattr(self, f"{role}_device"), f"--{role}-device")
+        runtime = getattr(self, f"{role}_runtime")
+        if device != "cpu" and runtime != "torch":
+            raise ConfigError(f"--{role}-runtime {runtime} runs on the CPU only: use --{role}-device cpu, or "
+                              f"--{role}-runtime torch on {device}")
 
     @property
     def remote_cloud(self) -> bool:

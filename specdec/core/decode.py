@@ -163,10 +163,12 @@ def autoregressive_decode(
     session = Session(backend, prompt)
     ttft_s, stopped_by = 0.0, "max_new_tokens"
     while seq.remaining:
-        logits = session.feed(session.unseen(seq), keep=1)[-1]
+        logits = session.feed(session.unseen(seq), keep=1)[-1]  # [V], on the model's device
         logits = constraints.apply(seq.generated, logits)
+        if decode.do_sample:  # drawn with the host generator: one seed, one stream, on any device
+            logits = logits.cpu()
         probs = distribution(logits, decode.temperature) if decode.do_sample else None
-        token = int(choose(logits, probs, decode.do_sample, generator))
+        token = int(choose(logits, probs, decode.do_sample, generator))  # the step's one host read
         seq.extend([token])
         session.rollback(session.length, seq)  # no-op, but trims sliding-window layers
         ttft_s = ttft_s or time.perf_counter() - start

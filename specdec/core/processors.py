@@ -44,6 +44,9 @@ class Constraints:
     stop: StopRule = field(default_factory=StopRule)
 
     def apply(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+        """The processors in order, on the host: they index with host token ids (a CUDA row is copied first)."""
+        if self.processors:
+            logits = logits.cpu()
         for processor in self.processors:
             logits = processor(generated, logits)
         return logits

@@ -7,11 +7,10 @@ as one block: a hand-kept "last token" went stale after rollbacks and looped (éŸ
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from specdec.backends.base import Backend, Prompt
+from specdec.backends.devices import clock
 
 
 class AcceptedSequence:
@@ -50,6 +49,7 @@ class Session:
 
     def __init__(self, backend: Backend, prompt: Prompt) -> None:
         self.backend, self.prompt = backend, prompt
+        self.device = getattr(backend, "device", None)  # a CUDA forward is timed after its queue drains
         self.state = None  # created by the first feed
         self.compute_s = 0.0
         self.prefill_s = 0.0  # the first forward: prompt + first block
@@ -61,13 +61,13 @@ class Session:
     def feed(self, token_ids: torch.Tensor, keep: int) -> torch.Tensor:
         """Feed a block; returns the logits of its last `keep` positions [keep, V]."""
         assert 1 <= keep <= token_ids.numel(), f"keep={keep} for a block of {token_ids.numel()}"
-        start = time.perf_counter()
+        start = clock(self.device)
         if self.state is None:
             self.state, logits = self.backend.prefill(self.prompt, token_ids, keep=keep)
-            self.prefill_s = time.perf_counter() - start
+            self.prefill_s = clock(self.device) - start
         else:
             logits = self.backend.forward(self.state, token_ids, keep)
-        self.compute_s += time.perf_counter() - start
+        self.compute_s += clock(self.device) - start
         return logits
 
     def unseen(self, seq: AcceptedSequence) -> torch.Tensor:

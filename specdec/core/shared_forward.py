@@ -17,12 +17,12 @@ policy) and crops (`specdec.remote.server.ServerSession.conclude`).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
 from specdec.backends.base import Backend
+from specdec.backends.devices import clock
 from specdec.errors import SpecdecError
 from specdec.core.session import AcceptedSequence
 from specdec.core.verifier import CachedVerifier, StatelessVerifier
@@ -89,8 +89,9 @@ def batch_logits(backend: Backend, rows: list[BatchRow]) -> tuple[list[torch.Ten
     if len(rows) > 1 and shares_forwards(backend):
         plans = {i: plan for i, row in enumerate(rows)
                  if (plan := row.verifier.block(row.seq, row.draft_tokens)) is not None}
+    device = getattr(backend, "device", None)  # a CUDA forward is timed after its queue drains
     for group in length_groups({i: plan[1].numel() for i, plan in plans.items()}):
-        start = time.perf_counter()
+        start = clock(device)
         states, blocks, keeps = zip(*(plans[i] for i in group))
         if len(group) == 1:
             outputs = [backend.forward(states[0], blocks[0], keeps[0])]
@@ -99,11 +100,11 @@ def batch_logits(backend: Backend, rows: list[BatchRow]) -> tuple[list[torch.Ten
         for i, row_logits in zip(group, outputs):
             logits[i] = row_logits
         forwards.append(Forward(tuple(group), sum(b.numel() for b in blocks), max(b.numel() for b in blocks), start,
-                                time.perf_counter() - start))
+                                clock(device) - start))
     for i, row in enumerate(rows):
         if logits[i] is None:
-            start = time.perf_counter()
+            start = clock(device)
             logits[i] = row.verifier.logits(row.seq, row.draft_tokens)
             fed = row.verifier.last_tokens_in
-            forwards.append(Forward((i,), fed, fed, start, time.perf_counter() - start))
+            forwards.append(Forward((i,), fed, fed, start, clock(device) - start))
     return logits, forwards

@@ -7,11 +7,10 @@ before last_accepted, logits[i] predicts d_i and logits[n] the token after d_{n-
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from specdec.backends.base import Backend, Prompt
+from specdec.backends.devices import clock
 from specdec.core.session import AcceptedSequence, Session
 
 VERIFIERS: dict[str, type] = {}  # --verifier name -> class(backend, prompt)
@@ -87,9 +86,10 @@ class StatelessVerifier:
         tokens = torch.cat([seq.ids, draft_tokens])
         self.last_tokens_in = tokens.numel()
         self.last_sent_features = bool(self.prompt.features)
-        start = time.perf_counter()
+        device = getattr(self.backend, "device", None)
+        start = clock(device)
         _, logits = self.backend.prefill(self.prompt, tokens, keep=draft_tokens.numel() + 1, use_cache=False)
-        self.compute_s += time.perf_counter() - start
+        self.compute_s += clock(device) - start
         return logits
 
     def block(self, seq: AcceptedSequence, draft_tokens: torch.Tensor) -> tuple[object, torch.Tensor, int] | None:

@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError
 
 from specdec.backends.base import DTYPES, RUNTIMES, Backend, Prompt, check_runtime
+from specdec.backends.devices import check_device, steps_of
 from specdec.backends.llamacpp import LlamaCppBackend  # imports llama_cpp only when it builds one
 from specdec.backends.llamacpp_probe import CACHE_FILE
 from specdec.errors import InputError, ModelError
@@ -198,18 +199,21 @@ def runtime_of(ops: tuple[str, ...]) -> str:
 
 
 def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print,
-               runtime: str | None = None, llamacpp_extra_buffers: str = "auto") -> LoadedModel:
+               runtime: str | None = None, llamacpp_extra_buffers: str = "auto", device: str = "cpu",
+               kv_cache: str = "dynamic", cuda_graphs: str = "on") -> LoadedModel:
     """Resolve `name` (fetching a registry alias on first use) and load it for CPU inference in
     `runtime` (specdec.backends.base.RUNTIMES; None: llamacpp for a `.gguf` file, else torch).
     `NAME@OPS` (or a derived registry alias) loads NAME and derives an edge from it in memory
     (`specdec.models.derive`); int8 derivations run in float32 whatever `dtype` says, and
     runtime torch-int8 is NAME@int8 (torch-int8t NAME@int8t). llamacpp runs the GGUF file itself and ignores `dtype`
-    (`llamacpp_extra_buffers`: auto, on or off, specdec/backends/llamacpp_probe.py)."""
+    (`llamacpp_extra_buffers`: auto, on or off, specdec/backends/llamacpp_probe.py). A torch model's weights go to
+    `device` (specdec/backends/devices.py); `kv_cache` and `cuda_graphs` (EngineConfig's) say how its forwards
+    run (devices.steps_of; specdec/backends/static_cache.py for all but the dynamic cache)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from specdec.backends.hf_causal import HFCausalBackend
     from specdec.backends.omni_thinker import OMNI_MODEL_TYPES, default_feature_extractor, load_omni_thinker
+    from specdec.backends.static_cache import causal_backend, placed, static_capable
     from specdec.backends.whisper import WHISPER_MODEL_TYPES, WhisperBackend, load_whisper, whisper_feature_extractor
 
     if dtype not in DTYPES:
@@ -218,11 +222,16 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
     if runtime not in RUNTIMES:
         raise ModelError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     hf_logging.disable_progress_bar()  # a sub-second bar per load is noise in run logs
+    check_device(device, "device")
+    if device != "cpu" and runtime != "torch":
+        raise ModelError(f"runtime {runtime} runs on the CPU only: device {device} is the torch runtime's")
     if runtime == "llamacpp":
         return load_gguf(name, log, llamacpp_extra_buffers)
     base, ops = split_name(registry.expand(name))
     if runtime in RUNTIME_OPS and not set(INT8) & set(ops):
         ops = (*ops, RUNTIME_OPS[runtime])
+    if ops and device != "cpu":
+        raise ModelError(f"{name}: @{'+'.join(ops)} derives dynamic int8 layers, which run on the CPU only: use device cpu")
     location = resolve(base, log=log)
     if isinstance(location, Path) and (damaged := integrity.problems(location, None)):
         raise ModelError(f"cannot load model {name!r}: {damaged[0]} in {location}: restore that file, or point at a "
@@ -244,7 +253,7 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
     if config.model_type in WHISPER_MODEL_TYPES:
         with _load_errors(name, location):
             model = load_whisper(location, DTYPES[run_dtype], name=name).model
-        backend = WhisperBackend(derive(model, ops), name=name)
+        backend = placed(WhisperBackend(derive(model, ops), name=name), device, steps_of(kv_cache, device, cuda_graphs, False))
         feature_extractor = whisper_feature_extractor(location, config.num_mel_bins)
     elif config.model_type in OMNI_MODEL_TYPES:
         if ops:
@@ -252,13 +261,18 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
                              "implemented for the Omni thinker: use runtime torch")
         with _load_errors(name, location):
             backend = load_omni_thinker(location, DTYPES[dtype], name=name)
+        backend = placed(backend, device, steps_of(kv_cache, device, cuda_graphs, False))
         feature_extractor = default_feature_extractor()
     else:
         with _load_errors(name, location), _verbosity(hf_logging, hf_logging.ERROR):  # its load report: ours below
             model, info = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[run_dtype], output_loading_info=True,
                                                                ignore_mismatched_sizes=True)
         check_weights(name, location, info)
-        backend = HFCausalBackend(derive(model, ops), name=name)
+        steps = steps_of(kv_cache, device, cuda_graphs, static_capable(model) and not ops)
+        if ops and steps != "dynamic":
+            raise ModelError(f"{name}: a static KV cache runs the torch runtime's float weights, not @{'+'.join(ops)}: "
+                             "use kv_cache dynamic or auto")
+        backend = causal_backend(derive(model, ops).to(device), name, steps)
     return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor,
                        runtime_of(ops))  # `NAME@int8` runs int8 whatever was asked
 

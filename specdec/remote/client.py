@@ -244,7 +244,7 @@ class RemoteCloudSession:
             self.opening = None
         new = seq.ids[self.server_length:].tolist()
         # A draft-free block has no distributions: the server takes each token as a point mass.
-        probs = pack_probs(draft_probs, self.topn) if self.send_probs and draft_probs is not None else None
+        probs = pack_probs(draft_probs.cpu(), self.topn) if self.send_probs and draft_probs is not None else None
         cloud._send(encode("verify", base=seq.length, new=new, draft=draft_tokens.tolist(), probs=probs))
 
     def ready(self) -> bool:

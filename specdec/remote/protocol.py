@@ -5,7 +5,7 @@ the connection, or the server's idle TTL, whichever comes first.
 
   edge -> cloud                                         cloud -> edge
   hello  {schema, token}                                ready   {schema, model, vocab_size, tokenizer_sha256, accepts_audio,
-                                                                 runtime}
+                                                                 runtime, device}
   open   {prompt_ids, features, settings...}            (no reply: sent back to back with the first verify)
   verify {base, new, draft, probs}                      verdict {accepted, token, tokens_in, compute_s, queue_s, batch}
   generate {}                                           generated {tokens, stopped_by, queue_s[], compute_s[], batch[]}
@@ -26,7 +26,8 @@ since its last verdict: after a verdict it starts with that verdict's token); `b
 accepted length, so both sides check they agree. `verify.draft` may be empty: a plain step of the cloud
 (a draft-free drafter that found nothing to propose), whose verdict is accepted 0 and the next token.
 `ready.runtime` = what runs the model (torch, torch-int8, llamacpp; nil where the server cannot say); an
-older server leaves it out, so a client reads a missing one as unknown.
+older server leaves it out, so a client reads a missing one as unknown. `ready.device` = where its torch
+model runs (cpu, cuda:0; cpu for llama.cpp); an older server leaves it out (it ran on the CPU).
 `probs` (sample policy only) = the draft distributions the tokens were drawn from: [n, V] float32, or
 the top-N rows as (index, value) when the edge drafts from a top-N truncated distribution; nil for a
 draft-free block (prompt lookup and the like), whose tokens the policy takes as point masses.

@@ -45,9 +45,11 @@ class ModelDrafter:
     def step(self, feed: torch.Tensor, history: list[int]) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """Feed a block; draw the next token. -> (token 0-d, dist [V] it was drawn from, stop here?)"""
         start = time.perf_counter()
-        logits = self.session.feed(feed, keep=1)[-1, : self.vocab]
+        logits = self.session.feed(feed, keep=1)[-1, : self.vocab]  # [V], on the edge's device
         if self.constraints.processors:
             logits = self.constraints.apply(history, logits)
+        if self.temperature > 0:  # drawn with the host generator: one seed, one stream, on any device
+            logits = logits.cpu()
         dist = distribution(logits, self.temperature)
         if self.topn:
             dist = top_n(dist, self.topn)
@@ -61,11 +63,13 @@ class ModelDrafter:
         """Draw tokens after seq + `drafted` until there are n or the stop rule ends the block.
         The cache's unseen accepted tokens go in as ONE forward, never token by token."""
         feed = drafted[-1][0].view(1) if drafted else self.session.unseen(seq)
-        history = seq.generated + [int(token) for token, _ in drafted]
+        # Processors read the tokens so far as ints; without them a device's draft is never read token by token.
+        history = seq.generated + [int(token) for token, _ in drafted] if self.constraints.processors else seq.generated
         while len(drafted) < n and not stopped:
             token, dist, stopped = self.step(feed, history)
             drafted.append((token, dist))
-            history.append(int(token))
+            if self.constraints.processors:
+                history.append(int(token))
             feed = token.view(1)
         return drafted
 
@@ -85,4 +89,5 @@ class ModelDrafter:
 
 
 def proposal_of(drafted: list[Drawn], base: int, name: str) -> Proposal:
-    return Proposal(torch.stack([t for t, _ in drafted]), torch.stack([d for _, d in drafted]), base, name)
+    """The block's tokens on the host (one read per block), their distributions where the edge computed them."""
+    return Proposal(torch.stack([t for t, _ in drafted]).cpu(), torch.stack([d for _, d in drafted]), base, name)

@@ -1,0 +1,67 @@
+"""CUDA graphs of a static-cache forward: the project's only CUDA-only code (tests: tests/test_cuda.py).
+
+Eager transformers on a GPU is launch-bound: the host issues every kernel of a 1-token step one by one,
+and a step of a 1.5B model took ~20 ms on an H100 whose memory reads its weights in ~1 ms (issue 44).
+A graph replays the whole forward's kernels in one launch. As gpt-fast does: the forward runs on a static
+cache (static_cache.py) whose tensors never move, reads its inputs from static buffers that each call
+copies into before replaying, and writes its logits to a buffer that each call clones out of.
+
+One graph per block length n, captured on first use (the engine's: 1 token and k + 1; the server's rows x
+tokens in bench/measure/gpu_check.py), all in one memory pool (they never run at once, and every output
+is cloned before the next replay). Warm-up runs (a graph must not capture a first call's one-time work)
+write the last n slots of the cache, past any live position, where a real block rewrites them before a
+query can read them (static_cache.py's docstring).
+
+What failed before and is avoided here: transformers' StaticCache advances a device-side counter on every
+update, so warm-ups and replays walked it past the cache's end (`index_copy_(): index out of bounds`);
+here positions are a buffer the caller fills. torch.compile's reduce-overhead mode reused an output
+buffer the caller still held ("accessing tensor output of CUDAGraphs that has been overwritten"); here
+every output is cloned.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+WARM_UPS = 2  # eager runs on a side stream before a capture (torch.cuda.graphs' own advice: >= 1, cuBLAS handles)
+
+
+class CapturedSteps:
+    """`forward(ids [B, n], positions [B, n]) -> logits [B, n, V]` replayed as one CUDA graph per (B, n)."""
+
+    def __init__(self, forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device,
+                 capacity: int) -> None:
+        self.forward, self.device, self.capacity = forward, torch.device(device), capacity
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.pool = None
+
+    def __call__(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        """The logits [B, n, V] of ids [B, n] (on the device) at positions start .. start+n-1: this call's own copy."""
+        batch, n = ids.shape
+        if (batch, n) not in self.graphs:
+            with torch.cuda.device(self.device):  # cuda:N: its streams, not the current device's
+                self.graphs[(batch, n)] = self.capture(batch, n)
+        graph, static_ids, static_positions, static_logits = self.graphs[(batch, n)]
+        static_ids.copy_(ids, non_blocking=True)
+        static_positions.copy_(torch.arange(start, start + n, device=self.device).expand(batch, n), non_blocking=True)
+        graph.replay()
+        return static_logits.clone()
+
+    def capture(self, batch: int, n: int):
+        """(graph, its ids, positions and logits buffers) for blocks of [batch, n]."""
+        static_ids = torch.zeros(batch, n, dtype=torch.long, device=self.device)
+        # The cache's last n slots: past every live position while the cache has room (static_cache.py grows it).
+        scratch = torch.arange(self.capacity - n, self.capacity, device=self.device)
+        static_positions = scratch.expand(batch, n).contiguous()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(WARM_UPS):
+                self.forward(static_ids, static_positions)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            static_logits = self.forward(static_ids, static_positions)
+        self.pool = graph.pool()
+        return graph, static_ids, static_positions, static_logits

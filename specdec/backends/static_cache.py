@@ -1,0 +1,209 @@
+"""A static KV cache: every layer's keys and values preallocated as [B, H_kv, capacity, D] on the model's
+device, written in place at explicit positions, and a 4-D mask built from those positions. What a CUDA
+graph needs (no tensor is allocated or resized from step to step, no host value decides anything), and
+what makes a crop exact for free: crop(L) sets the length, nothing else.
+
+Why a crop is exact: a block at positions L..L+n-1 writes slots L..L+n-1 in every layer before that
+layer's attention reads them, and a query at position p sees only slots j <= p (the mask). So a slot past
+the accepted length is never read before it is rewritten, whatever an abandoned draft left there.
+
+    cache     StaticKV.update(keys, values, layer) is all a transformers decoder layer calls (5.17 passes
+              nothing else, 5.24 a `kwargs=`); `write_at` [n] holds the block's positions
+    mask      additive, [B, 1, n, capacity]: 0 where slot j <= the query's position, the dtype's min elsewhere
+              (transformers takes a 4-D mask as given, skipping its own mask building and any cache query)
+    steps     static: eager; compiled: blocks of up to GRAPH_TOKENS tokens under torch.compile; graphs: the
+              same blocks replayed as CUDA graphs (cuda_graphs.py, the one CUDA-only module); longer blocks
+              (a prompt) run eagerly in every mode
+
+Models: decoders whose layers are all full attention and whose attention takes a 4-D mask (Llama, Qwen2,
+Qwen3); the others keep transformers' DynamicCache (hf_causal.py). One sequence at a time per backend: the
+backend holds one cache, and a new prefill takes it over (the engine runs one generation at a time; the
+server, whose sessions interleave, keeps the dynamic cache).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.backends.base import Prompt
+from specdec.backends.cuda_graphs import CapturedSteps
+from specdec.backends.devices import STEPS, is_cuda
+from specdec.backends.hf_causal import HFCausalBackend, block_positions
+from specdec.errors import InputError, ModelError, SpecdecError
+
+STATIC_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+GRAPH_TOKENS = 16  # blocks up to this long are compiled / captured (1 token, k + 1, the server's rows x tokens)
+CAPACITY = 1024  # slots a cache starts with (capped at the model's positions); it doubles when a forward needs more
+
+
+class StaticKV:
+    """keys[layer], values[layer]: [B, H_kv, capacity, D], written in place at `write_at` ([n] positions, the
+    same for every row)."""
+
+    def __init__(self, config, capacity: int, dtype: torch.dtype, device: torch.device, batch: int = 1) -> None:
+        heads = config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (batch, heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.capacity = capacity
+        self.write_at: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write the block's [B, H_kv, n, D] keys and values at `write_at`; return the layer's whole cache."""
+        self.keys[layer_idx].index_copy_(2, self.write_at, key_states)
+        self.values[layer_idx].index_copy_(2, self.write_at, value_states)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def copy_prefix(self, other: StaticKV, length: int) -> None:
+        """The first `length` slots of `other` (a cache that ran out of room) into this larger one."""
+        for mine, theirs in zip(self.keys + self.values, other.keys + other.values):
+            mine[:, :, :length].copy_(theirs[:, :, :length])
+
+
+def static_mask(positions: torch.Tensor, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B, n] positions -> additive mask [B, 1, n, capacity]: 0 where slot j <= position, the dtype's min elsewhere."""
+    slots = torch.arange(capacity, device=positions.device)
+    hidden = slots > positions[..., None]  # [B, n, capacity]
+    return torch.zeros(hidden.shape, dtype=dtype, device=positions.device).masked_fill_(hidden, torch.finfo(dtype).min)[:, None]
+
+
+def static_forward(model: PreTrainedModel, cache_kwarg: str, kv: StaticKV, ids: torch.Tensor, positions: torch.Tensor,
+                   keep: int = 0) -> torch.Tensor:
+    """One forward of [B, n] ids at [B, n] positions (every row at the same ones) on `kv`: logits [B, keep, V]
+    (keep 0: all n). Plain tensor code with shapes fixed by (B, n): what torch.compile and a CUDA graph take."""
+    kv.write_at = positions[0]
+    out = model(input_ids=ids, position_ids=positions, attention_mask=static_mask(positions, kv.capacity, kv.keys[0].dtype),
+                **{cache_kwarg: kv}, use_cache=True, logits_to_keep=keep)
+    return out.logits
+
+
+def static_capable(model: PreTrainedModel) -> bool:
+    """The model can run on a static cache: a decoder of full-attention layers that takes a 4-D mask."""
+    config = model.config
+    full = all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ["full_attention"])
+    return config.model_type in STATIC_MODEL_TYPES and full
+
+
+def check_static(model: PreTrainedModel) -> None:
+    if not static_capable(model):
+        raise ModelError(f"a static KV cache runs {', '.join(STATIC_MODEL_TYPES)} models whose layers are all full "
+                         f"attention; this one is {model.config.model_type!r}: use --kv-cache dynamic")
+
+
+@dataclass
+class StaticState:
+    length: int  # token positions held (slots 0 .. length-1 of the backend's cache)
+    owner: int  # which prefill took the cache: a state of an earlier one is stale
+    cache: None = None  # no cache of its own (a stateless verify's state has none either)
+
+
+class StaticCausalBackend(HFCausalBackend):
+    """HFCausalBackend on a static cache (`steps`: static, compiled or graphs; module docstring). Logits of
+    steps, blocks and crops equal the dynamic cache's (fp32: tests/test_static_cache.py)."""
+
+    batchable = False  # one cache, one sequence: the server keeps the dynamic cache
+
+    def __init__(self, model: PreTrainedModel, name: str = "", steps: str = "static", capacity: int = CAPACITY) -> None:
+        check_static(model)
+        if steps not in STEPS or steps == "dynamic":
+            raise ValueError(f"steps must be one of {STEPS[1:]}, got {steps!r}")
+        if steps == "graphs" and not is_cuda(next(model.parameters()).device):
+            raise ModelError("captured CUDA graphs need the model on a CUDA device: use --cuda-graphs off on the CPU")
+        super().__init__(model, name)
+        self.steps = steps
+        self.capacity = min(capacity, getattr(model.config, "max_position_embeddings", None) or capacity)
+        self.kv: StaticKV | None = None
+        self.owner = 0
+        self.fast = None  # compiled or captured forwards of short blocks (built with the cache)
+
+    # --- protocol -----------------------------------------------------------------------
+    def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
+        if not use_cache:  # a stateless verify: one forward, no cache kept
+            return super().prefill(prompt, token_ids, keep, use_cache=False)
+        if prompt.features:
+            raise InputError(f"model {self.name!r} is text-only but the prompt has {sorted(prompt.features)}")
+        self.owner += 1
+        state = StaticState(0, self.owner)
+        if token_ids.numel() == 0:
+            return state, None
+        return state, self._run(state, token_ids, keep)
+
+    def forward(self, state, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+        return self._run(state, token_ids, token_ids.numel() if keep is None else keep)
+
+    def crop(self, state, length: int) -> None:
+        if not 0 <= length <= state.length:
+            raise ValueError(f"cannot crop a state of length {state.length} to {length}")
+        state.length = length  # exact: slots past it are masked until rewritten (module docstring)
+
+    # --- internals ----------------------------------------------------------------------
+    @torch.inference_mode()  # the cache and a graph's buffers are made here: inference tensors, written only here
+    def _run(self, state, token_ids: torch.Tensor, keep: int) -> torch.Tensor | None:
+        if not isinstance(state, StaticState):  # a stateless verify's cache-free state
+            return super()._run(state, token_ids, keep)
+        if state.owner != self.owner:
+            raise SpecdecError(f"model {self.name!r} keeps one static KV cache, now another sequence's: run one "
+                               "generation at a time on it, or use --kv-cache dynamic")
+        n = token_ids.numel()
+        self._make_room(state.length + n)
+        ids = token_ids.to(self.device, non_blocking=True).view(1, n)
+        if self.fast is not None and n <= GRAPH_TOKENS:
+            logits = self.fast(ids, state.length)[0]  # [n, V], this call's own copy
+        else:
+            positions = block_positions(state.length, n, self.device)
+            logits = static_forward(self.model, self._cache_kwarg, self.kv, ids, positions, keep)[0]
+        state.length += n
+        return logits[-keep:].float() if keep else None
+
+    def _make_room(self, needed: int) -> None:
+        """A cache with room for `needed` positions: the first one, or twice the last (its slots copied over)."""
+        if self.kv is not None and needed <= self.kv.capacity:
+            return
+        limit = getattr(self.model.config, "max_position_embeddings", None) or needed
+        capacity = self.capacity if self.kv is None else 2 * self.kv.capacity
+        while capacity < needed:
+            capacity *= 2
+        capacity = max(needed, min(capacity, limit))
+        dtype = next(self.model.parameters()).dtype
+        kv = StaticKV(self.model.config, capacity, dtype, self.device)
+        if self.kv is not None:
+            kv.copy_prefix(self.kv, self.kv.capacity)
+        self.kv = kv
+        self.fast = self._fast_steps(kv)
+
+    def _fast_steps(self, kv: StaticKV):
+        """(ids [1, n], start) -> logits [1, n, V] for short blocks: compiled or captured over `kv`; None: eager."""
+        def step(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return static_forward(self.model, self._cache_kwarg, kv, ids, positions)
+
+        if self.steps == "graphs":
+            return CapturedSteps(step, self.device, kv.capacity)
+        if self.steps == "compiled":
+            compiled = torch.compile(step, dynamic=None)
+
+            def run(ids: torch.Tensor, start: int) -> torch.Tensor:
+                return compiled(ids, block_positions(start, ids.shape[-1], self.device)).clone()
+
+            return run
+        return None
+
+
+def causal_backend(model: PreTrainedModel, name: str = "", steps: str = "dynamic") -> HFCausalBackend:
+    """The backend of a causal LM for `steps` (specdec/backends/devices.py's steps_of): transformers'
+    DynamicCache, or this module's static cache."""
+    if steps == "dynamic":
+        return HFCausalBackend(model, name=name)
+    return StaticCausalBackend(model, name=name, steps=steps)
+
+
+def placed(backend, device: str, steps: str = "dynamic"):
+    """A Whisper or Omni backend with its model moved to `device`; those keep their own caches."""
+    if steps != "dynamic":
+        raise ModelError(f"a static KV cache runs {', '.join(STATIC_MODEL_TYPES)} models; {backend.name!r} keeps its "
+                         "own cache: use --kv-cache dynamic")
+    backend.model.to(device)
+    backend.device = torch.device(device)
+    return backend
