@@ -1,0 +1,63 @@
+"""What a GPU's cost curve says, derived from the raw timings bench/measure/gpu_check.py wrote (its
+cost_curve.csv rows): the medians, each model's bandwidth floor, and issue 44's targets, as measured ratios.
+
+    floor_ms      = streamed weight bytes / measured bandwidth: no step can read its weights faster
+    step_ms       = a 1-row, 1-token forward after CONTEXT cached tokens, per mode (eager: transformers'
+                    DynamicCache; static: the static cache eagerly; graphs: its captured replay)
+    plain_ms      = the fastest plain step measured, min over the modes (the honest baseline: issue 44)
+    block_steps   = a rows x tokens forward in the same mode's steps (1 = a block costs one step)
+
+Targets (issue 44, on an H100 and the 7B): the graph-captured step <= 1.5 floors, a 5-token verify <= 1.3
+graph-captured steps. Each is reported with the measured ratio; a mode or shape not measured is None.
+"""
+from __future__ import annotations
+
+import statistics
+
+STEP_TARGET_FLOORS = 1.5
+VERIFY_TOKENS = 5  # k = 4: the verify block of the shipped default
+VERIFY_TARGET_STEPS = 1.3
+
+
+def spread(times_ms: list[float]) -> tuple[float, float, float]:
+    """(median, p10, p90) of raw timings."""
+    ordered = sorted(times_ms)
+    pick = lambda q: ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]  # noqa: E731
+    return statistics.median(ordered), pick(0.1), pick(0.9)
+
+
+def _median(rows: list[dict], model: str, mode: str, batch: int, tokens: int) -> float | None:
+    found = [r["median_ms"] for r in rows if (r["model"], r["mode"], r["rows"], r["tokens"]) == (model, mode, batch, tokens)]
+    return found[0] if found else None
+
+
+def _ratio(top: float | None, bottom: float | None) -> float | None:
+    return None if top is None or not bottom else round(top / bottom, 3)
+
+
+def summarize(rows: list[dict], weight_bytes: dict[str, int], bandwidth_gbs: float, gpu: str | None) -> dict:
+    """Per model: floor, steps per mode, the best plain step, the targets' ratios, and every block in steps."""
+    models = {}
+    for model, size in weight_bytes.items():
+        floor_ms = size / (bandwidth_gbs * 1e9) * 1e3
+        modes = sorted({r["mode"] for r in rows if r["model"] == model})
+        steps = {mode: _median(rows, model, mode, 1, 1) for mode in modes}
+        measured = [s for s in steps.values() if s is not None]
+        graphs, verify = steps.get("graphs"), _median(rows, model, "graphs", 1, VERIFY_TOKENS)
+        blocks = [{"mode": r["mode"], "rows": r["rows"], "tokens": r["tokens"],
+                   "steps": _ratio(r["median_ms"], steps.get(r["mode"]))} for r in rows if r["model"] == model]
+        models[model] = {
+            "weight_bytes": size, "floor_ms": round(floor_ms, 4), "step_ms": steps,
+            "plain_ms": min(measured) if measured else None,
+            "step_floors": {mode: _ratio(s, floor_ms) for mode, s in steps.items()},
+            "targets": {
+                f"graph step <= {STEP_TARGET_FLOORS} floors": _verdict(_ratio(graphs, floor_ms), STEP_TARGET_FLOORS),
+                f"{VERIFY_TOKENS}-token verify <= {VERIFY_TARGET_STEPS} graph steps": _verdict(_ratio(verify, graphs),
+                                                                                             VERIFY_TARGET_STEPS)},
+            "block_steps": blocks,
+        }
+    return {"gpu": gpu, "bandwidth_gbs": round(bandwidth_gbs, 1), "models": models}
+
+
+def _verdict(ratio: float | None, target: float) -> dict:
+    return {"measured": ratio, "target": target, "met": None if ratio is None else ratio <= target}

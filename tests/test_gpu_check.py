@@ -1,0 +1,98 @@
+"""The GPU check (bench/gpu/check.sh, bench/measure/gpu_check.py) stays runnable on a machine nobody here can
+try it on: its dry run goes through the same commands on the CPU (tiny configs, few shapes), what it runs is
+held to the project (the CUDA test file and its marker, the configs, the driver's flags), and what it derives
+from a curve is checked on numbers whose answer is known."""
+import csv
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from bench.derive.gpu_costs import spread, summarize
+from bench.measure import gpu_check
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "gpu" / "check.sh"
+
+
+@pytest.mark.subprocess
+def test_the_dry_run_writes_every_file_through_the_same_commands(tmp_path):
+    results = tmp_path / "results"
+    done = subprocess.run(["bash", str(SCRIPT), str(results), "--dry-run"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable}, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    files = sorted(p.name for p in results.iterdir())
+    assert files == ["check.log", "cost_curve.csv", "cost_summary.json", "cuda_tests.txt", "environment.json"]
+    assert len(files) <= 8
+    environment = json.loads((results / "environment.json").read_text())
+    assert environment["dry_run"] and environment["device"] == "cpu" and "gpu" in environment
+    assert environment["missing_packages"] == [] and environment["bandwidth_gbs"] > 0
+    tests = (results / "cuda_tests.txt").read_text()
+    assert tests.startswith("gpu: None\n$ pytest tests/test_cuda.py -m cuda") and "exit code 0" in tests
+    assert re.search(r"\d+ skipped", tests)  # no GPU here: every CUDA test collected and skipped
+    with (results / "cost_curve.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["model"], r["mode"]) for r in rows} == {(m, mode) for m in gpu_check.MODELS for mode in ("eager", "static")}
+    assert all(r["median_ms"] and len(r["times_ms"].split()) == 2 and "gpu" in r for r in rows)
+    summary = json.loads((results / "cost_summary.json").read_text())
+    assert summary["complete"] and summary["failed"] == {} and "gpu" in summary
+    assert set(summary["models"]) == set(gpu_check.MODELS)
+
+
+def test_what_the_check_runs_is_in_the_project():
+    script = SCRIPT.read_text()
+    assert "python -m bench.measure.gpu_check" in script.replace('"$python"', "python")
+    assert "pip install -q --no-deps --no-build-isolation -e ." in script and "SPECBENCH_WHEELS" in script
+    assert re.search(r"timeout (\d+)", script) and int(re.search(r"timeout (\d+)", script)[1]) <= 8 * 60 - 30
+    test_file, _, marker = gpu_check.TESTS[:3]
+    assert (ROOT / test_file).is_file()
+    markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(m.startswith(f"{marker}:") for m in markers)
+    for name in gpu_check.MODELS:
+        assert json.loads((gpu_check.CONFIGS / f"{name}.json").read_text())["model_type"] == "qwen2"
+
+
+@pytest.mark.parametrize("name, layers, params_b", [("qwen2.5-1.5b", 28, 1.54), ("qwen2.5-7b", 28, 7.62)])
+def test_the_configs_are_the_real_architectures(name, layers, params_b):
+    import torch
+
+    with torch.device("meta"):  # the real size, no memory
+        model = gpu_check.build(name, "meta", dry=False)
+    assert model.config.num_hidden_layers == layers
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == params_b
+    assert next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_the_curve_starts_nothing_after_its_budget(tmp_path):
+    rows, sizes, failed = gpu_check.curve(list(gpu_check.MODELS), tmp_path, "cpu", None, dry=True, deadline=0.0, repeats=2)
+    assert rows == [] and sizes == {} and failed == {"budget": "the time budget ended before qwen2.5-1.5b"}
+    assert (tmp_path / "cost_curve.csv").read_text().startswith("gpu,model,mode,rows,tokens")
+
+
+def test_a_device_this_machine_lacks_is_one_line_exit_2(tmp_path, capsys):
+    assert gpu_check.main([str(tmp_path / "r"), "--device", "tpu"]) == 2
+    assert capsys.readouterr().err == "error: unknown device 'tpu' for --device: use cpu, cuda or cuda:N\n"
+    assert gpu_check.main([str(tmp_path / "r"), "--dry-run", "--models", "qwen9"]) == 2
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_summary_reads_floors_and_targets_from_the_curve():
+    def row(mode, rows, tokens, ms):
+        return {"model": "m", "mode": mode, "rows": rows, "tokens": tokens, "median_ms": ms}
+
+    curve = [row("graphs", 1, 1, 6.0), row("graphs", 1, 5, 7.2), row("eager", 1, 1, 22.0), row("graphs", 64, 5, 12.0)]
+    summary = summarize(curve, {"m": 15_000_000_000}, bandwidth_gbs=3000.0, gpu="NVIDIA H100")
+    model = summary["models"]["m"]
+    assert summary["gpu"] == "NVIDIA H100" and model["floor_ms"] == 5.0  # 15 GB at 3 TB/s
+    assert model["plain_ms"] == 6.0 and model["step_floors"] == {"eager": 4.4, "graphs": 1.2}
+    step, verify = model["targets"].values()
+    assert step == {"measured": 1.2, "target": 1.5, "met": True}
+    assert verify == {"measured": 1.2, "target": 1.3, "met": True}
+    assert {"mode": "graphs", "rows": 64, "tokens": 5, "steps": 2.0} in model["block_steps"]
+    missing = summarize([row("eager", 1, 1, 22.0)], {"m": 1}, 1.0, None)["models"]["m"]["targets"]
+    assert all(t["measured"] is None and t["met"] is None for t in missing.values())
+    assert spread([3.0, 1.0, 2.0]) == (2.0, 1.0, 3.0)
