@@ -51,8 +51,10 @@ TORCH_DTYPE = "bfloat16"  # runtime torch: the engine's CPU default (torch-int8 
 BANDWIDTH_BYTES = 1 << 30  # >= 1 GiB: far past any last-level cache (this machine reports 260 MiB of L3)
 BANDWIDTH_REPEATS = 5
 # The packages whose version a runtime's timings depend on, and their distributions' names.
-RUNTIME_PACKAGES = {"llamacpp": ("llama_cpp",)}  # every torch-* runtime: torch, transformers
-DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "llama_cpp": "llama_cpp_python"}
+RUNTIME_PACKAGES = {"llamacpp": ("llama_cpp",), "onnx-int4": ("onnxruntime", "onnxruntime_genai"),
+                    "onnx-int8": ("onnxruntime", "onnxruntime_genai")}  # every torch-* runtime: torch, transformers
+DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "llama_cpp": "llama_cpp_python",
+                 "onnxruntime": "onnxruntime", "onnxruntime_genai": "onnxruntime-genai"}
 
 
 # What an entry's measurement is: bumped when what is measured, or a runtime's own code here, changes (2: a
@@ -190,6 +192,8 @@ def streamed_weight_bytes(lm: LoadedModel) -> int:
     them is counted as the head), a dynamic int8 Linear counted as its packed int8 weight and its bias."""
     if lm.runtime == "llamacpp":
         return Path(lm.location).stat().st_size
+    if hasattr(lm.backend, "streamed_bytes"):  # a converted runtime's graph says what it reads (onnxrt.py)
+        return int(lm.backend.streamed_bytes)
     seen, total = set(), 0
     for module in lm.backend.model.modules():
         if isinstance(module, torch.nn.Embedding):

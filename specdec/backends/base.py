@@ -24,7 +24,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a backen
 # What runs a model's forwards: torch in DTYPES (hf_causal.py and friends), torch with dynamic int8
 # Linear layers (specdec.models.derive, float32 activations), the same with activations quantized per
 # token (`NAME@int8t`), or llama.cpp on a GGUF file (llamacpp.py).
-RUNTIMES = ("torch", "torch-int8", "torch-int8t", "llamacpp")
+# onnx-int4 / onnx-int8: the model's folder converted by onnxruntime-genai's builder (int4 or int8 weights, int8
+# activations) and run in ONNX Runtime (onnxrt.py), a one-token step padded to two rows so steps are blocks' rows.
+RUNTIMES = ("torch", "torch-int8", "torch-int8t", "llamacpp", "onnx-int4", "onnx-int8")
 # Runtimes whose k+1-row block computes, row for row, the logits of k+1 one-token steps (bit for bit:
 # tests/test_int8_batch.py), so greedy speculation verified there reproduces that runtime's own plain
 # decoding token for token. torch-int8 is not one: one activation scale over all rows of a block.
@@ -45,7 +47,10 @@ class RuntimePackage:
 
 
 # Every runtime not listed runs in torch and transformers, which are always installed.
-RUNTIME_PACKAGES = {"llamacpp": RuntimePackage("llama_cpp", "llama-cpp-python", LLAMACPP_EXTRA)}
+ONNX_EXTRA = "pip install 'specbench[onnx]'"  # pins onnxruntime-genai (its builder converts) and onnxruntime
+RUNTIME_PACKAGES = {"llamacpp": RuntimePackage("llama_cpp", "llama-cpp-python", LLAMACPP_EXTRA),
+                    "onnx-int4": RuntimePackage("onnxruntime_genai", "onnxruntime-genai", ONNX_EXTRA),
+                    "onnx-int8": RuntimePackage("onnxruntime_genai", "onnxruntime-genai", ONNX_EXTRA)}
 
 
 def runtime_parts(runtime: str) -> tuple[str, ...]:

@@ -227,6 +227,8 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
         raise ModelError(f"runtime {runtime} runs on the CPU only: device {device} is the torch runtime's")
     if runtime == "llamacpp":
         return load_gguf(name, log, llamacpp_extra_buffers)
+    if runtime in CONVERTED:
+        return load_converted(name, runtime, log)
     base, ops = split_name(registry.expand(name))
     if runtime in RUNTIME_OPS and not set(INT8) & set(ops):
         ops = (*ops, RUNTIME_OPS[runtime])
@@ -275,6 +277,48 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
         backend = causal_backend(derive(model, ops).to(device), name, steps)
     return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor,
                        runtime_of(ops))  # `NAME@int8` runs int8 whatever was asked
+
+
+# Runtimes that run a conversion of the model's folder, made on first use and kept beside it: runtime -> (the
+# loader's module, its function, the conversion's variant). specdec/models/convert_onnx.py, convert_openvino.py.
+CONVERTED = {
+    "onnx-int4": ("specdec.models.convert_onnx", "load_onnx", "int4"),
+    "onnx-int8": ("specdec.models.convert_onnx", "load_onnx", "int8"),
+}
+
+
+def load_converted(name: str, runtime: str, log: Callable[[str], object] = print) -> LoadedModel:
+    """A runtime of CONVERTED: the model's HF folder (a registry alias is fetched first), converted for it on first
+    use (seconds to minutes; the conversion is kept beside the folder with the hashes it was made from), loaded with
+    the folder's tokenizer and stop tokens, so every runtime encodes and stops alike."""
+    import importlib
+
+    from transformers import AutoTokenizer, GenerationConfig
+
+    check_runtime(runtime)
+    base, ops = split_name(registry.expand(name))
+    if ops:
+        raise ModelError(f"cannot load {name!r} in {runtime}: @{'+'.join(ops)} derives a torch model: drop the "
+                         "derivation, or use runtime torch-int8")
+    if base.endswith(".gguf"):
+        raise ModelError(f"model {name!r} is a GGUF file, which llama.cpp runs: use runtime llamacpp")
+    location = resolve(base, log=log)
+    if not isinstance(location, Path):
+        raise ModelError(f"runtime {runtime} converts a model folder: fetch {name!r} first (`specbench models fetch`) or "
+                         "give a folder")
+    if damaged := integrity.problems(location, None):
+        raise ModelError(f"cannot load model {name!r}: {damaged[0]} in {location}: restore that file, or point at a "
+                         "whole model folder")
+    module, function, variant = CONVERTED[runtime]
+    start = time.perf_counter()
+    backend = getattr(importlib.import_module(module), function)(location, log, variant=variant, name=name)
+    with _load_errors(name, location):
+        tokenizer = AutoTokenizer.from_pretrained(location)
+    if (location / "generation_config.json").is_file():  # the folder's stop tokens, as torch reads them
+        declared = GenerationConfig.from_pretrained(location).eos_token_id
+        backend.eos_ids = frozenset(backend.eos_ids) | frozenset(
+            declared if isinstance(declared, (list, tuple)) else [declared] if declared is not None else [])
+    return LoadedModel(name, str(location), backend, tokenizer, time.perf_counter() - start, runtime=runtime)
 
 
 def load_gguf(name: str, log: Callable[[str], object] = print, llamacpp_extra_buffers: str = "auto") -> LoadedModel:

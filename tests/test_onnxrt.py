@@ -1,0 +1,215 @@
+"""ONNX Runtime backend on a tiny random Qwen2 model converted by onnxruntime-genai's builder: the
+conversion is made once, reused, hashed in its marker and refused when its source or output is
+damaged; blocks, one-token steps and crops give the logits of one full forward: bit for bit with
+pad_steps (a step runs as two rows, the kernels of every block), within rounding without it (one-row
+MatMulNBits takes another kernel), with the same argmax."""
+import json
+import shutil
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime_genai")
+
+from specdec.backends.base import Backend, Prompt  # noqa: E402
+from specdec.backends.onnxrt import OnnxRuntimeBackend  # noqa: E402
+from specdec.errors import ModelError  # noqa: E402
+from specdec.models import integrity  # noqa: E402
+from specdec.models.convert_onnx import KEEP_INPUT, ensure_onnx, load_onnx, onnx_dir  # noqa: E402
+from specdec.models.registry import MARKER  # noqa: E402
+from tests.tiny import VOCAB, tiny_causal  # noqa: E402
+
+TOLERANCE = 1e-4  # unpadded one-row steps vs blocks on this tiny model: ~1e-6 (0.3 on the real 0.5B/1.5B)
+QUIET = dict(log=lambda message: None)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A tiny Qwen2 model saved as a HF folder with a tokenizer (the builder copies it), converted once."""
+    from tests.omni_fixtures import tiny_omni_tokenizer
+
+    path = tmp_path_factory.mktemp("onnx") / "tiny-qwen2"
+    model = tiny_causal("qwen2")
+    model.config.architectures = ["Qwen2ForCausalLM"]  # what the builder dispatches on
+    model.save_pretrained(path)
+    tiny_omni_tokenizer().save_pretrained(path)
+    ensure_onnx(path, **QUIET)
+    return path
+
+
+@pytest.fixture(scope="module")
+def backend(folder):
+    return load_onnx(folder, **QUIET)
+
+
+def _ids(seed: int, n: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_conversion_cached_and_hashed(folder):
+    out = onnx_dir(folder)
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["builder"] == "onnxruntime-genai==0.18.0"
+    assert marker["source"]["model.safetensors"]["sha256"] == integrity.sha256_of(folder / "model.safetensors")
+    for name in ("model.onnx", "model.onnx.data", "genai_config.json"):
+        assert marker["files"][name]["sha256"] == integrity.sha256_of(out / name)
+    assert not integrity.problems(out, marker["files"], hashes=True)
+    stamp = (out / "model.onnx").stat().st_mtime_ns
+    messages = []
+    assert ensure_onnx(folder, log=messages.append, verify=True) == out  # reused: no rebuild, no message
+    assert messages == [] and (out / "model.onnx").stat().st_mtime_ns == stamp
+    assert not any(p.name.startswith(".") for p in folder.iterdir())  # no temporary or lock files left
+
+
+def test_graph_keeps_last_rows(backend):
+    assert KEEP_INPUT in {i.name for i in backend._session.get_inputs()}
+    assert isinstance(backend, Backend) and backend.vocab_size == VOCAB and not backend.accepts_audio
+
+
+@pytest.mark.parametrize("pad_steps", [True, False])
+def test_blocks_steps_and_crops_equal_one_forward(folder, pad_steps):
+    backend = OnnxRuntimeBackend(onnx_dir(folder), pad_steps=pad_steps)
+    ids = _ids(1, 40)
+    state, full = backend.prefill(Prompt(ids), ids, keep=40)  # [40, V]: the reference rows
+    assert full.shape == (40, VOCAB) and full.dtype == torch.float32 and state.length == 40
+
+    def same(rows, start):
+        got = torch.cat(rows) if isinstance(rows, list) else rows
+        want = full[start : start + got.shape[0]]
+        if pad_steps:
+            assert torch.equal(got, want)
+        assert (got - want).abs().max().item() <= TOLERANCE
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+    state, last = backend.prefill(Prompt(ids[:12]), ids[:12], keep=3)
+    same(last, 9)  # keep: the prompt's last rows only
+    same(backend.forward(state, ids[12:17]), 12)  # a block on the cache: positions 12..16
+    backend.crop(state, 14)  # reject 3, then verify another block over the cropped rows
+    same(backend.forward(state, ids[14:22], keep=8), 14)
+    backend.crop(state, 20)
+    same([backend.forward(state, ids[t : t + 1]) for t in range(20, 30)], 20)  # one-token steps
+    assert backend.forward(state, ids[30:33], keep=1).shape == (1, VOCAB)
+    assert backend.forward(state, ids[33:34], keep=0) is None and state.length == 34  # a padded step's extra row dropped
+    backend.crop(state, 33)
+    same(backend.forward(state, ids[33:40], keep=7), 33)
+    assert state.length == 40
+    with pytest.raises(ValueError):
+        backend.crop(state, 41)
+
+
+def test_buffers_grow_with_held_rows(folder, monkeypatch):
+    import specdec.backends.onnxrt as onnxrt
+
+    monkeypatch.setattr(onnxrt, "MIN_CAPACITY", 4)
+    small = OnnxRuntimeBackend(onnx_dir(folder))
+    ids = _ids(2, 30)
+    _, full = small.prefill(Prompt(ids), ids, keep=30)
+    state, _ = small.prefill(Prompt(ids[:3]), ids[:3])
+    assert state.capacity == 4
+    rows = [small.forward(state, ids[t : t + 3]) for t in range(3, 30, 3)]  # grows 4 -> 8 -> 16 -> 32
+    assert state.capacity == 32 and torch.equal(torch.cat(rows), full[3:])
+
+
+def test_damaged_source_refused_in_one_line(folder, tmp_path):
+    copy = tmp_path / "damaged"
+    shutil.copytree(folder, copy)
+    weights = copy / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size - 100)
+    with pytest.raises(ModelError) as error:
+        ensure_onnx(copy, **QUIET)
+    message = str(error.value)
+    assert "\n" not in message and "model.safetensors" in message and "truncated" in message
+
+
+def test_damaged_output_refused_in_one_line(folder, tmp_path):
+    copy = tmp_path / "damaged-output"
+    shutil.copytree(folder, copy)
+    data = onnx_dir(copy) / "model.onnx.data"
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size - 64)
+    with pytest.raises(ModelError) as error:
+        load_onnx(copy, **QUIET)
+    message = str(error.value)
+    assert "\n" not in message and "model.onnx.data" in message and "delete" in message
+
+
+def test_changed_source_rebuilt_touched_source_reused(folder, tmp_path, monkeypatch):
+    import specdec.models.convert_onnx as convert_onnx
+
+    copy = tmp_path / "changed"
+    shutil.copytree(folder, copy)
+    out = onnx_dir(copy)
+    built = []
+    monkeypatch.setattr(convert_onnx, "_build", lambda model_dir, variant, out, log, source=None: built.append(model_dir) or out)
+    config = copy / "generation_config.json"
+    config.write_text(config.read_text())  # same bytes, new mtime: hashed again, reused, new mtime recorded
+    assert ensure_onnx(copy, **QUIET) == out and built == []
+    assert json.loads((out / MARKER).read_text())["source"][config.name]["mtime_ns"] == config.stat().st_mtime_ns
+    config.write_text(config.read_text().replace("}", ', "temperature": 0.5}', 1))  # other bytes: rebuilt
+    messages = []
+    ensure_onnx(copy, log=messages.append)
+    assert built == [copy] and "changed" in messages[0]
+
+
+# --- the runtime in the engine: onnx-int4 as a cloud, in process and behind the server ----------------------
+def _tokens(engine, texts=("hello world", "what is one two", "say three")) -> list[list[int]]:
+    try:
+        return [engine.generate(text).tokens for text in texts]
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def onnx_cloud_only(pair):
+    from specdec.core.config import DecodeConfig
+    from specdec.engine import Engine
+
+    engine = Engine(mode="cloud", cloud=pair["cloud"], cloud_runtime="onnx-int4", dtype="float32",
+                    decode=DecodeConfig(max_new_tokens=16), **QUIET)
+    assert engine.model("cloud").runtime == "onnx-int4"
+    return _tokens(engine)
+
+
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup"])
+@pytest.mark.parametrize("verifier", ["cached", "stateless"])
+def test_greedy_spec_verified_in_onnx_is_that_runtimes_own_plain_decoding(pair, onnx_cloud_only, drafter, verifier):
+    """Steps are blocks' rows bit for bit (pad_steps), so greedy speculation verified in onnx-int4 emits the
+    onnx-int4 cloud's own plain decoding token for token, with the edge model or prompt lookup drafting."""
+    from specdec.core.config import DecodeConfig, SpecConfig
+    from specdec.engine import Engine
+
+    spec = Engine(mode="spec", edge=pair["edge"], cloud=pair["cloud"], cloud_runtime="onnx-int4", dtype="float32",
+                  decode=DecodeConfig(max_new_tokens=16),
+                  spec=SpecConfig(k=3, entropy_threshold=0, policy="greedy", drafter=drafter, verifier=verifier), **QUIET)
+    assert _tokens(spec) == onnx_cloud_only
+
+
+@pytest.mark.server
+def test_greedy_spec_through_an_onnx_server_is_its_plain_decoding(pair, onnx_cloud_only):
+    from specdec.core.config import DecodeConfig, SpecConfig
+    from specdec.engine import Engine
+    from specdec.models.loading import load_model
+    from specdec.remote.server import BackgroundServer
+
+    cloud = load_model(pair["cloud"], "float32", runtime="onnx-int4", **QUIET)
+    with BackgroundServer(cloud) as url:
+        spec = Engine(mode="spec", edge=pair["edge"], cloud_url=url, dtype="float32",
+                      decode=DecodeConfig(max_new_tokens=16),
+                      spec=SpecConfig(k=3, entropy_threshold=0, policy="greedy"), **QUIET)
+        assert _tokens(spec) == onnx_cloud_only
+
+
+@pytest.mark.subprocess  # runs specbench in a child process
+def test_missing_onnx_extra_is_one_line(pair, prompts, tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['onnxruntime_genai'] = None  # as if the extra were not installed\n"
+            "from bench.cli import main; sys.exit(main(sys.argv[1:]))")
+    run = ["run", "--mode", "cloud", "--cloud", pair["cloud"], "--prompts", prompts, "--dtype", "float32",
+           "--max-new-tokens", "3", "--limit", "1", "--cloud-runtime", "onnx-int4", "--out", str(tmp_path / "a")]
+    result = subprocess.run([sys.executable, "-c", code, *run], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: --cloud-runtime onnx-int4 needs onnxruntime-genai, which is not installed: pip install 'specbench[onnx]'"]
