@@ -47,9 +47,14 @@ def test_llama_cpp_python_greedy_equals_specbench_llamacpp_cloud_only(pair, tmp_
     plain = LlamaCppPython(gguf, threads=1)
     theirs = [plain.generate(cloud.encode(text).input_ids.tolist(), 16, cloud.eos_ids) for text in TEXTS]
     assert theirs == ours
-    # Its prompt lookup (LlamaPromptLookupDecoding) keeps only what its own greedy choice agrees with.
-    lookup = LlamaCppPython(gguf, threads=1, prompt_lookup=True)
-    assert [lookup.generate(cloud.encode(text).input_ids.tolist(), 16, cloud.eos_ids) for text in TEXTS] == ours
+    # Its prompt lookup (LlamaPromptLookupDecoding) keeps only what its own greedy choice agrees with, on prompts
+    # longer than one batch of 16 (a draft of up to 10 + 1 rows fits one).
+    long = [" ".join([text] * 6) for text in TEXTS]
+    plain = LlamaCppPython(gguf, threads=1, n_batch=16)
+    lookup = LlamaCppPython(gguf, threads=1, prompt_lookup=True, n_batch=16)
+    ids = [cloud.encode(text).input_ids.tolist() for text in long]
+    assert min(len(i) for i in ids) > 16
+    assert [lookup.generate(i, 16, cloud.eos_ids) for i in ids] == [plain.generate(i, 16, cloud.eos_ids) for i in ids]
 
 
 def test_peer_settings_take_spec_bench_sets_and_cloud_runtimes():

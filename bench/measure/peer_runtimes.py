@@ -130,9 +130,11 @@ class LlamaCppPython:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         draft = LlamaPromptLookupDecoding() if prompt_lookup else None
+        # With a draft model `Llama` computes every row's logits whatever `logits_all` says, but sizes its score
+        # buffer by it: logits_all=False there breaks every prompt longer than one batch (llama-cpp-python 0.3.36).
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
-                                   n_threads_batch=threads, logits_all=False, flash_attn=flash_attn, verbose=False,
-                                   draft_model=draft)
+                                   n_threads_batch=threads, logits_all=prompt_lookup, flash_attn=flash_attn,
+                                   verbose=False, draft_model=draft)
 
     def generate(self, ids: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> list[int]:
         self.llm.reset()  # no prefix reuse from the previous prompt: the whole prompt is evaluated, as in every peer
