@@ -46,7 +46,11 @@ def test_the_main_job_installs_the_runtimes_its_default_config_runs():
 
     config = SweepConfig.from_toml("default", choose_runtimes=choose)
     runtimes = {*config.edge_runtime, *config.cloud_runtime, *config.plain_runtimes, *chosen}
-    assert ("llamacpp" in runtimes) == ("'.[llamacpp]'" in readme_commands()[0])
+    from specdec.backends.base import RUNTIME_PACKAGES
+
+    needed = sorted({RUNTIME_PACKAGES[r].extra.split("[")[1].split("]")[0] for r in runtimes if r in RUNTIME_PACKAGES})
+    assert needed == ["llamacpp", "onnx", "openvino"]  # llama.cpp, ONNX Runtime and OpenVINO are candidates of auto
+    assert f"'.[{','.join(needed)}]'" in readme_commands()[0]
 
 
 # -- the README is a map; docs/ holds one page per subject ---------------------------------------------

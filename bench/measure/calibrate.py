@@ -52,9 +52,10 @@ BANDWIDTH_BYTES = 1 << 30  # >= 1 GiB: far past any last-level cache (this machi
 BANDWIDTH_REPEATS = 5
 # The packages whose version a runtime's timings depend on, and their distributions' names.
 RUNTIME_PACKAGES = {"llamacpp": ("llama_cpp",), "onnx-int4": ("onnxruntime", "onnxruntime_genai"),
-                    "onnx-int8": ("onnxruntime", "onnxruntime_genai")}  # every torch-* runtime: torch, transformers
+                    "onnx-int8": ("onnxruntime", "onnxruntime_genai"), "openvino-int8": ("openvino", "nncf")}  # every torch-* runtime: torch, transformers
 DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "llama_cpp": "llama_cpp_python",
-                 "onnxruntime": "onnxruntime", "onnxruntime_genai": "onnxruntime-genai"}
+                 "onnxruntime": "onnxruntime", "onnxruntime_genai": "onnxruntime-genai", "openvino": "openvino",
+                 "nncf": "nncf"}
 
 
 # What an entry's measurement is: bumped when what is measured, or a runtime's own code here, changes (2: a

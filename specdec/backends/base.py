@@ -26,11 +26,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a backen
 # token (`NAME@int8t`), or llama.cpp on a GGUF file (llamacpp.py).
 # onnx-int4 / onnx-int8: the model's folder converted by onnxruntime-genai's builder (int4 or int8 weights, int8
 # activations) and run in ONNX Runtime (onnxrt.py), a one-token step padded to two rows so steps are blocks' rows.
-RUNTIMES = ("torch", "torch-int8", "torch-int8t", "llamacpp", "onnx-int4", "onnx-int8")
+# openvino-int8: the model converted to an OpenVINO IR (int8 weights by nncf, activations quantized per row at
+# run time, attention one query row at a time so blocks are steps' rows bit for bit), on OpenVINO's CPU plugin.
+RUNTIMES = ("torch", "torch-int8", "torch-int8t", "llamacpp", "onnx-int4", "onnx-int8", "openvino-int8")
 # Runtimes whose k+1-row block computes, row for row, the logits of k+1 one-token steps (bit for bit:
 # tests/test_int8_batch.py), so greedy speculation verified there reproduces that runtime's own plain
 # decoding token for token. torch-int8 is not one: one activation scale over all rows of a block.
-BATCH_INVARIANT_RUNTIMES = ("torch-int8t",)
+BATCH_INVARIANT_RUNTIMES = ("torch-int8t", "onnx-int4", "onnx-int8", "openvino-int8")  # calibrate measures it too
 # The cloud held in two runtimes, PLAIN+BLOCKS: plain steps in the first, draft blocks in the second
 # (specdec/core/cloud.py TwoRuntimeCloud; spec mode in process only).
 RUNTIME_PAIRS = tuple(f"{plain}+{blocks}" for plain in RUNTIMES for blocks in RUNTIMES if plain != blocks)
@@ -48,7 +50,9 @@ class RuntimePackage:
 
 # Every runtime not listed runs in torch and transformers, which are always installed.
 ONNX_EXTRA = "pip install 'specbench[onnx]'"  # pins onnxruntime-genai (its builder converts) and onnxruntime
+OPENVINO_EXTRA = "pip install 'specbench[openvino]'"  # pins openvino and nncf (which compresses the weights)
 RUNTIME_PACKAGES = {"llamacpp": RuntimePackage("llama_cpp", "llama-cpp-python", LLAMACPP_EXTRA),
+                    "openvino-int8": RuntimePackage("openvino", "openvino", OPENVINO_EXTRA),
                     "onnx-int4": RuntimePackage("onnxruntime_genai", "onnxruntime-genai", ONNX_EXTRA),
                     "onnx-int8": RuntimePackage("onnxruntime_genai", "onnxruntime-genai", ONNX_EXTRA)}
 

@@ -284,6 +284,7 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
 CONVERTED = {
     "onnx-int4": ("specdec.models.convert_onnx", "load_onnx", "int4"),
     "onnx-int8": ("specdec.models.convert_onnx", "load_onnx", "int8"),
+    "openvino-int8": ("specdec.models.convert_openvino", "load_openvino", "int8"),
 }
 
 
@@ -311,7 +312,9 @@ def load_converted(name: str, runtime: str, log: Callable[[str], object] = print
                          "whole model folder")
     module, function, variant = CONVERTED[runtime]
     start = time.perf_counter()
-    backend = getattr(importlib.import_module(module), function)(location, log, variant=variant, name=name)
+    loader = getattr(importlib.import_module(module), function)
+    backend = (loader(location, log, weights=variant, name=name) if function == "load_openvino"
+               else loader(location, log, variant=variant, name=name))
     with _load_errors(name, location):
         tokenizer = AutoTokenizer.from_pretrained(location)
     if (location / "generation_config.json").is_file():  # the folder's stop tokens, as torch reads them

@@ -1,0 +1,83 @@
+"""The converted runtimes (onnx-int4, openvino-int8) as a cloud, on the tiny pair: greedy speculation verified
+there is that runtime's own plain decoding token for token, with the edge model or prompt lookup drafting,
+cached and stateless, in process and behind the server; a missing extra is one line and exit 2."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from specdec.backends.base import RUNTIME_PACKAGES
+from specdec.core.config import DecodeConfig, SpecConfig
+from specdec.engine import Engine
+from specdec.models.loading import load_model
+from specdec.remote.server import BackgroundServer
+
+QUIET = dict(log=lambda message: None)
+TEXTS = ("hello world", "what is one two", "say three")
+RUNTIMES = [pytest.param(r, marks=pytest.mark.skipif(importlib.util.find_spec(RUNTIME_PACKAGES[r].module) is None,
+                                                     reason=f"{RUNTIME_PACKAGES[r].distribution} is not installed"))
+            for r in ("onnx-int4", "openvino-int8")]
+
+
+def _tokens(engine) -> list[list[int]]:
+    try:
+        return [engine.generate(text).tokens for text in TEXTS]
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def plain(pair):
+    """Each runtime's own greedy decoding of the tiny cloud, once."""
+    found = {}
+
+    def of(runtime: str) -> list[list[int]]:
+        if runtime not in found:
+            engine = Engine(mode="cloud", cloud=pair["cloud"], cloud_runtime=runtime, dtype="float32",
+                            decode=DecodeConfig(max_new_tokens=16), **QUIET)
+            assert engine.model("cloud").runtime == runtime
+            found[runtime] = _tokens(engine)
+        return found[runtime]
+    return of
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup"])
+@pytest.mark.parametrize("verifier", ["cached", "stateless"])
+def test_greedy_spec_verified_in_a_converted_runtime_is_its_own_plain_decoding(pair, plain, runtime, drafter, verifier):
+    spec = Engine(mode="spec", edge=pair["edge"], cloud=pair["cloud"], cloud_runtime=runtime, dtype="float32",
+                  decode=DecodeConfig(max_new_tokens=16),
+                  spec=SpecConfig(k=3, entropy_threshold=0, policy="greedy", drafter=drafter, verifier=verifier), **QUIET)
+    generations = [spec.generate(text) for text in TEXTS]
+    spec.close()
+    assert [g.tokens for g in generations] == plain(runtime)
+    if drafter == "model":  # every path ran: a correction and a bonus somewhere
+        assert {"correction", "bonus"} <= {c.extra_kind for g in generations for c in g.cycles}
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_greedy_spec_through_a_converted_runtimes_server_is_its_plain_decoding(pair, plain, runtime):
+    cloud = load_model(pair["cloud"], "float32", runtime=runtime, **QUIET)
+    with BackgroundServer(cloud) as url:
+        spec = Engine(mode="spec", edge=pair["edge"], cloud_url=url, dtype="float32",
+                      decode=DecodeConfig(max_new_tokens=16),
+                      spec=SpecConfig(k=3, entropy_threshold=0, policy="greedy"), **QUIET)
+        assert _tokens(spec) == plain(runtime)
+
+
+@pytest.mark.subprocess  # runs specbench in a child process
+@pytest.mark.parametrize("runtime", ["onnx-int4", "openvino-int8"])
+def test_a_missing_extra_is_one_line(pair, prompts, tmp_path, runtime):
+    package = RUNTIME_PACKAGES[runtime]
+    code = (f"import sys; sys.modules[{package.module!r}] = None  # as if the extra were not installed\n"
+            "from bench.cli import main; sys.exit(main(sys.argv[1:]))")
+    run = ["run", "--mode", "cloud", "--cloud", pair["cloud"], "--prompts", prompts, "--dtype", "float32",
+           "--max-new-tokens", "3", "--limit", "1", "--cloud-runtime", runtime, "--out", str(tmp_path / "a")]
+    result = subprocess.run([sys.executable, "-c", code, *run], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: --cloud-runtime {runtime} needs {package.distribution}, which is not installed: {package.extra}"]
