@@ -121,3 +121,11 @@ def test_damaged_refused_changed_converted_again(tiny, backend, tmp_path):
     assert second["source"]["model.safetensors"]["sha256"] != first["source"]["model.safetensors"]["sha256"]
     assert second["outputs"][conv.IR_BIN]["sha256"] != first["outputs"][conv.IR_BIN]["sha256"]
     assert isinstance(conv.open_ir(out), OpenVinoBackend)
+
+
+def test_a_step_streams_every_weight_but_the_embedding_table(tiny, backend):
+    """The calibration's floor: the IR's weights less the table a Gather reads one row of (int8 here, with its
+    scales), so more than nothing and less than the file by most of that table."""
+    config = tiny[1].config
+    embedding = config.vocab_size * config.hidden_size  # int8: one byte each
+    assert 0 < backend.streamed_bytes < backend.memory_bytes - embedding // 2  # its scales and shapes aside

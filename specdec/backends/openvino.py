@@ -126,6 +126,30 @@ class OpenVinoBackend:
             raise ModelError(f"OpenVINO cannot compile {self.ir_xml} for the CPU with {config} ({_first_line(e)})") from None
         self._request = self._compiled.create_infer_request()
 
+    @property
+    def streamed_bytes(self) -> int:
+        """The bytes one token step reads: every weight constant of the IR but those whose only readers are a
+        Gather (an embedding table, read one row at a time), followed through nncf's decompression (Convert,
+        Subtract, Multiply, Reshape) to the op that uses them."""
+        passing = {"Convert", "Subtract", "Multiply", "Reshape", "Unsqueeze", "Squeeze", "Transpose"}
+        total = 0
+        for op in self._ir.get_ordered_ops():
+            if op.get_type_name() != "Constant" or op.get_output_size() != 1:
+                continue
+            users, frontier, seen = set(), [op], set()
+            while frontier:
+                node = frontier.pop()
+                for target in node.output(0).get_target_inputs():
+                    reader = target.get_node()
+                    if reader.get_type_name() in passing and reader.get_friendly_name() not in seen:
+                        seen.add(reader.get_friendly_name())
+                        frontier.append(reader)
+                    elif reader.get_type_name() not in passing:
+                        users.add(reader.get_type_name())
+            if users and users != {"Gather"}:
+                total += op.get_byte_size()
+        return total
+
     def compiled_property(self, key: str):
         """A property of the compiled model as the plugin resolved it (e.g. INFERENCE_PRECISION_HINT)."""
         return self._compiled.get_property(key)
