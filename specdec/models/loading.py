@@ -280,11 +280,11 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
 
 
 # Runtimes that run a conversion of the model's folder, made on first use and kept beside it: runtime -> (the
-# loader's module, its function, the conversion's variant). specdec/models/convert_onnx.py, convert_openvino.py.
+# loader's module, its function, the conversion it loads). specdec/models/convert_onnx.py, convert_openvino.py.
 CONVERTED = {
-    "onnx-int4": ("specdec.models.convert_onnx", "load_onnx", "int4"),
-    "onnx-int8": ("specdec.models.convert_onnx", "load_onnx", "int8"),
-    "openvino-int8": ("specdec.models.convert_openvino", "load_openvino", "int8"),
+    "onnx-int4": ("specdec.models.convert_onnx", "load_onnx", {"variant": "int4"}),
+    "onnx-int8": ("specdec.models.convert_onnx", "load_onnx", {"variant": "int8"}),
+    "openvino-int8": ("specdec.models.convert_openvino", "load_openvino", {"weights": "int8"}),
 }
 
 
@@ -310,11 +310,9 @@ def load_converted(name: str, runtime: str, log: Callable[[str], object] = print
     if damaged := integrity.problems(location, None):
         raise ModelError(f"cannot load model {name!r}: {damaged[0]} in {location}: restore that file, or point at a "
                          "whole model folder")
-    module, function, variant = CONVERTED[runtime]
+    module, function, conversion = CONVERTED[runtime]
     start = time.perf_counter()
-    loader = getattr(importlib.import_module(module), function)
-    backend = (loader(location, log, weights=variant, name=name) if function == "load_openvino"
-               else loader(location, log, variant=variant, name=name))
+    backend = getattr(importlib.import_module(module), function)(location, log, name=name, **conversion)
     with _load_errors(name, location):
         tokenizer = AutoTokenizer.from_pretrained(location)
     if (location / "generation_config.json").is_file():  # the folder's stop tokens, as torch reads them
