@@ -22,7 +22,7 @@ def top_n(probs: torch.Tensor, n: int) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, index, values / values.sum())
 
 
-@register_drafter("model", needs_model=True)
+@register_drafter("model", needs_model=True, drafts_ahead=True)
 class ModelDrafter:
     """The edge model's session. Its cache holds a prefix of the accepted sequence plus, while
     drafting, its own draft tokens; `rollback` crops it to the part the cycle kept."""
