@@ -9,11 +9,12 @@ from typing import Callable
 
 from specdec.backends.base import runtime_parts
 from specdec.backends.devices import steps_of
-from specdec.core.cloud import Cloud, LocalCloud, TwoRuntimeCloud
+from specdec.core.cloud import Cloud, LocalCloud
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.decode import autoregressive_decode, speculative_decode
-from specdec.core.drafters import WEIGHS_RUNTIMES
-from specdec.core.drafters.interface import BLOCK_STEPS_PRIOR, NEEDS_MODEL
+from specdec.core.drafters import DRAFTS_AHEAD, NEEDS_MODEL, WEIGHS_RUNTIMES
+from specdec.core.history import History
+from specdec.core.two_runtime import TwoRuntimeCloud
 from specdec.errors import ConfigError, InputError
 from specdec.models.loading import LoadedModel, load_model
 from specdec.core.overlap import OverlapGovernor
@@ -48,6 +49,9 @@ class Engine(EngineConfig):
                 raise ConfigError(f"--cloud-runtime {self.cloud_runtime} needs a drafter that weighs switching between "
                                   f"the two runtimes ({', '.join(sorted(WEIGHS_RUNTIMES))}); {self.spec.drafter!r} would "
                                   "feed the whole prompt to each: use --drafter auto or one runtime")
+            if self.remote_cloud and self.deploy.overlap is True and self.spec.drafter not in DRAFTS_AHEAD:
+                raise ConfigError(f"--overlap true drafts ahead with the edge model; drafter {self.spec.drafter!r} cannot "
+                                  f"(only {', '.join(sorted(DRAFTS_AHEAD))}): use --overlap auto or false")
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -68,17 +72,22 @@ class Engine(EngineConfig):
         against plain steps (`auto`) start from it instead of assuming every block costs one step. Not
         history: forget_history keeps it."""
         self._derived["block_steps_prior"] = {int(n): float(steps) for n, steps in block_steps.items()}
+        if "history" in self._derived:
+            self._derived["history"].block_steps_prior = dict(self._derived["block_steps_prior"])
 
-    def _drafter_memory(self) -> dict:
-        """What drafters keep across this engine's generations, seeded with the assumed block costs."""
-        return self._derived.setdefault("drafter_memory", {BLOCK_STEPS_PRIOR: self._derived.get("block_steps_prior", {})})
+    def history(self) -> History:
+        """What this engine's requests measured for its next ones (specdec/core/history.py), from the
+        assumed block costs on."""
+        if "history" not in self._derived:
+            self._derived["history"] = History(self._derived.get("block_steps_prior"))
+        return self._derived["history"]
 
     def forget_history(self) -> None:
-        """Drop what earlier generations taught this engine (the overlap governor's running means, an
-        n-gram drafter's counts), as after an untimed warm-up: the next generation starts as the first
-        one of a fresh engine."""
+        """Drop what earlier generations taught this engine (the overlap governor's running means, the
+        History: costs, answers, an n-gram drafter's counts), as after an untimed warm-up: the next
+        generation starts as the first one of a fresh engine."""
         self._derived.pop("overlap", None)
-        self._derived.pop("drafter_memory", None)
+        self._derived.pop("history", None)
 
     @property
     def two_runtimes(self) -> bool:
@@ -273,12 +282,14 @@ class Engine(EngineConfig):
         constraints = self.constraints_for()
         if self.mode == "spec":
             edge = self.model("edge").backend if self.spec.drafter in NEEDS_MODEL else None
+            history = self.history()  # this request reads what earlier ones measured; its answer's length closes it
             generation = speculative_decode(
                 edge, self.cloud_side(), prompt, self.spec, self.decode,
                 constraints, self.punct_density(), on_cloud_loss=self.deploy.on_cloud_loss,
                 overlap=self.deploy.overlap if self.remote_cloud else False, governor=self._governor(),
-                drafter=self.spec.drafter, drafter_memory=self._drafter_memory(),
+                history=history,
             )
+            history.close_request(generation.new_tokens)
         else:
             generation = autoregressive_decode(loaded.backend, prompt, self.decode, constraints, role=self.mode)
         generation.text = loaded.tokenizer.decode(generation.tokens, skip_special_tokens=True)

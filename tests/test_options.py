@@ -47,6 +47,18 @@ def test_flags_that_were_run_only_now_reach_the_sweep(tmp_path):
     assert not config.engine_config(config.points()[0]).chat_template
 
 
+def test_drafter_options_reach_a_run_and_a_sweep_point(tmp_path):
+    """`--drafter-options NAME=VALUE,...` is SpecConfig.drafter_options; a sweep's points carry it."""
+    args = build_parser().parse_args(["run", "--mode", "spec", "--prompts", "p", "--out", "o", "--drafter", "ngram",
+                                      "--drafter-options", "min_count=2,max_ngram=3"])
+    assert args.drafter_options == "min_count=2,max_ngram=3"
+    args = build_parser().parse_args([
+        "sweep", "--edge", "e", "--cloud", "c", "--out", str(tmp_path), "--mode", "spec", "--drafter", "prompt-lookup",
+        "--drafter-options", "max_ngram=1"])
+    config = sweep_from_args(args)
+    assert config.spec_config(config.points()[0]).drafter_options == "max_ngram=1"
+
+
 def test_sweep_flags_leave_the_toml_alone_unless_given(tmp_path):
     toml = tmp_path / "s.toml"
     toml.write_text("edge = 'e'\ncloud = 'c'\nchat_template = false\nmax_new_tokens = 7\nrlimit_as = true\n")

@@ -132,7 +132,8 @@ class Point:
     draft_topn: int | None = None  # sample policy: drafts drawn from the edge's top-N (None: the whole distribution)
     draft_stop: str | None = None  # what ends a block early: none, entropy:NATS or pmin:P
     k_schedule: str | None = None  # the block length cap over time: constant, or heuristic
-    drafter: str | None = None  # what proposed the blocks: model, prompt-lookup, ngram, hybrid
+    drafter: str | None = None  # what proposed the blocks: model, prompt-lookup, ngram, hybrid, auto
+    drafter_options: str | None = None  # the drafter's own settings, NAME=VALUE,... ("": its defaults)
     # DeployConfig: split only
     overlap: bool | str | None = None  # draft the next block while the server verifies: True, False or auto
     # DecodeConfig

@@ -56,7 +56,7 @@ def before(point: dict) -> dict:
     return {"drafter": "model" if mode == "spec" else None, "turns": "all",
             "llamacpp_extra_buffers": extra_buffers if extra_buffers in (None, "auto", "on") else "on",
             "edge_device": None if mode == "cloud" else "cpu", "cloud_device": None if mode == "edge" else "cpu",
-            "kv_cache": "auto", "cuda_graphs": "on"}
+            "kv_cache": "auto", "cuda_graphs": "on", "drafter_options": "" if mode == "spec" else None}
 
 
 def _run(engine: Engine, prompts: str, records: list[PromptRecord], asked: dict, out: Path, progress: bool,

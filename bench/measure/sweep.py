@@ -42,7 +42,7 @@ from specdec.remote.protocol import parse_address
 # plain decoding ran in the grid's runtimes only.
 BEFORE = {"split_cores": "shared", "plain_runtimes": [], "drafter": ["model"], "turns": "all",
           "llamacpp_extra_buffers": "auto", "rows": [], "edge_device": "cpu", "cloud_device": "cpu", "kv_cache": "auto",
-          "cuda_graphs": "on"}
+          "cuda_graphs": "on", "drafter_options": ""}
 
 
 def run_sweep(config: SweepConfig, out: Path, progress: bool = True, machine: dict | None = None) -> dict:

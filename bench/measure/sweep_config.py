@@ -24,7 +24,7 @@ from bench.core.folder import canonical_path
 from bench.core.point import AXES, DEPLOYMENTS, FIELDS, RUNTIME_OF, SETTING_TYPES, SETTINGS, Point, blank
 from bench.core.prompts import PromptInputs, canonical_prompts, expand_prompt_sets, rejoin_categories
 from specdec.backends.base import RUNTIMES, runtime_parts
-from specdec.core.drafters import WEIGHS_RUNTIMES
+from specdec.core.drafters import DRAFTS_AHEAD, WEIGHS_RUNTIMES
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
 from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import parse_address
@@ -270,6 +270,8 @@ class SweepConfig(RunSettings):
                 continue
             if len(runtime_parts(values["cloud_runtime"])) > 1 and values["drafter"] not in WEIGHS_RUNTIMES:
                 continue  # only a drafter that weighs the switches runs on a two-runtime cloud (specdec.engine)
+            if values["deployment"] == "split" and values["overlap"] is True and values["drafter"] not in DRAFTS_AHEAD:
+                continue  # only a drafter that can draft ahead takes overlap true (specdec.engine refuses the rest)
             add(values)
             if values["mode"] in RUNTIME_OF:  # the same baseline in every extra runtime asked for
                 for runtime in self.plain_runtimes:

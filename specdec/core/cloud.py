@@ -23,7 +23,7 @@ import torch
 from specdec.backends.base import Backend, Prompt
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.errors import SpecdecError
-from specdec.core.verdict import CloudLost, InFlight, Verdict
+from specdec.core.verdict import CloudLost, InFlight, Route, Verdict
 from specdec.core.policies import make_policy
 from specdec.core.processors import Constraints
 from specdec.core.sampling import distribution
@@ -150,8 +150,10 @@ class CloudLink:
     def compute_s(self) -> float:
         return self.session.compute_s if self.session is not None else 0.0
 
-    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> InFlight:
-        """Send a block for its verdict; the verdict records when it left and when it was read."""
+    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+             route: Route | None = None) -> InFlight:
+        """Send a block for its verdict; the verdict records when it left and when it was read. `route`: where
+        a cloud held in two runtimes (in process, specdec/core/two_runtime.py) verifies it."""
         session = self.session = self.session or self.cloud.open(*self.opening)
         sent_at = time.perf_counter()
 
@@ -161,7 +163,8 @@ class CloudLink:
 
         round_trip_s = session.round_trip_s
         if round_trip_s is None:  # in process: decided now
-            verdict = stamped(session.verify(seq, draft_tokens, draft_probs))
+            routed = () if route is None else (route,)
+            verdict = stamped(session.verify(seq, draft_tokens, draft_probs, *routed))
             return InFlight(lambda: verdict)
         session.send(seq, draft_tokens, draft_probs)
         return InFlight(lambda: stamped(session.receive()), session.ready, sent_at + round_trip_s)
@@ -180,11 +183,12 @@ class EdgeFallbackLink(CloudLink):
     """on_cloud_loss "edge": a lost cloud closes the session and answers None from then on; the
     generation goes on edge-only (degraded), its draft blocks kept unverified."""
 
-    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> InFlight:
+    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+             route: Route | None = None) -> InFlight:
         if self.lost:
             return InFlight(lambda: None)
         try:
-            in_flight = super().send(seq, draft_tokens, draft_probs)
+            in_flight = super().send(seq, draft_tokens, draft_probs, route)
         except CloudLost:
             return self.lose()
         return replace(in_flight, receive=lambda: self.guarded(in_flight.receive))
@@ -205,58 +209,3 @@ class EdgeFallbackLink(CloudLink):
 def open_link(cloud: Cloud, opening: tuple, on_loss: str = "fail") -> CloudLink:
     """on_loss (config.ON_CLOUD_LOSS): "fail" raises CloudLost, "edge" goes on edge-only."""
     return EdgeFallbackLink(cloud, opening) if on_loss == "edge" else CloudLink(cloud, opening)
-
-
-class TwoRuntimeSession:
-    """One generation on a cloud model held in two runtimes (`TwoRuntimeCloud`): an empty block (a
-    plain step: one token in, the cloud's next token out) goes to `plain`, a draft block to `blocks`.
-    Each keeps its own cache of the accepted prefix and catches up on what the other decided by one
-    block feed at its next call (the cached verifier feeds every accepted token it has not seen)."""
-
-    round_trip_s = None  # both in process
-
-    def __init__(self, plain: CloudSession, blocks: CloudSession) -> None:
-        self.plain, self.blocks = plain, blocks
-        self.last: CloudSession | None = None  # the one that verified last: the only one past the accepted prefix
-
-    @property
-    def compute_s(self) -> float:
-        return self.plain.compute_s + self.blocks.compute_s
-
-    def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict:
-        self.last = self.blocks if draft_tokens.numel() else self.plain
-        return self.last.verify(seq, draft_tokens, draft_probs)
-
-    def rollback(self, length: int, seq: AcceptedSequence) -> None:
-        self.last.rollback(length, seq)
-
-    def close(self) -> None:
-        self.plain.close()
-        self.blocks.close()
-
-
-@dataclass
-class TwoRuntimeCloud:
-    """The cloud model held in two runtimes (`--cloud-runtime PLAIN+BLOCKS`, e.g. llamacpp+torch-int8):
-    plain steps where one token's forward is fastest, blocks where an (n+1)-token forward is cheapest
-    (on 2026-11-25, 2 threads: a 5-token block cost 2.9 token steps in llama.cpp Q4_K_M and 1.07 in
-    torch-int8, whose single step is ~1.4x llama.cpp's). Memory: both copies of the weights (the 1.5B:
-    ~1.1 GB GGUF + ~2 GB int8) and both KV caches. A switch costs the runtime switched to one feed of the
-    tokens the other decided since it last ran (its first call: the whole prompt)."""
-
-    plain: Cloud
-    blocks: Cloud
-    caches = 2  # what a drafter weighing a switch reads (DraftContext.cloud_caches)
-
-    @property
-    def vocab_size(self) -> int:
-        return min(self.plain.vocab_size, self.blocks.vocab_size)
-
-    @property
-    def accepts_audio(self) -> bool:
-        return self.plain.accepts_audio and self.blocks.accepts_audio
-
-    def open(self, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig, constraints: Constraints, vocab: int,
-             generator: torch.Generator) -> TwoRuntimeSession:
-        opening = (prompt, spec, decode, constraints, vocab, generator)
-        return TwoRuntimeSession(self.plain.open(*opening), self.blocks.open(*opening))

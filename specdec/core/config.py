@@ -16,7 +16,7 @@ from specdec.backends.base import DTYPES, RUNTIME_PAIRS, RUNTIMES, check_runtime
 from specdec.backends.devices import CUDA_GRAPHS, DEVICE_NAMES, KV_CACHES, check_device
 from specdec.backends.llamacpp_probe import EXTRA_BUFFERS
 from specdec.core.block_length import SCHEDULES, parse_stop
-from specdec.core.drafters import DRAFTERS
+from specdec.core.drafters import DRAFTERS, describe_options, drafter_options
 from specdec.errors import ConfigError
 from specdec.core.policies import POLICIES
 from specdec.core.verifier import VERIFIERS
@@ -265,7 +265,12 @@ class SpecConfig:
         default="model", metadata={"help": "what proposes a block (specdec/core/drafters/): model (the edge model), "
                                            "prompt-lookup or ngram (no model: always verified), hybrid (prompt "
                                            "lookup when it matches, else the edge model while its blocks pay), or auto (prompt lookup "
-                                           "only while its blocks pay, plain steps otherwise)", "choices": tuple(DRAFTERS)}
+                                           "only while its blocks pay, plain steps otherwise)",
+                                   "choices": DRAFTERS}  # the registry itself: a drafter registered later is a choice too
+    )
+    drafter_options: str = field(
+        default="", metadata={"help": "the drafter's own settings, NAME=VALUE[,NAME=VALUE]; a drafter refuses any "
+                                      f"other (docs/drafters.md). {describe_options()}"}
     )
 
     def __post_init__(self) -> None:
@@ -286,6 +291,7 @@ class SpecConfig:
         parse_stop(self.draft_stop)
         if self.punct_trigger is not None and not 0.0 <= self.punct_trigger <= 1.0:
             raise ConfigError(f"punct_trigger is a density in [0, 1], got {self.punct_trigger}")
+        drafter_options(self.drafter, self.drafter_options)  # one the drafter does not take is refused here
 
     def check_decoding(self, decode: DecodeConfig) -> None:
         if self.policy == "sample" and not decode.do_sample:

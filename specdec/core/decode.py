@@ -24,16 +24,18 @@ from specdec.backends.base import Backend, Prompt
 from specdec.core.block_length import block_size, make_schedule, make_stop
 from specdec.core.cloud import Cloud, CloudLink, as_cloud, open_link
 from specdec.core.config import DecodeConfig, SpecConfig
-from specdec.core.drafters import DraftContext, DraftNote, Drafter, Proposal, make_drafter
+from specdec.core.drafters import DRAFTS_AHEAD, DraftContext, DraftNote, Drafter, Proposal, make_drafter
 from specdec.core.drafters.ahead import DraftAhead
-from specdec.core.drafters.model import ModelDrafter
 from specdec.core.escalation import should_escalate
+from specdec.core.history import History
 from specdec.core.overlap import OverlapGovernor
 from specdec.core.processors import Constraints
 from specdec.core.sampling import choose, distribution, entropy_nats
 from specdec.core.session import AcceptedSequence, Session
 from specdec.core.trace import Counters, Cycle, Generation
+from specdec.core.two_runtime import Router, TwoRuntimeCloud
 from specdec.core.verdict import Verdict
+from specdec.errors import ConfigError
 
 NO_CONSTRAINTS = Constraints()
 
@@ -42,26 +44,49 @@ NO_CONSTRAINTS = Constraints()
 def speculative_decode(
     edge: Backend | None, cloud: Backend | Cloud, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig,
     constraints: Constraints = NO_CONSTRAINTS, punct_density=None, on_cloud_loss: str = "fail",
-    overlap: bool | str = False, governor: OverlapGovernor | None = None, drafter: str = "model",
-    drafter_memory: dict | None = None,
+    overlap: bool | str = False, governor: OverlapGovernor | None = None, history: History | None = None,
 ) -> Generation:
-    """The drafter proposes, the gate escalates uncertain blocks, the cloud verifies them in one forward.
-    `cloud`: a backend in this process or a remote cloud (`specdec.remote.RemoteCloud`); `edge`: the
-    model a model drafter runs (None for a draft-free one). on_cloud_loss: "fail" raises CloudLost,
-    "edge" finishes edge-only. overlap: draft ahead while a remote cloud verifies; "auto": only while
-    `governor` (a fresh one if None) finds that it pays. punct_density: draft ids -> density, for
-    `spec.punct_trigger`. drafter: a registered name (specdec/core/drafters/); drafter_memory: what
-    drafters keep across generations (an engine passes the same dict every time)."""
+    """The drafter `spec` names proposes, the gate escalates uncertain blocks, the cloud verifies them in one
+    forward. `cloud`: a backend in this process, a remote cloud (`specdec.remote.RemoteCloud`) or one held in
+    two runtimes (`TwoRuntimeCloud`); `edge`: the model a model drafter runs (None for a draft-free one).
+    on_cloud_loss: "fail" raises CloudLost, "edge" finishes edge-only. overlap, governor: see build_drafter.
+    punct_density: draft ids -> density, for `spec.punct_trigger`. history: what the engine's earlier
+    requests measured (an engine passes its own every time; None: a fresh one)."""
     spec.check_decoding(decode)
-    start, generator, cloud = time.perf_counter(), torch.Generator().manual_seed(decode.seed), as_cloud(cloud)
+    generator, cloud = torch.Generator().manual_seed(decode.seed), as_cloud(cloud)
+    history = History() if history is None else history
     vocab = min(cloud.vocab_size, edge.vocab_size) if edge is not None else cloud.vocab_size  # shared ids only
-    seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
+    router = Router(history) if isinstance(cloud, TwoRuntimeCloud) else None
     context = DraftContext(prompt, vocab, constraints, decode.temperature, generator, edge, spec.draft_topn,
-                           make_stop(spec.draft_stop), memory={} if drafter_memory is None else drafter_memory,
-                           cloud_caches=getattr(cloud, "caches", 1))
-    drafter = drafting_ahead(make_drafter(drafter, context), overlap, governor, spec.k)
+                           make_stop(spec.draft_stop), history=history, router=router)
+    drafter = build_drafter(spec, context, overlap, governor)
     link = open_link(cloud, (prompt, spec, decode, constraints, vocab, generator), on_cloud_loss)
-    schedule, cycles, stopped, ttft_s = make_schedule(spec.k_schedule, spec.k), [], False, 0.0
+    seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
+    generation = run_cycles(drafter, link, seq, spec, constraints, punct_density)
+    generation.features_bytes = sum(t.numel() * t.element_size() for t in prompt.features.values())
+    return generation
+
+
+def build_drafter(spec: SpecConfig, context: DraftContext, overlap: bool | str = False,
+                  governor: OverlapGovernor | None = None) -> Drafter:
+    """The drafter `spec` names with its options, for one generation. overlap True: it drafts ahead while a
+    remote cloud verifies (refused for one that cannot); "auto": it does where it can and `governor` (a
+    fresh one if None) finds that it pays; False: sequential."""
+    drafter = make_drafter(spec.drafter, context, spec.drafter_options)
+    if not overlap:
+        return drafter
+    if spec.drafter not in DRAFTS_AHEAD:
+        if overlap is True:
+            raise ConfigError(f"drafter {spec.drafter!r} cannot draft ahead (only {', '.join(sorted(DRAFTS_AHEAD))} "
+                              "can): use --overlap auto or false")
+        return drafter
+    return DraftAhead(drafter, (governor or OverlapGovernor(spec.k)) if overlap == "auto" else None)
+
+
+def run_cycles(drafter: Drafter, link: CloudLink, seq: AcceptedSequence, spec: SpecConfig, constraints: Constraints,
+               punct_density=None) -> Generation:
+    """The cycles until the budget or a stop token: draft, gate, verify, accept, rollback."""
+    start, schedule, cycles, stopped, ttft_s = time.perf_counter(), make_schedule(spec.k_schedule, spec.k), [], False, 0.0
     try:
         while seq.remaining and not stopped:
             t_start_s, edge_before, cloud_before = time.perf_counter() - start, drafter.compute_s, link.compute_s
@@ -87,15 +112,8 @@ def speculative_decode(
         tokens=seq.generated, counters=Counters.of(cycles, spec.k), cycles=cycles, prompt_tokens=seq.prompt_len,
         prefill_s=drafter.prefill_s, ttft_s=ttft_s, decode_s=time.perf_counter() - start,
         edge_s=drafter.compute_s, cloud_s=sum(c.cloud_s for c in cycles), stopped_by="stop_token" if stopped else
-        "max_new_tokens", degraded=link.lost, features_bytes=sum(t.numel() * t.element_size() for t in prompt.features.values()),
+        "max_new_tokens", degraded=link.lost,
     )
-
-
-def drafting_ahead(drafter: Drafter, overlap: bool | str, governor: OverlapGovernor | None, k: int) -> Drafter:
-    """A model drafter that drafts ahead during remote verifies, when `overlap` asks for it."""
-    if not overlap or not isinstance(drafter, ModelDrafter):
-        return drafter
-    return DraftAhead(drafter, (governor or OverlapGovernor(k)) if overlap == "auto" else None)
 
 
 def draft(drafter: Drafter, seq: AcceptedSequence, k: int, constraints: Constraints) -> tuple[Proposal, bool]:
@@ -108,7 +126,7 @@ def draft(drafter: Drafter, seq: AcceptedSequence, k: int, constraints: Constrai
 def verify(link: CloudLink, drafter: Drafter, seq: AcceptedSequence, block: Proposal, next_n: int) -> Verdict | None:
     """The cloud's verdict on `block` (None: not verified, the cloud is lost). While it is in flight
     the drafter may draft up to next_n tokens of the next block."""
-    in_flight = link.send(seq, block.tokens, block.probs)
+    in_flight = link.send(seq, block.tokens, block.probs, block.route)
     drafter.meanwhile(seq, block, in_flight, next_n)
     return in_flight.verdict()
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from specdec.core.running import RunningMean
+
 WARMUP = 2  # verified cycles run sequentially first
 PROBE = 2  # then verified cycles that draft ahead, to measure what it costs
 REPROBE = 32  # after that, one cycle in this many runs the way not chosen (a wrong way costs its share)
@@ -68,28 +70,23 @@ class OverlapGovernor:
 
     def __init__(self, k: int) -> None:
         self.k = k
-        self.sums = {"sequential": [0.0, 0], "ahead": [0.0, 0]}  # [seconds, cycles] send -> verdict read
+        self.sequential, self.ahead = RunningMean(), RunningMean()  # seconds send -> verdict read, per cycle
         self.step_s: float | None = None
         self.blocks = self.full = self.drafted = self.accepted = 0
         self.guesses = self.guess_hits = 0
         self.decided = 0  # cycles decided by the rule
 
     def evidence(self) -> OverlapEvidence:
-        def mean(side: str) -> float | None:
-            total, n = self.sums[side]
-            return total / n if n else None
-
         guess_rate = (self.guess_hits / self.guesses if self.guesses else
                       self.accepted / self.drafted if self.drafted else None)
-        return OverlapEvidence(self.step_s, mean("sequential"), mean("ahead"),
+        return OverlapEvidence(self.step_s, self.sequential.mean, self.ahead.mean,
                                self.full / self.blocks if self.blocks else None, guess_rate, self.k)
 
     def choose(self) -> bool:
         """Draft ahead during the next verify?"""
-        sequential, ahead = self.sums["sequential"][1], self.sums["ahead"][1]
-        if sequential < WARMUP:
+        if self.sequential.count < WARMUP:
             return False
-        if ahead < PROBE:
+        if self.ahead.count < PROBE:
             return True
         verdict = bool(draft_ahead_pays(self.evidence()))
         self.decided += 1
@@ -101,9 +98,7 @@ class OverlapGovernor:
         time (None: not a cycle's time, e.g. the call that opened the server's session), the edge's step
         time, the block's size and accepted count, the guess and the bonus."""
         if verify_s is not None:
-            side = self.sums["ahead" if ahead else "sequential"]
-            side[0] += verify_s
-            side[1] += 1
+            (self.ahead if ahead else self.sequential).add(verify_s)
         self.step_s = step_s if step_s is not None else self.step_s
         self.blocks += 1
         self.drafted += drafted

@@ -1,13 +1,29 @@
-"""What one verify call decided (`Verdict`), a verify on its way (`InFlight`), and the cloud lost
-mid-generation (`CloudLost`): the values that pass between the loop, the cloud and the drafters.
+"""What one verify call decided (`Verdict`), a verify on its way (`InFlight`), the cloud lost
+mid-generation (`CloudLost`), and where a cloud held in two runtimes verifies (`Route`): the values
+that pass between the loop, the cloud and the drafters.
 Apart from `specdec.core.cloud` so that a drafter never reaches the run settings (config.py takes
 the drafters' names from their registry)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Callable
 
 from specdec.errors import SpecdecError
+
+
+class Route(Enum):
+    """Where a cloud held in two runtimes (specdec/core/two_runtime.py) verifies a cycle. Its value is
+    the name the trace gives a cycle without a draft."""
+
+    STEP = "plain"  # a plain step (one token in, the cloud's next token out) in the plain steps' runtime
+    BLOCK = "block"  # the draft block, in the blocks' runtime
+    STAY = "stay"  # a plain step in the blocks' runtime, which holds the newest cache
+
+    @property
+    def in_blocks(self) -> bool:
+        """Verified in the blocks' runtime."""
+        return self is not Route.STEP
 
 
 class CloudLost(SpecdecError):

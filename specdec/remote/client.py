@@ -22,6 +22,7 @@ from specdec.core.verdict import CloudLost, Verdict
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.errors import ConfigError
 from specdec.core.processors import Constraints
+from specdec.core.running import ema
 from specdec.remote.protocol import (
     SCHEMA, ProtocolError, decode, encode, pack_probs, pack_tensors, parse_address,
 )
@@ -272,7 +273,7 @@ class RemoteCloudSession:
         # was still drafting ahead when it landed (then it reads the verdict later: edge_wait_s).
         wait_s = sock.last_arrival - pending["start"]
         if wait_s:
-            self.round_trip_s = wait_s if self.round_trip_s is None else 0.5 * (self.round_trip_s + wait_s)
+            self.round_trip_s = ema(self.round_trip_s, wait_s)
         self.compute_s += reply["compute_s"]
         self.server_length = pending["base"] + reply["accepted"]
         return Verdict(

@@ -5,8 +5,9 @@ package imports every module beside it, so a new drafter is one new file.
     ahead.py   a model drafter that also drafts the next block while a remote cloud verifies this one
     prompt_lookup.py  the longest recurring suffix of prompt + output proposes what followed it (no model)
     ngram.py   the most frequent continuations counted over an engine's prompts and outputs (no model)
-    hybrid.py  prompt lookup when it matches, the edge model otherwise while its blocks pay
-    auto.py    prompt lookup only while its blocks pay for their verify cost; plain steps otherwise
+    hybrid.py  prompt lookup when it matches, the edge model otherwise while its blocks pay (core/payoff.py)
+    auto.py    prompt lookup only while its blocks pay for their verify cost (core/payoff.py); plain steps
+               otherwise, or where the router says on a cloud held in two runtimes (core/two_runtime.py)
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import importlib
 import pkgutil
 
 from specdec.core.drafters.interface import (
-    DRAFTERS, NEEDS_MODEL, WEIGHS_RUNTIMES, DraftContext, DraftFree, DraftNote, Drafter, Proposal, make_drafter, register_drafter,
+    DRAFTERS, DRAFTS_AHEAD, NEEDS_MODEL, OPTIONS, WEIGHS_RUNTIMES, DraftContext, DraftFree, DrafterOption, DraftNote, Drafter,
+    Proposal, Router, describe_options, drafter_options, make_drafter, plain_step, register_drafter,
 )
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["DRAFTERS", "NEEDS_MODEL", "WEIGHS_RUNTIMES", "DraftContext", "DraftFree", "DraftNote", "Drafter", "Proposal", "make_drafter", "register_drafter"]
+__all__ = ["DRAFTERS", "DRAFTS_AHEAD", "NEEDS_MODEL", "OPTIONS", "WEIGHS_RUNTIMES", "DraftContext", "DraftFree", "DrafterOption",
+           "DraftNote", "Drafter", "Proposal", "Router", "describe_options", "drafter_options", "make_drafter", "plain_step", "register_drafter"]

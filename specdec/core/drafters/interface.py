@@ -11,18 +11,24 @@ it, and speculative sampling treats each token as drawn from a point mass (accep
 cloud_probs(d_i); on rejection resample from cloud_probs with d_i removed), which stays lossless.
 
 A drafter file registers itself (`@register_drafter("name")`) and the package imports every module
-beside it, so a new drafter is one file. Its factory takes a `DraftContext`.
+beside it, so a new drafter is one file. Its factory takes a `DraftContext`; the settings of its own it
+declares (`options`) reach it there, filled from SpecConfig.drafter_options (`--drafter-options
+max_ngram=2`), and any other is refused in one line.
+
+A proposal without tokens is a plain step of the cloud (`plain_step`). On a cloud held in two runtimes
+each proposal names where it is verified (`Route`, chosen by the `Router` in DraftContext.router).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 import torch
 
 from specdec.backends.base import Backend, Prompt
 from specdec.core.block_length import DraftStop
-from specdec.core.verdict import InFlight, Verdict
+from specdec.core.history import History
+from specdec.core.verdict import InFlight, Route, Verdict
 from specdec.core.processors import Constraints
 from specdec.core.session import AcceptedSequence
 from specdec.errors import ConfigError
@@ -35,15 +41,26 @@ class Proposal:
     tokens: torch.Tensor  # [n] int64
     probs: torch.Tensor | None  # [n, V]: what each d_i was drawn from; None: draft-free (a point mass)
     base: int  # seq.length when it was proposed
-    drafter: str  # the registered name of what made it
+    drafter: str  # the registered name of what made it (a plain step: its route's name)
+    route: Route | None = None  # where a cloud held in two runtimes verifies it; None: the cloud has one
 
     def __len__(self) -> int:
         return self.tokens.numel()
 
+    @property
+    def verified_as(self) -> Route:
+        """Its route; on a cloud of one runtime, a block, or a plain step when empty."""
+        return self.route or (Route.BLOCK if len(self) else Route.STEP)
+
     def cut(self, n: int) -> Proposal:
         """The first n tokens (a stop token ends the block)."""
         probs = None if self.probs is None else self.probs[:n]
-        return Proposal(self.tokens[:n], probs, self.base, self.drafter)
+        return Proposal(self.tokens[:n], probs, self.base, self.drafter, self.route)
+
+
+def plain_step(seq: AcceptedSequence, route: Route | None = None) -> Proposal:
+    """No draft: the cycle is a plain step of the cloud (with `route` STAY, in the blocks' runtime)."""
+    return Proposal(seq.ids[:0], None, seq.length, (route or Route.STEP).value, route)
 
 
 @dataclass(frozen=True)
@@ -78,6 +95,18 @@ class Drafter(Protocol):
         ...
 
 
+class Router(Protocol):
+    """Where each cycle of one request runs on a cloud held in two runtimes (specdec/core/two_runtime.py)."""
+
+    def route(self, seq: AcceptedSequence, drafted: int, tau_hat: float) -> Route:
+        """The route of the next cycle, whose proposer has `drafted` tokens (tau_hat: its tokens per verify)."""
+        ...
+
+    def observe(self, proposal: Proposal, verdict: Verdict) -> None:
+        """The verify of `proposal` came back: learn what it cost, and which runtime holds what."""
+        ...
+
+
 @dataclass(frozen=True)
 class DraftContext:
     """What a drafter may be built from, for one generation."""
@@ -90,43 +119,86 @@ class DraftContext:
     edge: Backend | None = None  # the edge model, for drafters that run one
     topn: int | None = None  # draw from the top-N of a distribution (speculative sampling over a small upload)
     stop_rule: DraftStop | None = None  # ends a model drafter's block early
-    options: dict = field(default_factory=dict)  # a drafter's own settings by name
-    memory: dict = field(default_factory=dict)  # what a drafter keeps across one engine's generations (by drafter name)
-    cloud_caches: int = 1  # 2: the cloud is held in two runtimes (plain steps in one, blocks in the other), and
-    # switching between them costs the one switched to a catch-up feed (specdec/core/cloud.py TwoRuntimeCloud)
+    options: dict[str, int] = field(default_factory=dict)  # the drafter's own settings (`drafter_options`)
+    history: History = field(default_factory=History)  # what the engine's earlier requests measured
+    router: Router | None = None  # the cloud is held in two runtimes: where each cycle runs (two_runtime.py)
 
 
-# DraftContext.memory's key for the verify block's assumed cost in plain steps, by tokens fed (Engine.assume_block_costs)
-BLOCK_STEPS_PRIOR = "block_steps_prior"
+@dataclass(frozen=True)
+class DrafterOption:
+    """A setting a drafter takes (SpecConfig.drafter_options NAME=VALUE): an integer."""
+
+    default: int
+    minimum: int
+    help: str
+
+
 DRAFTERS: dict[str, Callable[[DraftContext], Drafter]] = {}  # --drafter name -> factory
 NEEDS_MODEL: set[str] = set()  # drafters that run the edge model
-# Drafters that weigh a two-runtime cloud's switches (DraftContext.cloud_caches): only they may run with
+DRAFTS_AHEAD: set[str] = set()  # drafters that can draft the next block while a remote verify is in flight
+# Drafters that weigh a two-runtime cloud's switches (they ask DraftContext.router): only they may run on
 # one. Another drafter's first plain step after a block would feed the whole prompt to the second runtime.
 WEIGHS_RUNTIMES: set[str] = set()
+OPTIONS: dict[str, dict[str, DrafterOption]] = {}  # drafter name -> the settings it takes
 
 
-def register_drafter(name: str, *, needs_model: bool = False, weighs_runtimes: bool = False) -> Callable:
+def register_drafter(name: str, *, needs_model: bool = False, drafts_ahead: bool = False,
+                     weighs_runtimes: bool = False, options: dict[str, DrafterOption] | None = None) -> Callable:
     """Decorator: file a drafter factory (or class taking a DraftContext) under `name`."""
 
     def register(factory):
         if name in DRAFTERS:
             raise ValueError(f"two drafters are registered as {name!r}: rename one")
         DRAFTERS[name] = factory
-        if needs_model:
-            NEEDS_MODEL.add(name)
-        if weighs_runtimes:
-            WEIGHS_RUNTIMES.add(name)
+        OPTIONS[name] = dict(options or {})
+        for flag, names in ((needs_model, NEEDS_MODEL), (drafts_ahead, DRAFTS_AHEAD), (weighs_runtimes, WEIGHS_RUNTIMES)):
+            if flag:
+                names.add(name)
         return factory
 
     return register
 
 
-def make_drafter(name: str, context: DraftContext) -> Drafter:
+def drafter_options(name: str, text: str) -> dict[str, int]:
+    """`text` (NAME=VALUE[,NAME=VALUE]) as the settings drafter `name` takes, the rest at their defaults;
+    an unknown drafter takes none (make_drafter names it)."""
+    takes, values = OPTIONS.get(name, {}), {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, equals, value = (part.strip() for part in item.partition("="))
+        if not equals or not key:
+            raise ConfigError(f"drafter option {item!r} is not NAME=VALUE (e.g. max_ngram=2)")
+        if key not in takes:
+            offered = f"it takes {', '.join(sorted(takes))}" if takes else "it takes none"
+            raise ConfigError(f"drafter {name!r} takes no option {key!r}: {offered}")
+        if key in values:
+            raise ConfigError(f"drafter option {key!r} is given twice: keep one")
+        try:
+            values[key] = int(value)
+        except ValueError:
+            raise ConfigError(f"drafter option {key} must be an integer, got {value!r}") from None
+        if values[key] < takes[key].minimum:
+            raise ConfigError(f"drafter {name!r}'s {key} must be >= {takes[key].minimum}, got {values[key]}")
+    return {key: values.get(key, option.default) for key, option in takes.items()}
+
+
+def describe_options() -> str:
+    """Every registered drafter's settings, for the help of --drafter-options."""
+    return "; ".join(f"{name}: " + ", ".join(f"{key} ({option.help}; default {option.default}, >= {option.minimum})"
+                                             for key, option in takes.items())
+                     for name, takes in OPTIONS.items() if takes)
+
+
+def make_drafter(name: str, context: DraftContext, options: str = "") -> Drafter:
+    """Drafter `name` for one generation, with its `options` (NAME=VALUE,...); a combination that cannot
+    work is refused in one line."""
     if name not in DRAFTERS:
         raise ConfigError(f"unknown drafter {name!r}: use one of {', '.join(sorted(DRAFTERS))}")
     if name in NEEDS_MODEL and context.edge is None:
         raise ConfigError(f"drafter {name!r} runs an edge model: name one with --edge")
-    return DRAFTERS[name](context)
+    if context.router is not None and name not in WEIGHS_RUNTIMES:
+        raise ConfigError(f"a cloud held in two runtimes needs a drafter that weighs switching between them "
+                          f"({', '.join(sorted(WEIGHS_RUNTIMES))}); {name!r} would feed the whole prompt to each")
+    return DRAFTERS[name](replace(context, options=drafter_options(name, options)))
 
 
 class DraftFree:

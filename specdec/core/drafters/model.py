@@ -8,6 +8,7 @@ import torch
 
 from specdec.core.verdict import InFlight, Verdict
 from specdec.core.drafters.interface import DraftContext, DraftNote, Proposal, register_drafter
+from specdec.core.running import ema
 from specdec.core.sampling import choose, distribution, entropy_nats
 from specdec.core.session import AcceptedSequence, Session
 
@@ -21,7 +22,7 @@ def top_n(probs: torch.Tensor, n: int) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, index, values / values.sum())
 
 
-@register_drafter("model", needs_model=True)
+@register_drafter("model", needs_model=True, drafts_ahead=True)
 class ModelDrafter:
     """The edge model's session. Its cache holds a prefix of the accepted sequence plus, while
     drafting, its own draft tokens; `rollback` crops it to the part the cycle kept."""
@@ -56,7 +57,7 @@ class ModelDrafter:
         token = choose(logits, dist, self.temperature > 0, self.generator)
         stop = self.stop_rule is not None and self.stop_rule(dist, float(entropy_nats(dist)))
         elapsed = time.perf_counter() - start
-        self.step_s = elapsed if self.step_s is None else 0.5 * (self.step_s + elapsed)
+        self.step_s = ema(self.step_s, elapsed)
         return token, dist, stop
 
     def extend(self, seq: AcceptedSequence, n: int, drafted: list[Drawn], stopped: bool = False) -> list[Drawn]:

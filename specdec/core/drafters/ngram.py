@@ -9,7 +9,7 @@ followed it; a block is built greedily from those counts:
     no such suffix: stop (an empty block is the cloud's own next token)
 
 Unlike prompt lookup (one occurrence, this request only) the counts carry across the generations of
-one engine (`DraftContext.memory`): what a prompt set keeps repeating (code idioms, a template's
+one engine (`DraftContext.history`): what a prompt set keeps repeating (code idioms, a template's
 boilerplate, a language's function words) is drafted even when this request never said it.
 """
 from __future__ import annotations
@@ -19,13 +19,14 @@ from collections import Counter, defaultdict
 
 import torch
 
-from specdec.core.drafters.interface import DraftContext, DraftFree, DraftNote, Proposal, register_drafter
+from specdec.core.drafters.interface import DraftContext, DraftFree, DrafterOption, DraftNote, Proposal, register_drafter
 from specdec.core.session import AcceptedSequence
 from specdec.core.verdict import Verdict
-from specdec.errors import ConfigError
 
 MAX_NGRAM = 4
 MIN_COUNT = 1
+OPTIONS = {"max_ngram": DrafterOption(MAX_NGRAM, 1, "the longest context counted, in tokens"),
+           "min_count": DrafterOption(MIN_COUNT, 1, "times a continuation must have been seen to be drafted")}
 
 
 class NgramTable:
@@ -52,17 +53,15 @@ class NgramTable:
         return None
 
 
-@register_drafter("ngram")
+@register_drafter("ngram", options=OPTIONS)
 class NgramCache(DraftFree):
     name = "ngram"
 
     def __init__(self, context: DraftContext) -> None:
         super().__init__()
-        max_ngram = int(context.options.get("max_ngram", MAX_NGRAM))
-        self.min_count = int(context.options.get("min_count", MIN_COUNT))
-        if max_ngram < 1 or self.min_count < 1:
-            raise ConfigError(f"the n-gram cache needs max_ngram >= 1 and min_count >= 1, got {max_ngram} and {self.min_count}")
-        self.table = context.memory.setdefault(self.name, NgramTable(max_ngram))
+        max_ngram = context.options.get("max_ngram", MAX_NGRAM)
+        self.min_count = context.options.get("min_count", MIN_COUNT)
+        self.table = context.history.own(self.name, lambda: NgramTable(max_ngram))
         self.counted = 0  # accepted tokens of this generation already in the table
 
     def propose(self, seq: AcceptedSequence, k: int) -> Proposal:

@@ -17,12 +17,12 @@ import time
 
 import torch
 
-from specdec.core.drafters.interface import DraftContext, DraftFree, Proposal, register_drafter
+from specdec.core.drafters.interface import DraftContext, DraftFree, DrafterOption, Proposal, register_drafter
 from specdec.core.session import AcceptedSequence
-from specdec.errors import ConfigError
 
 MAX_NGRAM = 3  # Spec-Bench's PLD and HF's default search the last 3 (HF: max_matching_ngram_size 2) tokens
 MIN_NGRAM = 1
+OPTIONS = {"max_ngram": DrafterOption(MAX_NGRAM, MIN_NGRAM, "the longest suffix searched for, in tokens")}
 
 
 def lookup(ids: torch.Tensor, k: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> torch.Tensor:
@@ -38,15 +38,13 @@ def lookup(ids: torch.Tensor, k: int, max_ngram: int = MAX_NGRAM, min_ngram: int
     return ids[:0]
 
 
-@register_drafter("prompt-lookup")
+@register_drafter("prompt-lookup", options=OPTIONS)
 class PromptLookup(DraftFree):
     name = "prompt-lookup"
 
     def __init__(self, context: DraftContext) -> None:
         super().__init__()
-        self.max_ngram = int(context.options.get("max_ngram", MAX_NGRAM))
-        if self.max_ngram < MIN_NGRAM:
-            raise ConfigError(f"prompt lookup's max_ngram must be >= {MIN_NGRAM}, got {self.max_ngram}")
+        self.max_ngram = context.options.get("max_ngram", MAX_NGRAM)
 
     def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
         start = time.perf_counter()
