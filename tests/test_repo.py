@@ -227,3 +227,13 @@ def test_ci_runs_the_soaks_one_minute_version_and_the_other_benchmarks_leave_it_
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert any("bench/test_bench_soak.py" in line and '-m "soak and not realmodel"' in line for line in ci)
     assert any(line.startswith(".venv/bin/pytest bench --benchmark-only") and "not soak" in line for line in ci)
+
+
+def test_every_test_the_guarantees_name_exists_and_each_section_is_linked_from_the_readme():
+    page = (ROOT / "docs" / "guarantees.md").read_text()
+    named = set(re.findall(r"`(tests/test_\w+\.py)`", page))
+    assert len(named) >= 20
+    assert not [name for name in sorted(named) if not (ROOT / name).exists()]
+    sections = {github_anchor(h) for h in re.findall(r"^## (.+)$", page, flags=re.M)}
+    linked = set(re.findall(r"\(docs/guarantees\.md#([\w-]+)\)", (ROOT / "README.md").read_text()))
+    assert sections == linked
