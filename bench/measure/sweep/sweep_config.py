@@ -1,5 +1,5 @@
 """What a sweep runs: the grid of run settings × prompt sets, plus where it runs (network model,
-edge caps). Running it is bench/measure/sweep.py; the `sweep` command's flags come from these fields
+edge caps). Running it is bench/measure/sweep/sweep.py; the `sweep` command's flags come from these fields
 (bench/commands/options.py).
 
 Every setting of a run (EngineConfig, SpecConfig, DecodeConfig, DeployConfig, PromptInputs) is a

@@ -27,7 +27,7 @@ from bench.measure.launch import bind_to_parent
 from bench.core.point import Point
 from bench.measure.run import generate_one, prepare, warm_up
 from bench.measure.split import pin_threads
-from bench.measure.sweep_config import SweepConfig, service_key
+from bench.measure.sweep.sweep_config import SweepConfig, service_key
 from specdec.backends.base import runtime_parts
 from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
@@ -154,7 +154,7 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
 
 class StreamedResults:
     """The records of a worker on a cluster's node: sent on its queue for the sweep's driver, the one
-    writer of results.jsonl (bench/measure/cluster.py), never written on the node. The driver gives a
+    writer of results.jsonl (bench/measure/sweep/cluster.py), never written on the node. The driver gives a
     task only what is not done, so there is nothing to read back."""
 
     def __init__(self, queue) -> None:
