@@ -29,7 +29,7 @@ from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecCo
 from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import parse_address
 
-CONFIGS_DIR = Path(__file__).parent.parent / "configs"
+CONFIGS_DIR = Path(__file__).parents[2] / "configs"
 EXECUTORS = ("local", "ray")
 SPLIT_CORES = ("disjoint", "shared")
 # The deployments whose cloud runs on the cloud's cores: a split point's server, and a co-located point
