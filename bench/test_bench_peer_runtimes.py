@@ -1,4 +1,4 @@
-"""The runtimes' peers on the real pair's GGUF files (bench/measure/peer_runtimes.py), interleaved:
+"""The runtimes' peers on the real pair's GGUF files (bench/measure/peers/runtimes.py), interleaved:
 
     SPECBENCH_LLAMA_SPECULATIVE=DIR/build/bin/llama-speculative-simple \\
         pytest bench/test_bench_peer_runtimes.py --benchmark-only -m realmodel -s
@@ -6,7 +6,7 @@
 llama-cpp-python's plain greedy generation (flash attention on as in specbench's backend, and off as
 `Llama` defaults), specbench's plain decoding in llama.cpp and torch-int8, llama.cpp's speculative
 example (left out, with one line saying why, when SPECBENCH_LLAMA_SPECULATIVE is unset: build it with
-`python -m bench.measure.llama_speculative build --out DIR`), llama-cpp-python's prompt lookup,
+`python -m bench.measure.peers.llama_speculative build --out DIR`), llama-cpp-python's prompt lookup,
 specbench's spec across runtimes (the model drafter and prompt lookup).
 Prompts from SPECBENCH_PEER_SETS (default `code,zh-describe,en-chat`; e.g.
 `spec-bench:../shared/spec-bench/question-dev.jsonl:summarization`), specbench's plain decoding and
@@ -22,8 +22,8 @@ import os
 import pytest
 
 from bench.core.prompts import load_prompts
-from bench.measure.llama_speculative import find_binary
-from bench.measure.peer_runtimes import PeerSettings, build_peers, run_interleaved, table
+from bench.measure.peers.llama_speculative import find_binary
+from bench.measure.peers.runtimes import PeerSettings, build_peers, run_interleaved, table
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models.registry import gguf_path, is_fetched

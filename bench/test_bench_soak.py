@@ -1,4 +1,4 @@
-"""The soak (bench/measure/soak.py): one `specbench serve` and N replayed edges for a set time with
+"""The soak (bench/measure/serving/soak.py): one `specbench serve` and N replayed edges for a set time with
 faults on a schedule (edges SIGKILLed and restarted, the server SIGSTOPped for 5 s, a client that
 vanishes holding a session, a slow reader), the server's RSS, FDs, sessions and tasks sampled every
 second. Not in the default suite (marker `soak`); docs/soak.md has the 20-minute figures.
@@ -21,7 +21,7 @@ import pytest
 
 from bench.derive.soak_summary import read_soak, summarize_soak
 from bench.measure import tinypair
-from bench.measure.soak import SoakConfig, run_soak
+from bench.measure.serving.soak import SoakConfig, run_soak
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.models.registry import is_fetched
 

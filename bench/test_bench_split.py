@@ -23,7 +23,8 @@ from bench.measure.link import BackgroundLink
 from bench.core.network import profile
 from bench.core.prompts import load_prompts
 from bench.measure.launch import ServerProcess
-from bench.measure.split import call_overheads_s, modelled_link_s, pin_threads
+from bench.derive.split_timing import call_overheads_s, modelled_link_s
+from bench.measure.caps import pin_cores
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.engine import Engine
@@ -73,7 +74,7 @@ def real_cloud_url():
 @pytest.mark.parametrize("preset", ["none", "4g", "wifi"])
 def test_real_link(benchmark, real_cloud_url, preset):
     """none: protocol overhead on loopback; 4g / wifi: measured link time vs the model's."""
-    pin_threads([0])
+    pin_cores([0])
     texts = [r.prompt for r in load_prompts("code")[:3]]
     host, port = real_cloud_url.rsplit(":", 1)
     network = profile(preset)
@@ -83,7 +84,7 @@ def test_real_link(benchmark, real_cloud_url, preset):
         engine.load()
         generations = benchmark.pedantic(lambda: [engine.generate(t) for t in texts], rounds=1, iterations=1)
         engine.close()
-    pin_threads([0, 1])
+    pin_cores([0, 1])
     overhead = quantiles([s * 1e3 for s in call_overheads_s(generations)])
     ratios = [g.link_s / modelled_link_s(g, network) for g in generations] if preset != "none" else []
     info = {"preset": preset, "call_overhead_ms": overhead, "link_s": [g.link_s for g in generations],
@@ -111,13 +112,13 @@ def test_real_split_vs_inproc(benchmark, real_cloud_url):
     def one_pass():
         for text in texts:
             for name, (cores, engine) in placements.items():
-                pin_threads(cores)
+                pin_cores(cores)
                 generation = engine.generate(text)
                 rates[name].append(generation.new_tokens / generation.decode_s)
                 tokens[name].append(generation.tokens)
 
     benchmark.pedantic(one_pass, rounds=1, iterations=1)
-    pin_threads([0, 1])
+    pin_cores([0, 1])
     split.close()
     ratio = [s / i for s, i in zip(rates["split"], rates["inproc"])]
     info = {name: quantiles(values) for name, values in rates.items()}
@@ -142,7 +143,7 @@ def cached_loader():
 
 def _decode_on_core_0(stop) -> None:
     """In a child process: the edge model decoding one token at a time on core 0 until `stop`."""
-    pin_threads([0])
+    pin_cores([0])
     model = load_model(EDGE_ALIAS, "bfloat16", log=lambda *_: None).backend.model
     kw, cache = cache_kwarg(model.forward), DynamicCache(config=model.config)  # filled in place
     with torch.inference_mode():
@@ -158,7 +159,7 @@ def test_real_core_contention(benchmark):
     on core 1, alone and while the edge decodes on core 0 in another process."""
     if not (is_fetched(EDGE_ALIAS) and is_fetched(CLOUD_ALIAS)):
         pytest.skip(f"real pair not fetched: run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
-    pin_threads([1])
+    pin_cores([1])
     model = load_model(CLOUD_ALIAS, "bfloat16", log=lambda *_: None).backend.model
 
     def forwards(n: int = 12) -> list[float]:
@@ -185,7 +186,7 @@ def test_real_core_contention(benchmark):
         busy += benchmark.pedantic(forwards, rounds=1, iterations=1) if not busy else forwards()
         stop.set()
         edge.join(30)
-    pin_threads([0, 1])
+    pin_cores([0, 1])
     ratio = statistics.median(busy) / statistics.median(alone)
     benchmark.extra_info.update({"alone_ms": quantiles([t * 1e3 for t in alone]),
                                  "beside_edge_ms": quantiles([t * 1e3 for t in busy]), "slowdown": ratio})

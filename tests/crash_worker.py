@@ -1,4 +1,4 @@
-"""A stand-in sweep worker for tests/test_sweep_crash.py: it speaks bench/measure/worker.py's queue
+"""A stand-in sweep worker for tests/test_sweep_crash.py: it speaks bench/measure/sweep/worker.py's queue
 protocol and appends to the folder as the real one does, but loads no model (its ok records hold the
 point's fields only), and kills itself with a signal where the plan in CRASH_PLAN says. Module-level,
 so a spawned process can import it."""
@@ -12,7 +12,7 @@ from pathlib import Path
 from bench.core.point import Point
 from bench.core.records import ResultsFile
 from bench.measure.launch import bind_to_parent
-from bench.measure.worker import describe, exit_worker
+from bench.measure.sweep.worker import describe, exit_worker
 
 # JSON: {"signal": "SIGSEGV", "k": 2 (the spec point that dies; null: die while loading), "once": true (only
 # while the point has no crashed record yet) or false (every time)}

@@ -9,6 +9,7 @@ __init__ imports every module beside it (`pkgutil.iter_modules(__path__)`) depen
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -274,16 +275,44 @@ def test_imports_inside_functions_only_defer_a_heavy_library():
     )
 
 
+def tree_entries() -> dict[tuple[str, ...], str]:
+    """ARCHITECTURE.md's package tree (its first fenced block): each folder that starts a line (`name/`),
+    as its path of folder names, -> its entry: that line and the lines below it indented deeper."""
+    lines = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8").split("```")[1].splitlines()
+    entries, open_folders = {}, []  # open_folders: (indent, path) of the folders around a line
+    for n, line in enumerate(lines):
+        if not (match := re.match(r"( *)(\w+)/(?:\s|$)", line)):
+            continue
+        indent = len(match.group(1))
+        while open_folders and open_folders[-1][0] >= indent:
+            open_folders.pop()
+        path = (open_folders[-1][1] if open_folders else ()) + (match.group(2),)
+        end = next((k for k in range(n + 1, len(lines))
+                    if lines[k].strip() and len(lines[k]) - len(lines[k].lstrip()) <= indent), len(lines))
+        entries[path] = "\n".join(lines[n:end])
+        open_folders.append((indent, path))
+    return entries
+
+
 def test_architecture_md_names_every_module():
-    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    """Every module is named in its folder's entry of the tree, nested ones too (`worker.py` under
+    measure/'s `sweep/`): a folder that shares its parent's line (`report/ (inputs.py, ...)`) is named
+    there, with its modules."""
+    entries = tree_entries()
     missing = []
-    for name, path in modules().items():
+    for path in modules().values():
         parts = path.relative_to(ROOT).parts
-        shown = f"{parts[1]}/" if len(parts) > 2 else parts[-1]  # a subpackage by its folder
-        skip = parts[-1] in ("__init__.py", "conftest.py") and len(parts) == 2 or parts[-1].startswith("test_")
-        if not skip and shown not in text:
-            missing.append(f"{parts[0]}/{shown}")
-    assert not missing, f"ARCHITECTURE.md does not place {sorted(set(missing))}"
+        if parts[-1].startswith("test_") or parts[-1] == "conftest.py":
+            continue
+        folders = parts[:-1]
+        placed = max((folders[:n] for n in range(1, len(folders) + 1) if folders[:n] in entries), key=len)
+        entry = entries[placed]
+        names = [f"{folder}/" for folder in folders[len(placed):]]
+        if parts[-1] != "__init__.py":
+            names.append(parts[-1])
+        if not all(re.search(rf"(?<!\w){re.escape(name)}(?!\w)", entry) for name in names):
+            missing.append(f"{'/'.join(parts)} (name {' and '.join(names)} in {'/'.join(placed)}/'s entry)")
+    assert not missing, "ARCHITECTURE.md does not place:\n" + "\n".join(sorted(missing))
 
 
 def test_a_file_name_means_one_thing():

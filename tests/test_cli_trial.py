@@ -1,4 +1,4 @@
-"""A new user's mistakes with `specbench predict`, `python -m bench.measure.llama_speculative` and the
+"""A new user's mistakes with `specbench predict`, `python -m bench.measure.peers.llama_speculative` and the
 runtime peers' settings: each is one `error:` line naming the problem and the fix, exit 2 (Ctrl-C: one
 `interrupted:` line, 130), never a traceback. Tiny synthetic inputs only; nothing is built or loaded."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.measure import llama_speculative
-from bench.measure.llama_speculative import BINARY_ENV
-from bench.measure.peer_runtimes import PeerSettings
+from bench.measure.peers import llama_speculative
+from bench.measure.peers.llama_speculative import BINARY_ENV
+from bench.measure.peers.runtimes import PeerSettings
 from specdec.errors import ConfigError
 from tests.test_costmodel import USER, synthetic, write_folder
 
@@ -81,7 +81,7 @@ def test_a_wrong_flag_is_argparses_usage_and_one_error_line(capsys):
         "specbench: error: unrecognized arguments: --no-such-flag"]
 
 
-# --- python -m bench.measure.llama_speculative ----------------------------------------------------
+# --- python -m bench.measure.peers.llama_speculative ----------------------------------------------------
 def test_build_refuses_a_file_as_out_and_a_missing_cmake(tmp_path, capsys, monkeypatch):
     (tmp_path / "file").write_text("x")
     assert llama_speculative.main(["build", "--out", str(tmp_path / "file")]) == 2
@@ -130,7 +130,7 @@ def test_ctrl_c_mid_run_is_one_line_and_130(tmp_path):
     (tmp_path / "m.gguf").write_bytes(b"")
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        done = subprocess.run([sys.executable, "-m", "bench.measure.llama_speculative", "run", "--binary", str(binary),
+        done = subprocess.run([sys.executable, "-m", "bench.measure.peers.llama_speculative", "run", "--binary", str(binary),
                                "--target", str(tmp_path / "m.gguf"), "--draft", str(tmp_path / "m.gguf"), "--prompt", "hi"],
                               capture_output=True, text=True, timeout=60, env={**os.environ, BINARY_ENV: ""})
     finally:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bench.cli import main
-from bench.measure.fleet_config import FleetConfig
+from bench.measure.serving.fleet_config import FleetConfig
 from bench.measure.trackers import LatencyTracker, PeakMemoryTracker, tracked
 from specdec.backends.devices import check_device, check_served_device, clock, gpu_peaks
 from specdec.core.config import EngineConfig

@@ -562,7 +562,7 @@ def test_only_a_drafter_that_weighs_the_switches_runs_on_a_two_runtime_cloud(tmp
     left out of a sweep's grid (whose plain decodings run in each runtime)."""
     from specdec import ConfigError
     from specdec.engine import Engine
-    from bench.measure.sweep_config import SweepConfig
+    from bench.measure.sweep.sweep_config import SweepConfig
 
     with pytest.raises(ConfigError, match="needs a drafter that weighs switching between the two runtimes \\(auto\\); "
                                           "'prompt-lookup' would feed the whole prompt to each"):

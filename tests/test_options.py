@@ -7,7 +7,7 @@ import pytest
 from bench.cli import build_parser
 from bench.commands.options import RUN_SETTINGS, parse_list, run_options, sweep_from_args, sweep_options
 from bench.core.point import AXES
-from bench.measure.sweep_config import SweepConfig
+from bench.measure.sweep.sweep_config import SweepConfig
 from specdec.core.config import SpecConfig
 from specdec.core.policies import POLICIES, make_policy, register_policy
 from specdec.core.verifier import VERIFIERS

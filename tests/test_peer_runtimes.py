@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.measure.llama_speculative import BUILD_COMMAND, BINARY_ENV, parse_report, speculative_command
-from bench.measure.peer import Timed, hf_assisted
-from bench.measure.peer_runtimes import PeerSettings, same_as_reference, spec_peers
+from bench.measure.peers.llama_speculative import BUILD_COMMAND, BINARY_ENV, parse_report, speculative_command
+from bench.measure.peers.hf_assisted import Timed, hf_assisted
+from bench.measure.peers.runtimes import PeerSettings, same_as_reference, spec_peers
 from specdec.core.config import DecodeConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError, SpecdecError
@@ -37,7 +37,7 @@ def test_llama_cpp_python_greedy_equals_specbench_llamacpp_cloud_only(pair, tmp_
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specbench[llamacpp]')")
     from transformers import AutoModelForCausalLM
 
-    from bench.measure.peer_runtimes import LlamaCppPython
+    from bench.measure.peers.runtimes import LlamaCppPython
     from tests.tiny_gguf import write_llama_gguf
 
     model = AutoModelForCausalLM.from_pretrained(pair["cloud"], dtype=torch.float32)
@@ -100,7 +100,7 @@ def test_a_missing_example_binary_is_one_line_naming_the_build(binary, tmp_path)
     env = {k: v for k, v in os.environ.items() if k != BINARY_ENV}
     if binary:
         env[BINARY_ENV] = str(tmp_path / binary)
-    result = subprocess.run([sys.executable, "-m", "bench.measure.llama_speculative", "run", "--target", "t.gguf",
+    result = subprocess.run([sys.executable, "-m", "bench.measure.peers.llama_speculative", "run", "--target", "t.gguf",
                              "--draft", "d.gguf", "--prompt", "hi"], capture_output=True, text=True, env=env, timeout=120)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and BUILD_COMMAND in lines[0], lines

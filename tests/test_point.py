@@ -5,7 +5,7 @@ import typing
 from dataclasses import fields
 
 from bench.core.point import AXES, COLUMNS, FIELDS, LATER_AXES, NOT_MEASURED, RUN_SETTINGS, Point, _run_fields, blank
-from bench.measure.sweep_config import SweepConfig
+from bench.measure.sweep.sweep_config import SweepConfig
 
 ROW = {"mode": "spec", "dtype": "float32", "prompts": "/p/code.jsonl", "deployment": "inproc", "policy": "greedy",
        "k": 4, "entropy_threshold": 0.0, "accept_threshold": 0.1, "verifier": "cached", "draft_stop": "none",

@@ -201,7 +201,7 @@ def test_the_report_warns_when_one_comparison_spans_nodes():
 def test_tasks_on_one_node_claim_different_cores():
     """Ray counts CPUs but does not say which: each task takes cores no other task holds, and a node
     whose Ray CPUs overstate its cores is one line."""
-    script = ("from bench.measure.cluster import claim_cores\nfrom specdec.errors import ConfigError\n"
+    script = ("from bench.measure.sweep.cluster import claim_cores\nfrom specdec.errors import ConfigError\n"
               "claimed = [claim_cores(1) for _ in range(len(__import__('os').sched_getaffinity(0)))]\n"
               "print(sorted(c for cores in claimed for c in cores) == sorted(__import__('os').sched_getaffinity(0)))\n"
               "try:\n    claim_cores(1)\nexcept ConfigError as e:\n    print(e)\n")
@@ -217,9 +217,9 @@ def test_a_task_waits_for_cores_an_ended_task_still_holds():
     claim now waits for them, holding none meanwhile; with no wait it refuses at once."""
     script = """
 import os, subprocess, sys, time
-from bench.measure.cluster import claim_cores
+from bench.measure.sweep.cluster import claim_cores
 from specdec.errors import ConfigError
-holder = subprocess.Popen([sys.executable, "-c", "import os, sys\\nfrom bench.measure.cluster import claim_cores\\n"
+holder = subprocess.Popen([sys.executable, "-c", "import os, sys\\nfrom bench.measure.sweep.cluster import claim_cores\\n"
                            "claim_cores(len(os.sched_getaffinity(0)))\\nprint('held', flush=True)\\nsys.stdin.read()"],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 assert holder.stdout.readline().strip() == "held"
@@ -253,7 +253,7 @@ print(claim_cores(1, wait_s=300), len(waits) > 0)
 def test_a_task_lets_its_cores_go_before_it_ends(monkeypatch):
     """The task's cores are free when it sends its exit code (before Ray counts it ended), not when its
     Ray worker process exits, which on a busy node came tens of seconds later."""
-    from bench.measure import cluster
+    from bench.measure.sweep import cluster
 
     class Worker:  # the sweep worker, done at once
         def __init__(self, *args):
@@ -271,7 +271,7 @@ def test_a_task_lets_its_cores_go_before_it_ends(monkeypatch):
     monkeypatch.setattr(cluster, "WorkerProcess", Worker)
     monkeypatch.setattr(cluster, "node_ray_cpus", lambda: 1, raising=False)
     monkeypatch.setattr(cluster.os, "sched_setaffinity", lambda pid, cores: None)
-    probe = ("import os\nfrom bench.measure.cluster import claim_cores\n"
+    probe = ("import os\nfrom bench.measure.sweep.cluster import claim_cores\n"
              "print(claim_cores(len(os.sched_getaffinity(0))))")
 
     def all_cores_free() -> bool:

@@ -8,7 +8,7 @@ import pytest
 from bench.core.point import Point
 from bench.derive.runtime_choice import cheapest_verifier, fastest_plain
 from bench.measure.runtime_auto import AutoRuntimes
-from bench.measure.sweep_config import SweepConfig
+from bench.measure.sweep.sweep_config import SweepConfig
 from specdec.errors import ConfigError
 
 CLOUD, EDGE = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
@@ -194,7 +194,7 @@ def test_the_sweep_chooses_from_this_machines_calibration_file_without_measuring
 def test_a_sweeps_workers_read_the_block_costs_its_runtimes_were_chosen_from(tmp_path):
     import json
 
-    from bench.measure.worker import block_costs
+    from bench.measure.sweep.worker import block_costs
 
     (tmp_path / "machine.json").write_text(json.dumps(AutoRuntimes(calibration=given(CALIBRATION)[0]).record()
                                                       | {"calibration": CALIBRATION["entries"]}))

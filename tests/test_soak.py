@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from bench.derive.soak_summary import last_run, p99_ratio, summarize_soak
-from bench.measure.fleet_clients import Connection
-from bench.measure.soak import FAULT_WINDOW, SoakConfig, schedule
+from bench.measure.serving.clients import Connection
+from bench.measure.serving.soak import FAULT_WINDOW, SoakConfig, schedule
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.server import BackgroundServer, ServeConfig

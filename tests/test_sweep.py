@@ -14,7 +14,7 @@ from bench.core.point import Point
 from bench.core.records import ResultsFile
 from bench.derive.metrics import expected_speedup
 from bench.derive.summary import summarize
-from bench.measure.sweep_config import SweepConfig
+from bench.measure.sweep.sweep_config import SweepConfig
 
 pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out
 
@@ -72,7 +72,7 @@ def test_points_are_timed_interleaved_per_prompt_and_repeats_resume(pair, prompt
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_WITH_A_LOCK = """
 import multiprocessing
-from bench.measure.worker import exit_worker
+from bench.measure.sweep.worker import exit_worker
 
 def child(queue):
     from tqdm import tqdm

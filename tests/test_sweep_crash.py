@@ -12,9 +12,9 @@ from bench.core.prompts import load_prompts
 from bench.core.records import ResultsFile
 from bench.derive.summary import summarize
 from bench.measure.launch import WorkerProcess, death_line
-from bench.measure.sweep import _run_sweep, crashed_out
-from bench.measure.sweep_config import SweepConfig
-from bench.measure.worker import worker_main
+from bench.measure.sweep.sweep import _run_sweep, crashed_out
+from bench.measure.sweep.sweep_config import SweepConfig
+from bench.measure.sweep.worker import worker_main
 from specdec.errors import SpecdecError
 from tests.crash_worker import CRASH_PLAN, crash_main
 

@@ -15,7 +15,7 @@ import pytest
 
 from bench.cli import main
 from bench.core.records import ResultsFile
-from bench.measure.sweep_config import SweepConfig
+from bench.measure.sweep.sweep_config import SweepConfig
 from specdec.errors import ConfigError
 
 pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out

@@ -1,5 +1,5 @@
 """`specbench fleet`: N edges against one verifier server for each N, beside cloud-only serving of
-the same N (bench/measure/fleet.py runs it; its flags come from FleetConfig's fields)."""
+the same N (bench/measure/serving/fleet.py runs it; its flags come from FleetConfig's fields)."""
 from __future__ import annotations
 
 import argparse
@@ -9,8 +9,8 @@ from pathlib import Path
 from bench.commands.options import field_options, values
 from bench.core.folder import canonical_path
 from bench.core.prompts import canonical_prompts
-from bench.measure.fleet import run_fleet
-from bench.measure.fleet_config import FleetConfig
+from bench.measure.serving.fleet import run_fleet
+from bench.measure.serving.fleet_config import FleetConfig
 from specdec.core.config import DecodeConfig, SpecConfig
 
 

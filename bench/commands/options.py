@@ -21,7 +21,7 @@ from typing import Any, Callable
 from bench.core.folder import canonical_path
 from bench.core.prompts import PromptInputs, canonical_prompts
 from bench.core.point import AXES, RUN_SETTINGS
-from bench.measure.sweep_config import SweepConfig
+from bench.measure.sweep.sweep_config import SweepConfig
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, parse_overlap
 from specdec.engine import Engine
 

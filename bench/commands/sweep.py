@@ -1,4 +1,4 @@
-"""`specbench sweep`: a grid of settings x prompt sets under edge caps (bench/measure/sweep.py)."""
+"""`specbench sweep`: a grid of settings x prompt sets under edge caps (bench/measure/sweep/sweep.py)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ from bench.core.records import read_records
 from bench.derive.scores import read_scores
 from bench.derive.summary import summarize, terminal_table
 from bench.measure.runtime_auto import AutoRuntimes
-from bench.measure.sweep import CRASHES, crashed_out, run_sweep
+from bench.measure.sweep.sweep import CRASHES, crashed_out, run_sweep
 
 
 def _say(message: str) -> None:

@@ -13,7 +13,7 @@ dataclasses field by field, so a setting added to one of them (a runtime per rol
                                 results, resumes and nll.jsonl scores are matched by it
     point.label()               `spec float32 code greedy k=4 thr=0 p>=0.1 cached`, for comparisons
     AXES                        the fields a sweep takes a list of, in the order its grid is walked
-                                (bench/measure/sweep_config.py makes them tuple fields): a new axis is one
+                                (bench/measure/sweep/sweep_config.py makes them tuple fields): a new axis is one
                                 name here
     COLUMNS                     a summary's point columns (bench/derive/summary.py groups by them)
 

@@ -1,4 +1,4 @@
-"""A fleet's statistics, derived afterwards from its raw files (bench/measure/fleet.py writes them):
+"""A fleet's statistics, derived afterwards from its raw files (bench/measure/serving/fleet.py writes them):
 
 - per level (mode, N, repeat): server throughput = tokens the clients received / the level's wall
   time; the edges' own rate (median, and `p90` = the rate 90 % of generations reach, i.e. the 10th
@@ -34,10 +34,6 @@ def read_fleet(out: Path) -> tuple[list[dict], list[dict], list[dict]]:
     out = Path(out)
     read = lambda name: read_records(out / name, ("mode", "clients")) if (out / name).is_file() else []  # noqa: E731
     return read_records(out / "results.jsonl"), read(LEVELS), read(BATCHES)
-
-
-def is_fleet(out: Path) -> bool:
-    return (Path(out) / LEVELS).is_file()
 
 
 def folder_runtime(out: Path) -> str:

@@ -1,4 +1,4 @@
-"""What a soak's rows say (bench/measure/soak.py writes them): the checks the soak is judged by,
+"""What a soak's rows say (bench/measure/serving/soak.py writes them): the checks the soak is judged by,
 each with its figure and its rule. Measures nothing.
 
   nothing lost        every generation an edge started has an outcome row: its sequence numbers

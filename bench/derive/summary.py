@@ -12,7 +12,7 @@ dtype, what a user who wants that model's output would run instead. The edge mod
 different model writing different text: a reference line, never the baseline (it once made every
 point of the main job look 0.37-0.53x while the text said 1.12-1.18x over the 1.5B).
 A split point is also compared with its co-located baseline (`speedup_vs_colocated`: the same pair
-and settings in one process on the cloud's cores, bench/measure/sweep_config.py), paired per prompt:
+and settings in one process on the cloud's cores, bench/measure/sweep/sweep_config.py), paired per prompt:
 drafting on a second machine must beat what the server alone does with both models.
 The theoretical speed-up is Leviathan et al.'s
 (`metrics.expected_speedup`), with the measured acceptance rate and c = edge step time / cloud

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,11 +39,8 @@ class EdgeCaps:
 
     def apply_cpu(self) -> None:
         """Call before importing torch: OpenMP reads OMP_NUM_THREADS once, at load."""
-        if self.cores is None:
-            return
-        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: self.cores])
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[var] = str(self.cores)
+        if self.cores is not None:
+            pin_cores(sorted(os.sched_getaffinity(0))[: self.cores])
 
     def apply_address_limit(self) -> None:
         if self.rlimit_as and self.memory_bytes:
@@ -108,11 +106,15 @@ def parse_cores(text: str, flag: str = "--cores") -> list[int]:
 
 
 def pin_cores(cores: list[int]) -> None:
-    """Pin this process to `cores` and size torch's thread pool to them (OpenMP reads its env var
-    once, at load: call before importing torch where possible; torch is resized either way)."""
-    import torch
-
-    os.sched_setaffinity(0, cores)
+    """Pin every thread of this process (OpenMP's pool included) to `cores` and size the thread pools to
+    them: OMP_NUM_THREADS, which OpenMP reads once, at load (so call before importing torch where possible),
+    and torch's own pool if torch is loaded. One process may call it again to move between placements."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # a thread that ended meanwhile
+            pass
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(len(cores))
-    torch.set_num_threads(len(cores))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(len(cores))

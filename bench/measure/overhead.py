@@ -20,14 +20,14 @@ from bench.core.prompts import PromptRecord
 from bench.core.records import ResultsFile
 from bench.core.point import Point
 from bench.measure.run import generate_one
-from bench.measure.worker import network_fields
+from bench.measure.sweep.worker import network_fields
 from bench.measure.workload import Pair
 
 NEVER = 1 << 50  # a memory cap that never fires: the watchdog runs, polls, and never stops the run
 
 
 def instrumented(engine, record: PromptRecord, point: dict, results: ResultsFile, network) -> None:
-    """One (point, prompt) as a sweep worker runs it (bench/measure/worker.py), with a memory cap set."""
+    """One (point, prompt) as a sweep worker runs it (bench/measure/sweep/worker.py), with a memory cap set."""
     with MemoryWatchdog(NEVER, on_exceeded=lambda rss: None):
         generate_one(engine, record, point, results,
                      decorate=lambda row, g: row.update(network_fields(row, g, network)))

@@ -144,7 +144,7 @@ def build_report(results_dir: Path, out: Path | None = None, profile: Path | Non
     out = Path(out) if out is not None else default_out(results_dir)
     if fleet_report.is_fleet_folder(results_dir):  # `specbench fleet`: its own page (capacity, batches, cost curve)
         return fleet_report.build_fleet_report(Path(results_dir), out, embed=embed)
-    if soak_report.is_soak_folder(results_dir):  # a soak (bench/measure/soak.py): its checks and the server over time
+    if soak_report.is_soak_folder(results_dir):  # a soak (bench/measure/serving/soak.py): its checks and the server over time
         return soak_report.build_soak_report(Path(results_dir), out, embed=embed)
     inputs = load_inputs(Path(results_dir), profile)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The soak report (`specbench report` on a soak's folder, bench/measure/soak.py): its checks and
+"""The soak report (`specbench report` on a soak's folder, bench/measure/serving/soak.py): its checks and
 the server's health over time, faults marked. Reads the rows through bench/derive/soak_summary.py;
 measures nothing."""
 from __future__ import annotations

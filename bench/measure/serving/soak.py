@@ -9,7 +9,7 @@ watching what the server holds (bench/test_bench_soak.py runs it; docs/soak.md h
                          second and reads one reply in two
   70 % .. end            `after`: no faults, compared with `before`
 
-The edges are processes (bench/measure/soak_edge.py) replaying the soak's own recording: first it
+The edges are processes (bench/measure/serving/soak_edge.py) replaying the soak's own recording: first it
 records one split generation per prompt against the same server (`specbench run --mode spec
 --cloud-url`), so every later verdict is checked against a recorded one. Every second a sampler
 records the server's RSS, open file descriptors and threads (psutil, from outside) and its live
@@ -43,9 +43,9 @@ from websockets.exceptions import ConnectionClosed
 from bench.core.folder import claim, write_identity, writer
 from bench.core.records import ResultsFile, environment, read_records
 from bench.measure.caps import parse_cores
-from bench.measure.fleet_clients import Connection, script_of, server_info
+from bench.measure.serving.clients import Connection, script_of, server_info
 from bench.measure.launch import ServerProcess, die_with_parent, start_edge
-from bench.measure.soak_edge import write_scripts
+from bench.measure.serving.soak_edge import write_scripts
 from specdec.backends.base import RUNTIMES
 from specdec.core.verdict import CloudLost
 from specdec.errors import ConfigError, InputError
@@ -177,7 +177,7 @@ class Soak:
         incarnation = self.incarnations[index] = self.incarnations.get(index, -1) + 1
         job = {"role": "edge", "client": index, "incarnation": incarnation, "scripts": str(self.out / "scripts.json"),
                "url": self.url, "vocab": self.vocab, "deadline": self.deadline, "timeout_s": self.config.timeout_s}
-        process = await start_edge("bench.measure.soak_edge", json.dumps(job))
+        process = await start_edge("bench.measure.serving.soak_edge", json.dumps(job))
         self.edges[index] = process
         self.readers.append(asyncio.create_task(self.collect(index, process)))
 
@@ -226,7 +226,7 @@ class Soak:
     async def vanish(self) -> None:
         job = {"role": "hold", "client": len(self.holders), "scripts": str(self.out / "scripts.json"), "url": self.url,
                "vocab": self.vocab, "deadline": self.deadline, "timeout_s": self.config.timeout_s}
-        holder = await start_edge("bench.measure.soak_edge", json.dumps(job))
+        holder = await start_edge("bench.measure.serving.soak_edge", json.dumps(job))
         self.holders.append(holder)
         line = await holder.stdout.readline()
         if json.loads(line or b"{}").get("event") != "held":

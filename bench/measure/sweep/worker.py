@@ -16,7 +16,7 @@ from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.measure.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog
+from bench.measure.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog, pin_cores
 from bench.measure.trackers import reset_peak_rss
 from specdec.backends.devices import reset_gpu_peaks
 from bench.core.network import network_cost, profile
@@ -26,8 +26,7 @@ from bench.core.records import ResultsFile, node_info
 from bench.measure.launch import bind_to_parent
 from bench.core.point import Point
 from bench.measure.run import generate_one, prepare, warm_up
-from bench.measure.split import pin_threads
-from bench.measure.sweep_config import SweepConfig, service_key
+from bench.measure.sweep.sweep_config import SweepConfig, service_key
 from specdec.backends.base import runtime_parts
 from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
@@ -72,7 +71,7 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
         nonlocal pinned
         wanted = cloud_ids if cloud_ids and (point.mode == "cloud" or point.deployment == "colocated") else edge_ids
         if wanted != pinned:
-            pin_threads(wanted)  # threads = cores, on each side
+            pin_cores(wanted)  # threads = cores, on each side
             pinned = wanted
     caps.apply_address_limit()
     loaded: dict[tuple[str, str, str], LoadedModel] = {}
@@ -154,7 +153,7 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
 
 class StreamedResults:
     """The records of a worker on a cluster's node: sent on its queue for the sweep's driver, the one
-    writer of results.jsonl (bench/measure/cluster.py), never written on the node. The driver gives a
+    writer of results.jsonl (bench/measure/sweep/cluster.py), never written on the node. The driver gives a
     task only what is not done, so there is nothing to read back."""
 
     def __init__(self, queue) -> None:

@@ -1,9 +1,9 @@
-"""`specbench sweep`: the grid (bench/measure/sweep_config.py) run in capped worker processes
-(bench/measure/worker.py), on this machine or as tasks on a Ray cluster (bench/measure/cluster.py).
+"""`specbench sweep`: the grid (bench/measure/sweep/sweep_config.py) run in capped worker processes
+(bench/measure/sweep/worker.py), on this machine or as tasks on a Ray cluster (bench/measure/sweep/cluster.py).
 
 Every (point, prompt) record is appended to DIR/results.jsonl as soon as it exists; a rerun of the
 same sweep skips what is done. One worker per (dtype) group loads the models once and reuses them
-across that group's points, timing them interleaved per prompt (bench/measure/worker.py); CPU caps are
+across that group's points, timing them interleaved per prompt (bench/measure/sweep/worker.py); CPU caps are
 applied first thing in the worker. A worker killed by a signal (a native crash in a runtime) is recorded
 against the generation it said it was running (`crashed`), a fresh worker goes on, and a point that
 crashed twice is recorded `failed` and not run again (`_crashed`).
@@ -20,7 +20,7 @@ from typing import Callable
 from tqdm import tqdm
 
 from bench.measure.caps import OVER_MEMORY_EXIT
-from bench.measure.cluster import RayExecutor, ray_executor
+from bench.measure.sweep.cluster import RayExecutor, ray_executor
 from bench.measure.link import BackgroundLink
 from bench.core.network import profile
 from bench.measure.launch import ServerProcess, WorkerProcess, death_line, native_crash
@@ -31,8 +31,8 @@ from bench.derive.scores import read_scores
 from bench.derive.spec_bench import spec_bench_table
 from bench.derive.summary import summarize
 from bench.core.point import Point
-from bench.measure.sweep_config import SweepConfig, service_key
-from bench.measure.worker import worker_main, worker_runtimes
+from bench.measure.sweep.sweep_config import SweepConfig, service_key
+from bench.measure.sweep.worker import worker_main, worker_runtimes
 from specdec.errors import SpecdecError
 from specdec.remote.protocol import parse_address
 

@@ -1,9 +1,9 @@
 """llama.cpp's own speculative decoding as a peer: the upstream example `llama-speculative-simple`,
 built from the llama.cpp source that llama-cpp-python 0.3.36 vendors, run as a subprocess per prompt.
 
-    python -m bench.measure.llama_speculative build --out ~/llama-spec      # once: compiles llama.cpp again
+    python -m bench.measure.peers.llama_speculative build --out ~/llama-spec      # once: compiles llama.cpp again
     export SPECBENCH_LLAMA_SPECULATIVE=~/llama-spec/build/bin/llama-speculative-simple
-    python -m bench.measure.llama_speculative run --target T.gguf --draft D.gguf --prompt "..."  # one prompt
+    python -m bench.measure.peers.llama_speculative run --target T.gguf --draft D.gguf --prompt "..."  # one prompt
 
 Why the example and not llama-cpp-python's draft-model hook (read in llama_cpp/llama.py, 0.3.36):
 `Llama(draft_model=...)` forces `logits_all=True` (`self._logits_all = logits_all if draft_model is None
@@ -48,7 +48,7 @@ from specdec.errors import ConfigError, SpecdecError
 
 BINARY_ENV = "SPECBENCH_LLAMA_SPECULATIVE"
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the pin whose vendored llama.cpp the example is built from
-BUILD_COMMAND = "python -m bench.measure.llama_speculative build --out DIR"
+BUILD_COMMAND = "python -m bench.measure.peers.llama_speculative build --out DIR"
 # Its log is written by a thread; in 1 of 10 runs here the report's tail was cut short at exit:
 # such a run is run again (its time is its own report, so a rerun costs nothing in fairness).
 REPORT_ATTEMPTS = 3
@@ -192,7 +192,7 @@ def _gguf(flag: str, path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.measure.llama_speculative", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.measure.peers.llama_speculative", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     build_parser = commands.add_parser("build", help=f"build the example from {LLAMA_CPP_PYTHON}'s vendored llama.cpp")
     build_parser.add_argument("--out", required=True, help="folder for the source and build/ (about 350 MB)")

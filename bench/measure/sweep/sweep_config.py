@@ -1,5 +1,5 @@
 """What a sweep runs: the grid of run settings × prompt sets, plus where it runs (network model,
-edge caps). Running it is bench/measure/sweep.py; the `sweep` command's flags come from these fields
+edge caps). Running it is bench/measure/sweep/sweep.py; the `sweep` command's flags come from these fields
 (bench/commands/options.py).
 
 Every setting of a run (EngineConfig, SpecConfig, DecodeConfig, DeployConfig, PromptInputs) is a
@@ -29,7 +29,7 @@ from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecCo
 from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import parse_address
 
-CONFIGS_DIR = Path(__file__).parent.parent / "configs"
+CONFIGS_DIR = Path(__file__).parents[2] / "configs"
 EXECUTORS = ("local", "ray")
 SPLIT_CORES = ("disjoint", "shared")
 # The deployments whose cloud runs on the cloud's cores: a split point's server, and a co-located point

@@ -2,7 +2,7 @@
 sweep (bench/measure/tinypair.py, fp32, 4 points x 4 prompts x 8 tokens) run both ways, alternating which
 goes first, on one Ray instance started once (as a running cluster would be).
 
-    python -m bench.measure.cluster_overhead [REPEATS]
+    python -m bench.measure.sweep.cluster_overhead [REPEATS]
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.measure.cluster import import_ray
-from bench.measure.sweep import run_sweep
-from bench.measure.sweep_config import SweepConfig
+from bench.measure.sweep.cluster import import_ray
+from bench.measure.sweep.sweep import run_sweep
+from bench.measure.sweep.sweep_config import SweepConfig
 from bench.measure.tinypair import PROMPTS, save_pair
 
 POINTS = 4  # cloud, edge, spec k=1, spec k=3

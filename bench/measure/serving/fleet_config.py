@@ -1,5 +1,5 @@
 """What `specbench fleet` runs: N edges against one verifier server, for each N, beside cloud-only
-serving of the same N (bench/measure/fleet.py runs it; its flags come from these fields, bench/commands/options.py).
+serving of the same N (bench/measure/serving/fleet.py runs it; its flags come from these fields, bench/commands/options.py).
 
 The edges are real edge processes running the normal edge loop (`--edge MODEL`), or replayed edges
 (`--edge-replay DIR`): the draft blocks and edge timing of an earlier split run, re-sent to the

@@ -2,7 +2,7 @@
 
 This process, the driver, plans, submits and alone writes results.jsonl (through the sweep's
 ResultsFile: appended and fsynced per record, resumable, one writer). Each task runs the local
-sweep's own worker (bench/measure/worker.py: caps first, models loaded once, points interleaved per
+sweep's own worker (bench/measure/sweep/worker.py: caps first, models loaded once, points interleaved per
 prompt) as a child process of its Ray worker, so caps, RSS and exit code are the worker's own as
 on one machine, and relays the worker's messages as they come (a Ray streaming generator): every
 record reaches the driver when its prompt finishes.
@@ -37,9 +37,9 @@ from typing import Iterator
 from bench.measure.caps import OVER_MEMORY_EXIT
 from bench.core.records import ResultsFile, node_info
 from bench.core.point import Point
-from bench.measure.sweep_config import SweepConfig
+from bench.measure.sweep.sweep_config import SweepConfig
 from bench.measure.launch import WorkerProcess, death_line
-from bench.measure.worker import worker_main
+from bench.measure.sweep.worker import worker_main
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models import registry
 from specdec.remote.protocol import parse_address

@@ -1,4 +1,4 @@
-"""One client process of the soak (bench/measure/soak.py), a process so the soak can SIGKILL or
+"""One client process of the soak (bench/measure/serving/soak.py), a process so the soak can SIGKILL or
 SIGSTOP it. Its job (argv[1], JSON) names the replay scripts' file, the server and a deadline.
 
   edge   replays the recorded split generations in turn (starting at prompt `client`) until the
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.measure.fleet_clients import Connection, Script, Step, open_fields, replay
+from bench.measure.serving.clients import Connection, Script, Step, open_fields, replay
 from specdec.core.verdict import CloudLost
 
 RETRY_S = 1.0  # after a failed generation (the server stopped, refused or lost): a pause, not a tight loop

@@ -1,6 +1,6 @@
 """`specbench fleet`: N edges against one verifier server, for each fleet size N, and cloud-only
-serving of the same N clients (bench/measure/fleet_config.py says what; bench/measure/fleet_clients.py speaks to
-the server; bench/measure/fleet_edge.py is one real edge process).
+serving of the same N clients (bench/measure/serving/fleet_config.py says what; bench/measure/serving/clients.py speaks to
+the server; bench/measure/serving/fleet_edge.py is one real edge process).
 
 A level = (mode, N, repeat): N clients at once, each generating for every prompt (client i starts
 at prompt i, so they are not in lockstep), closed loop or Poisson arrivals. Raw records go to
@@ -25,8 +25,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from bench.measure.caps import parse_cores
-from bench.measure.fleet_clients import Script, cloud_only, replay, script_of, server_info, server_log
-from bench.measure.fleet_config import FleetConfig
+from bench.measure.serving.clients import Script, cloud_only, replay, script_of, server_info, server_log
+from bench.measure.serving.fleet_config import FleetConfig
 from bench.derive.fleet_summary import BATCHES, LEVELS, UNKNOWN_RUNTIME, summarize_fleet
 from bench.core.folder import IDENTITY_FILES, claim, differences, has_results, write_identity, writer
 from bench.measure.link import Link
@@ -233,7 +233,7 @@ class Fleet:
         return failed
 
     async def start_edges(self, point: dict, clients: int, rate: float | None) -> list:
-        """N real edge processes (bench/measure/fleet_edge.py), each loaded and warmed up; they share this
+        """N real edge processes (bench/measure/serving/fleet_edge.py), each loaded and warmed up; they share this
         machine's cores with the server unless it is pinned (records carry `cores_shared`)."""
         job = {"edge": self.config.edge, "url": self.url, "token_file": self.config.token_file,
                "dtype": self.config.dtype, "chat_template": self.config.chat_template,
@@ -246,7 +246,7 @@ class Fleet:
                 order = self.prompts[index % len(self.prompts):] + self.prompts[: index % len(self.prompts)]
                 spec = {**job, "client": index, "order": order,
                         "arrivals": arrivals(len(order), rate, self.seed(point, index))}
-                processes.append(await start_edge("bench.measure.fleet_edge", json.dumps(spec)))
+                processes.append(await start_edge("bench.measure.serving.fleet_edge", json.dumps(spec)))
             for process in processes:  # each says `ready` once its model is loaded and warm
                 if not await edge_ready(process):
                     raise InputError(f"an edge process of the fleet did not start (exit {await process.wait()}); "

@@ -3,7 +3,7 @@ draft stop rules, k schedules) and Hugging Face's assisted generation (its defau
 cut at confidence 0.4, and fixed k with the confidence cut off; its assistant bf16 as the edge, or
 torch dynamic int8), on the same loaded models and prompts, interleaved prompt by prompt in a
 rotating order so machine drift hits every configuration alike. Raw per-prompt times come out;
-ratios are paired per prompt afterwards. The peers in other runtimes: peer_runtimes.py.
+ratios are paired per prompt afterwards. The peers in other runtimes: runtimes.py.
 """
 from __future__ import annotations
 

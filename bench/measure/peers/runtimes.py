@@ -20,8 +20,8 @@ from typing import Callable, Mapping
 
 import torch
 
-from bench.measure.llama_speculative import run_speculative
-from bench.measure.peer import Timed, paired, pooled_tokens_per_s
+from bench.measure.peers.llama_speculative import run_speculative
+from bench.measure.peers.hf_assisted import Timed, paired, pooled_tokens_per_s
 from specdec.backends.base import RUNTIMES
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
