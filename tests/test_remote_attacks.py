@@ -29,10 +29,12 @@ from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.decode import autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
+from specdec.remote.background import BackgroundServer
 from specdec.remote.client import CloudUnreachable, RemoteCloud
-from specdec.remote.protocol import SCHEMA, decode, encode, read_token, token_file_warning
-from specdec.remote.server import BackgroundServer, ServeConfig
+from specdec.remote.protocol import SCHEMA, read_token, token_file_warning
+from specdec.remote.server_config import ServeConfig
 from tests.test_remote_faults import IDS, opening, raw_client, refused, start_cli_server, still_serves, wait_for
+from tests.wire import decode, encode
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
 
