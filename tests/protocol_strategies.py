@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from specdec.core.config import CONSTRAINT_PROFILES
 from specdec.core.policies import POLICIES
 from specdec.core.verifier import VERIFIERS
-from specdec.remote.protocol import REQUESTS, SCHEMA, Ready, VerdictReply, pack_probs, pack_tensors
+from specdec.remote.payloads import pack_probs, pack_tensors
+from specdec.remote.protocol import REQUESTS, SCHEMA, Ready, VerdictReply
 
 VOCAB = 64  # the tiny pair's
 INT64 = (-(1 << 63), (1 << 64) - 1)  # what msgpack can carry

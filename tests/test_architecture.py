@@ -33,7 +33,8 @@ LAYERS = {
     "api": (("specdec",), ("errors", "backends", "core")),
     "models": (("specdec.models",), ("errors", "backends")),
     # The verifier protocol and the edge's client: the engine verifies through them.
-    "transport": (("specdec.remote", "specdec.remote.client", "specdec.remote.protocol"), ("errors", "backends", "core")),
+    "transport": (("specdec.remote", "specdec.remote.client", "specdec.remote.protocol", "specdec.remote.payloads"),
+                  ("errors", "backends", "core")),
     # What both the engine and the server build from a loaded model (its decoding constraints).
     "assembly": (("specdec.constraint_profiles",), ("errors", "backends", "core", "models")),
     "engine": (("specdec.engine",), ("errors", "backends", "core", "models", "transport", "assembly")),

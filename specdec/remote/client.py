@@ -25,8 +25,9 @@ from specdec.errors import ConfigError
 from specdec.core.processors import Constraints
 from specdec.remote.protocol import (
     SCHEMA, Close, Hello, Message, Open, ProtocolError, Ready, Refusal, Reply, UnexpectedMessage, VerdictReply, Verify, decode,
-    encode, pack_probs, pack_tensors, parse_address, within,
+    encode, parse_address, within,
 )
+from specdec.remote.payloads import pack_probs, pack_tensors
 from specdec.core.session import AcceptedSequence
 
 

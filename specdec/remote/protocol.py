@@ -35,7 +35,7 @@ accepted length, so both sides check they agree. `verify.draft` may be empty: a 
 `ready.runtime` = what runs the model (torch, torch-int8, llamacpp; nil where the server cannot say); an
 older server leaves it out, so a client reads a missing one as unknown. `ready.device` = where its torch
 model runs (cpu, cuda:0; cpu for llama.cpp); an older server leaves it out (it ran on the CPU).
-`probs` (sample policy only) = the draft distributions the tokens were drawn from: [n, V] float32, or
+`probs` (sample policy only) = the draft distributions the tokens were drawn from (payloads.py): [n, V] float32, or
 the top-N rows as (index, value) when the edge drafts from a top-N truncated distribution; nil for a
 draft-free block (prompt lookup and the like), whose tokens the policy takes as point masses.
 """
@@ -51,9 +51,6 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, TypeVar
 
 import msgspec
-import torch
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
 
 from specdec.core.config import CONSTRAINT_PROFILES
 from specdec.core.policies import POLICIES
@@ -166,7 +163,7 @@ class Open(Request, tag="open"):
     constraints: str
     eos_ids: list[int]
     vocab: int
-    features: bytes | None = None  # safetensors of the prompt's audio features; nil: text only
+    features: bytes | None = None  # the prompt's audio features (payloads.py); nil: text only
 
     def check(self) -> None:
         if not self.prompt_ids:
@@ -181,7 +178,7 @@ class Verify(Request, tag="verify"):
     base: int
     new: list[int]
     draft: Annotated[list[int], msgspec.Meta(max_length=MAX_DRAFT_TOKENS)]
-    probs: bytes | None = None  # safetensors (see pack_probs); nil: a draft-free block
+    probs: bytes | None = None  # the draft distributions (payloads.pack_probs); nil: a draft-free block
 
 
 class Generate(Request, tag="generate"):
@@ -318,50 +315,6 @@ def _explain(cls: type[Message], error: str) -> str:
     expected = " or ".join("None" if t in ("null", "None") else _PYTHON_NAMES.get(t, t) for t in said["expected"].split(" | "))
     got = f", got {_PYTHON_NAMES.get(said['got'], said['got'])}" if said["got"] else ""
     return f"{cls.field_name(at['path'])} must be {expected}{said['limit']}{got}"
-
-
-def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
-    return save_tensors({name: t.contiguous() for name, t in tensors.items()})
-
-
-def unpack_tensors(data: Any, what: str) -> dict[str, torch.Tensor]:
-    if not isinstance(data, bytes):
-        raise ProtocolError(f"{what} must be bytes (safetensors)")
-    try:
-        return load_tensors(data)
-    except Exception as e:  # safetensors raises its own error types on malformed input
-        raise ProtocolError(f"{what}: malformed tensors ({type(e).__name__})") from None
-
-
-def pack_probs(draft_probs: torch.Tensor, topn: int | None) -> bytes:
-    """[n, V] draft distributions. With top-N drafting each row has at most N non-zeros: send those."""
-    if topn:
-        values, index = draft_probs.topk(topn, dim=-1)
-        return pack_tensors({"index": index.to(torch.int32), "value": values.float()})
-    return pack_tensors({"probs": draft_probs.float()})
-
-
-def unpack_probs(data: Any, n: int, vocab: int) -> torch.Tensor:
-    tensors = unpack_tensors(data, "probs")
-    if "probs" in tensors:
-        probs = tensors["probs"]
-        if probs.dtype != torch.float32 or probs.shape != (n, vocab):
-            raise ProtocolError(f"probs must be float32 [{n}, {vocab}], got {probs.dtype} {list(probs.shape)}")
-        return checked_distributions(probs)
-    index, value = tensors.get("index"), tensors.get("value")
-    if index is None or value is None or index.shape != value.shape or index.ndim != 2 or index.shape[0] != n:
-        raise ProtocolError(f"top-N probs must be `index` and `value` of one shape [{n}, N]")
-    if index.dtype != torch.int32 or value.dtype != torch.float32 or bool((index < 0).any() | (index >= vocab).any()):
-        raise ProtocolError(f"top-N probs: int32 indices in [0, {vocab}) and float32 values expected")
-    return checked_distributions(torch.zeros(n, vocab).scatter_(-1, index.long(), value))
-
-
-def checked_distributions(probs: torch.Tensor) -> torch.Tensor:
-    """[n, V] rows that are distributions: finite, >= 0, each summing to a positive total (the
-    policy divides by them and draws from them)."""
-    if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()) or bool((probs.sum(-1) <= 0).any()):
-        raise ProtocolError("probs must be finite, non-negative rows with a positive sum")
-    return probs
 
 
 def tokenizer_sha256(tokenizer: Any) -> str:

@@ -22,7 +22,8 @@ from specdec.core.shared_forward import BatchRow
 from specdec.core.verdict import Verdict
 from specdec.errors import SpecdecError
 from specdec.models.loading import LoadedModel
-from specdec.remote.protocol import Open, ProtocolError, Verify, check_token_ids, unpack_probs, unpack_tensors
+from specdec.remote.payloads import unpack_probs, unpack_tensors
+from specdec.remote.protocol import Open, ProtocolError, Verify, check_token_ids
 
 # The server's sampling stream must not be the edge's: seeding both with the same seed would feed
 # the acceptance test the very uniforms that drew the draft tokens.
