@@ -213,6 +213,7 @@ class RemoteCloud:
                 self.connect()
             except CloudUnreachable as e:
                 raise CloudLost(str(e)) from None
+        self.landed = None  # a reply an abandoned session read early is not this session's
         opening = Open(
             prompt_ids=prompt.input_ids.tolist(), max_new_tokens=decode_config.max_new_tokens,
             temperature=float(decode_config.temperature), seed=decode_config.seed, policy=spec.policy,
