@@ -31,7 +31,7 @@ from specdec.engine import Engine
 from specdec.backends.base import cache_kwarg
 from specdec.models.loading import load_model
 from specdec.models.registry import is_fetched
-from specdec.remote.server import BackgroundServer
+from specdec.remote.background import BackgroundServer
 
 GREEDY = SpecConfig(k=4, entropy_threshold=0.0, policy="greedy")
 

@@ -159,20 +159,20 @@ class Engine(EngineConfig):
             self.log(warning)
         settings = SessionSettings(self.constraints, tuple(sorted(edge.eos_ids)))
         remote = RemoteCloud(self.cloud_url, token, settings, timeout_s=self.deploy.cloud_timeout_s)  # wss://: TLS
-        ready = remote.connect()
+        remote.connect()
         self._derived["remote"] = remote
-        if ready["tokenizer_sha256"] != tokenizer_sha256(edge.tokenizer):
-            raise ConfigError(f"edge {edge.name!r} and the cloud at {self.cloud_url} ({ready['model']!r}) use different "
+        if remote.server.tokenizer_sha256 != tokenizer_sha256(edge.tokenizer):
+            raise ConfigError(f"edge {edge.name!r} and the cloud at {self.cloud_url} ({remote.server.model!r}) use different "
                               "tokenizers: speculative decoding needs a pair that shares one")
-        if ready["accepts_audio"] != edge.backend.accepts_audio:
+        if remote.server.accepts_audio != edge.backend.accepts_audio:
             raise ConfigError("the edge and the cloud must both take audio or both be text-only, so they see the same inputs")
 
     @property
     def cloud_name(self) -> str | None:
         """The cloud model's name; for a server, the name it loaded its model under (after load)."""
         remote = self._derived.get("remote")
-        if self.remote_cloud and remote is not None and remote.info:
-            return self.cloud or remote.info["model"]
+        if self.remote_cloud and remote is not None and remote.server:
+            return self.cloud or remote.server.model
         return self.cloud
 
     @property
@@ -180,8 +180,8 @@ class Engine(EngineConfig):
         """What runs the cloud model: as asked in process; for a server, the runtime its `ready` names once
         connected (a server too old to say: as asked), so a split run's records say what verified them."""
         remote = self._derived.get("remote")
-        if self.remote_cloud and remote is not None and remote.info and remote.info.get("runtime"):
-            return remote.info["runtime"]
+        if self.remote_cloud and remote is not None and remote.server and remote.server.runtime:
+            return remote.server.runtime
         return self.cloud_runtime
 
     @property
@@ -189,8 +189,8 @@ class Engine(EngineConfig):
         """Where the cloud's model runs: as asked in process; for a server, the device its `ready` names once
         connected (a server too old to say ran on the CPU)."""
         remote = self._derived.get("remote")
-        if self.remote_cloud and remote is not None and remote.info:
-            return remote.info.get("device", "cpu")
+        if self.remote_cloud and remote is not None and remote.server:
+            return remote.server.device
         return self.cloud_device
 
     @property

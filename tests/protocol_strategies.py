@@ -1,5 +1,5 @@
 """Hypothesis strategies for the verifier protocol (`specdec.remote.protocol`), derived from its
-schema: every message type, well-typed and not (wrong types, huge and negative numbers, NaN, deep
+schema (the message types and their fields are read from the protocol's classes): every message type, well-typed and not (wrong types, huge and negative numbers, NaN, deep
 nesting, truncated and oversized msgpack, unknown fields), in generated orders (verify before open,
 two opens, close twice). Used by tests/test_fuzz_protocol.py, for the server and for the client."""
 from __future__ import annotations
@@ -7,13 +7,15 @@ from __future__ import annotations
 import math
 
 import msgpack
+import msgspec
 import torch
 from hypothesis import strategies as st
 
 from specdec.core.config import CONSTRAINT_PROFILES
 from specdec.core.policies import POLICIES
 from specdec.core.verifier import VERIFIERS
-from specdec.remote.protocol import OPEN_FIELDS, SCHEMA, pack_probs, pack_tensors
+from specdec.remote.payloads import pack_probs, pack_tensors
+from specdec.remote.protocol import REQUESTS, SCHEMA, Ready, VerdictReply
 
 VOCAB = 64  # the tiny pair's
 INT64 = (-(1 << 63), (1 << 64) - 1)  # what msgpack can carry
@@ -75,10 +77,10 @@ def well_typed(kind: str) -> st.SearchStrategy[dict]:
     return st.just({})  # generate, close
 
 
-KINDS = ["hello", "open", "verify", "generate", "close", "stats"]
+# What an edge sends: each request type's tag and fields, in the schema's order.
+SCHEMA_FIELDS = {cls.kind(): list(cls.__struct_fields__) for cls in REQUESTS}
+KINDS = list(SCHEMA_FIELDS)
 WEIGHTED = ["verify", "verify", "verify", "verify", "generate", "generate", "open", "stats", "close", "open", "hello"]  # first: likeliest
-SCHEMA_FIELDS = {"hello": ["schema", "token"], "open": [*OPEN_FIELDS, "features"], "verify": ["base", "new", "draft", "probs"],
-                 "stats": ["since"], "generate": [], "close": []}
 
 
 @st.composite
@@ -139,9 +141,10 @@ def conversation(draw) -> tuple[list[dict | bytes | str], bool]:
 
 
 # -- what a fuzzing server sends an edge client -------------------------------------------------------
-READY = dict(type="ready", schema=SCHEMA, model="fake", vocab_size=VOCAB, tokenizer_sha256="", accepts_audio=False,
-             runtime="torch")
-VERDICT = dict(type="verdict", accepted=1, token=5, tokens_in=9, compute_s=0.01, queue_s=0.0, batch=1)
+READY = {"type": "ready", **msgspec.structs.asdict(Ready(schema=SCHEMA, model="fake", vocab_size=VOCAB, tokenizer_sha256="",
+                                                         accepts_audio=False, runtime="torch"))}
+VERDICT = {"type": "verdict", **msgspec.structs.asdict(VerdictReply(accepted=1, token=5, tokens_in=9, compute_s=0.01,
+                                                                    queue_s=0.0, batch=1))}
 
 
 @st.composite

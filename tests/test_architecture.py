@@ -34,13 +34,18 @@ LAYERS = {
     "api": (("specdec",), ("errors", "backends", "core")),
     "models": (("specdec.models",), ("errors", "backends")),
     # The verifier protocol and the edge's client: the engine verifies through them.
-    "transport": (("specdec.remote", "specdec.remote.client", "specdec.remote.protocol"), ("errors", "backends", "core")),
+    "transport": (("specdec.remote", "specdec.remote.client", "specdec.remote.protocol", "specdec.remote.payloads"),
+                  ("errors", "backends", "core")),
     # What both the engine and the server build from a loaded model (its decoding constraints).
     "assembly": (("specdec.constraint_profiles",), ("errors", "backends", "core", "models")),
     "engine": (("specdec.engine",), ("errors", "backends", "core", "models", "transport", "assembly")),
     # The verifier server: the cloud side of the protocol, built on the core and a loaded model;
     # never on the engine (the edge's facade), so neither side's changes ripple into the other.
-    "serve": (("specdec.remote.server", "specdec.remote.batcher"), ("errors", "backends", "core", "models", "transport", "assembly")),
+    # Its modules: the connection loop (server), the requests' handlers, a session, its config, the batcher,
+    # and the server on a thread for tests (background).
+    "serve": (("specdec.remote.server", "specdec.remote.handlers", "specdec.remote.server_session",
+               "specdec.remote.server_config", "specdec.remote.batcher", "specdec.remote.background"),
+              ("errors", "backends", "core", "models", "transport", "assembly")),
 }
 # bench's layers (ARCHITECTURE.md): a package and the layers it may import. `bench` itself, its
 # conftest, the pytest-benchmark suites (bench/test_bench_*.py) and the data folders' scripts

@@ -13,7 +13,7 @@ from specdec.backends.base import RUNTIME_PACKAGES
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.models.loading import load_model
-from specdec.remote.server import BackgroundServer
+from specdec.remote.background import BackgroundServer
 
 QUIET = dict(log=lambda message: None)
 TEXTS = ("hello world", "what is one two", "say three")

@@ -18,7 +18,7 @@ from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.machine import fingerprint
 from specdec.models.loading import load_model
-from specdec.remote.server import BackgroundServer
+from specdec.remote.background import BackgroundServer
 from tests.test_static_cache import TOLERANCE, walk
 from tests.tiny import random_prompt, tiny_causal
 

@@ -16,7 +16,7 @@ from specdec.core.block_length import make_schedule, make_stop
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.client import RemoteCloud
-from specdec.remote.server import BackgroundServer
+from specdec.remote.background import BackgroundServer
 from tests.test_remote import chi_square_p
 from tests.tiny import noisy_copy, save_tiny_pair, tiny_causal
 

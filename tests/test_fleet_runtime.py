@@ -15,7 +15,8 @@ import pytest
 from bench.cli import main
 from bench.derive.fleet_summary import read_fleet
 from specdec.models.loading import load_model
-from specdec.remote.server import BackgroundServer, ServeConfig
+from specdec.remote.background import BackgroundServer
+from specdec.remote.server_config import ServeConfig
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
 

@@ -28,12 +28,14 @@ from specdec.core.config import DecodeConfig
 from specdec.core.decode import speculative_decode
 from specdec.core.verdict import CloudLost
 from specdec.models.loading import load_model
+from specdec.remote.background import BackgroundServer
 from specdec.remote.client import CloudUnreachable, RemoteCloud
-from specdec.remote.protocol import ERROR_CODES, decode
-from specdec.remote.server import BackgroundServer, ServeConfig
+from specdec.remote.protocol import ERROR_CODES
+from specdec.remote.server_config import ServeConfig
 from tests.protocol_strategies import READY, VERDICT, conversation, reply
 from tests.test_remote_attacks import GREEDY
 from tests.test_remote_faults import IDS
+from tests.wire import decode
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
 

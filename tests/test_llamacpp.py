@@ -23,7 +23,7 @@ from specdec.engine import Engine  # noqa: E402
 from specdec.errors import ModelError  # noqa: E402
 from specdec.models import fetch, registry  # noqa: E402
 from specdec.models.loading import load_model  # noqa: E402
-from specdec.remote.server import BackgroundServer  # noqa: E402
+from specdec.remote.background import BackgroundServer  # noqa: E402
 from tests.tiny_gguf import write_llama_gguf  # noqa: E402
 from tests.test_registry import GGUF_TOML  # noqa: E402
 

@@ -19,7 +19,7 @@ from specdec.engine import Engine
 from specdec.models.loading import load_model
 from specdec.backends.base import Prompt
 from specdec.remote.client import RemoteCloud
-from specdec.remote.server import BackgroundServer
+from specdec.remote.background import BackgroundServer
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
 

@@ -29,10 +29,12 @@ from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.decode import autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
+from specdec.remote.background import BackgroundServer
 from specdec.remote.client import CloudUnreachable, RemoteCloud
-from specdec.remote.protocol import SCHEMA, decode, encode, read_token, token_file_warning
-from specdec.remote.server import BackgroundServer, ServeConfig
+from specdec.remote.protocol import SCHEMA, read_token, token_file_warning
+from specdec.remote.server_config import ServeConfig
 from tests.test_remote_faults import IDS, opening, raw_client, refused, start_cli_server, still_serves, wait_for
+from tests.wire import decode, encode
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
 
@@ -230,6 +232,15 @@ def test_a_malformed_ready_is_one_line(ready, reason):
             RemoteCloud(url).connect()
 
 
+def test_a_server_of_another_schema_is_refused_in_one_line():
+    """A server that answers our hello with a `ready` of another schema (it did not refuse us itself):
+    the edge stops at the handshake, before any prompt, naming both schemas."""
+    with FakeServer(packed({**READY, "schema": SCHEMA + 1})) as url:
+        with pytest.raises(CloudUnreachable, match=f"speaks schema {SCHEMA + 1}, this edge {SCHEMA}") as refused:
+            RemoteCloud(url).connect()
+    assert "\n" not in str(refused.value)
+
+
 @pytest.mark.parametrize("verdict,reason", [
     (packed({**VERDICT, "accepted": 10**6}), r"verdict.accepted = 1000000 is outside \[0, 3\]"),
     (packed({**VERDICT, "accepted": -3}), r"verdict.accepted = -3 is outside"),
@@ -289,6 +300,27 @@ def test_malformed_but_typed_messages_are_one_log_line_each(models, caplog):
     assert not [r for r in caplog.records if r.exc_info], "a malformed message logged a traceback"
     refusals = [r for r in caplog.records if r.getMessage().startswith("refused a client")]
     assert len(refusals) == len(MALFORMED) - 1  # one line each, but the seed case, which is served
+
+
+def test_messages_the_schema_refuses_are_one_line_each_and_the_server_goes_on(models, caplog):
+    """Refused while they decode (msgspec's typed decode, then the message's own check): an unknown
+    field nested past the decoder's depth, a string that is not UTF-8, a float where an int is due, a
+    draft past MAX_DRAFT_TOKENS. Each is one `bad_message` line naming what broke, never a traceback."""
+    caplog.set_level(logging.WARNING, logger="specbench.serve")
+    deep = b"\x85\xa4type\xa6verify\xa4base\x06\xa3new\x90\xa5draft\x91\x01\xa4junk" + b"\x91" * 100_000 + b"\xc0"
+    not_utf8 = opening(policy="@@").replace(b"\xa2@@", b"\xa2\xed\xa0")
+    cases = {deep: "undecodable message (nested too deeply)", not_utf8: "undecodable message (a string that is not UTF-8)",
+             encode("verify", base=6.0, new=[], draft=[1]): "field 'base' must be int, got float",
+             encode("verify", base=6, new=[], draft=[1] * 65): "field 'draft' must be list of length <= 64"}
+    with BackgroundServer(models["cloud"]) as url:
+        for message, reason in cases.items():
+            ws = raw_client(url)
+            ws.send(opening())
+            ws.send(message)
+            error, _ = refused(ws)
+            assert (error["code"], error["message"]) == ("bad_message", reason), error
+        still_serves(models, url)
+    assert not [r for r in caplog.records if r.exc_info], "a message the schema refused logged a traceback"
 
 
 def test_a_sigkilled_fleet_leaves_no_server_running(pair, models, tmp_path):

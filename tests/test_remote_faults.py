@@ -31,9 +31,11 @@ from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.core.decode import speculative_decode
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
+from specdec.remote.background import BackgroundServer
 from specdec.remote.client import CloudUnreachable, RemoteCloud
-from specdec.remote.protocol import SCHEMA, decode, encode
-from specdec.remote.server import BackgroundServer, ServeConfig
+from specdec.remote.protocol import SCHEMA
+from specdec.remote.server_config import ServeConfig
+from tests.wire import decode, encode
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
 

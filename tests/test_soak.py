@@ -12,7 +12,8 @@ from bench.measure.serving.clients import Connection
 from bench.measure.serving.soak import FAULT_WINDOW, SoakConfig, schedule
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
-from specdec.remote.server import BackgroundServer, ServeConfig
+from specdec.remote.background import BackgroundServer
+from specdec.remote.server_config import ServeConfig
 
 CONFIG = dict(edge="e", cloud="c", prompts="p")
 

@@ -11,7 +11,7 @@ from bench.core.network import PRESETS, NetworkProfile, profile
 from bench.measure.link import Link
 from specdec.errors import ConfigError
 from specdec.remote.protocol import parse_address
-from specdec.remote.server import is_loopback
+from specdec.remote.server_config import is_loopback
 
 
 def _duration(text: str) -> float:

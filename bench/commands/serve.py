@@ -11,7 +11,8 @@ from specdec.backends.devices import check_served_device
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.protocol import read_token, token_file_warning
-from specdec.remote.server import ServeConfig, run_server
+from specdec.remote.server import run_server
+from specdec.remote.server_config import ServeConfig
 
 
 def add_serve_parser(sub) -> None:

@@ -13,7 +13,7 @@ k + 1, so rows are grouped by block length (`length_groups`) and each group is o
     logits, forwards = batch_logits(backend, [BatchRow(verifier, seq, draft_tokens, draft_probs), ...])
 
 Only the forwards happen here: each row's logits go back to its owner, which decides (constraints,
-policy) and crops (`specdec.remote.server.ServerSession.conclude`).
+policy) and crops (`specdec.remote.server_session.ServerSession.conclude`).
 """
 from __future__ import annotations
 

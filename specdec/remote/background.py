@@ -2,12 +2,18 @@
 
     with Background(serve, "verifier server") as url:    # serve(stop, on_listening) -> coroutine
         ...                                              # url = "HOST:PORT" once it listens
+
+and the verifier server as one (`BackgroundServer`).
 """
 from __future__ import annotations
 
 import asyncio
 import threading
 from typing import Awaitable, Callable
+
+from specdec.models.loading import LoadedModel
+from specdec.remote.server import VerifierServer
+from specdec.remote.server_config import ServeConfig
 
 Serve = Callable[[asyncio.Event, Callable[[str, int], None]], Awaitable[None]]
 
@@ -36,3 +42,15 @@ class Background:
     def __exit__(self, *exc) -> None:
         self.loop.call_soon_threadsafe(self.stop.set)
         self.thread.join(self.start_timeout_s)
+
+
+class BackgroundServer(Background):
+    """The server on a thread of this process, for tests and benchmarks:
+
+        with BackgroundServer(model) as url:   # "127.0.0.1:PORT"
+            ...
+    """
+
+    def __init__(self, model: LoadedModel, config: ServeConfig = ServeConfig()) -> None:
+        self.server = VerifierServer(model, config)
+        super().__init__(lambda stop, on_listening: self.server.serve(stop, on_listening), "verifier server")

@@ -7,12 +7,13 @@ the socket itself: what crossed, WebSocket framing included.
 """
 from __future__ import annotations
 
-import math
 import socket
 import ssl
 import time
 from dataclasses import dataclass
+from typing import TypeVar
 
+import msgspec
 import torch
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
@@ -24,12 +25,15 @@ from specdec.errors import ConfigError
 from specdec.core.processors import Constraints
 from specdec.core.running import ema
 from specdec.remote.protocol import (
-    SCHEMA, ProtocolError, decode, encode, pack_probs, pack_tensors, parse_address,
+    SCHEMA, Close, Hello, Message, Open, ProtocolError, Ready, Refusal, Reply, UnexpectedMessage, VerdictReply, Verify, decode,
+    encode, parse_address, within,
 )
+from specdec.remote.payloads import pack_probs, pack_tensors
 from specdec.core.session import AcceptedSequence
 
 
 MAX_REPLY_MB = 16  # a ready or a verdict is bytes long: a server may not send the edge more than this
+R = TypeVar("R", bound=Reply)
 
 
 class CloudUnreachable(ConfigError):
@@ -89,12 +93,13 @@ class RemoteCloud:
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.ws: ClientConnection | None = None
         self.sock: Counting | None = None
-        self.info: dict = {}
+        self.server: Ready | None = None  # what the server said it is (its `ready`), once connected
+        self.landed: bytes | None = None  # a reply read early (`reply_landed`), not yet taken by `receive`
         self.handshake_s: float | None = None
 
     # -- connection ------------------------------------------------------------------------------
     def connect(self) -> dict:
-        """Connect and handshake; returns the server's `ready` (model, vocab_size, tokenizer_sha256)."""
+        """Connect and handshake; returns the server's `ready` (model, vocab_size, tokenizer_sha256, ...) as a map."""
         self.close()
         try:
             plain = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
@@ -112,10 +117,8 @@ class RemoteCloud:
                               server_hostname=self.host if self.tls else None)
             self.sock = self.ws.socket  # over TLS: the wrapping socket, which counts the same way
             start = time.perf_counter()
-            self.ws.send(encode("hello", schema=SCHEMA, token=self.token))
-            ready = self._receive(self.connect_timeout_s, expect=("ready",))
-            self._conforms(ready, {"vocab_size": (int, 1, None), "accepts_audio": (bool, None, None),
-                                   "model": (str, None, None), "tokenizer_sha256": (str, None, None)})
+            self.send(Hello(schema=SCHEMA, token=self.token))
+            ready = self.receive(Ready, self.connect_timeout_s)
             self.handshake_s = time.perf_counter() - start  # one bare round trip: a floor for a verify's
         except ConnectionClosed as e:  # refused before our hello went out (a server at capacity closes at once)
             reason = e.rcvd.reason if e.rcvd and e.rcvd.reason else "connection lost"
@@ -124,8 +127,12 @@ class RemoteCloud:
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError, CloudLost, ssl.SSLError) as e:
             self.close()
             raise CloudUnreachable(f"the cloud verifier at {self.url} did not complete the handshake: {e}") from None
-        self.info = ready
-        return ready
+        if ready.schema != SCHEMA:  # a server of another schema that took our hello all the same
+            self.close()
+            raise CloudUnreachable(f"the cloud verifier at {self.url} speaks schema {ready.schema}, this edge {SCHEMA}: "
+                                   "run the same specbench version on both sides")
+        self.server = ready
+        return msgspec.structs.asdict(ready)
 
     @property
     def connected(self) -> bool:
@@ -137,65 +144,67 @@ class RemoteCloud:
                 self.ws.close()
             except Exception:  # already broken: nothing left to release but the socket
                 pass
-        self.ws, self.sock = None, None
+        self.ws, self.sock, self.landed = None, None, None
 
-    def _receive(self, timeout_s: float, expect: tuple[str, ...]) -> dict:
+    def send(self, message: Message) -> None:
         try:
-            raw = self.ws.recv(timeout=timeout_s)
-        except TimeoutError:
-            self.close()
-            raise CloudLost(f"no reply from the cloud verifier at {self.url} within {timeout_s:g} s") from None
-        except ConnectionClosed as e:
-            reason = e.rcvd.reason if e.rcvd and e.rcvd.reason else "connection lost"
-            self.close()
-            raise CloudLost(f"the cloud verifier at {self.url} closed the connection: {reason}") from None
-        return self._check(raw, expect)
-
-    def _check(self, raw: bytes, expect: tuple[str, ...]) -> dict:
-        try:
-            message = decode(raw)
-        except ProtocolError as e:
-            self._violated(str(e))
-        if message["type"] == "error":
-            self.close()
-            raise CloudLost(f"the cloud verifier at {self.url} refused: {message.get('message')}")
-        if message["type"] not in expect:
-            self.close()
-            raise CloudLost(f"the cloud verifier at {self.url} sent {message['type']!r} where {expect[0]!r} was due")
-        return message
-
-    def _conforms(self, message: dict, fields: dict[str, tuple[type, float | None, float | None]]) -> None:
-        """Each field is present, of its type (an int where a float is due), finite, within [low, high]."""
-        for name, (kind, low, high) in fields.items():
-            value = message.get(name)
-            if kind is float and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-                self._violated(f"{message['type']}.{name} must be {kind.__name__}, got {type(value).__name__}")
-            if kind is float and not math.isfinite(value) or low is not None and value < low or \
-                    high is not None and value > high:
-                self._violated(f"{message['type']}.{name} = {value!r} is outside [{low}, {high}]")
-
-    def _violated(self, reason: str) -> None:
-        """A reply that breaks the protocol fails this prompt as a lost cloud would, with the reason."""
-        self.close()
-        raise CloudLost(f"the cloud verifier at {self.url} broke the protocol: {reason}")
-
-    def _send(self, data: bytes) -> None:
-        try:
-            self.ws.send(data)
+            self.ws.send(encode(message))
         except (ConnectionClosed, OSError) as e:
             self.close()
             raise CloudLost(f"the cloud verifier at {self.url} is gone: {e}") from None
 
+    def reply_landed(self) -> bool:
+        """Has a reply arrived? Never blocks: one that has is kept for `receive`."""
+        if self.landed is None:
+            try:
+                self.landed = self.ws.recv(timeout=0)
+            except TimeoutError:
+                return False
+            except ConnectionClosed:
+                return True  # `receive` reports it
+        return True
+
+    def receive(self, expect: type[R], timeout_s: float | None = None) -> R:
+        """The next reply (one that landed already, or waited for up to `timeout_s`, default the
+        cloud's timeout), decoded as `expect`. A refusal, a silence, a lost connection or a reply that
+        breaks the protocol fails as a lost cloud, in one line with the reason."""
+        raw, self.landed = self.landed, None
+        if raw is None:
+            timeout_s = self.timeout_s if timeout_s is None else timeout_s
+            try:
+                raw = self.ws.recv(timeout=timeout_s)
+            except TimeoutError:
+                self.close()
+                raise CloudLost(f"no reply from the cloud verifier at {self.url} within {timeout_s:g} s") from None
+            except ConnectionClosed as e:
+                reason = e.rcvd.reason if e.rcvd and e.rcvd.reason else "connection lost"
+                self.close()
+                raise CloudLost(f"the cloud verifier at {self.url} closed the connection: {reason}") from None
+        try:
+            reply = decode(raw, expect, Refusal)
+        except UnexpectedMessage as e:
+            self.close()
+            raise CloudLost(f"the cloud verifier at {self.url} sent {e.kind!r} where {expect.kind()!r} was due") from None
+        except ProtocolError as e:
+            self.violated(str(e))
+        if isinstance(reply, Refusal):
+            self.close()
+            raise CloudLost(f"the cloud verifier at {self.url} refused: {reply.message}")
+        return reply
+
+    def violated(self, reason: str) -> None:
+        """A reply that breaks the protocol fails this prompt as a lost cloud would, with the reason."""
+        self.close()
+        raise CloudLost(f"the cloud verifier at {self.url} broke the protocol: {reason}")
+
     # -- the Cloud interface -----------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
-        return self.info["vocab_size"]
+        return self.server.vocab_size
 
     @property
     def accepts_audio(self) -> bool:
-        return self.info["accepts_audio"]
+        return self.server.accepts_audio
 
     def open(self, prompt: Prompt, spec: SpecConfig, decode_config: DecodeConfig, constraints: Constraints, vocab: int,
              generator: torch.Generator) -> RemoteCloudSession:
@@ -205,30 +214,42 @@ class RemoteCloud:
                 self.connect()
             except CloudUnreachable as e:
                 raise CloudLost(str(e)) from None
-        features = pack_tensors(prompt.features) if prompt.features else None
-        opening = encode(
-            "open", prompt_ids=prompt.input_ids.tolist(), features=features, max_new_tokens=decode_config.max_new_tokens,
+        self.landed = None  # a reply an abandoned session read early is not this session's
+        opening = Open(
+            prompt_ids=prompt.input_ids.tolist(), max_new_tokens=decode_config.max_new_tokens,
             temperature=float(decode_config.temperature), seed=decode_config.seed, policy=spec.policy,
-            accept_threshold=float(spec.accept_threshold), verifier=spec.verifier,
-            constraints=self.settings.constraints, eos_ids=list(self.settings.eos_ids), vocab=vocab,
+            accept_threshold=float(spec.accept_threshold), verifier=spec.verifier, constraints=self.settings.constraints,
+            eos_ids=list(self.settings.eos_ids), vocab=vocab,
+            features=pack_tensors(prompt.features) if prompt.features else None,
         )
-        return RemoteCloudSession(self, opening, prompt.input_ids.numel(), bool(prompt.features),
-                                  spec.policy == "sample", spec.draft_topn, vocab)
+        return RemoteCloudSession(self, opening, spec.policy == "sample", spec.draft_topn)
+
+
+@dataclass
+class PendingVerify:
+    """The block in flight: what was sent, and the socket's counts and clock when it left."""
+
+    sent_bytes: int  # the socket's bytes out before the block (and the open with it) left
+    received_bytes: int  # the socket's bytes in then
+    start_s: float  # time.perf_counter() at sending
+    base: int  # the edge's accepted length the block extends
+    drafted: int  # its draft tokens: the verdict accepts at most these
+    with_open: bool  # the session's `open` went with it (its features: once per session)
 
 
 class RemoteCloudSession:
     """One session. `server_length` is how much of the accepted sequence the server holds."""
 
-    def __init__(self, cloud: RemoteCloud, opening: bytes, prompt_len: int, has_features: bool, send_probs: bool,
-                 topn: int | None, vocab: int) -> None:
-        self.cloud, self.opening, self.has_features, self.vocab = cloud, opening, has_features, vocab
+    def __init__(self, cloud: RemoteCloud, opening: Open, send_probs: bool, topn: int | None) -> None:
+        self.cloud, self.opening, self.vocab = cloud, opening, opening.vocab
+        self.has_features = opening.features is not None
         # Expected send -> verdict time: the handshake's bare round trip until a verify is measured,
         # then the round trips so far (EMA, alpha 0.5). Drafting ahead stops at its expected end.
         self.round_trip_s = cloud.handshake_s
-        self.server_length = prompt_len  # the prompt goes up with `open`
+        self.server_length = len(opening.prompt_ids)  # the prompt goes up with `open`
         self.send_probs, self.topn = send_probs, topn
         self.compute_s = 0.0
-        self.pending: dict = {}  # the block in flight: byte counters and clock at sending
+        self.pending: PendingVerify | None = None
 
     def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict:
         self.send(seq, draft_tokens, draft_probs)
@@ -238,49 +259,41 @@ class RemoteCloudSession:
         """Send a block (and, the first time, the session's `open` right before it); the verdict
         is read by `receive`, so the edge can draft meanwhile."""
         cloud, sock = self.cloud, self.cloud.sock
-        self.pending = {"up": sock.sent, "down": sock.received, "first": self.opening is not None,
-                        "start": time.perf_counter(), "base": seq.length, "reply": None, "n": draft_tokens.numel()}
+        self.pending = PendingVerify(sock.sent, sock.received, time.perf_counter(), seq.length, draft_tokens.numel(),
+                                     with_open=self.opening is not None)
         if self.opening is not None:
-            cloud._send(self.opening)
+            cloud.send(self.opening)
             self.opening = None
-        new = seq.ids[self.server_length:].tolist()
         # A draft-free block has no distributions: the server takes each token as a point mass.
         probs = pack_probs(draft_probs.cpu(), self.topn) if self.send_probs and draft_probs is not None else None
-        cloud._send(encode("verify", base=seq.length, new=new, draft=draft_tokens.tolist(), probs=probs))
+        cloud.send(Verify(base=seq.length, new=seq.ids[self.server_length:].tolist(), draft=draft_tokens.tolist(),
+                          probs=probs))
 
     def ready(self) -> bool:
         """Has the verdict arrived? Never blocks."""
-        if self.pending["reply"] is None:
-            try:
-                self.pending["reply"] = self.cloud.ws.recv(timeout=0)
-            except TimeoutError:
-                return False
-            except ConnectionClosed:
-                return True  # `receive` reports it
-        return True
+        return self.cloud.reply_landed()
 
     def receive(self) -> Verdict:
         pending, sock = self.pending, self.cloud.sock
-        if pending["reply"] is not None:
-            reply = self.cloud._check(pending["reply"], expect=("verdict",))
-        else:
-            reply = self.cloud._receive(self.cloud.timeout_s, expect=("verdict",))
+        reply = self.cloud.receive(VerdictReply)
         # Checked against what was sent before any of it is used: a server cannot index the edge out of range.
-        self.cloud._conforms(reply, {"accepted": (int, 0, pending["n"]), "token": (int, 0, self.vocab - 1),
-                                     "tokens_in": (int, 0, None), "compute_s": (float, 0, None),
-                                     "queue_s": (float, 0, None)})
+        try:
+            within("verdict.accepted", reply.accepted, 0, pending.drafted)
+            within("verdict.token", reply.token, 0, self.vocab - 1)
+        except ProtocolError as e:
+            self.cloud.violated(str(e))
         # Send -> the verdict's last byte on the socket: the round trip itself, even when the edge
         # was still drafting ahead when it landed (then it reads the verdict later: edge_wait_s).
-        wait_s = sock.last_arrival - pending["start"]
+        wait_s = sock.last_arrival - pending.start_s
         if wait_s:
             self.round_trip_s = ema(self.round_trip_s, wait_s)
-        self.compute_s += reply["compute_s"]
-        self.server_length = pending["base"] + reply["accepted"]
+        self.compute_s += reply.compute_s
+        self.server_length = pending.base + reply.accepted
         return Verdict(
-            accepted=reply["accepted"], next_token=reply["token"], tokens_in=reply["tokens_in"],
-            sent_features=pending["first"] and self.has_features,  # once per session: the server keeps them
-            wire_up_bytes=sock.sent - pending["up"], wire_down_bytes=sock.received - pending["down"],
-            wait_s=wait_s, server_queue_s=reply["queue_s"],
+            accepted=reply.accepted, next_token=reply.token, tokens_in=reply.tokens_in,
+            sent_features=pending.with_open and self.has_features,  # once per session: the server keeps them
+            wire_up_bytes=sock.sent - pending.sent_bytes, wire_down_bytes=sock.received - pending.received_bytes,
+            wait_s=wait_s, server_queue_s=reply.queue_s,
         )
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:
@@ -289,6 +302,6 @@ class RemoteCloudSession:
     def close(self) -> None:
         if self.cloud.connected and self.opening is None:
             try:
-                self.cloud.ws.send(encode("close"))
-            except (ConnectionClosed, OSError):
-                self.cloud.close()
+                self.cloud.send(Close())
+            except CloudLost:  # gone already: `send` closed our side
+                pass

@@ -3,16 +3,23 @@
 One connection carries one session at a time; a session's KV cache lives until `close`, the end of
 the connection, or the server's idle TTL, whichever comes first.
 
-  edge -> cloud                                         cloud -> edge
-  hello  {schema, token}                                ready   {schema, model, vocab_size, tokenizer_sha256, accepts_audio,
+  edge -> cloud (`Request`)                             cloud -> edge (`Reply`)
+  Hello  {schema, token}                                Ready   {schema, model, vocab_size, tokenizer_sha256, accepts_audio,
                                                                  runtime, device}
-  open   {prompt_ids, features, settings...}            (no reply: sent back to back with the first verify)
-  verify {base, new, draft, probs}                      verdict {accepted, token, tokens_in, compute_s, queue_s, batch}
-  generate {}                                           generated {tokens, stopped_by, queue_s[], compute_s[], batch[]}
-  stats  {since}                                        stats   {batches: [{t_s, rows, tokens, max_block, positions, forward_s}], next,
-                                                                 live: {connections, sessions, tasks} or nil}
-  close  {}                                             error   {code, message}, then the server closes the connection
+  Open   {prompt_ids, settings..., features}            (no reply: sent back to back with the first verify)
+  Verify {base, new, draft, probs}                      VerdictReply {accepted, token, tokens_in, compute_s, queue_s, batch}
+  Generate {}                                           Generated {tokens, stopped_by, queue_s[], compute_s[], batch[]}
+  StatsRequest {since}                                  StatsReply {batches: [{t_s, rows, tokens, max_block, positions,
+                                                                 forward_s}], next, live: {connections, sessions, tasks} or nil}
+  Close  {}                                             Refusal {code, message}, then the server closes the connection
                                                         (code: one of ERROR_CODES below)
+
+On the wire each is a msgpack map: its fields and `type`, the class's tag (hello, open, verify,
+generate, stats, close; ready, verdict, generated, stats, error). The classes below are the one
+schema: server, edge client and the fleet's clients send them and `decode` them; msgspec checks
+every field's type while it decodes, and `check` the rules a type cannot say (a range, a
+registered name). A field an older peer leaves out has a default (`ready.runtime`, `ready.device`);
+a field this side does not know is skipped.
 
 `generate` = cloud-only serving: the server produces every remaining token itself, one batched
 next-token step at a time; after verifies it continues from their accepted sequence (the last
@@ -28,7 +35,7 @@ accepted length, so both sides check they agree. `verify.draft` may be empty: a 
 `ready.runtime` = what runs the model (torch, torch-int8, llamacpp; nil where the server cannot say); an
 older server leaves it out, so a client reads a missing one as unknown. `ready.device` = where its torch
 model runs (cpu, cuda:0; cpu for llama.cpp); an older server leaves it out (it ran on the CPU).
-`probs` (sample policy only) = the draft distributions the tokens were drawn from: [n, V] float32, or
+`probs` (sample policy only) = the draft distributions the tokens were drawn from (payloads.py): [n, V] float32, or
 the top-N rows as (index, value) when the edge drafts from a top-N truncated distribution; nil for a
 draft-free block (prompt lookup and the like), whose tokens the policy takes as point masses.
 """
@@ -36,16 +43,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
+import typing
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, TypeVar
 
-import msgpack
-import torch
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
+import msgspec
 
+from specdec.core.config import CONSTRAINT_PROFILES
+from specdec.core.policies import POLICIES
+from specdec.core.verifier import VERIFIERS
 from specdec.errors import ConfigError
 
+# A peer of another schema is refused at `hello` (code `schema`), so `Hello` keeps its two fields'
+# types in every schema: a client of any version gets that one line, not `bad_message`.
 SCHEMA = 1
 # Every `error.code` the server sends, and what it means. `error.message` is one line for a person;
 # an `internal` one never carries an exception's text (the server's log has it).
@@ -67,12 +80,6 @@ ERROR_CODES = {
 }
 MAX_DRAFT_TOKENS = 64  # per verify; k beyond this is refused by the server
 
-# Settings an `open` carries, with their types: the server validates each before using it.
-OPEN_FIELDS = {
-    "prompt_ids": list, "max_new_tokens": int, "temperature": float, "seed": int, "policy": str,
-    "accept_threshold": float, "verifier": str, "constraints": str, "eos_ids": list, "vocab": int,
-}
-
 
 class ProtocolError(Exception):
     """A message that breaks the protocol; the server answers `error` and closes the connection."""
@@ -82,86 +89,232 @@ class ProtocolError(Exception):
         self.code = code
 
 
-def encode(kind: str, **fields: Any) -> bytes:
-    return msgpack.packb({"type": kind, **fields}, use_bin_type=True)
+class UnexpectedMessage(ProtocolError):
+    """A well-formed message of a type not due here (`kind`: its tag)."""
+
+    def __init__(self, kind: str, expected: tuple[str, ...]) -> None:
+        super().__init__(f"expected {' or '.join(expected)}, got {kind!r}")
+        self.kind = kind
 
 
-def decode(data: bytes | str, expect: tuple[str, ...] | None = None) -> dict:
-    if isinstance(data, str):
-        raise ProtocolError("text frame received: the protocol sends binary msgpack frames")
-    try:
-        message = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except (ValueError, msgpack.UnpackException, TypeError) as e:
-        raise ProtocolError(f"undecodable message ({type(e).__name__})") from None
-    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-        raise ProtocolError("a message must be a map with a string `type`")
-    if expect and message["type"] not in expect:
-        raise ProtocolError(f"expected {' or '.join(expect)}, got {message['type']!r}")
-    return message
+def within(where: str, value: float, low: float | None, high: float | None) -> None:
+    """`value` is finite and in [low, high] (None: unbounded), else a ProtocolError naming it."""
+    if not math.isfinite(value) or low is not None and value < low or high is not None and value > high:
+        raise ProtocolError(f"{where} = {value!r} is outside [{low}, {high}]")
 
 
-def field(message: dict, name: str, kind: type | tuple[type, ...]) -> Any:
-    """message[name], type-checked (an int is accepted where a float is expected)."""
-    value = message.get(name)
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
-        raise ProtocolError(f"field {name!r} must be {' or '.join(k.__name__ for k in kinds)}, got {type(value).__name__}")
-    return value
-
-
-def token_ids(message: dict, name: str, vocab: int, max_len: int | None = None) -> list[int]:
-    ids = field(message, name, list)
+def check_token_ids(name: str, ids: list[int], vocab: int, max_len: int | None = None) -> list[int]:
+    """Token ids of a field, each in [0, vocab), at most `max_len` of them (the session's limits)."""
     if max_len is not None and len(ids) > max_len:
         raise ProtocolError(f"field {name!r} has {len(ids)} tokens, more than {max_len}")
-    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
+    if not all(0 <= t < vocab for t in ids):
         raise ProtocolError(f"field {name!r} must hold token ids in [0, {vocab})")
     return ids
 
 
-def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
-    return save_tensors({name: t.contiguous() for name, t in tensors.items()})
+# -- the schema ----------------------------------------------------------------------------------
+class Message(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
+    """A message: a msgpack map whose `type` is its class's tag."""
+
+    @classmethod
+    def kind(cls) -> str:
+        return cls.__struct_config__.tag
+
+    @classmethod
+    def field_name(cls, path: str) -> str:
+        """How an error names a field (`path`: `name` or `name[i]`)."""
+        return f"{cls.kind()}.{path}"
+
+    def check(self) -> None:
+        """The rules its types cannot say; `decode` runs it. Raises ProtocolError."""
 
 
-def unpack_tensors(data: Any, what: str) -> dict[str, torch.Tensor]:
-    if not isinstance(data, bytes):
-        raise ProtocolError(f"{what} must be bytes (safetensors)")
+class Request(Message):
+    """Edge -> cloud. A refusal names a field as `field 'name'` (what a client of the server reads)."""
+
+    @classmethod
+    def field_name(cls, path: str) -> str:
+        return f"field {path!r}"
+
+
+class Reply(Message):
+    """Cloud -> edge. A broken one names its field as `kind.name`."""
+
+
+class Hello(Request, tag="hello"):
+    schema: int
+    token: str | None = None
+
+
+class Open(Request, tag="open"):
+    """A session: the prompt, the edge's decoding settings, its stop ids and vocabulary, the audio once."""
+
+    # The edge's decoding settings among the fields: what a result record also carries (a fleet replays
+    # a record's generation with them).
+    SETTINGS: ClassVar[tuple[str, ...]] = ("max_new_tokens", "temperature", "seed", "policy", "accept_threshold",
+                                           "verifier", "constraints")
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float
+    seed: int
+    policy: str
+    accept_threshold: float
+    verifier: str
+    constraints: str
+    eos_ids: list[int]
+    vocab: int
+    features: bytes | None = None  # the prompt's audio features (payloads.py); nil: text only
+
+    def check(self) -> None:
+        if not self.prompt_ids:
+            raise ProtocolError("open: prompt_ids is empty")
+        if self.policy not in POLICIES or self.verifier not in VERIFIERS:
+            raise ProtocolError(f"open: policy must be one of {tuple(POLICIES)} and verifier one of {tuple(VERIFIERS)}")
+        if self.constraints not in CONSTRAINT_PROFILES:
+            raise ProtocolError(f"open: constraints must be one of {CONSTRAINT_PROFILES}")
+
+
+class Verify(Request, tag="verify"):
+    base: int
+    new: list[int]
+    draft: Annotated[list[int], msgspec.Meta(max_length=MAX_DRAFT_TOKENS)]
+    probs: bytes | None = None  # the draft distributions (payloads.pack_probs); nil: a draft-free block
+
+
+class Generate(Request, tag="generate"):
+    pass
+
+
+class StatsRequest(Request, tag="stats"):
+    since: int
+
+    def check(self) -> None:
+        if self.since < 0:
+            raise ProtocolError(f"stats: since must be >= 0, got {self.since}")
+
+
+class Close(Request, tag="close"):
+    pass
+
+
+class Ready(Reply, tag="ready"):
+    schema: int
+    model: str
+    vocab_size: int
+    tokenizer_sha256: str
+    accepts_audio: bool
+    runtime: str | None = None  # an older server leaves it out: unknown
+    device: str = "cpu"  # an older server leaves it out: it ran on the CPU
+
+    def check(self) -> None:
+        within("ready.vocab_size", self.vocab_size, 1, None)
+
+
+class VerdictReply(Reply, tag="verdict"):
+    accepted: int
+    token: int
+    tokens_in: int
+    compute_s: float
+    queue_s: float
+    batch: int = 1
+
+    def check(self) -> None:
+        for name in ("accepted", "token", "tokens_in", "compute_s", "queue_s"):
+            within(f"verdict.{name}", getattr(self, name), 0, None)
+
+
+class Generated(Reply, tag="generated"):
+    tokens: list[int]
+    stopped_by: str
+    queue_s: list[float]
+    compute_s: list[float]
+    batch: list[int]
+
+
+class StatsReply(Reply, tag="stats"):
+    batches: list[dict[str, Any]]
+    next: int
+    live: dict[str, int] | None = None
+
+
+class Refusal(Reply, tag="error"):
+    code: str
+    message: str
+
+
+REQUESTS: tuple[type[Request], ...] = (Hello, Open, Verify, Generate, StatsRequest, Close)
+REPLIES: tuple[type[Reply], ...] = (Ready, VerdictReply, Generated, StatsReply, Refusal)
+M = TypeVar("M", bound=Message)
+
+
+def encode(message: Message) -> bytes:
+    return _ENCODER.encode(message)
+
+
+def decode(data: bytes | str, *expect: type[M]) -> M:
+    """One message of the types `expect`, its fields type-checked while it decodes, then `check`ed.
+    Anything else is a ProtocolError: one line naming what is wrong (UnexpectedMessage: a type not due)."""
+    if isinstance(data, str):
+        raise ProtocolError("text frame received: the protocol sends binary msgpack frames")
+    kind = _undecodable_or(lambda: _ENVELOPE.decode(data).type, "a message must be a map with a string `type`")
+    cls = next((c for c in expect if c.kind() == kind), None)
+    if cls is None:
+        raise UnexpectedMessage(kind, tuple(c.kind() for c in expect))
+    message = _undecodable_or(lambda: _decoder(cls).decode(data), cls)
+    message.check()
+    return message
+
+
+class _Envelope(msgspec.Struct):
+    type: str
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_ENVELOPE = msgspec.msgpack.Decoder(_Envelope)
+
+
+@cache
+def _decoder(cls: type[M]) -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(cls)
+
+
+def _undecodable_or(decoding, invalid: type[Message] | str):
+    """decoding(); its errors as one ProtocolError line (`invalid`: the class whose schema was broken,
+    or the line to give)."""
     try:
-        return load_tensors(data)
-    except Exception as e:  # safetensors raises its own error types on malformed input
-        raise ProtocolError(f"{what}: malformed tensors ({type(e).__name__})") from None
+        return decoding()
+    except msgspec.ValidationError as e:
+        raise ProtocolError(invalid if isinstance(invalid, str) else _explain(invalid, str(e))) from None
+    except msgspec.DecodeError as e:
+        raise ProtocolError(f"undecodable message ({e})") from None
+    except UnicodeDecodeError:
+        raise ProtocolError("undecodable message (a string that is not UTF-8)") from None
+    except RecursionError:
+        raise ProtocolError("undecodable message (nested too deeply)") from None
 
 
-def pack_probs(draft_probs: torch.Tensor, topn: int | None) -> bytes:
-    """[n, V] draft distributions. With top-N drafting each row has at most N non-zeros: send those."""
-    if topn:
-        values, index = draft_probs.topk(topn, dim=-1)
-        return pack_tensors({"index": index.to(torch.int32), "value": values.float()})
-    return pack_tensors({"probs": draft_probs.float()})
+# msgspec's errors read "Expected `int`, got `str` - at `$.vocab_size`" or "Object missing required
+# field `accepted`"; said here in Python's words: "ready.vocab_size must be int, got str".
+_AT = re.compile(r"^(?P<problem>.*) - at `\$\.(?P<path>[^`]*)`$")
+_EXPECTED = re.compile(r"^Expected `(?P<expected>[^`]*)`(?P<limit>.*?)(?:, got `(?P<got>[^`]*)`)?$")
+_MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]*)`")
+_PYTHON_NAMES = {"null": "NoneType", "None": "NoneType", "array": "list", "object": "dict"}
 
 
-def unpack_probs(data: Any, n: int, vocab: int) -> torch.Tensor:
-    tensors = unpack_tensors(data, "probs")
-    if "probs" in tensors:
-        probs = tensors["probs"]
-        if probs.dtype != torch.float32 or probs.shape != (n, vocab):
-            raise ProtocolError(f"probs must be float32 [{n}, {vocab}], got {probs.dtype} {list(probs.shape)}")
-        return checked_distributions(probs)
-    index, value = tensors.get("index"), tensors.get("value")
-    if index is None or value is None or index.shape != value.shape or index.ndim != 2 or index.shape[0] != n:
-        raise ProtocolError(f"top-N probs must be `index` and `value` of one shape [{n}, N]")
-    if index.dtype != torch.int32 or value.dtype != torch.float32 or bool((index < 0).any() | (index >= vocab).any()):
-        raise ProtocolError(f"top-N probs: int32 indices in [0, {vocab}) and float32 values expected")
-    return checked_distributions(torch.zeros(n, vocab).scatter_(-1, index.long(), value))
-
-
-def checked_distributions(probs: torch.Tensor) -> torch.Tensor:
-    """[n, V] rows that are distributions: finite, >= 0, each summing to a positive total (the
-    policy divides by them and draws from them)."""
-    if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()) or bool((probs.sum(-1) <= 0).any()):
-        raise ProtocolError("probs must be finite, non-negative rows with a positive sum")
-    return probs
+def _explain(cls: type[Message], error: str) -> str:
+    if missing := _MISSING.match(error):
+        annotation = typing.get_type_hints(cls)[missing["name"]]
+        expected = (typing.get_origin(annotation) or annotation).__name__
+        return f"{cls.field_name(missing['name'])} must be {expected}, got NoneType (missing)"
+    if " - at `key` in " in error:
+        return f"{cls.kind()}: a map's keys must be strings"
+    at = _AT.match(error)
+    said = _EXPECTED.match(at["problem"]) if at else None
+    if not said:
+        return f"{cls.kind()}: {' '.join(error.split())}"
+    expected = " or ".join("None" if t in ("null", "None") else _PYTHON_NAMES.get(t, t) for t in said["expected"].split(" | "))
+    got = f", got {_PYTHON_NAMES.get(said['got'], said['got'])}" if said["got"] else ""
+    return f"{cls.field_name(at['path'])} must be {expected}{said['limit']}{got}"
 
 
 def tokenizer_sha256(tokenizer: Any) -> str:

@@ -18,11 +18,16 @@ from dataclasses import dataclass, field
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+import msgspec
+
 from specdec.core.verdict import CloudLost
 from specdec.errors import InputError
-from specdec.remote.protocol import SCHEMA, decode, encode
+from specdec.remote.protocol import (
+    REPLIES, REQUESTS, SCHEMA, Open, ProtocolError, Refusal, UnexpectedMessage, decode, encode,
+)
 
-OPEN_SETTINGS = ("max_new_tokens", "temperature", "seed", "policy", "accept_threshold", "verifier", "constraints")
+SENT = {cls.kind(): cls for cls in REQUESTS}  # a request's type by its tag
+RECEIVED = {cls.kind(): cls for cls in REPLIES}
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class Script:
     id: str
     prompt_ids: list[int]
     tokens: list[int]  # the generation's new tokens
-    settings: dict  # the `open` fields
+    settings: dict  # the `open` fields of the edge's decoding settings (protocol.Open.SETTINGS)
     steps: list[Step] = field(default_factory=list)
     tail_s: float = 0.0  # edge time after the last verdict, to the end of the generation
 
@@ -61,7 +66,7 @@ def script_of(record: dict) -> Script:
     if not record.get("prompt_ids") or "trace" not in record:
         raise InputError(f"{where} has no prompt_ids or trace: it was recorded by an older specbench; record it again")
     prompt, tokens = record["prompt_ids"], record["tokens"]
-    script = Script(record["id"], prompt, tokens, {name: record[name] for name in OPEN_SETTINGS})
+    script = Script(record["id"], prompt, tokens, {name: record[name] for name in Open.SETTINGS})
     done, last_reply = 0, 0.0  # tokens accepted before the current cycle; clock of the last verdict
     for cycle in record["trace"]:
         if cycle["escalated"]:
@@ -98,23 +103,27 @@ class Connection:
         await self.ws.close()
 
     async def send(self, kind: str, **fields) -> None:
+        """Send the request of type `kind` (its fields as the protocol's schema names them)."""
         try:
-            await self.ws.send(encode(kind, **fields))
+            await self.ws.send(encode(SENT[kind](**fields)))
         except ConnectionClosed as e:
             raise CloudLost(f"the verifier server at {self.url} closed the connection: {e}") from None
 
     async def receive(self, kind: str) -> dict:
+        """The reply of type `kind`, checked by the protocol's schema, as a map of its fields."""
         try:
-            message = decode(await asyncio.wait_for(self.ws.recv(), self.timeout_s))
+            reply = decode(await asyncio.wait_for(self.ws.recv(), self.timeout_s), RECEIVED[kind], Refusal)
         except asyncio.TimeoutError:
             raise CloudLost(f"no reply from the verifier server at {self.url} within {self.timeout_s:g} s") from None
         except ConnectionClosed as e:
             raise CloudLost(f"the verifier server at {self.url} closed the connection: {e}") from None
-        if message["type"] == "error":
-            raise CloudLost(f"the verifier server at {self.url} refused: {message.get('message')}")
-        if message["type"] != kind:
-            raise CloudLost(f"the verifier server at {self.url} sent {message['type']!r} where {kind!r} was due")
-        return message
+        except UnexpectedMessage as e:
+            raise CloudLost(f"the verifier server at {self.url} sent {e.kind!r} where {kind!r} was due") from None
+        except ProtocolError as e:
+            raise CloudLost(f"the verifier server at {self.url} broke the protocol: {e}") from None
+        if isinstance(reply, Refusal):
+            raise CloudLost(f"the verifier server at {self.url} refused: {reply.message}")
+        return msgspec.structs.asdict(reply)
 
 
 def open_fields(script: Script, prefix: int, vocab: int) -> dict:

@@ -18,7 +18,7 @@ from specdec.backends.devices import check_served_device
 from specdec.core.config import DeployConfig, EngineConfig, SpecConfig, check_types
 from specdec.errors import ConfigError
 from specdec.remote.protocol import parse_address
-from specdec.remote.server import ServeConfig
+from specdec.remote.server_config import ServeConfig
 
 MAX_CLIENTS = 256
 REPLAYABLE_POLICIES = ("greedy", "threshold")  # deterministic verdicts: a replay can check each one

@@ -49,7 +49,7 @@ from bench.measure.serving.soak_edge import write_scripts
 from specdec.backends.base import RUNTIMES
 from specdec.core.verdict import CloudLost
 from specdec.errors import ConfigError, InputError
-from specdec.remote.protocol import SCHEMA, decode, encode
+from specdec.remote.protocol import SCHEMA, Hello, Ready, StatsRequest, decode, encode
 
 ROWS = ("kind", "run")  # every row of a soak's results.jsonl has these
 WARM_UP_S = 30.0  # at most; a short soak warms up for 10 % of its time
@@ -241,7 +241,7 @@ class Soak:
 
         async def ask(ws) -> None:
             while True:
-                await ws.send(encode("stats", since=0))  # the whole batch log: replies grow as the soak runs
+                await ws.send(encode(StatsRequest(since=0)))  # the whole batch log: replies grow as the soak runs
                 await asyncio.sleep(1.0 / asks)
 
         async def read(ws) -> None:
@@ -253,8 +253,8 @@ class Soak:
         # that gives up on its own pings (a first 20-minute soak's did, after 9 min) is not a slow one.
         async with connect(f"ws://{self.url}/", compression=None, max_size=None, max_queue=1, close_timeout=2,
                            ping_interval=None) as ws:
-            await ws.send(encode("hello", schema=SCHEMA, token=None))
-            decode(await ws.recv(), expect=("ready",))
+            await ws.send(encode(Hello(schema=SCHEMA, token=None)))
+            decode(await ws.recv(), Ready)
             tasks = [asyncio.create_task(ask(ws)), asyncio.create_task(read(ws))]
             done, _ = await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_EXCEPTION)
             for task in tasks:
