@@ -576,7 +576,7 @@ def test_only_a_drafter_that_weighs_the_switches_runs_on_a_two_runtime_cloud(tmp
 def test_a_sweeps_grid_leaves_out_drafting_ahead_with_a_drafter_that_cannot():
     """--overlap true with prompt lookup is refused in a run (tests/test_drafters.py); a grid that crosses
     overlap with drafters keeps only the split points that can run."""
-    from bench.measure.sweep_config import SweepConfig
+    from bench.measure.sweep.sweep_config import SweepConfig
 
     sweep = SweepConfig.from_mapping({"edge": "e", "cloud": "c", "mode": ("spec",), "deployment": ("split",),
                                       "split_cores": "shared", "overlap": (True, False), "drafter": ("model", "prompt-lookup")})
