@@ -475,6 +475,19 @@ def two_runtime_session(cloud, prompt):
     return TwoRuntimeCloud(LocalCloud(cloud), LocalCloud(cloud)).open(prompt, spec, decode, Constraints(), 96, torch.Generator())
 
 
+def verify_in_turn(session, seq, turns) -> list:
+    """Verify each (route, draft) in turn on a two-runtime session, accepting what each verdict says ->
+    [(went to the plain runtime, verdict)]."""
+    done = []
+    for route, draft in turns:
+        base = seq.length
+        verdict = session.verify(seq, T(draft, dtype=torch.long), None, route)
+        done.append((session.last is session.plain, verdict))
+        seq.extend(draft[: verdict.accepted] + [verdict.next_token])
+        session.rollback(base + verdict.accepted, seq)
+    return done
+
+
 def test_a_two_runtime_session_sends_plain_steps_to_one_and_blocks_to_the_other(pair):
     """Each runtime's cache catches up on the tokens the other decided, in one feed at its next call."""
     from specdec.core.session import AcceptedSequence
@@ -484,13 +497,9 @@ def test_a_two_runtime_session_sends_plain_steps_to_one_and_blocks_to_the_other(
     session = two_runtime_session(cloud, prompt)
     seq = AcceptedSequence(prompt.input_ids, 8)
     expected = autoregressive_decode(cloud, prompt, DecodeConfig(max_new_tokens=8)).tokens
-    fed = []
-    for draft in ([], [], [expected[2], expected[3]], [], [expected[5], 0]):
-        base = seq.length
-        verdict = session.verify(seq, T(draft, dtype=torch.long), None, Route.BLOCK if draft else Route.STEP)
-        fed.append((session.last is session.plain, verdict.tokens_in))
-        seq.extend(draft[: verdict.accepted] + [verdict.next_token])
-        session.rollback(base + verdict.accepted, seq)
+    drafts = ([], [], [expected[2], expected[3]], [], [expected[5], 0])
+    verdicts = verify_in_turn(session, seq, [(Route.BLOCK if d else Route.STEP, d) for d in drafts])
+    fed = [(to_plain, verdict.tokens_in) for to_plain, verdict in verdicts]
     assert seq.generated == expected[: seq.length - seq.prompt_len]
     # plain: the prompt (13), then its token t0 (1); blocks: the prompt, t0, t1 + 2 drafted (17), keeps both
     # and adds t4; plain: t1..t4, which the blocks decided (4); blocks: t4 and the step's t5 + 2 drafted (4)
@@ -509,13 +518,10 @@ def test_each_route_goes_to_its_runtime_and_a_stay_is_a_plain_step_in_the_blocks
     session = two_runtime_session(cloud, prompt)
     seq = AcceptedSequence(prompt.input_ids, 8)
     expected = autoregressive_decode(cloud, prompt, DecodeConfig(max_new_tokens=8)).tokens
-    fed = []
-    for route, draft in ((Route.STEP, []), (Route.BLOCK, [expected[1]]), (Route.STAY, []), (Route.STAY, []), (Route.STEP, [])):
-        base = seq.length
-        verdict = session.verify(seq, T(draft, dtype=torch.long), None, route)
-        fed.append((route, session.last is session.blocks, verdict.tokens_in, verdict.accepted))
-        seq.extend(draft[: verdict.accepted] + [verdict.next_token])
-        session.rollback(base + verdict.accepted, seq)
+    turns = ((Route.STEP, []), (Route.BLOCK, [expected[1]]), (Route.STAY, []), (Route.STAY, []), (Route.STEP, []))
+    verdicts = verify_in_turn(session, seq, turns)
+    fed = [(route, not to_plain, verdict.tokens_in, verdict.accepted)
+           for (route, _), (to_plain, verdict) in zip(turns, verdicts)]
     assert seq.generated == expected[: seq.length - seq.prompt_len]
     # plain: the prompt (13); blocks: the prompt, t0 + 1 drafted (15), keeps it and adds t2; stay: t2 alone
     # (1, no draft, no guess); stay: t3 (1); plain: t0..t4, its own step's token and what the blocks decided (5)
