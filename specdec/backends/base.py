@@ -87,6 +87,13 @@ def served_runtime(model: str, runtime: str | None, flag: str = "--runtime") -> 
     return runtime
 
 
+def refuse_features(prompt: "Prompt", model: str, runtime: str) -> None:
+    """A text-only runtime given a prompt with audio features: one line naming the fix."""
+    if prompt.features:
+        raise InputError(f"model {model!r} runs in {runtime}, text only, but the prompt has "
+                         f"{sorted(prompt.features)}: use a torch runtime with an audio model, or drop the audio")
+
+
 def cache_kwarg(forward) -> str:
     """The name under which `forward` takes its KV cache: `past_key_values` up to transformers 5.23,
     `cache` from 5.24 (which still takes the old name until 5.40 but warns on every call)."""

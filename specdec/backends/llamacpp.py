@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.backends.base import LLAMACPP_EXTRA, Prompt
+from specdec.backends.base import LLAMACPP_EXTRA, Prompt, refuse_features
 from specdec.backends.llamacpp_probe import announce, build_id, decide
 from specdec.errors import ConfigError, InputError, ModelError
 
@@ -135,9 +135,7 @@ class LlamaCppBackend:
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
-        if prompt.features:
-            raise InputError(f"model {self.name!r} runs in llama.cpp, text only, but the prompt has "
-                             f"{sorted(prompt.features)}: use a torch runtime with an audio model, or drop the audio")
+        refuse_features(prompt, self.name, "llama.cpp")
         state = self._new_state()
         logits = self._run(state, token_ids, keep) if token_ids.numel() else None
         if not use_cache:

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.backends.base import ONNX_EXTRA, Prompt
+from specdec.backends.base import ONNX_EXTRA, Prompt, refuse_features
 from specdec.errors import ConfigError, InputError, ModelError
 
 KEEP_INPUT = "num_logits_to_keep"  # the logits' rows to keep: added to the builder's graph by convert_onnx
@@ -149,9 +149,7 @@ class OnnxRuntimeBackend:
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
-        if prompt.features:
-            raise InputError(f"model {self.name!r} runs in ONNX Runtime, text only, but the prompt has "
-                             f"{sorted(prompt.features)}: use a torch runtime with an audio model, or drop the audio")
+        refuse_features(prompt, self.name, "ONNX Runtime")
         state = OnnxState(0)
         logits = self._run(state, token_ids, keep) if token_ids.numel() else None
         if not use_cache:

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.backends.base import OPENVINO_EXTRA, Prompt
+from specdec.backends.base import OPENVINO_EXTRA, Prompt, refuse_features
 from specdec.errors import ConfigError, InputError, ModelError
 
 OPENVINO_PINS = OPENVINO_EXTRA  # pip install 'specbench[openvino]'
@@ -99,9 +99,7 @@ class OpenVinoBackend:
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
-        if prompt.features:
-            raise InputError(f"model {self.name!r} runs in OpenVINO, text only, but the prompt has "
-                             f"{sorted(prompt.features)}: use a torch runtime with an audio model, or drop the audio")
+        refuse_features(prompt, self.name, "OpenVINO")
         state = OpenVinoState()
         logits = self._run(state, token_ids, keep) if token_ids.numel() else None
         if not use_cache:

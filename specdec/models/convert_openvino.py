@@ -92,7 +92,7 @@ def convert(model_dir: Path | str, weights: str = DEFAULT_WEIGHTS, log: Callable
     out = ir_dir(model_dir, weights, attention)
     recipe = _recipe(weights, attention)
     if out.exists():
-        marker = _read_marker(out)
+        marker = registry.read_marker(out, MARKER)
         if marker is None:
             raise ModelError(f"the OpenVINO copy {out} has no readable {MARKER} (damaged or interrupted): "
                              f"delete {out} and it is converted again on next use")
@@ -112,7 +112,7 @@ def convert(model_dir: Path | str, weights: str = DEFAULT_WEIGHTS, log: Callable
 
 
 def read_marker(folder: Path | str) -> dict | None:
-    return _read_marker(Path(folder))
+    return registry.read_marker(Path(folder), MARKER)
 
 
 def load_openvino(model_dir: Path | str, log: Callable[[str], None] | None = None, weights: str = DEFAULT_WEIGHTS,
@@ -130,7 +130,7 @@ def open_ir(folder: Path | str, name: str = "", config: dict | None = None,
             eos_ids: frozenset[int] = frozenset()) -> OpenVinoBackend:
     """An OpenVinoBackend of a folder `convert` made (no checks of its files: `convert` makes them)."""
     folder = Path(folder)
-    marker = _read_marker(folder)
+    marker = registry.read_marker(folder, MARKER)
     if marker is None or not isinstance(marker.get("model"), dict):
         raise ModelError(f"{folder} is not an OpenVINO copy made by specbench (no readable {MARKER}): convert the "
                          "model folder with specdec.models.convert_openvino.load_openvino")
@@ -211,26 +211,11 @@ def _write_marker(folder: Path, marker: dict) -> None:
 
 
 # --- outputs ------------------------------------------------------------------------------------
-def _read_marker(folder: Path) -> dict | None:
-    try:
-        marker = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return marker if isinstance(marker, dict) else None
-
-
 def _output_problem(out: Path, recorded: dict, hashes: bool) -> str | None:
     if set(recorded) != {IR_XML, IR_BIN}:
         return f"its {MARKER} does not list {IR_XML} and {IR_BIN}"
-    for name, entry in recorded.items():
-        path = out / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != entry.get("size"):
-            return f"{name} has {path.stat().st_size} bytes, {entry.get('size')} when it was converted"
-        if hashes and integrity.sha256_of(path) != entry.get("sha256"):
-            return f"{name} has other bytes than when it was converted (sha256 differs)"
-    return None
+    found = integrity.problems(out, recorded, hashes)
+    return found[0] if found else None
 
 
 def _recipe(weights: str, attention: str) -> dict:

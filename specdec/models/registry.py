@@ -218,10 +218,10 @@ def expand(name: str) -> str:
     return entry.load_name if entry else name
 
 
-def read_marker(folder: Path) -> dict | None:
-    """The marker of a converted folder (written last: present means complete), or None."""
+def read_marker(folder: Path, name: str = MARKER) -> dict | None:
+    """The marker `name` of a converted folder (written last: present means complete), or None."""
     try:
-        marker = json.loads((folder / MARKER).read_text())
+        marker = json.loads((Path(folder) / name).read_text())
     except (OSError, ValueError):
         return None
     return marker if isinstance(marker, dict) else None
