@@ -31,6 +31,10 @@ junk = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dict
 tokens = st.lists(st.integers(0, VOCAB - 1), max_size=6)
 
 
+# A verdict to keep (verify.follow): in range or not; a server not started with --follow-verdicts refuses any.
+followed = st.fixed_dictionaries({"accepted": st.integers(-1, 6), "token": st.none() | st.integers(-1, VOCAB)})
+
+
 @st.composite
 def probs_bytes(draw, n: int) -> bytes | None:
     """Draft distributions for n tokens: none (a draft-free block), dense, top-N, or malformed."""
@@ -70,7 +74,8 @@ def well_typed(kind: str) -> st.SearchStrategy[dict]:
                    .map(lambda pt: {**m, "policy": pt[0], "temperature": pt[1]}))
     if kind == "verify":
         return st.fixed_dictionaries({"base": mostly(st.integers(0, 24), st.integers(*INT64)), "new": tokens,
-                                      "draft": st.lists(st.integers(0, VOCAB - 1), max_size=5)}).flatmap(
+                                      "draft": st.lists(st.integers(0, VOCAB - 1), max_size=5),
+                                      "follow": mostly(st.none(), followed)}).flatmap(
             lambda m: probs_bytes(len(m["draft"])).map(lambda probs: {**m, "probs": probs}))
     if kind == "stats":
         return st.fixed_dictionaries({"since": mostly(st.integers(0, 8), st.integers(*INT64))})

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.remote.protocol import (
-    REPLIES, REQUESTS, SCHEMA, Close, Generate, Generated, Hello, Open, ProtocolError, Ready, Refusal, StatsReply,
+    REPLIES, REQUESTS, SCHEMA, Close, Followed, Generate, Generated, Hello, Open, ProtocolError, Ready, Refusal, StatsReply,
     StatsRequest, UnexpectedMessage, VerdictReply, Verify, decode, encode,
 )
 from tests.protocol_strategies import SCHEMA_FIELDS, well_typed
@@ -39,10 +39,15 @@ SCHEMA_1_KEYS = [
 ]
 
 
+# Optional fields added within schema 1 since (an older peer skips them; without them a message decodes with
+# their defaults): a verdict to keep, and the server's word that it keeps one (specdec/remote/protocol.py).
+ADDED = {"verify": {"follow"}, "ready": {"follows"}, "verdict": {"agreed"}}
+
+
 @pytest.mark.parametrize("message,keys", SCHEMA_1_KEYS, ids=lambda m: type(m).__name__ if not isinstance(m, set) else "")
 def test_every_message_keeps_schema_1s_map_and_decodes_back(message, keys):
     wire = raw_decode(encode(message))
-    assert set(wire) == keys and wire["type"] == type(message).kind()
+    assert set(wire) == keys | ADDED.get(type(message).kind(), set()) and wire["type"] == type(message).kind()
     fields = {name: value for name, value in wire.items() if name != "type"}
     assert decode(raw_encode(wire["type"], **fields), type(message)) == message  # the map as an untyped peer writes it
 
@@ -55,6 +60,24 @@ def test_an_older_servers_ready_without_runtime_and_device_decodes_with_their_de
     ready = decode(raw_encode("ready", schema=SCHEMA, model="m", vocab_size=64, tokenizer_sha256="x", accepts_audio=False),
                    Ready)
     assert (ready.runtime, ready.device) == (None, "cpu")  # unknown; an older server ran on the CPU
+
+
+def test_messages_of_a_peer_without_the_added_fields_decode_with_their_defaults():
+    assert decode(raw_encode("verify", base=2, new=[], draft=[5], probs=None), Verify).follow is None
+    assert decode(raw_encode("ready", schema=SCHEMA, model="m", vocab_size=64, tokenizer_sha256="x", accepts_audio=False),
+                  Ready).follows is False
+    reply = decode(raw_encode("verdict", accepted=1, token=5, tokens_in=3, compute_s=0.5, queue_s=0.0), VerdictReply)
+    assert reply.agreed is None
+
+
+def test_a_followed_verdict_travels_and_one_the_draft_cannot_hold_is_refused():
+    verify = Verify(base=2, new=[], draft=[5, 6], follow=Followed(accepted=2, token=9))
+    assert decode(encode(verify), Verify) == verify
+    assert raw_decode(encode(verify))["follow"] == {"accepted": 2, "token": 9}
+    with pytest.raises(ProtocolError, match=r"^verify.follow.accepted = 3 is outside \[0, 2\]$"):
+        decode(raw_encode("verify", base=2, new=[], draft=[5, 6], follow={"accepted": 3, "token": 1}), Verify)
+    with pytest.raises(ProtocolError, match=r"^verify.follow.token = -1 is outside"):
+        decode(raw_encode("verify", base=2, new=[], draft=[5], follow={"accepted": 0, "token": -1}), Verify)
 
 
 def test_a_field_this_side_does_not_know_is_skipped():

@@ -12,6 +12,7 @@ from bench.core.prompts import canonical_prompts
 from bench.measure.serving.fleet import run_fleet
 from bench.measure.serving.fleet_config import FleetConfig
 from specdec.core.config import DecodeConfig, SpecConfig
+from specdec.models.architecture import PREFIX as ARCH, is_architecture
 
 
 def add_fleet_parser(sub) -> None:
@@ -23,10 +24,17 @@ def add_fleet_parser(sub) -> None:
             option.add_to(p)
 
 
+def canonical_model(name: str | None) -> str | None:
+    """A model as one setting wherever the fleet is run from: a path made absolute, after `arch:` too."""
+    if name is not None and is_architecture(name):
+        return ARCH + canonical_path(name.removeprefix(ARCH))
+    return canonical_path(name)
+
+
 def cmd_fleet(args: argparse.Namespace) -> int:
     spec, decode = SpecConfig(**values(SpecConfig, args)), DecodeConfig(**values(DecodeConfig, args))
     config = FleetConfig(**{**values(FleetConfig, args), "prompts": canonical_prompts(args.prompts),
-                            "edge": canonical_path(args.edge), "cloud": canonical_path(args.cloud),
+                            "edge": canonical_path(args.edge), "cloud": canonical_model(args.cloud),
                             "edge_replay": canonical_path(args.edge_replay), "token_file": canonical_path(args.token_file)})
     counts, summary = run_fleet(config, spec, decode, args.out)
     print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())), file=sys.stderr, flush=True)

@@ -17,7 +17,8 @@ from specdec.remote.server_config import ServeConfig
 
 def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a cloud model as a verifier for edge clients (`run --cloud-url`)")
-    p.add_argument("--model", required=True, help="cloud model: registry alias or local directory")
+    p.add_argument("--model", required=True, help="cloud model: registry alias or local directory (arch:PATH.json: a random-weight "
+                                                          "architecture, for timing with --follow-verdicts)")
     p.add_argument("--host", default=ServeConfig.host, help="address to bind (default loopback; others need --token-file)")
     p.add_argument("--port", type=int, default=ServeConfig.port, help="TCP port; 0 picks a free one (printed)")
     p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16", help="the torch runtime's dtype")
@@ -42,6 +43,7 @@ def add_serve_parser(sub) -> None:
                    help="close a connection that holds no session after this many idle seconds")
     p.add_argument("--max-sessions-per-client", type=int, default=None,
                    help="open sessions per client address at most (default: --max-sessions)")
+    p.add_argument("--follow-verdicts", action="store_true", help=ServeConfig.__dataclass_fields__["follow_verdicts"].metadata["help"])
     p.add_argument("--max-batch", type=int, default=ServeConfig.max_batch,
                    help="verify requests of different sessions run as one forward, at most this many (1: unbatched)")
     p.add_argument("--batch-window-ms", type=float, default=ServeConfig.batch_window_ms,
@@ -57,7 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          max_batch=args.max_batch, batch_window_ms=args.batch_window_ms,
                          share_stats=args.share_stats, tls_cert=args.tls_cert, tls_key=args.tls_key,
                          max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
-                         max_sessions_per_client=args.max_sessions_per_client)
+                         max_sessions_per_client=args.max_sessions_per_client, follow_verdicts=args.follow_verdicts)
     if args.cores:
         pin_cores(parse_cores(args.cores))
     runtime = served_runtime(args.model, args.runtime)

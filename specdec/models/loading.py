@@ -24,6 +24,7 @@ from specdec.backends.llamacpp import LlamaCppBackend  # imports llama_cpp only 
 from specdec.backends.llamacpp_probe import CACHE_FILE
 from specdec.errors import InputError, ModelError
 from specdec.models import fetch as fetching, integrity, registry
+from specdec.models.architecture import NoTokenizer, build_architecture, is_architecture
 from specdec.models.derive import INT8, check_derivable, derive, needs_float32, split_name
 
 # Hub ids as the hub validates them: two names that start with a letter or digit.
@@ -201,7 +202,8 @@ def runtime_of(ops: tuple[str, ...]) -> str:
 def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print,
                runtime: str | None = None, llamacpp_extra_buffers: str = "auto", device: str = "cpu",
                kv_cache: str = "dynamic", cuda_graphs: str = "on") -> LoadedModel:
-    """Resolve `name` (fetching a registry alias on first use) and load it for CPU inference in
+    """Resolve `name` (fetching a registry alias on first use; `arch:PATH.json` builds a random-weight architecture,
+    specdec/models/architecture.py) and load it for CPU inference in
     `runtime` (specdec.backends.base.RUNTIMES; None: llamacpp for a `.gguf` file, else torch).
     `NAME@OPS` (or a derived registry alias) loads NAME and derives an edge from it in memory
     (`specdec.models.derive`); int8 derivations run in float32 whatever `dtype` says, and
@@ -225,6 +227,10 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
     check_device(device, "device")
     if device != "cpu" and runtime != "torch":
         raise ModelError(f"runtime {runtime} runs on the CPU only: device {device} is the torch runtime's")
+    if is_architecture(name):
+        if runtime != "torch":
+            raise ModelError(f"{name} is a random-weight architecture, which the torch runtime builds: use runtime torch")
+        return load_architecture(name, dtype, device, kv_cache, cuda_graphs)
     if runtime == "llamacpp":
         return load_gguf(name, log, llamacpp_extra_buffers)
     if runtime in CONVERTED:
@@ -277,6 +283,16 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
         backend = causal_backend(derive(model, ops).to(device), name, steps)
     return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor,
                        runtime_of(ops))  # `NAME@int8` runs int8 whatever was asked
+
+
+def load_architecture(name: str, dtype: str, device: str, kv_cache: str, cuda_graphs: str) -> LoadedModel:
+    """`arch:PATH.json`: the architecture with seeded random weights on `device` (specdec/models/architecture.py)."""
+    from specdec.backends.static_cache import causal_backend, static_capable
+
+    start = time.perf_counter()
+    model = build_architecture(name, DTYPES[dtype], device)
+    backend = causal_backend(model, name, steps_of(kv_cache, device, cuda_graphs, static_capable(model)))
+    return LoadedModel(name, name, backend, NoTokenizer(name), time.perf_counter() - start, runtime="torch")
 
 
 # Runtimes that run a conversion of the model's folder, made on first use and kept beside it: runtime -> (the

@@ -50,11 +50,15 @@ async def on_open(server: Server, ws: ServerConnection, opening: Open) -> None:
 
 async def on_verify(server: Server, ws: ServerConnection, verify: Verify) -> None:
     session = session_of(server, ws)
+    if verify.follow is not None and not server.config.follow_verdicts:
+        raise ProtocolError("verify.follow: this server keeps its own verdicts; start it with --follow-verdicts to "
+                            "time recorded edges on a random-weight model", code="no_follow")
     served = await server.batcher.submit(session, session.prepare(verify), client_address(ws))
     server.stats["verifies"] += 1
     await ws.send(encode(VerdictReply(accepted=served.verdict.accepted, token=served.verdict.next_token,
                                  tokens_in=served.verdict.tokens_in, compute_s=served.compute_s,
-                                 queue_s=served.queue_s, batch=served.batch_rows)))
+                                 queue_s=served.queue_s, batch=served.batch_rows,
+                                 agreed=session.agreed if verify.follow is not None else None)))
     session.last_active = time.monotonic()
 
 

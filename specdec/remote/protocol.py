@@ -5,9 +5,10 @@ the connection, or the server's idle TTL, whichever comes first.
 
   edge -> cloud (`Request`)                             cloud -> edge (`Reply`)
   Hello  {schema, token}                                Ready   {schema, model, vocab_size, tokenizer_sha256, accepts_audio,
-                                                                 runtime, device}
+                                                                 runtime, device, follows}
   Open   {prompt_ids, settings..., features}            (no reply: sent back to back with the first verify)
-  Verify {base, new, draft, probs}                      VerdictReply {accepted, token, tokens_in, compute_s, queue_s, batch}
+  Verify {base, new, draft, probs, follow}              VerdictReply {accepted, token, tokens_in, compute_s, queue_s, batch,
+                                                                        agreed}
   Generate {}                                           Generated {tokens, stopped_by, queue_s[], compute_s[], batch[]}
   StatsRequest {since}                                  StatsReply {batches: [{t_s, rows, tokens, max_block, positions,
                                                                  forward_s}], next, live: {connections, sessions, tasks} or nil}
@@ -35,6 +36,10 @@ accepted length, so both sides check they agree. `verify.draft` may be empty: a 
 `ready.runtime` = what runs the model (torch, torch-int8, llamacpp; nil where the server cannot say); an
 older server leaves it out, so a client reads a missing one as unknown. `ready.device` = where its torch
 model runs (cpu, cuda:0; cpu for llama.cpp); an older server leaves it out (it ran on the CPU).
+`verify.follow` = {accepted, token}: a verdict for the server to keep instead of its own, which it still
+computes and reports in `verdict.agreed`. Only a server started with --follow-verdicts takes it (`ready.follows`
+says so; another refuses with `no_follow`): it lets a replayed edge time a random-weight architecture of the
+real size with the recorded acceptance (docs/gpu.md).
 `probs` (sample policy only) = the draft distributions the tokens were drawn from (payloads.py): [n, V] float32, or
 the top-N rows as (index, value) when the edge drafts from a top-N truncated distribution; nil for a
 draft-free block (prompt lookup and the like), whose tokens the policy takes as point masses.
@@ -73,6 +78,7 @@ ERROR_CODES = {
     "capacity": "too many connections, sessions, or sessions of this client",
     "idle": "a connection without a session idled too long",
     "expired": "a session idled past the server's TTL",
+    "no_follow": "verify.follow sent to a server not started with --follow-verdicts",
     "verify_failed": "this session's verdict failed (its settings or policy); other sessions go on",
     "shutdown": "the server is stopping",
     "refused": "the session's own failure, not one of the above",
@@ -174,11 +180,25 @@ class Open(Request, tag="open"):
             raise ProtocolError(f"open: constraints must be one of {CONSTRAINT_PROFILES}")
 
 
+class Followed(msgspec.Struct, kw_only=True, frozen=True):
+    """A verdict the server is to keep (`verify.follow`): a replayed edge's recorded one."""
+
+    accepted: int
+    token: int | None = None  # nil: keep the server's own token (the recording took none: its budget ended)
+
+
 class Verify(Request, tag="verify"):
     base: int
     new: list[int]
     draft: Annotated[list[int], msgspec.Meta(max_length=MAX_DRAFT_TOKENS)]
     probs: bytes | None = None  # the draft distributions (payloads.pack_probs); nil: a draft-free block
+    follow: Followed | None = None  # keep this verdict (a server started with --follow-verdicts only); nil: its own
+
+    def check(self) -> None:
+        if self.follow is not None:
+            within("verify.follow.accepted", self.follow.accepted, 0, len(self.draft))
+            if self.follow.token is not None:
+                within("verify.follow.token", self.follow.token, 0, None)
 
 
 class Generate(Request, tag="generate"):
@@ -205,6 +225,7 @@ class Ready(Reply, tag="ready"):
     accepts_audio: bool
     runtime: str | None = None  # an older server leaves it out: unknown
     device: str = "cpu"  # an older server leaves it out: it ran on the CPU
+    follows: bool = False  # it keeps a verify's `follow` verdict (serve --follow-verdicts); an older server does not
 
     def check(self) -> None:
         within("ready.vocab_size", self.vocab_size, 1, None)
@@ -217,6 +238,7 @@ class VerdictReply(Reply, tag="verdict"):
     compute_s: float
     queue_s: float
     batch: int = 1
+    agreed: bool | None = None  # a followed verify: was the server's own verdict the one it kept? nil: not followed
 
     def check(self) -> None:
         for name in ("accepted", "token", "tokens_in", "compute_s", "queue_s"):

@@ -26,6 +26,10 @@ class ServeConfig:
     max_sessions_per_client: int | None = field(default=None, metadata={"help": "open sessions per client address at most (default: --max-sessions)"})
     share_stats: bool = field(default=False, metadata={"help": "`stats` shows every client the whole batch log (default: "
                                                               "only the forwards that served the asking client's address)"})
+    follow_verdicts: bool = field(default=False, metadata={
+        "help": "a verify may carry the verdict to keep (`verify.follow`): the server computes its own, counts whether "
+                "it agreed, and keeps the given one. For timing a random-weight architecture of the real size with "
+                "recorded edges (`fleet --edge-replay --follow-verdicts`, docs/gpu.md); refused unless set"})
     tls_cert: str | None = field(default=None, metadata={"help": "PEM certificate: serve wss:// (TLS) instead of ws://"})
     tls_key: str | None = field(default=None, metadata={"help": "PEM private key of --tls-cert"})
     hello_timeout_s: float = 10.0

@@ -10,6 +10,7 @@ must carry, or a `generate` takes first.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -23,7 +24,7 @@ from specdec.core.verdict import Verdict
 from specdec.errors import SpecdecError
 from specdec.models.loading import LoadedModel
 from specdec.remote.payloads import unpack_probs, unpack_tensors
-from specdec.remote.protocol import Open, ProtocolError, Verify, check_token_ids
+from specdec.remote.protocol import Followed, Open, ProtocolError, Verify, check_token_ids
 
 # The server's sampling stream must not be the edge's: seeding both with the same seed would feed
 # the acceptance test the very uniforms that drew the draft tokens.
@@ -73,6 +74,8 @@ class ServerSession:
         # the mirror then: the step needs at least one it has not).
         self.pending: int | None = None
         self.edge_takes_the_token = True  # the row in flight is a verify (its token comes back in `new`), not a `generate` step
+        self.following: Followed | None = None  # the verdict the row in flight keeps (verify.follow), or None: its own
+        self.agreed: bool | None = None  # after a followed verify: the server's own verdict was the kept one
         self.last_active = time.monotonic()
 
     def prepare(self, verify: Verify) -> BatchRow:
@@ -88,8 +91,10 @@ class ServerSession:
             raise ProtocolError(f"verify: new must carry the last verdict's token ({self.pending})", code="out_of_sync")
         # No `probs`: a draft-free block, each token a point mass (specdec/core/policies/sample.py).
         probs = unpack_probs(verify.probs, len(draft), self.vocab) if verify.probs is not None else None
+        if verify.follow is not None and verify.follow.token is not None:
+            check_token_ids("follow.token", [verify.follow.token], self.vocab)
         self.seq.extend(new)
-        self.pending, self.edge_takes_the_token = None, True
+        self.pending, self.edge_takes_the_token, self.following = None, True, verify.follow
         return BatchRow(self.cloud.verifier, self.seq, torch.tensor(draft, dtype=torch.long), probs)
 
     def take_pending(self) -> int | None:
@@ -104,7 +109,7 @@ class ServerSession:
     def next_step(self) -> BatchRow:
         """A next-token step of cloud-only serving: a block with no draft."""
         no_draft = torch.empty(0, self.vocab) if self.policy == "sample" else None
-        self.edge_takes_the_token = False
+        self.edge_takes_the_token, self.following = False, None
         return BatchRow(self.cloud.verifier, self.seq, torch.empty(0, dtype=torch.long), no_draft)
 
     def stops(self, token: int) -> bool:
@@ -116,8 +121,10 @@ class ServerSession:
         follows it. A verify (an empty one too: a draft-free drafter's plain step): the accepted draft
         tokens join the mirror and the cache is cropped to exactly that prefix (the correction, bonus or
         next token arrives with the next `new`). A `generate` step: the token joins the mirror (the cache
-        holds every position before it)."""
+        holds every position before it). A followed verify keeps the given verdict (`follow`)."""
         verdict = self.cloud.decide(self.seq, row.draft_tokens, row.draft_probs, logits)
+        if self.following is not None:  # its own verdict decided (the same work), the given one kept
+            verdict = self.follow(verdict)
         if self.edge_takes_the_token:  # a verify, an empty block (a draft-free drafter's plain step) included
             self.seq.extend(row.draft_tokens[: verdict.accepted].tolist())
             self.cloud.rollback(self.seq.length, self.seq)
@@ -125,3 +132,10 @@ class ServerSession:
         else:
             self.seq.extend([verdict.next_token])
         return verdict
+
+    def follow(self, own: Verdict) -> Verdict:
+        """The followed verdict in place of `own` (a token left nil keeps its own), and whether they agreed."""
+        kept = self.following
+        token = own.next_token if kept.token is None else kept.token
+        self.agreed = (own.accepted, own.next_token) == (kept.accepted, token)
+        return replace(own, accepted=kept.accepted, next_token=token)

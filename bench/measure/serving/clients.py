@@ -5,6 +5,9 @@
   every verdict against the recorded one. With a deterministic policy a mismatch is the server's
   doing: in fp32 a bug; in bf16 a batched forward may also round a near-tie the other way. The
   replay then re-opens the session at the recorded prefix and goes on, and counts the mismatch.
+  Following (`--follow-verdicts`), each verify asks the server to keep the recorded verdict: a
+  random-weight architecture of the real size then serves the recorded acceptance, its own verdicts
+  (noise) counted as mismatches, and the session never re-opens (no prefill per verify).
 - `cloud_only`: cloud-only serving of the same prompt: the server generates as many tokens as the
   recorded generation has (its stop point), every token a batched server step.
 - `server_log`: the server's batch log (rows, tokens and seconds of every forward).
@@ -23,7 +26,7 @@ import msgspec
 from specdec.core.verdict import CloudLost
 from specdec.errors import InputError
 from specdec.remote.protocol import (
-    REPLIES, REQUESTS, SCHEMA, Open, ProtocolError, Refusal, UnexpectedMessage, decode, encode,
+    REPLIES, REQUESTS, SCHEMA, Followed, Open, ProtocolError, Refusal, UnexpectedMessage, decode, encode,
 )
 
 SENT = {cls.kind(): cls for cls in REQUESTS}  # a request's type by its tag
@@ -132,8 +135,11 @@ def open_fields(script: Script, prefix: int, vocab: int) -> dict:
     return dict(prompt_ids=script.prompt_ids + script.tokens[:prefix], features=None, eos_ids=[], vocab=vocab, **settings)
 
 
-async def replay(url: str, script: Script, vocab: int, token: str | None = None, timeout_s: float = 60.0) -> dict:
-    """Replay one generation; returns its measured fields (latency, per-verify waits, mismatches)."""
+async def replay(url: str, script: Script, vocab: int, token: str | None = None, timeout_s: float = 60.0,
+                 follow: bool = False) -> dict:
+    """Replay one generation; returns its measured fields (latency, per-verify waits, mismatches). `follow`: each
+    verify asks the server to keep the recorded verdict (`verify.follow`), so a mismatch (the server's own verdict
+    differed, `verdict.agreed`) is counted and the replay goes on in the same session."""
     waits, queues, computes, batches = [], [], [], []
     mismatches, positions, accepted_total = 0, 0, 0
     start = time.perf_counter()
@@ -148,7 +154,8 @@ async def replay(url: str, script: Script, vocab: int, token: str | None = None,
                 server_length, reopen = step.base, False
             new = script.tokens[server_length - prompt_len: step.base - prompt_len]
             sent = time.perf_counter()
-            await server.send("verify", base=step.base, new=new, draft=step.draft, probs=None)
+            kept = Followed(accepted=step.accepted, token=step.token) if follow else None
+            await server.send("verify", base=step.base, new=new, draft=step.draft, probs=None, follow=kept)
             verdict = await server.receive("verdict")
             waits.append(time.perf_counter() - sent)
             queues.append(verdict["queue_s"])
@@ -156,7 +163,9 @@ async def replay(url: str, script: Script, vocab: int, token: str | None = None,
             batches.append(verdict["batch"])
             positions += len(step.draft) + 1
             accepted_total += verdict["accepted"]
-            if verdict["accepted"] != step.accepted or step.token is not None and verdict["token"] != step.token:
+            if follow:
+                mismatches += verdict["agreed"] is False
+            elif verdict["accepted"] != step.accepted or step.token is not None and verdict["token"] != step.token:
                 mismatches += 1
                 reopen = True
             server_length = step.base + verdict["accepted"]
@@ -165,7 +174,7 @@ async def replay(url: str, script: Script, vocab: int, token: str | None = None,
     return {"latency_s": time.perf_counter() - start, "new_tokens": script.new_tokens,
             "prompt_tokens": len(script.prompt_ids), "verifies": len(waits),
             "positions": positions, "accepted_draft_tokens": accepted_total,
-            "draft_tokens": sum(len(s.draft) for s in script.steps), "replay_mismatches": mismatches,
+            "draft_tokens": sum(len(s.draft) for s in script.steps), "replay_mismatches": mismatches, "followed": follow,
             "verify_wait_s": waits, "server_queue_s": queues, "server_compute_s": computes, "batch": batches}
 
 

@@ -53,7 +53,7 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
         identity = {**settings["fleet"], **settings["spec"], **settings["decode"]}  # flat: a refusal names the field
         # A folder written before `cloud_runtime` was: its own server ran the default, a --cloud-url one is unknown.
         claim(out, "fleet", identity, before={"cloud_runtime": config.cloud and served_runtime(config.cloud, None),
-                                               "cloud_device": "cpu"})
+                                               "cloud_device": "cpu", "follow_verdicts": False})
         if not (has_results(out) and (out / IDENTITY_FILES["fleet"]).is_file()):
             write_identity(out, "fleet", {"config": identity, "environment": environment()})
         done = {(lv["mode"], lv["clients"], lv["repeat"]) for lv in ResultsFile(out / LEVELS, ("mode", "clients")).read()}
@@ -67,7 +67,7 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
             url = config.cloud_url or services.enter_context(ServerProcess(
                 config.cloud, config.dtype, config.cloud_cores, "--runtime", config.cloud_runtime, "--device", config.cloud_device,
                 "--max-batch", str(config.max_batch), "--batch-window-ms", str(config.batch_window_ms),
-                "--max-sessions", str(2 * max(config.clients) + 2)))
+                "--max-sessions", str(2 * max(config.clients) + 2), *(["--follow-verdicts"] if config.follow_verdicts else [])))
             if config.cloud and config.cloud_cores:  # this process and its edge processes: the other cores
                 others = sorted(os.sched_getaffinity(0) - set(parse_cores(config.cloud_cores, "--cloud-cores")))
                 if others:
@@ -140,6 +140,9 @@ class Fleet:
             # started with, someone else's (--cloud-url) is unknown, never guessed.
             self.cloud_runtime = info.get("runtime") or self.config.cloud_runtime or UNKNOWN_RUNTIME
             self.cloud_device = info.get("device", "cpu")  # an older server does not say: it ran on the CPU
+            if self.config.follow_verdicts and not info.get("follows"):
+                raise InputError(f"--follow-verdicts: the server at {self.server_url} keeps its own verdicts; start it "
+                                 "with `specbench serve --follow-verdicts`")
             await self.warm_up()
             for mode, clients, repeat in plan:
                 await self.level(mode, clients, repeat)
@@ -149,7 +152,7 @@ class Fleet:
         allocator), and that must not land in the first level."""
         script = next(iter(self.scripts.values()), None)
         if script is not None:
-            await replay(self.url, script, self.vocab, self.token, self.config.cloud_timeout_s)
+            await replay(self.url, script, self.vocab, self.token, self.config.cloud_timeout_s, self.config.follow_verdicts)
             if self.config.baseline:
                 await cloud_only(self.url, script, self.vocab, self.token)
 
@@ -217,7 +220,8 @@ class Fleet:
             begin = time.perf_counter()
             try:
                 if point["mode"] == "spec":
-                    measured = await replay(self.url, scripts[prompt_id], self.vocab, self.token, self.config.cloud_timeout_s)
+                    measured = await replay(self.url, scripts[prompt_id], self.vocab, self.token, self.config.cloud_timeout_s,
+                                            self.config.follow_verdicts)
                 else:
                     measured = await cloud_only(self.url, scripts[prompt_id], self.vocab, self.token)
                 row = {"id": prompt_id, **point, "client": index, "status": "ok", **measured}

@@ -17,6 +17,7 @@ from specdec.backends.base import RUNTIMES, served_runtime
 from specdec.backends.devices import check_served_device
 from specdec.core.config import DeployConfig, EngineConfig, SpecConfig, check_types
 from specdec.errors import ConfigError
+from specdec.models.architecture import PREFIX as ARCH
 from specdec.remote.protocol import parse_address
 from specdec.remote.server_config import ServeConfig
 
@@ -33,8 +34,14 @@ class FleetConfig:
     edge_replay: str | None = field(default=None, metadata={
         "help": "replay the draft blocks and edge timing of this split run's results folder instead of running "
                 "edge models (no edge model is loaded; each verdict is checked against the recorded one)"})
+    follow_verdicts: bool = field(default=False, metadata={
+        "help": "with --edge-replay: the server keeps each recorded verdict (it still computes its own, counted in "
+                "replay_mismatches), so a random-weight architecture of the real size (--cloud arch:PATH.json) serves "
+                "the recorded acceptance; the fleet starts its server with `serve --follow-verdicts`, a --cloud-url "
+                "server must have been (docs/gpu.md)"})
     cloud: str | None = field(default=None, metadata={
-        "help": "cloud model: the fleet starts `specbench serve` for it (or give --cloud-url)"})
+        "help": "cloud model: the fleet starts `specbench serve` for it (or give --cloud-url); arch:PATH.json: a "
+                "random-weight architecture, with --follow-verdicts"})
     cloud_url: str | None = field(default=None, metadata={"help": "a running `specbench serve` (HOST:PORT) to load"})
     cloud_runtime: str | None = field(default=None, metadata={
         "help": "server started by the fleet: what runs the cloud, as `serve --runtime` (torch, torch-int8, llamacpp; "
@@ -88,6 +95,11 @@ class FleetConfig:
         if (self.edge is None) == (self.edge_replay is None):
             raise ConfigError("a fleet's edges are --edge MODEL (edge processes) or --edge-replay DIR (a recorded "
                               "split run): give exactly one")
+        if self.follow_verdicts and self.edge_replay is None:
+            raise ConfigError("--follow-verdicts keeps recorded verdicts: it needs --edge-replay DIR")
+        if self.cloud is not None and self.cloud.startswith(ARCH) and not self.follow_verdicts:
+            raise ConfigError(f"--cloud {self.cloud} has random weights, whose verdicts are noise: add --follow-verdicts "
+                              "(with --edge-replay) so it keeps the recorded ones")
         if self.rate is not None and not self.rate > 0:
             raise ConfigError(f"rate must be > 0 prompts per second, got {self.rate}; leave it unset for a closed loop")
         if self.repeats < 1:
