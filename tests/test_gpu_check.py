@@ -10,10 +10,14 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from bench.derive.gpu_costs import spread, summarize
+from bench.cli import build_parser
+from bench.core.records import read_records
+from bench.derive.gpu_costs import capacity, graph_bound, spread, summarize
 from bench.measure import gpu_check
+from bench.measure.serving.clients import script_of
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "gpu" / "check.sh"
@@ -26,7 +30,8 @@ def test_the_dry_run_writes_every_file_through_the_same_commands(tmp_path):
                           env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable}, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     files = sorted(p.name for p in results.iterdir())
-    assert files == ["check.log", "cost_curve.csv", "cost_summary.json", "cuda_tests.txt", "environment.json"]
+    assert files == ["check.log", "cost_curve.csv", "cost_summary.json", "cuda_tests.txt", "environment.json",
+                     "fleet_levels.jsonl", "fleet_results.jsonl", "fleet_summary.csv"]
     assert len(files) <= 8
     environment = json.loads((results / "environment.json").read_text())
     assert environment["dry_run"] and environment["device"] == "cpu" and "gpu" in environment
@@ -41,6 +46,13 @@ def test_the_dry_run_writes_every_file_through_the_same_commands(tmp_path):
     summary = json.loads((results / "cost_summary.json").read_text())
     assert summary["complete"] and summary["failed"] == {} and "gpu" in summary
     assert set(summary["models"]) == set(gpu_check.MODELS)
+    # The fleet: the recorded edges against a tiny architecture keeping their verdicts, spec beside cloud-only.
+    records = [json.loads(line) for line in (results / "fleet_results.jsonl").read_text().splitlines()]
+    assert {r["mode"] for r in records} == {"spec", "cloud"} and all(r["status"] == "ok" for r in records)
+    assert all(r["followed"] and r["cloud"].startswith("arch:") for r in records if r["mode"] == "spec")
+    level = summary["fleet"]["levels"]["1"]
+    assert summary["fleet"]["exit_code"] == 0 and level["spec_tokens_per_s"] > 0 and level["cloud_tokens_per_s"] > 0
+    assert level["verifies"] == len(script_of(recorded()[records[0]["id"]]).steps)
 
 
 def test_what_the_check_runs_is_in_the_project():
@@ -65,6 +77,44 @@ def test_the_configs_are_the_real_architectures(name, layers, params_b):
     assert model.config.num_hidden_layers == layers
     assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == params_b
     assert next(model.parameters()).dtype == torch.bfloat16
+
+
+def recorded() -> dict[str, dict]:
+    return {r["id"]: r for r in read_records(gpu_check.RECORDING / "results.jsonl")}
+
+
+def test_the_fleets_command_is_the_clis_and_matches_its_recording(tmp_path):
+    command = gpu_check.fleet_command("bench/gpu/qwen2.5-7b.json", tmp_path / "f", "cuda", dry=False)
+    assert command[1:3] == ["-m", "bench.cli"]
+    args = build_parser().parse_args(command[3:])  # every flag is the CLI's
+    assert args.follow_verdicts and args.cloud == "arch:bench/gpu/qwen2.5-7b.json" and args.cloud_device == "cuda"
+    records = recorded()
+    assert len(records) >= args.limit
+    for record in records.values():  # the replay's settings are the recording's (a replay refuses others)
+        assert (record["prompts"], record["k"], record["max_new_tokens"], record["policy"], record["entropy_threshold"],
+                record["dtype"]) == (args.prompts, args.k, args.max_new_tokens, args.policy, args.entropy_threshold,
+                                     args.dtype)
+        assert record["deployment"] == "split" and script_of(record).steps  # its trace rebuilds its tokens
+    assert set(args.clients) <= set(gpu_check.ROWS)  # the curve holds a graph-captured bound for each N
+
+
+def test_the_capacity_reads_spec_against_cloud_only_and_the_graph_bound():
+    def level(mode, clients, tokens_per_s, per_cloud_s, ratio=None):
+        return {"mode": mode, "clients": clients, "repeats": 2, "server_accepted_tokens_per_s": tokens_per_s,
+                "accepted_tokens_per_cloud_s": per_cloud_s, "mean_batch_size": 3.0, "cloud_busy_fraction": 0.5,
+                "replay_mismatches": 7, "verifies": 9, "throughput_vs_cloud_only": ratio,
+                "throughput_vs_cloud_only_min": ratio and ratio - 0.1, "throughput_vs_cloud_only_max": ratio and ratio + 0.1}
+
+    table = pd.DataFrame([level("spec", 1, 20.0, 400.0, 0.5), level("cloud", 1, 40.0, 100.0),
+                          level("spec", 8, 300.0, 600.0, 2.5), level("cloud", 8, 120.0, 200.0)])
+    fleet = capacity(table)
+    assert fleet["levels"][8]["spec_over_cloud"] == 2.5 and fleet["levels"][8]["spec_over_cloud_min"] == 2.4
+    assert fleet["levels"][1]["per_cloud_s_ratio"] == 4.0 and fleet["levels"][8]["server_disagreed"] == 7
+    assert list(fleet["target"].values()) == [{"measured": 2.5, "target": 2.0, "met": True}]
+    curve = [{"model": "m", "mode": "graphs", "rows": 8, "tokens": 1, "median_ms": 10.0}]
+    assert graph_bound(fleet, curve, "m") == {1: {"cloud_tokens_per_s": None, "spec_over_graph_bound": None},
+                                              8: {"cloud_tokens_per_s": 800.0, "spec_over_graph_bound": 0.375}}
+    assert capacity(pd.DataFrame())["levels"] == {}
 
 
 def test_the_curve_starts_nothing_after_its_budget(tmp_path):

@@ -1,13 +1,17 @@
 """The GPU check's driver (bench/gpu/check.sh runs it; docs/gpu.md): on one machine with a CUDA GPU and no
-network, in one call of at most 8 minutes, it runs the CUDA-marked tests and measures the cost curve of the
-Qwen2.5-1.5B and -7B architectures (bench/gpu/*.json, random bf16 weights: timing does not read the values),
-and writes at most 8 files under RESULTS, each naming the GPU:
+network, in one call of at most 8 minutes, it runs the CUDA-marked tests, measures the cost curve of the
+Qwen2.5-1.5B and -7B architectures (bench/gpu/*.json, random bf16 weights: timing does not read the values)
+and the fleet's capacity, and writes at most 8 files under RESULTS, each naming the GPU:
 
     environment.json   the GPU, CUDA, torch, transformers, the commit, the settings, the measured bandwidth
     cuda_tests.txt     `pytest tests/test_cuda.py -m cuda`, its output
     cost_curve.csv     per model x mode x rows x tokens: a forward after CONTEXT cached tokens per row, raw
                        times (CUDA events) and their median, p10, p90; written row by row, so a cut run keeps them
-    cost_summary.json  derived (bench/derive/gpu_costs.py): floors, steps per mode, issue 44's targets
+    cost_summary.json  derived (bench/derive/gpu_costs.py): floors, steps per mode, issue 44's targets, the fleet's capacity
+    fleet_results.jsonl, fleet_levels.jsonl, fleet_summary.csv
+                       `specbench fleet` of recorded CPU edges (bench/gpu/recorded-code) against the 7B architecture
+                       with random weights on the GPU, keeping their recorded verdicts (--follow-verdicts): spec beside
+                       cloud-only serving at N = 1, 8, 64 (FLEET), its last --fleet-s seconds
 
 Modes: eager (transformers' DynamicCache, as the dynamic backend and the server run), static (the static cache
 eagerly), graphs (its CUDA-graph replay: specdec/backends/cuda_graphs.py). Shapes run most useful first (1 and
@@ -23,20 +27,25 @@ import csv
 import datetime
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 
+import pandas as pd
 import torch
 
-from bench.derive.gpu_costs import spread, summarize
+from bench.derive.fleet_summary import summarize_fleet
+from bench.derive.gpu_costs import capacity, graph_bound, spread, summarize
 from specdec.backends.base import cache_kwarg
 from specdec.backends.cuda_graphs import CapturedSteps
 from specdec.backends.devices import check_device, clock, is_cuda
 from specdec.backends.static_cache import StaticKV, static_forward
 from specdec.errors import SpecdecError
+from specdec.models.architecture import PREFIX as ARCH, build_architecture
 
 CONFIGS = Path(__file__).parent.parent / "gpu"
 MODELS = ("qwen2.5-1.5b", "qwen2.5-7b")
@@ -55,19 +64,22 @@ VERSIONS = ("torch", "transformers", "websockets")
 DRY = {"rows": (1, 2), "tokens": (1, 3), "context": 16, "repeats": 2, "warm_ups": 1,
        "config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                   "intermediate_size": 128, "vocab_size": 96}}
+# The fleet's capacity (docs/gpu.md): replayed edges of the real pair (Qwen2.5-Coder 0.5B drafting, 1.5B verifying, on a
+# CPU: bench/gpu/recorded-code) against a server of the 7B architecture with random weights that keeps their recorded
+# verdicts, spec beside cloud-only serving. The recording's settings are the fleet's (a replay must match them).
+RECORDING = CONFIGS / "recorded-code"
+RECORDED = ["--prompts", "code", "--max-new-tokens", "128", "--policy", "greedy", "--entropy-threshold", "0", "--k", "4",
+            "--dtype", "bfloat16"]
+FLEET = {"model": "qwen2.5-7b", "clients": "1,8,64", "repeats": 2, "limit": 1, "max_batch": 64}
+DRY_FLEET = {"clients": "1", "repeats": 1, "limit": 1, "max_batch": 8}
+FLEET_FILES = ("results.jsonl", "levels.jsonl", "summary.csv")  # kept as fleet_<name>
+FLEET_LEAVE_S = 15  # what the fleet leaves of the budget for the summary
 CURVE_COLUMNS = ["gpu", "model", "mode", "rows", "tokens", "context", "repeats", "median_ms", "p10_ms", "p90_ms", "times_ms"]
 
 
 def build(name: str, device: str, dry: bool):
     """The architecture of bench/gpu/NAME.json with random bf16 weights, made on `device` (no host copy)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    settings = json.loads((CONFIGS / f"{name}.json").read_text(encoding="utf-8"))
-    model_type = settings.pop("model_type")
-    config = AutoConfig.for_model(model_type, **{**settings, **(DRY["config"] if dry else {})})
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    return model.eval()
+    return build_architecture(f"{ARCH}{CONFIGS / name}.json", torch.bfloat16, device, DRY["config"] if dry else None)
 
 
 def streamed_bytes(model) -> int:
@@ -189,6 +201,40 @@ def curve(models: list[str], out: Path, device: str, gpu: str | None, dry: bool,
     return measured, sizes, failed
 
 
+def fleet_command(arch: str, out: Path, device: str, dry: bool) -> list[str]:
+    """`specbench fleet` of the recorded edges against the architecture `arch` (a config file) on `device`."""
+    settings = {**FLEET, **(DRY_FLEET if dry else {})}
+    return [sys.executable, "-m", "bench.cli", "fleet", "--edge-replay", str(RECORDING), "--follow-verdicts",
+            "--cloud", f"{ARCH}{arch}", "--cloud-device", device, "--clients", settings["clients"], "--repeats",
+            str(settings["repeats"]), "--limit", str(settings["limit"]), "--max-batch", str(settings["max_batch"]),
+            "--out", str(out), *RECORDED]
+
+
+def fleet(results: Path, device: str, gpu: str | None, dry: bool, deadline: float) -> dict:
+    """Run the fleet until `deadline` (killed there: its results are written as produced) and keep its raw records,
+    levels and summary as fleet_*; -> what the capacity says (bench/derive/gpu_costs.py's capacity)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        arch = CONFIGS / f"{FLEET['model']}.json"
+        if dry:  # a tiny qwen2 with the real vocabulary: the recorded token ids must fit
+            arch = Path(scratch) / "tiny.json"
+            real = json.loads((CONFIGS / f"{FLEET['model']}.json").read_text(encoding="utf-8"))
+            arch.write_text(json.dumps({**real, **{k: v for k, v in DRY["config"].items() if k != "vocab_size"}}))
+        out = Path(scratch) / "fleet"
+        command = fleet_command(str(arch), out, device, dry)
+        print("$ " + " ".join(command[2:]), flush=True)
+        try:
+            code = subprocess.run(command, timeout=max(deadline - time.monotonic(), 1.0)).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+        if (out / "levels.jsonl").is_file():
+            summarize_fleet(out).to_csv(out / "summary.csv", index=False)  # a killed fleet wrote none
+        for name in FLEET_FILES:
+            if (out / name).is_file():
+                shutil.copyfile(out / name, results / f"fleet_{name}")
+        table = pd.read_csv(out / "summary.csv") if (out / "summary.csv").is_file() else pd.DataFrame()
+    return {"exit_code": code, "model": FLEET["model"], "gpu": gpu, **capacity(table)}
+
+
 def first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else ""
@@ -242,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=360.0,
                         help="start no measurement after this many seconds from the start (the tests' included)")
     parser.add_argument("--repeats", type=int, default=None, help=f"timed forwards per shape (default {REPEATS})")
-    parser.add_argument("--skip-tests", action="store_true", help="the cost curve only")
+    parser.add_argument("--skip-tests", action="store_true", help="no CUDA tests")
+    parser.add_argument("--skip-fleet", action="store_true", help="no fleet capacity")
+    parser.add_argument("--fleet-s", type=float, default=160.0,
+                        help="seconds kept for the fleet at the end of the budget (the curve stops that much earlier)")
     args = parser.parse_args(argv)
     start = time.monotonic()
     args.device = args.device or ("cpu" if args.dry_run else "cuda")
@@ -266,12 +315,21 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     tests = 0 if args.skip_tests else run_tests(args.results, gpu, TESTS_TIMEOUT_S)
     print(f"cuda tests: exit code {tests}", flush=True)
-    rows, sizes, failed = curve(args.models, args.results, args.device, gpu, args.dry_run, start + args.budget_s, args.repeats)
-    summary = {**summarize(rows, sizes, found["bandwidth_gbs"], gpu), "failed": failed,
-               "complete": not failed}
+    fleet_s = 0.0 if args.skip_fleet else args.fleet_s
+    rows, sizes, failed = curve(args.models, args.results, args.device, gpu, args.dry_run,
+                                start + args.budget_s - fleet_s, args.repeats)
+    summary = summarize(rows, sizes, found["bandwidth_gbs"], gpu)
+    if not args.skip_fleet:
+        summary["fleet"] = fleet(args.results, args.device, gpu, args.dry_run, start + args.budget_s - FLEET_LEAVE_S)
+        summary["fleet"]["graph_bound"] = graph_bound(summary["fleet"], rows, FLEET["model"])
+        if summary["fleet"]["exit_code"]:
+            failed["fleet"] = f"the fleet exited with {summary['fleet']['exit_code']} (124: cut at the budget)"
+    summary.update(failed=failed, complete=not failed)
     (args.results / "cost_summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     for name, model in summary["models"].items():
         print(f"{name}: floor {model['floor_ms']} ms, step {model['step_ms']} ms", flush=True)
+    for clients, level in summary.get("fleet", {}).get("levels", {}).items():
+        print(f"fleet N={clients}: spec/cloud-only throughput {level['spec_over_cloud']}", flush=True)
     return 1 if tests else 0
 
 
