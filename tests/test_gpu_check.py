@@ -46,13 +46,21 @@ def test_the_dry_run_writes_every_file_through_the_same_commands(tmp_path):
     summary = json.loads((results / "cost_summary.json").read_text())
     assert summary["complete"] and summary["failed"] == {} and "gpu" in summary
     assert set(summary["models"]) == set(gpu_check.MODELS)
-    # The fleet: the recorded edges against a tiny architecture keeping their verdicts, spec beside cloud-only.
+    # The fleets: the recorded edges against a tiny architecture keeping their verdicts, spec beside cloud-only, on
+    # the server's dynamic cache, then its static one.
     records = [json.loads(line) for line in (results / "fleet_results.jsonl").read_text().splitlines()]
-    assert {r["mode"] for r in records} == {"spec", "cloud"} and all(r["status"] == "ok" for r in records)
+    assert {(r["kv_cache"], r["mode"]) for r in records} == {(c, m) for c in gpu_check.FLEET_CACHES for m in ("spec", "cloud")}
+    assert all(r["status"] == "ok" for r in records)
     assert all(r["followed"] and r["cloud"].startswith("arch:") for r in records if r["mode"] == "spec")
-    level = summary["fleet"]["levels"]["1"]
-    assert summary["fleet"]["exit_code"] == 0 and level["spec_tokens_per_s"] > 0 and level["cloud_tokens_per_s"] > 0
-    assert level["verifies"] == len(script_of(recorded()[records[0]["id"]]).steps)
+    with (results / "fleet_summary.csv").open() as f:
+        assert {(r["kv_cache"], r["mode"]) for r in csv.DictReader(f)} == {(c, m) for c in gpu_check.FLEET_CACHES
+                                                                           for m in ("spec", "cloud")}
+    for cache in gpu_check.FLEET_CACHES:
+        measured = summary["fleet"]["caches"][cache]
+        level = measured["levels"]["1"]
+        assert measured["exit_code"] == 0 and level["spec_tokens_per_s"] > 0 and level["cloud_tokens_per_s"] > 0
+        assert level["verifies"] == len(script_of(recorded()[records[0]["id"]]).steps)
+        assert measured["graph_bound"] == {"1": {"cloud_tokens_per_s": None, "spec_over_graph_bound": None}}  # no graphs on a CPU
 
 
 def test_what_the_check_runs_is_in_the_project():
@@ -84,10 +92,11 @@ def recorded() -> dict[str, dict]:
 
 
 def test_the_fleets_command_is_the_clis_and_matches_its_recording(tmp_path):
-    command = gpu_check.fleet_command("bench/gpu/qwen2.5-7b.json", tmp_path / "f", "cuda", dry=False)
+    command = gpu_check.fleet_command("bench/gpu/qwen2.5-7b.json", tmp_path / "f", "cuda", dry=False, kv_cache="static")
     assert command[1:3] == ["-m", "bench.cli"]
     args = build_parser().parse_args(command[3:])  # every flag is the CLI's
     assert args.follow_verdicts and args.cloud == "arch:bench/gpu/qwen2.5-7b.json" and args.cloud_device == "cuda"
+    assert args.kv_cache == "static"
     records = recorded()
     assert len(records) >= args.limit
     for record in records.values():  # the replay's settings are the recording's (a replay refuses others)

@@ -7,7 +7,8 @@ import torch
 from specdec.backends.base import Prompt
 from specdec.backends.devices import steps_of
 from specdec.backends.hf_causal import HFCausalBackend
-from specdec.backends.static_cache import StaticCausalBackend, causal_backend
+from specdec.backends.static_cache import StaticCausalBackend
+from specdec.backends.static_slots import causal_backend
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.decode import autoregressive_decode, speculative_decode
 from specdec.engine import Engine

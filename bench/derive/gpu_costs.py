@@ -10,14 +10,14 @@ cost_curve.csv rows): the medians, each model's bandwidth floor, and issue 44's 
 Targets (issue 44, on an H100 and the 7B): the graph-captured step <= 1.5 floors, a 5-token verify <= 1.3
 graph-captured steps. Each is reported with the measured ratio; a mode or shape not measured is None.
 
-The fleet's capacity (`capacity`, from the fleet's summary.csv: replayed edges against the architecture keeping
-their recorded verdicts), per fleet size N:
+The fleet's capacity (`capacity`, from a fleet's summary.csv: replayed edges against the architecture keeping
+their recorded verdicts; one per server cache), per fleet size N:
     spec_over_cloud      server throughput, spec / cloud-only serving on the same server, paired by repeat:
                          median [min, max] (the target: >= 2 at N = 8)
     per_cloud_s_ratio    tokens delivered per second the server spent in forwards, spec / cloud-only: what the
                          ratio becomes where the server, not the edges, is what limits (a saturated server)
-    graph_bound          N / (an N-row, 1-token graph-captured forward): the most tokens/s cloud-only serving could
-                         deliver with captured steps (the server itself runs the dynamic cache, eagerly), and spec's
+    graph_bound          N / (an N-row, 1-token graph-captured forward of the curve): the most tokens/s cloud-only
+                         serving could deliver with captured steps and no server around them, and spec's measured
                          throughput over it (`spec_over_graph_bound`): modelled from measured forwards, a bound
 """
 from __future__ import annotations

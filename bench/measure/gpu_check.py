@@ -11,7 +11,8 @@ and the fleet's capacity, and writes at most 8 files under RESULTS, each naming 
     fleet_results.jsonl, fleet_levels.jsonl, fleet_summary.csv
                        `specbench fleet` of recorded CPU edges (bench/gpu/recorded-code) against the 7B architecture
                        with random weights on the GPU, keeping their recorded verdicts (--follow-verdicts): spec beside
-                       cloud-only serving at N = 1, 8, 64 (FLEET), its last --fleet-s seconds
+                       cloud-only serving at N = 1, 8, 64 (FLEET), once per server cache (FLEET_CACHES: the
+                       dynamic cache, then the static one with captured graphs), in the last --fleet-s seconds
 
 Modes: eager (transformers' DynamicCache, as the dynamic backend and the server run), static (the static cache
 eagerly), graphs (its CUDA-graph replay: specdec/backends/cuda_graphs.py). Shapes run most useful first (1 and
@@ -72,8 +73,10 @@ RECORDED = ["--prompts", "code", "--max-new-tokens", "128", "--policy", "greedy"
             "--dtype", "bfloat16"]
 FLEET = {"model": "qwen2.5-7b", "clients": "1,8,64", "repeats": 2, "limit": 1, "max_batch": 64}
 DRY_FLEET = {"clients": "1", "repeats": 1, "limit": 1, "max_batch": 8}
-FLEET_FILES = ("results.jsonl", "levels.jsonl", "summary.csv")  # kept as fleet_<name>
-FLEET_LEAVE_S = 15  # what the fleet leaves of the budget for the summary
+# The server's caches, each a fleet of its own: transformers' DynamicCache (eager), then one static cache of its
+# sessions, whose forwards replay as captured CUDA graphs (specdec/backends/static_slots.py).
+FLEET_CACHES = ("dynamic", "static")
+FLEET_LEAVE_S = 15  # what the fleets leave of the budget for the summary
 CURVE_COLUMNS = ["gpu", "model", "mode", "rows", "tokens", "context", "repeats", "median_ms", "p10_ms", "p90_ms", "times_ms"]
 
 
@@ -201,38 +204,45 @@ def curve(models: list[str], out: Path, device: str, gpu: str | None, dry: bool,
     return measured, sizes, failed
 
 
-def fleet_command(arch: str, out: Path, device: str, dry: bool) -> list[str]:
+def fleet_command(arch: str, out: Path, device: str, dry: bool, kv_cache: str = "dynamic") -> list[str]:
     """`specbench fleet` of the recorded edges against the architecture `arch` (a config file) on `device`."""
     settings = {**FLEET, **(DRY_FLEET if dry else {})}
     return [sys.executable, "-m", "bench.cli", "fleet", "--edge-replay", str(RECORDING), "--follow-verdicts",
-            "--cloud", f"{ARCH}{arch}", "--cloud-device", device, "--clients", settings["clients"], "--repeats",
-            str(settings["repeats"]), "--limit", str(settings["limit"]), "--max-batch", str(settings["max_batch"]),
-            "--out", str(out), *RECORDED]
+            "--cloud", f"{ARCH}{arch}", "--cloud-device", device, "--kv-cache", kv_cache, "--clients", settings["clients"],
+            "--repeats", str(settings["repeats"]), "--limit", str(settings["limit"]), "--max-batch",
+            str(settings["max_batch"]), "--out", str(out), *RECORDED]
 
 
 def fleet(results: Path, device: str, gpu: str | None, dry: bool, deadline: float) -> dict:
-    """Run the fleet until `deadline` (killed there: its results are written as produced) and keep its raw records,
-    levels and summary as fleet_*; -> what the capacity says (bench/derive/gpu_costs.py's capacity)."""
+    """The fleet once per server cache (FLEET_CACHES), each in an equal share of the time left until `deadline`
+    (killed there: its results are written as produced). Their raw records and levels and their summaries go to
+    fleet_* (each row names its kv_cache); -> per cache, what the capacity says (bench/derive/gpu_costs.py)."""
+    caches = {}
     with tempfile.TemporaryDirectory() as scratch:
         arch = CONFIGS / f"{FLEET['model']}.json"
         if dry:  # a tiny qwen2 with the real vocabulary: the recorded token ids must fit
             arch = Path(scratch) / "tiny.json"
             real = json.loads((CONFIGS / f"{FLEET['model']}.json").read_text(encoding="utf-8"))
             arch.write_text(json.dumps({**real, **{k: v for k, v in DRY["config"].items() if k != "vocab_size"}}))
-        out = Path(scratch) / "fleet"
-        command = fleet_command(str(arch), out, device, dry)
-        print("$ " + " ".join(command[2:]), flush=True)
-        try:
-            code = subprocess.run(command, timeout=max(deadline - time.monotonic(), 1.0)).returncode
-        except subprocess.TimeoutExpired:
-            code = 124
-        if (out / "levels.jsonl").is_file():
-            summarize_fleet(out).to_csv(out / "summary.csv", index=False)  # a killed fleet wrote none
-        for name in FLEET_FILES:
-            if (out / name).is_file():
-                shutil.copyfile(out / name, results / f"fleet_{name}")
-        table = pd.read_csv(out / "summary.csv") if (out / "summary.csv").is_file() else pd.DataFrame()
-    return {"exit_code": code, "model": FLEET["model"], "gpu": gpu, **capacity(table)}
+        summaries = []
+        for index, cache in enumerate(FLEET_CACHES):
+            share = (deadline - time.monotonic()) / (len(FLEET_CACHES) - index)
+            out = Path(scratch) / f"fleet-{cache}"
+            command = fleet_command(str(arch), out, device, dry, cache)
+            print("$ " + " ".join(command[2:]), flush=True)
+            try:
+                code = subprocess.run(command, timeout=max(share, 1.0)).returncode
+            except subprocess.TimeoutExpired:
+                code = 124
+            table = summarize_fleet(out) if (out / "levels.jsonl").is_file() else pd.DataFrame()  # a killed fleet wrote none
+            summaries.append(table.assign(kv_cache=cache))
+            for name in ("results.jsonl", "levels.jsonl"):
+                if (out / name).is_file():
+                    with (results / f"fleet_{name}").open("a", encoding="utf-8") as sink:
+                        sink.write((out / name).read_text(encoding="utf-8"))
+            caches[cache] = {"exit_code": code, **capacity(table)}
+        pd.concat(summaries).to_csv(results / "fleet_summary.csv", index=False)
+    return {"model": FLEET["model"], "gpu": gpu, "caches": caches}
 
 
 def first_line(error: Exception) -> str:
@@ -285,13 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="the CPU, tiny configs, few shapes: prove the commands run")
     parser.add_argument("--device", help="default cuda (cpu with --dry-run)")
     parser.add_argument("--models", default=",".join(MODELS), help="configs in bench/gpu/, comma-separated")
-    parser.add_argument("--budget-s", type=float, default=360.0,
+    parser.add_argument("--budget-s", type=float, default=410.0,
                         help="start no measurement after this many seconds from the start (the tests' included)")
     parser.add_argument("--repeats", type=int, default=None, help=f"timed forwards per shape (default {REPEATS})")
     parser.add_argument("--skip-tests", action="store_true", help="no CUDA tests")
     parser.add_argument("--skip-fleet", action="store_true", help="no fleet capacity")
-    parser.add_argument("--fleet-s", type=float, default=160.0,
-                        help="seconds kept for the fleet at the end of the budget (the curve stops that much earlier)")
+    parser.add_argument("--fleet-s", type=float, default=240.0,
+                        help="seconds kept for the fleets at the end of the budget (the curve stops that much earlier)")
     args = parser.parse_args(argv)
     start = time.monotonic()
     args.device = args.device or ("cpu" if args.dry_run else "cuda")
@@ -321,15 +331,17 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(rows, sizes, found["bandwidth_gbs"], gpu)
     if not args.skip_fleet:
         summary["fleet"] = fleet(args.results, args.device, gpu, args.dry_run, start + args.budget_s - FLEET_LEAVE_S)
-        summary["fleet"]["graph_bound"] = graph_bound(summary["fleet"], rows, FLEET["model"])
-        if summary["fleet"]["exit_code"]:
-            failed["fleet"] = f"the fleet exited with {summary['fleet']['exit_code']} (124: cut at the budget)"
+        for cache, measured in summary["fleet"]["caches"].items():
+            measured["graph_bound"] = graph_bound(measured, rows, FLEET["model"])
+            if measured["exit_code"]:
+                failed[f"fleet {cache}"] = f"the fleet exited with {measured['exit_code']} (124: cut at the budget)"
     summary.update(failed=failed, complete=not failed)
     (args.results / "cost_summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     for name, model in summary["models"].items():
         print(f"{name}: floor {model['floor_ms']} ms, step {model['step_ms']} ms", flush=True)
-    for clients, level in summary.get("fleet", {}).get("levels", {}).items():
-        print(f"fleet N={clients}: spec/cloud-only throughput {level['spec_over_cloud']}", flush=True)
+    for cache, measured in summary.get("fleet", {}).get("caches", {}).items():
+        for clients, level in measured["levels"].items():
+            print(f"fleet ({cache} cache) N={clients}: spec/cloud-only throughput {level['spec_over_cloud']}", flush=True)
     return 1 if tests else 0
 
 

@@ -7,7 +7,7 @@ cache (static_cache.py) whose tensors never move, reads its inputs from static b
 copies into before replaying, and writes its logits to a buffer that each call clones out of.
 
 One graph per block length n, captured on first use (the engine's: 1 token and k + 1; the server's rows x
-tokens in bench/measure/gpu_check.py), all in one memory pool (they never run at once, and every output
+tokens x span in `CapturedRows`, over static_slots.py's cache of many sequences), all in one memory pool (they never run at once, and every output
 is cloned before the next replay). Warm-up runs (a graph must not capture a first call's one-time work)
 write the last n slots of the cache, past any live position, where a real block rewrites them before a
 query can read them (static_cache.py's docstring).
@@ -65,3 +65,47 @@ class CapturedSteps:
             static_logits = self.forward(static_ids, static_positions)
         self.pool = graph.pool()
         return graph, static_ids, static_positions, static_logits
+
+
+class CapturedRows:
+    """`forward(ids [B, n], positions [B, n], rows [B], span) -> logits [B, n, V]` (static_slots.py: each row its
+    own slot and positions) replayed as one CUDA graph per (B, n, span). Warm-ups and the capture write the
+    scratch row at the scratch column, which no session reads."""
+
+    def __init__(self, forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor],
+                 device: torch.device, scratch_row: int, scratch_column: int) -> None:
+        self.forward, self.device = forward, torch.device(device)
+        self.scratch_row, self.scratch_column = scratch_row, scratch_column
+        self.graphs: dict[tuple[int, int, int], tuple] = {}
+        self.pool = None
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, span: int) -> torch.Tensor:
+        """The logits [B, n, V] of the block: this call's own copy (ids, positions, rows on the device)."""
+        key = (*ids.shape, span)
+        if key not in self.graphs:
+            with torch.cuda.device(self.device):
+                self.graphs[key] = self.capture(ids, positions, rows, span)
+        graph, static_ids, static_positions, static_rows, static_logits = self.graphs[key]
+        static_ids.copy_(ids, non_blocking=True)
+        static_positions.copy_(positions, non_blocking=True)
+        static_rows.copy_(rows, non_blocking=True)
+        graph.replay()
+        return static_logits.clone()
+
+    def capture(self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, span: int):
+        """(graph, its ids, positions, rows and logits buffers) for blocks shaped like `ids`; the buffers start as
+        padding (the scratch row and column)."""
+        static_ids = torch.zeros_like(ids)
+        static_positions = torch.full_like(positions, self.scratch_column)
+        static_rows = torch.full_like(rows, self.scratch_row)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(WARM_UPS):
+                self.forward(static_ids, static_positions, static_rows, span)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            static_logits = self.forward(static_ids, static_positions, static_rows, span)
+        self.pool = graph.pool()
+        return graph, static_ids, static_positions, static_rows, static_logits

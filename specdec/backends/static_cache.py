@@ -18,7 +18,7 @@ the accepted length is never read before it is rewritten, whatever an abandoned 
 Models: decoders whose layers are all full attention and whose attention takes a 4-D mask (Llama, Qwen2,
 Qwen3); the others keep transformers' DynamicCache (hf_causal.py). One sequence at a time per backend: the
 backend holds one cache, and a new prefill takes it over (the engine runs one generation at a time; the
-server, whose sessions interleave, keeps the dynamic cache).
+server, whose sessions interleave, has a cache of many sequences: static_slots.py).
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ class StaticCausalBackend(HFCausalBackend):
     """HFCausalBackend on a static cache (`steps`: static, compiled or graphs; module docstring). Logits of
     steps, blocks and crops equal the dynamic cache's (fp32: tests/test_static_cache.py)."""
 
-    batchable = False  # one cache, one sequence: the server keeps the dynamic cache
+    batchable = False  # one cache, one sequence: the server's static cache is static_slots.py
 
     def __init__(self, model: PreTrainedModel, name: str = "", steps: str = "static", capacity: int = CAPACITY) -> None:
         check_static(model)
@@ -189,14 +189,6 @@ class StaticCausalBackend(HFCausalBackend):
 
             return run
         return None
-
-
-def causal_backend(model: PreTrainedModel, name: str = "", steps: str = "dynamic") -> HFCausalBackend:
-    """The backend of a causal LM for `steps` (specdec/backends/devices.py's steps_of): transformers'
-    DynamicCache, or this module's static cache."""
-    if steps == "dynamic":
-        return HFCausalBackend(model, name=name)
-    return StaticCausalBackend(model, name=name, steps=steps)
 
 
 def placed(backend, device: str, steps: str = "dynamic"):

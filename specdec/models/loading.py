@@ -57,8 +57,9 @@ class LoadedModel:
         """The longest sequence (prompt + output tokens) the model has positions for, from its
         config (a decoder's own limit first: Whisper's 448 target positions), or None if unsaid;
         llama.cpp's backend says how many positions its context holds."""
-        if not hasattr(self.backend, "model"):
-            return getattr(self.backend, "max_positions", None)
+        own = getattr(self.backend, "max_positions", None)  # llama.cpp's context; a server's static cache's capacity
+        if own is not None or not hasattr(self.backend, "model"):
+            return own
         config = self.backend.model.config
         for part in (config, getattr(config, "text_config", None)):
             for key in ("max_target_positions", "max_position_embeddings"):
@@ -201,7 +202,7 @@ def runtime_of(ops: tuple[str, ...]) -> str:
 
 def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print,
                runtime: str | None = None, llamacpp_extra_buffers: str = "auto", device: str = "cpu",
-               kv_cache: str = "dynamic", cuda_graphs: str = "on") -> LoadedModel:
+               kv_cache: str = "dynamic", cuda_graphs: str = "on", sessions: int | None = None) -> LoadedModel:
     """Resolve `name` (fetching a registry alias on first use; `arch:PATH.json` builds a random-weight architecture,
     specdec/models/architecture.py) and load it for CPU inference in
     `runtime` (specdec.backends.base.RUNTIMES; None: llamacpp for a `.gguf` file, else torch).
@@ -210,12 +211,14 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
     runtime torch-int8 is NAME@int8 (torch-int8t NAME@int8t). llamacpp runs the GGUF file itself and ignores `dtype`
     (`llamacpp_extra_buffers`: auto, on or off, specdec/backends/llamacpp_probe.py). A torch model's weights go to
     `device` (specdec/backends/devices.py); `kv_cache` and `cuda_graphs` (EngineConfig's) say how its forwards
-    run (devices.steps_of; specdec/backends/static_cache.py for all but the dynamic cache)."""
+    run (devices.steps_of; specdec/backends/static_cache.py for all but the dynamic cache); `sessions`: a server's, its
+    static cache holds that many sequences at once (static_slots.py)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from specdec.backends.omni_thinker import OMNI_MODEL_TYPES, default_feature_extractor, load_omni_thinker
-    from specdec.backends.static_cache import causal_backend, placed, static_capable
+    from specdec.backends.static_cache import placed, static_capable
+    from specdec.backends.static_slots import causal_backend
     from specdec.backends.whisper import WHISPER_MODEL_TYPES, WhisperBackend, load_whisper, whisper_feature_extractor
 
     if dtype not in DTYPES:
@@ -230,7 +233,7 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
     if is_architecture(name):
         if runtime != "torch":
             raise ModelError(f"{name} is a random-weight architecture, which the torch runtime builds: use runtime torch")
-        return load_architecture(name, dtype, device, kv_cache, cuda_graphs)
+        return load_architecture(name, dtype, device, kv_cache, cuda_graphs, sessions)
     if runtime == "llamacpp":
         return load_gguf(name, log, llamacpp_extra_buffers)
     if runtime in CONVERTED:
@@ -280,18 +283,20 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
         if ops and steps != "dynamic":
             raise ModelError(f"{name}: a static KV cache runs the torch runtime's float weights, not @{'+'.join(ops)}: "
                              "use kv_cache dynamic or auto")
-        backend = causal_backend(derive(model, ops).to(device), name, steps)
+        backend = causal_backend(derive(model, ops).to(device), name, steps, sessions)
     return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor,
                        runtime_of(ops))  # `NAME@int8` runs int8 whatever was asked
 
 
-def load_architecture(name: str, dtype: str, device: str, kv_cache: str, cuda_graphs: str) -> LoadedModel:
+def load_architecture(name: str, dtype: str, device: str, kv_cache: str, cuda_graphs: str,
+                      sessions: int | None = None) -> LoadedModel:
     """`arch:PATH.json`: the architecture with seeded random weights on `device` (specdec/models/architecture.py)."""
-    from specdec.backends.static_cache import causal_backend, static_capable
+    from specdec.backends.static_cache import static_capable
+    from specdec.backends.static_slots import causal_backend
 
     start = time.perf_counter()
     model = build_architecture(name, DTYPES[dtype], device)
-    backend = causal_backend(model, name, steps_of(kv_cache, device, cuda_graphs, static_capable(model)))
+    backend = causal_backend(model, name, steps_of(kv_cache, device, cuda_graphs, static_capable(model)), sessions)
     return LoadedModel(name, name, backend, NoTokenizer(name), time.perf_counter() - start, runtime="torch")
 
 

@@ -53,7 +53,8 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
         identity = {**settings["fleet"], **settings["spec"], **settings["decode"]}  # flat: a refusal names the field
         # A folder written before `cloud_runtime` was: its own server ran the default, a --cloud-url one is unknown.
         claim(out, "fleet", identity, before={"cloud_runtime": config.cloud and served_runtime(config.cloud, None),
-                                               "cloud_device": "cpu", "follow_verdicts": False})
+                                               "cloud_device": "cpu", "follow_verdicts": False, "kv_cache": "dynamic",
+                                               "cuda_graphs": "on"})
         if not (has_results(out) and (out / IDENTITY_FILES["fleet"]).is_file()):
             write_identity(out, "fleet", {"config": identity, "environment": environment()})
         done = {(lv["mode"], lv["clients"], lv["repeat"]) for lv in ResultsFile(out / LEVELS, ("mode", "clients")).read()}
@@ -67,7 +68,8 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
             url = config.cloud_url or services.enter_context(ServerProcess(
                 config.cloud, config.dtype, config.cloud_cores, "--runtime", config.cloud_runtime, "--device", config.cloud_device,
                 "--max-batch", str(config.max_batch), "--batch-window-ms", str(config.batch_window_ms),
-                "--max-sessions", str(2 * max(config.clients) + 2), *(["--follow-verdicts"] if config.follow_verdicts else [])))
+                "--max-sessions", str(2 * max(config.clients) + 2), *(["--follow-verdicts"] if config.follow_verdicts else []),
+                "--kv-cache", config.kv_cache, "--cuda-graphs", config.cuda_graphs))
             if config.cloud and config.cloud_cores:  # this process and its edge processes: the other cores
                 others = sorted(os.sched_getaffinity(0) - set(parse_cores(config.cloud_cores, "--cloud-cores")))
                 if others:
@@ -161,6 +163,7 @@ class Fleet:
         spec = self.settings["spec"]
         return {"mode": mode, "clients": clients, "repeat": repeat, "level_run": run_id, "edge_kind": kind,
                 "cloud": self.cloud_model, "cloud_runtime": self.cloud_runtime, "cloud_device": self.cloud_device,
+                "kv_cache": self.config.kv_cache if self.config.cloud else None,  # a --cloud-url server's: unknown
                 "prompts": self.config.prompts,
                 "dtype": self.config.dtype,
                 "link": self.config.link, "rate": self.config.rate, "max_batch": self.config.max_batch,
@@ -194,7 +197,7 @@ class Fleet:
             raise InputError(f"{failed} generations of the {mode} level with {clients} clients failed (recorded with "
                              f"their error in {self.results.path}); fix the cause and rerun to redo that level")
         self.levels.append({"mode": mode, "clients": clients, "repeat": repeat, "level_run": run_id,
-                            "cloud_runtime": self.cloud_runtime, "wall_s": wall_s,
+                            "cloud_runtime": self.cloud_runtime, "kv_cache": point["kv_cache"], "wall_s": wall_s,
                             "generations": clients * len(self.prompts)})
 
     def seed(self, point: dict, index: int) -> int:

@@ -50,6 +50,12 @@ class FleetConfig:
     cloud_device: str = field(default="cpu", metadata={
         "help": "server started by the fleet: where its torch model runs, as `serve --device` (cpu, cuda or cuda:N); "
                 "with --cloud-url the records name the device that server reports"})
+    kv_cache: str = field(default="dynamic", metadata={
+        "help": "server started by the fleet: its KV cache, as `serve --kv-cache` (dynamic, or static: one preallocated "
+                "cache of its sessions, captured CUDA graphs on a GPU); with --cloud-url, unknown", "choices": ("dynamic", "static")})
+    cuda_graphs: str = field(default="on", metadata={
+        "help": "server started by the fleet on CUDA with --kv-cache static: captured graphs (on) or eager (off)",
+        "choices": ("on", "off")})
     token_file: str | None = DeployConfig.token_file
     cloud_timeout_s: float = DeployConfig.cloud_timeout_s
     baseline: bool = field(default=True, metadata={
@@ -86,12 +92,16 @@ class FleetConfig:
             raise ConfigError("a fleet needs its server: give --cloud MODEL (the fleet starts it) or --cloud-url HOST:PORT")
         if self.cloud_url is not None:
             parse_address(self.cloud_url, "--cloud-url")
-            if self.cloud_runtime is not None or self.cloud_device != "cpu":
-                raise ConfigError("--cloud-runtime and --cloud-device choose how the server the fleet starts runs; a "
-                                  "--cloud-url server runs as it was started (`serve --runtime --device`): drop them")
+            if self.cloud_runtime is not None or self.cloud_device != "cpu" or self.kv_cache != "dynamic":
+                raise ConfigError("--cloud-runtime, --cloud-device and --kv-cache choose how the server the fleet starts "
+                                  "runs; a --cloud-url server runs as it was started (`serve --runtime --device "
+                                  "--kv-cache`): drop them")
         else:  # the runtime the started server runs, resolved as `serve` resolves it
             object.__setattr__(self, "cloud_runtime", served_runtime(self.cloud, self.cloud_runtime, "--cloud-runtime"))
             check_served_device(self.cloud_device, self.cloud_runtime, "--cloud-device")
+            if self.kv_cache != "dynamic" and self.cloud_runtime != "torch":
+                raise ConfigError(f"--kv-cache {self.kv_cache} is the torch runtime's; {self.cloud_runtime} keeps its "
+                                  "own cache: drop --kv-cache")
         if (self.edge is None) == (self.edge_replay is None):
             raise ConfigError("a fleet's edges are --edge MODEL (edge processes) or --edge-replay DIR (a recorded "
                               "split run): give exactly one")
