@@ -1,6 +1,7 @@
 """The engine on a CUDA GPU: the tiny fp32 pair placed there gives cloud-only's tokens, token for token, through
 every cache the GPU runs (transformers' dynamic cache eagerly, the static cache eagerly, the static cache's steps
-replayed as captured CUDA graphs), in process and through a server on the GPU, one session or several batched.
+replayed as captured CUDA graphs), in process and through a server on the GPU, one session or several batched, on
+the server's dynamic cache or its static cache of many sequences (captured or eager).
 Marked `cuda`: skipped where torch sees no GPU (tests/conftest.py); bench/gpu/check.sh runs this file on one."""
 import json
 import threading
@@ -13,6 +14,7 @@ from specdec.backends.base import Prompt
 from specdec.backends.devices import check_device, check_served_device, gpu_peaks
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.backends.static_cache import StaticCausalBackend
+from specdec.backends.static_slots import SlotCausalBackend
 from specdec.core.config import DecodeConfig, EngineConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
@@ -20,6 +22,7 @@ from specdec.machine import fingerprint
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
 from tests.test_static_cache import TOLERANCE, walk
+from tests.test_static_slots import rows_walk
 from tests.tiny import random_prompt, tiny_causal
 
 pytestmark = pytest.mark.cuda
@@ -81,9 +84,24 @@ def test_a_replayed_step_is_its_own_copy():
     assert torch.equal(first, kept)
 
 
+@pytest.mark.parametrize("steps", ["static", "graphs"])
+def test_the_servers_static_cache_gives_each_row_its_own_forward_on_the_gpu(steps):
+    model = tiny_causal("llama").to("cuda")
+    slots = SlotCausalBackend(model, steps=steps, slots=4, capacity=64)
+    rows_walk(HFCausalBackend(model), slots)
+    if steps == "graphs":
+        assert slots.fast.graphs  # the shared forwards were replayed from captured graphs
+
+
+# The server's caches: transformers' dynamic cache, and its static cache of many sequences, captured and eager.
+SERVER_CACHES = [{}, {"kv_cache": "static", "cuda_graphs": "on", "sessions": 16},
+                 {"kv_cache": "static", "cuda_graphs": "off", "sessions": 16}]
+
+
 @pytest.mark.server  # a loopback server: the quick loop leaves it out
-def test_through_a_server_on_the_gpu_one_session_and_several_batched(pair, cloud_only):
-    with BackgroundServer(load_model(pair["cloud"], "float32", device="cuda")) as url:
+@pytest.mark.parametrize("cache", SERVER_CACHES, ids=["dynamic", "static-graphs", "static-eager"])
+def test_through_a_server_on_the_gpu_one_session_and_several_batched(pair, cloud_only, cache):
+    with BackgroundServer(load_model(pair["cloud"], "float32", device="cuda", **cache)) as url:
         common = dict(edge=pair["edge"], dtype="float32", spec=GREEDY, decode=DECODE, log=lambda m: None)
         engine = Engine(mode="spec", cloud_url=url, **common)
         assert generate_all(engine) == cloud_only

@@ -32,9 +32,14 @@ def sessions(backend, prompts: list[torch.Tensor]):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_rows_at_their_own_positions_equal_their_own_dynamic_forwards(arch):
     model = tiny_causal(arch)
+    rows_walk(HFCausalBackend(model), SlotCausalBackend(model, steps="static", slots=4, capacity=64))
+
+
+def rows_walk(dynamic, slots) -> None:
+    """Three sessions of different lengths through shared forwards, crops and a lone step: every row's logits on
+    `slots` equal its logits on `dynamic` (tests/test_cuda.py walks it on a GPU, captured too)."""
     ids = random_prompt(5, 90)
     prompts = [ids[:5], ids[10:23], ids[30:39]]
-    dynamic, slots = HFCausalBackend(model), SlotCausalBackend(model, steps="static", slots=4, capacity=64)
     expected, got = sessions(dynamic, prompts), sessions(slots, prompts)
     assert all(close(e[1], g[1]) for e, g in zip(expected, got))
     plan = [  # per forward: each session's block (start, end in ids) or None (not in this forward)
