@@ -11,8 +11,10 @@ import pytest
 from bench.cli import main
 from bench.core.point import Point
 from bench.core.records import ResultsFile
+from bench.derive.summary import plain_name, summarize
 from bench.measure.sweep.sweep_config import SweepConfig
 from bench.measure.sweep.worker import ModelCache, describe
+from bench.read.report.pareto import point_labels
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.backends.static_cache import StaticCausalBackend
 from specdec.core.config import DecodeConfig
@@ -152,6 +154,42 @@ def test_a_workers_engines_share_a_model_per_cache(pair):
     assert auto.model("cloud") is dynamic.model("cloud")  # auto on the CPU is the dynamic cache: one load
     assert again.model("cloud") is static.model("cloud") and len(loader.models()) == 2
     assert static.generate("hello world").tokens == dynamic.generate("hello world").tokens
+
+
+def synthetic(mode, pid, latency, cache, **kw):
+    base = dict(id=pid, mode=mode, dtype="float32", prompts="p", policy=None, k=None, entropy_threshold=None,
+                accept_threshold=None, verifier=None, status="ok", text="a b c", tokens=[1, 2, 3], new_tokens=8,
+                latency_s=latency, ttft_s=0.1, tpot_s=0.01, num_draft_tokens=0, num_accepted_tokens=0, cloud_calls=0,
+                cycles=8, edge_s=0, cloud_s=0, overhead_s=0.0, punct_density=0.1, peak_rss_bytes=1,
+                edge_runtime=None if mode == "cloud" else "torch", cloud_runtime="torch", kv_cache=cache)
+    return {**base, **kw}
+
+
+def test_the_summary_and_the_report_put_the_caches_side_by_side():
+    spec = dict(policy="greedy", k=4, entropy_threshold=0.0, accept_threshold=0.1, verifier="cached", drafter="model",
+                num_draft_tokens=8, num_accepted_tokens=6, cloud_calls=2, cycles=2)
+    rows = []
+    for pid, scale in (("a", 1.0), ("b", 2.0), ("c", 3.0)):
+        rows += [synthetic("cloud", pid, 4.0 * scale, "dynamic"), synthetic("cloud", pid, 2.0 * scale, "static"),
+                 synthetic("spec", pid, 2.0 * scale, "dynamic", **spec), synthetic("spec", pid, 0.5 * scale, "static", **spec),
+                 synthetic("cloud", pid, 1.0 * scale, "dynamic", cloud_runtime="llamacpp")]
+    summary = summarize(rows)
+    point = summary.set_index(["mode", "cloud_runtime", "kv_cache"])
+    # each cache's speculation against the plain decoding with the same cache
+    assert point.loc[("spec", "torch", "dynamic"), "speedup_vs_cloud"] == pytest.approx(2.0)
+    assert point.loc[("spec", "torch", "static"), "speedup_vs_cloud"] == pytest.approx(4.0)
+    # and every point against the fastest plain decoding, whatever its cache: the caches side by side
+    assert point.loc[("cloud", "torch", "static"), "speedup_vs_fastest_cloud"] == pytest.approx(0.5)
+    assert point.loc[("cloud", "torch", "dynamic"), "speedup_vs_fastest_cloud"] == pytest.approx(0.25)
+    labels = dict(zip(zip(summary["mode"], summary["cloud_runtime"], summary["kv_cache"]), point_labels(summary)))
+    assert labels[("cloud", "torch", "static")] == "cloud-only (cloud torch, kv static)"
+    assert labels[("cloud", "torch", "dynamic")] == "cloud-only (cloud torch, kv dynamic)"
+    assert labels[("cloud", "llamacpp", "dynamic")] == "cloud-only (cloud llamacpp)"  # llama.cpp keeps its own cache
+    assert labels[("spec", "torch", "static")] == "(0, 4, greedy, kv static)"
+    assert point.loc[("spec", "torch", "static"), "fastest_cloud"] == "llamacpp"
+    assert plain_name({"mode": "cloud", "dtype": "float32", "cloud_runtime": "torch", "kv_cache": "static"}) == \
+        "torch float32, static KV cache"
+    assert plain_name({"mode": "cloud", "dtype": "float32", "cloud_runtime": "torch", "kv_cache": "auto"}) == "torch float32"
 
 
 def test_rows_override_the_cache_like_any_axis(tmp_path):
