@@ -131,10 +131,13 @@ def read_identity(path: Path) -> dict:
     return data
 
 
-def claim(out: Path, kind: str, settings: dict, key: str = "config", before: dict | None = None) -> None:
+def claim(out: Path, kind: str, settings: dict, key: str = "config", before: dict | None = None,
+          listed: tuple[str, ...] = ()) -> None:
     """Refuse to add `kind` results made with `settings` to `out` unless it has no results yet or
     holds results of the same kind whose identity file has the same `settings` under `key`. `before`:
-    settings added since, with the value that reproduces what a folder written without them did."""
+    settings added since, with the value that reproduces what a folder written without them did.
+    `listed`: settings that hold a list now and one value in folders written before (a run setting
+    turned into a sweep axis): a stored value is read as a list of one."""
     if not has_results(out):
         return
     found = [k for k, name in IDENTITY_FILES.items() if (out / name).is_file()]
@@ -148,7 +151,8 @@ def claim(out: Path, kind: str, settings: dict, key: str = "config", before: dic
     if stored is None:
         return  # written before this key existed: the check after the models load still applies
     settings = json.loads(json.dumps(settings))  # as stored: tuples -> lists
-    stored = {**(before or {}), **stored}
+    stored = {name: [value] if name in listed and not isinstance(value, list) else value
+              for name, value in {**(before or {}), **stored}.items()}
     if stored != settings:
         raise InputError(f"{out} holds results of a different {kind} configuration (differs in "
                          f"{differences(stored, settings)}): use another --out, or delete that folder to start over")

@@ -12,6 +12,7 @@ dataclasses field by field, so a setting added to one of them (a runtime per rol
     point.key(id=...)           which point (and prompt) a record belongs to: its AXES as JSON;
                                 results, resumes and nll.jsonl scores are matched by it
     point.label()               `spec float32 code greedy k=4 thr=0 p>=0.1 cached`, for comparisons
+    point.caches_here()         whether the point's kv_cache changes what it runs (a torch model in its process)
     AXES                        the fields a sweep takes a list of, in the order its grid is walked
                                 (bench/measure/sweep/sweep_config.py makes them tuple fields): a new axis is one
                                 name here
@@ -29,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.prompts import SPEC_BENCH, PromptInputs, prompt_set_name
+from specdec.backends.base import runtime_parts
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
+from specdec.core.drafters import NEEDS_MODEL
 
 RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConfig)
 # Run settings that say how a run reaches its models and prompts, not what it measures: the
@@ -67,11 +70,12 @@ def _run_fields() -> list[tuple[str, Any, type]]:
 SETTINGS = {f.name: f for cls in (*RUN_SETTINGS, _Placement) for f in fields(cls)}  # name -> where it is defined
 SETTING_TYPES = {name: hint for cls in (*RUN_SETTINGS, _Placement) for name, hint in typing.get_type_hints(cls).items()}
 AXES = ("mode", "k", "entropy_threshold", "accept_threshold", "policy", "verifier", "draft_stop", "k_schedule", "drafter",
-        "dtype", "prompts", "constraints", "edge_runtime", "cloud_runtime", "deployment", "link", "overlap")
+        "dtype", "prompts", "constraints", "edge_runtime", "cloud_runtime", "kv_cache", "deployment", "link", "overlap")
 # Axes added after results existed -> the value every earlier result had (left out of keys at that value).
 # constraints: a decoding profile belongs to a prompt set (zh for the Chinese one-sentence task, none for
-# an English edit), so one sweep pairs each set with its own through `rows`.
-LATER_AXES = {"drafter": "model", "constraints": "none"}
+# an English edit), so one sweep pairs each set with its own through `rows`. kv_cache: the caches are timed
+# against each other in one sweep, interleaved, instead of one sweep per cache.
+LATER_AXES = {"drafter": "model", "constraints": "none", "kv_cache": "auto"}
 SPEC_ONLY = tuple(f.name for f in fields(SpecConfig))
 SPLIT_ONLY = ("link", "overlap")
 # What ran first (mode, dtype, prompts, where), then the spec axes with the policy first, since it names the rule.
@@ -198,6 +202,21 @@ class Point:
             if axis not in named and shown(value) and value != (None if default is MISSING else default):
                 parts.append(f"{axis}={text(value)}")
         return " ".join(parts)
+
+    def caches_here(self) -> bool:
+        """Whether `kv_cache` changes what this point runs: it is the KV cache of the torch runtime's models
+        loaded in the point's own process (specdec/engine.py's `placement`). llama.cpp, ONNX Runtime, OpenVINO
+        and the int8 runtimes keep their own and ignore it, a draft-free drafter runs no edge model, and a
+        split point's cloud runs in its server, as that server was started. A field a row lacks ("-" or None:
+        written before it existed) reads as it did then: the torch runtime, the edge model drafting."""
+        def parts(runtime) -> tuple[str, ...]:
+            return ("torch",) if runtime in (None, "-") else runtime_parts(str(runtime))
+
+        drafts = self.drafter in (None, "-") or self.drafter in NEEDS_MODEL
+        edge = parts(self.edge_runtime) if self.mode == "edge" or (self.mode == "spec" and drafts) else ()
+        here = self.mode == "cloud" or (self.mode == "spec" and self.deployment != "split")
+        cloud = parts(self.cloud_runtime) if here else ()
+        return "torch" in (*edge, *cloud)
 
 
 FIELDS = tuple(f.name for f in fields(Point))

@@ -141,17 +141,23 @@ def _deployment_stats(group: pd.DataFrame) -> dict:
 def baseline(table: pd.DataFrame, mode: str, point) -> pd.DataFrame:
     """The rows of `table` (a summary, or records) of `mode`'s plain decoding that `point` is compared
     with: same dtype and prompts, and the runtime `point` runs that role in; a point that does not
-    run the role ("-": an edge-only point's cloud) takes the torch runtime's, else the first."""
+    run the role ("-": an edge-only point's cloud) takes the torch runtime's, else the first. Among
+    those, the ones with `point`'s KV cache where there are any (a sweep over kv_cache: each cache
+    against its own plain decoding; a runtime that keeps its own cache was measured once)."""
     match = table[(table["mode"] == mode) & (table["dtype"] == point["dtype"]) & (table["prompts"] == point["prompts"])]
     if "constraints" in table and point.get("constraints", "-") not in ("-", None):  # the same decoding profile
         match = match[match["constraints"] == point["constraints"]]
     column = RUNTIME_OF[mode]
-    if column not in table or not len(match):
-        return match
-    if point.get(column, "-") != "-":
-        return match[match[column] == point[column]]
-    runtimes = list(dict.fromkeys(match[column]))
-    return match[match[column] == ("torch" if "torch" in runtimes else runtimes[0])]
+    if column in table and len(match):
+        if point.get(column, "-") != "-":
+            match = match[match[column] == point[column]]
+        else:
+            runtimes = list(dict.fromkeys(match[column]))
+            match = match[match[column] == ("torch" if "torch" in runtimes else runtimes[0])]
+    if "kv_cache" in table and point.get("kv_cache", "-") not in ("-", None):
+        same = match[match["kv_cache"] == point["kv_cache"]]
+        match = same if len(same) else match
+    return match
 
 
 def _agreement_with_cloud(frame: pd.DataFrame) -> pd.DataFrame:
@@ -159,8 +165,8 @@ def _agreement_with_cloud(frame: pd.DataFrame) -> pd.DataFrame:
     the point's cloud runtime)."""
     chrf_scores, matches, references = [], [], {}
     for _, row in frame.iterrows():
-        which = (row["dtype"], row["prompts"], row.get("cloud_runtime", "-"))
-        if which not in references:  # one lookup per (dtype, prompts, runtime), not per row
+        which = (row["dtype"], row["prompts"], row.get("cloud_runtime", "-"), row.get("kv_cache", "-"))
+        if which not in references:  # one lookup per (dtype, prompts, runtime, cache), not per row
             references[which] = baseline(frame, "cloud", row).drop_duplicates("id").set_index("id")
         refs = references[which]
         if row["id"] in refs.index:
@@ -216,9 +222,13 @@ def runtime_name(value) -> str:
 
 def plain_name(point) -> str:
     """`torch bfloat16`, `llamacpp`: which plain decoding a row is, by runtime, and by dtype where the runtime
-    takes one (torch-int8 computes in int8 and float32, llama.cpp in the GGUF's own types, whatever --dtype says)."""
+    takes one (torch-int8 computes in int8 and float32, llama.cpp in the GGUF's own types, whatever --dtype says);
+    `torch bfloat16, static KV cache` where a cache was chosen (auto is a run's default)."""
     runtime = runtime_name(point.get(RUNTIME_OF[point["mode"]], "-"))
-    return f"torch {point['dtype']}" if runtime == "torch" else runtime
+    if runtime != "torch":
+        return runtime
+    cache = point.get("kv_cache", "-")
+    return f"torch {point['dtype']}" + (f", {cache} KV cache" if cache not in ("-", None, "auto") else "")
 
 
 def plain_label(point) -> str:

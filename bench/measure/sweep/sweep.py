@@ -30,7 +30,7 @@ from bench.core.records import ResultsFile, environment, read_records
 from bench.derive.scores import read_scores
 from bench.derive.spec_bench import spec_bench_table
 from bench.derive.summary import summarize
-from bench.core.point import Point
+from bench.core.point import AXES, Point
 from bench.measure.sweep.sweep_config import SweepConfig, service_key
 from bench.measure.sweep.worker import worker_main, worker_runtimes
 from specdec.errors import SpecdecError
@@ -39,9 +39,10 @@ from specdec.remote.protocol import parse_address
 
 # Sweep settings added since folders were first written, with the value that reproduces what such a folder
 # measured: its split points' edge and server shared every core (resumed with --split-cores shared), and its
-# plain decoding ran in the grid's runtimes only.
+# plain decoding ran in the grid's runtimes only. A setting that became an axis since (constraints, kv_cache)
+# was stored as one value: the claim reads it as a list of one (AXES).
 BEFORE = {"split_cores": "shared", "plain_runtimes": [], "drafter": ["model"], "turns": "all",
-          "llamacpp_extra_buffers": "auto", "rows": [], "edge_device": "cpu", "cloud_device": "cpu", "kv_cache": "auto",
+          "llamacpp_extra_buffers": "auto", "rows": [], "edge_device": "cpu", "cloud_device": "cpu", "kv_cache": ["auto"],
           "cuda_graphs": "on", "drafter_options": ""}
 
 
@@ -57,7 +58,7 @@ def run_sweep(config: SweepConfig, out: Path, progress: bool = True, machine: di
         # --executor ray: the cluster is joined and checked for room before the folder is touched
         cluster = placement.enter_context(ray_executor(config)) if config.executor == "ray" else None
         with writer(out):
-            claim(out, "sweep", settings, before=BEFORE)
+            claim(out, "sweep", settings, before=BEFORE, listed=AXES)
             if not (has_results(out) and (out / IDENTITY_FILES["sweep"]).is_file()):
                 write_identity(out, "sweep", {"config": settings, "environment": environment()})
             if machine is not None:

@@ -14,7 +14,7 @@ import json
 import os
 import tomllib
 import typing
-from dataclasses import asdict, dataclass, field, fields, make_dataclass
+from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
 
 from bench.measure.caps import EdgeCaps
@@ -24,6 +24,7 @@ from bench.core.folder import canonical_path
 from bench.core.point import AXES, DEPLOYMENTS, FIELDS, RUNTIME_OF, SETTING_TYPES, SETTINGS, Point, blank
 from bench.core.prompts import PromptInputs, canonical_prompts, expand_prompt_sets, rejoin_categories
 from specdec.backends.base import RUNTIMES, runtime_parts
+from specdec.backends.devices import KV_CACHES
 from specdec.core.drafters import DRAFTS_AHEAD, WEIGHS_RUNTIMES
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
 from specdec.errors import ConfigError, InputError
@@ -142,6 +143,7 @@ class SweepConfig(RunSettings):
         unknown = sorted(set(self.plain_runtimes) - set(RUNTIMES))
         if unknown:
             raise ConfigError(f"unknown plain runtime {unknown[0]!r}: use one of {', '.join(RUNTIMES)}")
+        self._check_kv_caches()
         for point in self.points():  # every point validates as a run would, before anything runs
             self.engine_config(point)
             self.spec_config(point)
@@ -152,6 +154,21 @@ class SweepConfig(RunSettings):
         if self.executor == "local":  # on a cluster the caps are checked against the node a task lands on
             self.caps()
         profile(self.network)
+
+    def _check_kv_caches(self) -> None:
+        """Every kv_cache asked for (the grid's and the rows') is a cache, and changes what some point runs."""
+        in_rows = [cache for row in self.rows for cache in _axis_values("kv_cache", row.get("kv_cache", ()))]
+        asked = dict.fromkeys([*self.kv_cache, *in_rows])
+        unknown = [cache for cache in asked if cache not in KV_CACHES]
+        if unknown:
+            raise ConfigError(f"unknown kv_cache {unknown[0]!r}: use one of {', '.join(KV_CACHES)}")
+        unused = [cache for cache in asked if cache not in {p.kv_cache for p in self.points()}]
+        if unused:
+            raise ConfigError(f"kv_cache {unused[0]} changes no point of this sweep: it is the KV cache of the torch "
+                              "models a point runs in its own process, and the points given it run none (llama.cpp, "
+                              "ONNX Runtime, OpenVINO and the int8 runtimes keep their own caches, a split point's "
+                              "cloud runs in its server, a draft-free drafter needs no edge model): drop it from "
+                              "--kv-cache, or add torch to --cloud-runtime or --edge-runtime")
 
     def _check_executor(self) -> None:
         if self.executor not in EXECUTORS:
@@ -248,12 +265,21 @@ class SweepConfig(RunSettings):
         `plain_runtimes` runtime (a cloud-only point's cloud, an edge-only point's edge). Every split point
         brings its co-located baseline: the same pair, k, policy and thresholds in one process on the
         cloud's cores (what the server's machine would do alone), measured in the same worker. A point's
-        fields that are no axis hold the sweep's settings, as asked (its records hold them as used)."""
+        fields that are no axis hold the sweep's settings, as asked (its records hold them as used).
+
+        kv_cache is the KV cache of the torch runtime's models a point loads in its own process, as a run's
+        `--kv-cache` is: the other runtimes ignore it, as a run does, and a split point's cloud runs as the
+        sweep's server (or `cloud_url`'s) was started. A point where it changes nothing (`Point.caches_here`:
+        a cloud-only point in llama.cpp, a split point whose edge runs no torch model) appears once, under the
+        grid's first kv_cache, as it did when kv_cache was one setting; a kv_cache that reaches no point at all
+        is refused in __post_init__."""
         seen, points = set(), []
         settings = {name: getattr(self, name) for name in FIELDS if name not in AXES}
 
         def add(values: dict) -> None:
             point = Point(**blank({**settings, **values}))
+            if not point.caches_here():  # the cache changes nothing here: one point, at the grid's first kv_cache
+                point = replace(point, kv_cache=self.kv_cache[0])
             if point.key() not in seen:  # the axes: the rest is the sweep's or blank alike at every point
                 seen.add(point.key())
                 points.append(point)

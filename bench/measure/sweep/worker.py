@@ -55,6 +55,24 @@ def block_costs(out: str | None) -> dict[tuple[str, str], dict]:
             if isinstance(e, dict) and not e.get("error") and isinstance(e.get("block_steps"), dict)}
 
 
+class ModelCache:
+    """A worker's engines' loader: one load per model and way of running it, shared by every point that runs it
+    so. `options` (a torch model's device, KV cache and captured steps; llama.cpp's extra buffers) are part of
+    what is loaded: a point with another kv_cache gets a model of its own."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[tuple, LoadedModel] = {}
+
+    def __call__(self, name: str, dtype: str, log=print, runtime: str = "torch", **options) -> LoadedModel:
+        key = (name, dtype, runtime, tuple(sorted(options.items())))
+        if key not in self._loaded:
+            self._loaded[key] = load_model(name, dtype, log=log, runtime=runtime, **options)
+        return self._loaded[key]
+
+    def models(self) -> list[LoadedModel]:
+        return list(self._loaded.values())
+
+
 def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[str, str],
               cloud_ids: list[int] | None = None, costs: dict[tuple[str, str], dict] | None = None) -> None:
     """`results`: the folder's ResultsFile here, or StreamedResults on a cluster's node. `cloud_ids`:
@@ -74,13 +92,7 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
             pin_cores(wanted)  # threads = cores, on each side
             pinned = wanted
     caps.apply_address_limit()
-    loaded: dict[tuple[str, str, str], LoadedModel] = {}
-
-    # One load per worker and model; `options` (llama.cpp's extra buffers) are one setting for the whole sweep.
-    def loader(name: str, dtype: str, log=print, runtime: str = "torch", **options) -> LoadedModel:
-        if (name, dtype, runtime) not in loaded:
-            loaded[(name, dtype, runtime)] = load_model(name, dtype, log=log, runtime=runtime, **options)
-        return loaded[(name, dtype, runtime)]
+    loader = ModelCache()
 
     prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompt_sets()}
     # a restarted worker skips these, but reruns a generation that crashed its predecessor (sweep.py counts the crashes)
@@ -104,7 +116,7 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
         on_cloud = cloud_ids and (point.mode == "cloud" or point.deployment == "colocated")
         row_point = {**measured, "network": network.name, "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb,
                      "node": node_info(), **placement_fields(config, cloud_ids, cloud_ids if on_cloud else edge_ids)}
-        edge = loaded.get((config.edge, point.dtype, point.edge_runtime)) if point.mode != "cloud" else None
+        edge = engine.model("edge") if "edge" in engine.roles else None  # loaded by prepare
         if caps.memory_bytes and edge is not None:
             caps.check_reachable(weight_bytes(edge), f"edge model {config.edge!r} in {point.dtype}")
         points.append((point, key, engine, row_point, network, edge, items))
@@ -115,7 +127,7 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
     for point, key, engine, row_point, network, edge, (record_id, repeat) in interleaved(points):
         record = prompts[point.prompts][record_id]
         # Memory that is not the edge's (a cloud model sharing this process) does not count.
-        exempt = sum(weight_bytes(m) for m in loaded.values() if m is not edge)
+        exempt = sum(weight_bytes(m) for m in loader.models() if m is not edge)
 
         def over_cap(rss: int, record_id=record.id, point=point, key=key, row_point=row_point) -> None:
             message = (f"point {point.mode} k={point.k} thr={point.entropy_threshold} prompt {record_id}: "
@@ -129,7 +141,8 @@ def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[st
         reset_gpu_peaks()
         watchdog = MemoryWatchdog(caps.memory_bytes, over_cap, exempt) if caps.memory_bytes and edge else nullcontext()
         with watchdog:
-            kind = (point.mode, point.deployment, point.edge_runtime, point.cloud_runtime, point.dtype, point.link)
+            kind = (point.mode, point.deployment, point.edge_runtime, point.cloud_runtime, point.kv_cache, point.dtype,
+                    point.link)
             warm = {}
             if kind not in warmed:  # under the memory cap like any generation
                 warmed.add(kind)
@@ -206,7 +219,8 @@ def describe(point: Point, prompt_id: str) -> str:
     else:
         what = f"{point.mode} in {point.edge_runtime if point.mode == 'edge' else point.cloud_runtime}"
     where = f" ({point.deployment})" if point.deployment not in (None, "inproc") else ""
-    return f"{what}{where} on prompt {prompt_id}"
+    cache = f", {point.kv_cache} KV cache" if point.kv_cache not in (None, "auto") and point.caches_here() else ""
+    return f"{what}{cache}{where} on prompt {prompt_id}"
 
 
 def worker_runtimes(point: Point) -> list[str]:

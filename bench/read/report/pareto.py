@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from bench.core.metric_registry import lower_is_better
+from bench.core.point import Point
 from bench.core.prompts import prompt_set_name
 
 SPEC_AXES = ("entropy_threshold", "k", "policy")  # the "(thr, k, policy)" of a label
@@ -142,8 +143,12 @@ def _number(value) -> str:
 
 def point_labels(summary: pd.DataFrame) -> pd.Series:
     """A short name per point: "cloud-only", "edge-only", or "(thr, k, policy)" for spec, with the drafter
-    first and dtype / accept threshold / verifier / runtimes appended only when they vary within the summary."""
+    first and dtype / accept threshold / verifier / runtimes / KV cache appended only when they vary within the
+    summary (the KV cache only where it changes what the point runs, `Point.caches_here`)."""
     spec = summary[summary["mode"] == "spec"]
+    cached = pd.Series([Point.from_row(row).caches_here() for row in summary.to_dict("records")], index=summary.index,
+                       dtype=bool)
+    named_cache = "kv_cache" in summary and summary.loc[cached, "kv_cache"].astype(str).nunique() > 1
     varying = [a for a in EXTRA_AXES if a in summary and (spec if a != "dtype" else summary)[a].nunique() > 1]
     runtimes = [a for a in RUNTIME_AXES if a in summary and summary[a][summary[a] != "-"].nunique() > 1]
     placed = [a for a in PLACED_AXES if a in summary and spec[a][spec[a].astype(str) != "-"].astype(str).nunique() > 1]
@@ -152,9 +157,11 @@ def point_labels(summary: pd.DataFrame) -> pd.Series:
     # among the baselines only, and would lengthen every spec label for nothing)
     spec_runtimes = [a for a in RUNTIME_AXES if a in spec and spec[a][spec[a] != "-"].nunique() > 1]
     labels = []
-    for _, row in summary.iterrows():
+    for index, row in summary.iterrows():
         named = spec_runtimes if row["mode"] == "spec" else runtimes
         extra = [f"{axis.split('_')[0]} {row[axis]}" for axis in named if row[axis] != "-"]  # "edge llamacpp"
+        if named_cache and cached[index]:
+            extra.append(f"kv {row['kv_cache']}")  # "kv static"
         for axis in varying:
             if axis == "dtype":
                 extra.append(str(row["dtype"]))
