@@ -295,12 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="the CPU, tiny configs, few shapes: prove the commands run")
     parser.add_argument("--device", help="default cuda (cpu with --dry-run)")
     parser.add_argument("--models", default=",".join(MODELS), help="configs in bench/gpu/, comma-separated")
-    parser.add_argument("--budget-s", type=float, default=410.0,
+    parser.add_argument("--budget-s", type=float, default=420.0,
                         help="start no measurement after this many seconds from the start (the tests' included)")
     parser.add_argument("--repeats", type=int, default=None, help=f"timed forwards per shape (default {REPEATS})")
     parser.add_argument("--skip-tests", action="store_true", help="no CUDA tests")
     parser.add_argument("--skip-fleet", action="store_true", help="no fleet capacity")
-    parser.add_argument("--fleet-s", type=float, default=240.0,
+    parser.add_argument("--fleet-s", type=float, default=260.0,
                         help="seconds kept for the fleets at the end of the budget (the curve stops that much earlier)")
     args = parser.parse_args(argv)
     start = time.monotonic()
