@@ -21,6 +21,7 @@ from bench.derive.fleet_summary import cost_curve, read_fleet
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
 from specdec.remote.server_config import ServeConfig
+from tests.recording import record_split
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
 
@@ -40,10 +41,7 @@ def server(pair):
 @pytest.fixture(scope="module")
 def recording(pair, prompts, server, tmp_path_factory):
     """A split run of the prompts: what replayed edges replay."""
-    out = tmp_path_factory.mktemp("recording")
-    assert main(["run", "--mode", "spec", "--edge", pair["edge"], "--cloud-url", server, "--prompts", prompts,
-                 "--out", str(out), *SETTINGS]) == 0
-    return out
+    return record_split(pair["edge"], server, prompts, tmp_path_factory.mktemp("recording"), SETTINGS)
 
 
 def fleet(*args: str) -> int:

@@ -17,6 +17,7 @@ from bench.derive.fleet_summary import read_fleet
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
 from specdec.remote.server_config import ServeConfig
+from tests.recording import record_split
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
 
@@ -31,11 +32,8 @@ def int8_cloud(pair):
 @pytest.fixture(scope="module")
 def recording(pair, prompts, int8_cloud, tmp_path_factory):
     """A split run against an int8 server, one edge at a time (no batching): what the fleet replays."""
-    out = tmp_path_factory.mktemp("recording")
     with BackgroundServer(int8_cloud, ServeConfig(max_batch=1)) as url:
-        assert main(["run", "--mode", "spec", "--edge", pair["edge"], "--cloud-url", url, "--prompts", prompts,
-                     "--out", str(out), *SETTINGS]) == 0
-    return out
+        return record_split(pair["edge"], url, prompts, tmp_path_factory.mktemp("recording"), SETTINGS)
 
 
 def test_an_int8_fleet_replays_without_a_mismatch_alone_and_batched(pair, prompts, recording, tmp_path):
@@ -105,8 +103,7 @@ def test_a_per_token_int8_fleet_replays_without_a_mismatch_batched(pair, prompts
     recorded = tmp_path / "recorded"
     cloud = load_model(f"{pair['cloud']}@int8t", "float32", log=lambda m: None)
     with BackgroundServer(cloud, ServeConfig(max_batch=1)) as url:
-        assert main(["run", "--mode", "spec", "--edge", pair["edge"], "--cloud-url", url, "--prompts", prompts,
-                     "--out", str(recorded), *SETTINGS]) == 0
+        record_split(pair["edge"], url, prompts, recorded, SETTINGS)
     out = tmp_path / "int8t"
     assert main(["fleet", "--edge-replay", str(recorded), "--cloud", f"{pair['cloud']}@int8t", "--max-batch", "8",
                  "--batch-window-ms", "20", "--prompts", prompts, "--clients", "3", "--no-baseline", "--out", str(out),

@@ -23,6 +23,7 @@ from specdec.errors import ConfigError, InputError, ModelError
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
 from specdec.remote.server_config import ServeConfig
+from tests.recording import record_split
 from bench.measure.serving.fleet_config import FleetConfig
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
@@ -55,10 +56,7 @@ def arch_server(arch):
 
 @pytest.fixture(scope="module")
 def recording(pair, prompts, cloud_server, tmp_path_factory):
-    out = tmp_path_factory.mktemp("recording")
-    assert main(["run", "--mode", "spec", "--edge", pair["edge"], "--cloud-url", cloud_server, "--prompts", prompts,
-                 "--out", str(out), *SETTINGS]) == 0
-    return out
+    return record_split(pair["edge"], cloud_server, prompts, tmp_path_factory.mktemp("recording"), SETTINGS)
 
 
 def recorded(recording) -> dict:

@@ -16,6 +16,7 @@ from specdec.errors import ModelError, SpecdecError
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
 from specdec.remote.server_config import ServeConfig
+from tests.recording import record_split
 from tests.test_static_cache import TOLERANCE
 from tests.tiny import random_prompt, tiny_causal
 
@@ -93,11 +94,8 @@ SETTINGS = ["--dtype", "float32", "--policy", "greedy", "--entropy-threshold", "
 @pytest.fixture(scope="module")
 def recording(pair, prompts, tmp_path_factory):
     """A split run of the prompts against a server on the dynamic cache."""
-    out = tmp_path_factory.mktemp("recording")
     with BackgroundServer(load_model(pair["cloud"], "float32"), ServeConfig(max_batch=8)) as url:
-        assert main(["run", "--mode", "spec", "--edge", pair["edge"], "--cloud-url", url, "--prompts", prompts,
-                     "--out", str(out), *SETTINGS]) == 0
-    return out
+        return record_split(pair["edge"], url, prompts, tmp_path_factory.mktemp("recording"), SETTINGS)
 
 
 @pytest.mark.server
