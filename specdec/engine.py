@@ -49,6 +49,10 @@ class Engine(EngineConfig):
                 raise ConfigError(f"--cloud-runtime {self.cloud_runtime} needs a drafter that weighs switching between "
                                   f"the two runtimes ({', '.join(sorted(WEIGHS_RUNTIMES))}); {self.spec.drafter!r} would "
                                   "feed the whole prompt to each: use --drafter auto or one runtime")
+            if not self.remote_cloud and self.deploy.overlap is True:
+                raise ConfigError("--overlap true drafts the next block while a remote cloud verifies; this cloud runs "
+                                  "in this process, where each verify returns before the next draft: give --cloud-url, "
+                                  "or use --overlap auto or false")
             if self.remote_cloud and self.deploy.overlap is True and self.spec.drafter not in DRAFTS_AHEAD:
                 raise ConfigError(f"--overlap true drafts ahead with the edge model; drafter {self.spec.drafter!r} cannot "
                                   f"(only {', '.join(sorted(DRAFTS_AHEAD))}): use --overlap auto or false")

@@ -104,7 +104,11 @@ def test_a_combination_that_cannot_work_is_refused_in_one_line(cloud):
             lambda: SpecConfig(drafter="model", drafter_options="max_ngram=2"),
         "drafter 'ngram' takes no option 'max_gram': it takes max_ngram, min_count":
             lambda: SpecConfig(drafter="ngram", drafter_options="max_gram=2"),
-        "drafter 'hybrid''s max_ngram must be >= 2, got 1": lambda: SpecConfig(drafter="hybrid", drafter_options="max_ngram=1"),
+        "drafter option max_ngram of 'hybrid' must be >= 2, got 1":
+            lambda: SpecConfig(drafter="hybrid", drafter_options="max_ngram=1"),
+        "--overlap true drafts the next block while a remote cloud verifies; this cloud runs in this process":
+            lambda: Engine(mode="spec", edge="e", cloud="c", spec=SpecConfig(drafter="prompt-lookup"),
+                           deploy=DeployConfig(overlap=True)),
         "drafter option 'max_ngram' is not NAME=VALUE": lambda: SpecConfig(drafter="prompt-lookup", drafter_options="max_ngram"),
         "drafter option min_count must be an integer, got 'two'": lambda: SpecConfig(drafter="ngram", drafter_options="min_count=two"),
         "drafter option 'max_ngram' is given twice": lambda: SpecConfig(drafter="auto", drafter_options="max_ngram=2,max_ngram=3"),

@@ -177,7 +177,7 @@ def drafter_options(name: str, text: str) -> dict[str, int]:
         except ValueError:
             raise ConfigError(f"drafter option {key} must be an integer, got {value!r}") from None
         if values[key] < takes[key].minimum:
-            raise ConfigError(f"drafter {name!r}'s {key} must be >= {takes[key].minimum}, got {values[key]}")
+            raise ConfigError(f"drafter option {key} of {name!r} must be >= {takes[key].minimum}, got {values[key]}")
     return {key: values.get(key, option.default) for key, option in takes.items()}
 
 
