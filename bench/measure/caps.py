@@ -105,6 +105,15 @@ def parse_cores(text: str, flag: str = "--cores") -> list[int]:
     return sorted(cores)
 
 
+def pin_besides(taken: str, flag: str) -> list[int]:
+    """Pin this process, and the processes it starts (they inherit the affinity and the thread counts), to the
+    cores of its affinity other than `taken` (a server's --cloud-cores); -> those cores ([]: none left, not pinned)."""
+    others = sorted(os.sched_getaffinity(0) - set(parse_cores(taken, flag)))
+    if others:
+        pin_cores(others)
+    return others
+
+
 def pin_cores(cores: list[int]) -> None:
     """Pin every thread of this process (OpenMP's pool included) to `cores` and size the thread pools to
     them: OMP_NUM_THREADS, which OpenMP reads once, at load (so call before importing torch where possible),

@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from bench.measure.caps import parse_cores
+from bench.measure.caps import pin_besides
 from bench.measure.serving.clients import Script, cloud_only, replay, script_of, server_info, server_log
 from bench.measure.serving.fleet_config import FleetConfig
 from bench.derive.fleet_summary import BATCHES, LEVELS, UNKNOWN_RUNTIME, summarize_fleet
@@ -71,9 +71,7 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
                 "--max-sessions", str(2 * max(config.clients) + 2), *(["--follow-verdicts"] if config.follow_verdicts else []),
                 "--kv-cache", config.kv_cache, "--cuda-graphs", config.cuda_graphs))
             if config.cloud and config.cloud_cores:  # this process and its edge processes: the other cores
-                others = sorted(os.sched_getaffinity(0) - set(parse_cores(config.cloud_cores, "--cloud-cores")))
-                if others:
-                    os.sched_setaffinity(0, others)
+                pin_besides(config.cloud_cores, "--cloud-cores")
             fleet = Fleet(config, spec, decode, settings, prompts, scripts, url, token, out, bar)
             asyncio.run(fleet.run(plan))
         summary = summarize_fleet(out)

@@ -42,7 +42,7 @@ from websockets.exceptions import ConnectionClosed
 
 from bench.core.folder import claim, write_identity, writer
 from bench.core.records import ResultsFile, environment, read_records
-from bench.measure.caps import parse_cores
+from bench.measure.caps import pin_besides
 from bench.measure.serving.clients import Connection, script_of, server_info
 from bench.measure.launch import ServerProcess, die_with_parent, start_edge
 from bench.measure.serving.soak_edge import write_scripts
@@ -300,9 +300,7 @@ def run_soak(config: SoakConfig, out: Path, progress: bool = True) -> Path:
                               "--max-sessions", str(2 * config.edges + 8), *config.extra_serve)
         with serve as url:
             if config.cloud_cores:  # the edges (this process's children) get the other cores
-                others = sorted(os.sched_getaffinity(0) - set(parse_cores(config.cloud_cores, "cloud_cores")))
-                if others:
-                    os.sched_setaffinity(0, others)
+                pin_besides(config.cloud_cores, "cloud_cores")
             write_scripts(out / "scripts.json", record_scripts(config, url, out))
             with tqdm(desc="soak", unit="generation", disable=not progress) as bar:
                 asyncio.run(Soak(config, serve, url, out, bar).run())
