@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from bench.cli import main
 from bench.derive.fleet_summary import cost_curve, read_fleet
+from bench.measure.caps import pin_cores
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
 from specdec.remote.server_config import ServeConfig
@@ -174,15 +176,22 @@ def test_fleet_needs_its_edges_and_its_server(prompts, tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
-def test_fleet_starts_its_own_server_and_says_why_when_it_cannot(pair, prompts, recording, tmp_path, capsys):
+def test_fleet_starts_its_own_server_and_says_why_when_it_cannot(pair, prompts, recording, tmp_path, capsys, monkeypatch):
     cores = sorted(os.sched_getaffinity(0))
     out = tmp_path / "own"
-    before = os.sched_getaffinity(0)
+    threads = torch.get_num_threads()
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the fleet sizes them for its edges: restored after the test
+        if name in os.environ:
+            monkeypatch.setenv(name, os.environ[name])
+        else:
+            monkeypatch.delenv(name, raising=False)
     try:
         assert fleet("--edge-replay", str(recording), "--cloud", pair["cloud"], "--cloud-cores", str(cores[-1]),
                      "--prompts", prompts, "--clients", "2", "--no-baseline", "--out", str(out)) == 0
+        assert sorted(os.sched_getaffinity(0)) == cores[:-1] or len(cores) == 1  # off the server's core
     finally:
-        os.sched_setaffinity(0, before)  # the fleet moved this process off the server's core
+        pin_cores(cores)  # every thread of this process back where it was
+        torch.set_num_threads(threads)
     records, _, _ = read_fleet(out)
     assert len(records) == 6 and all(r["replay_mismatches"] == 0 for r in records)
     empty = tmp_path / "not-a-model"
