@@ -16,6 +16,7 @@ from specdec.core.drafters import DRAFTS_AHEAD, NEEDS_MODEL, WEIGHS_RUNTIMES
 from specdec.core.history import History
 from specdec.core.two_runtime import TwoRuntimeCloud
 from specdec.errors import ConfigError, InputError
+from specdec.models.architecture import is_architecture
 from specdec.models.loading import LoadedModel, load_model
 from specdec.core.overlap import OverlapGovernor
 from specdec.core.processors import Constraints
@@ -43,6 +44,11 @@ class Engine(EngineConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for role in self.roles:
+            if is_architecture(name := getattr(self, role) or ""):
+                raise ConfigError(f"--{role} {name} is a random-weight architecture: it serves token ids to replayed "
+                                  "edges (`specbench fleet --edge-replay DIR --follow-verdicts`), not text prompts; "
+                                  "load a real model here")
         if self.mode == "spec":
             self.spec.check_decoding(self.decode)
             if self.two_runtimes and self.spec.drafter not in WEIGHS_RUNTIMES:

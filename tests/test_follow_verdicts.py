@@ -87,6 +87,17 @@ def test_a_bad_architecture_file_is_one_line(tmp_path, content, reason):
         load_model(f"arch:{path}", "float32")
 
 
+@pytest.mark.parametrize("role", ["edge", "cloud"])
+def test_a_run_on_an_architecture_is_refused_before_it_starts(arch, prompts, tmp_path, capsys, role):
+    models = {"edge": arch, "cloud": "c"} if role == "edge" else {"edge": "e", "cloud": arch}
+    assert main(["run", "--mode", "spec", "--edge", models["edge"], "--cloud", models["cloud"], "--prompts", prompts,
+                 "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --{role} {arch} is a random-weight architecture: it serves token ids to replayed edges (`specbench "
+        "fleet --edge-replay DIR --follow-verdicts`), not text prompts; load a real model here")
+    assert not (tmp_path / "r" / "results.jsonl").exists()
+
+
 def test_an_architecture_runs_in_torch_only(arch):
     with pytest.raises(ModelError, match="random-weight architecture, which the torch runtime builds: use runtime torch"):
         load_model(arch, "float32", runtime="torch-int8")
