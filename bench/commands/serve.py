@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bench.measure.caps import parse_cores, pin_cores
 from specdec.backends.base import DTYPES, RUNTIMES, served_runtime
-from specdec.backends.devices import check_served_device
+from specdec.backends.devices import CUDA_GRAPHS, SERVER_CACHES, check_served_cache, check_served_device
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.protocol import read_token, token_file_warning
@@ -28,11 +28,11 @@ def add_serve_parser(sub) -> None:
                         "for a .gguf path, else torch")
     p.add_argument("--device", "--cloud-device", default="cpu",
                    help="where the torch model runs: cpu, cuda or cuda:N (docs/gpu.md); llama.cpp and int8: cpu only")
-    p.add_argument("--kv-cache", choices=("dynamic", "static"), default="dynamic",
+    p.add_argument("--kv-cache", choices=SERVER_CACHES, default="dynamic",
                    help="the torch model's KV cache: dynamic (transformers' DynamicCache; each forward pads its rows' "
                         "caches into one) or static (one preallocated cache of --max-sessions sequences, each row at "
                         "its own positions; on CUDA its forwards replay as captured graphs: docs/gpu.md)")
-    p.add_argument("--cuda-graphs", choices=("on", "off"), default="on",
+    p.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default="on",
                    help="on CUDA with --kv-cache static: replay forwards of up to 16 tokens as CUDA graphs (on) or "
                         "run them eagerly (off)")
     p.add_argument("--cores", help="pin the server to these cores, e.g. 1 or 0-3 (torch threads follow)")
@@ -71,13 +71,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pin_cores(parse_cores(args.cores))
     runtime = served_runtime(args.model, args.runtime)
     check_served_device(args.device, runtime)
-    if args.kv_cache != "dynamic" and runtime != "torch":
-        raise ConfigError(f"--kv-cache {args.kv_cache} is the torch runtime's; {runtime} keeps its own cache: drop it")
+    check_served_cache(args.kv_cache, runtime)
     # Sessions interleave: a static cache holds --max-sessions sequences (specdec/backends/static_slots.py).
-    cache = {"kv_cache": args.kv_cache, "cuda_graphs": args.cuda_graphs, "sessions": config.max_sessions}
     model = load_model(args.model, args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True), runtime=runtime,
-                       **({"device": args.device} if args.device != "cpu" else {}),
-                       **(cache if args.kv_cache != "dynamic" else {}))
+                       device=args.device, kv_cache=args.kv_cache, cuda_graphs=args.cuda_graphs,
+                       sessions=config.max_sessions)
     try:
         stats = run_server(model, config, announce=lambda line: print(line, flush=True))
     except OSError as e:  # the address: taken, or not this machine's

@@ -44,6 +44,13 @@ def check_served_device(device: str, runtime: str, flag: str = "--device") -> st
     return device
 
 
+def check_served_cache(kv_cache: str, runtime: str, flag: str = "--kv-cache") -> str:
+    """A server's KV cache: the torch runtime's choice; the other runtimes keep their own."""
+    if kv_cache != "dynamic" and runtime != "torch":
+        raise ConfigError(f"{flag} {kv_cache} is the torch runtime's; {runtime} keeps its own cache: drop {flag}")
+    return kv_cache
+
+
 def is_cuda(device: torch.device | str | None) -> bool:
     return device is not None and torch.device(device).type == "cuda"
 
@@ -91,6 +98,7 @@ def gpu_peaks() -> dict[str, int] | None:
 # hf_causal.py for dynamic, static_cache.py for the rest, cuda_graphs.py for captured steps).
 KV_CACHES = ("auto", "dynamic", "static", "compiled")
 CUDA_GRAPHS = ("on", "off")
+SERVER_CACHES = ("dynamic", "static")  # a server's: its sessions interleave (static_slots.py holds them all)
 STEPS = ("dynamic", "static", "compiled", "graphs")  # what kv_cache x cuda_graphs x device resolve to
 
 

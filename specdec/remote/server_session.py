@@ -75,7 +75,7 @@ class ServerSession:
         self.pending: int | None = None
         self.edge_takes_the_token = True  # the row in flight is a verify (its token comes back in `new`), not a `generate` step
         self.following: Followed | None = None  # the verdict the row in flight keeps (verify.follow), or None: its own
-        self.agreed: bool | None = None  # after a followed verify: the server's own verdict was the kept one
+        self.agreed: bool | None = None  # after a followed verify: the server's own verdict was the kept one; else None
         self.last_active = time.monotonic()
 
     def prepare(self, verify: Verify) -> BatchRow:
@@ -94,7 +94,7 @@ class ServerSession:
         if verify.follow is not None and verify.follow.token is not None:
             check_token_ids("follow.token", [verify.follow.token], self.vocab)
         self.seq.extend(new)
-        self.pending, self.edge_takes_the_token, self.following = None, True, verify.follow
+        self.pending, self.edge_takes_the_token, self.following, self.agreed = None, True, verify.follow, None
         return BatchRow(self.cloud.verifier, self.seq, torch.tensor(draft, dtype=torch.long), probs)
 
     def take_pending(self) -> int | None:

@@ -14,10 +14,10 @@ from pathlib import Path
 from bench.core.network import profile
 from bench.core.prompts import PromptInputs
 from specdec.backends.base import RUNTIMES, served_runtime
-from specdec.backends.devices import check_served_device
+from specdec.backends.devices import CUDA_GRAPHS, SERVER_CACHES, check_served_cache, check_served_device
 from specdec.core.config import DeployConfig, EngineConfig, SpecConfig, check_types
 from specdec.errors import ConfigError
-from specdec.models.architecture import PREFIX as ARCH
+from specdec.models.architecture import is_architecture
 from specdec.remote.protocol import parse_address
 from specdec.remote.server_config import ServeConfig
 
@@ -52,10 +52,10 @@ class FleetConfig:
                 "with --cloud-url the records name the device that server reports"})
     kv_cache: str = field(default="dynamic", metadata={
         "help": "server started by the fleet: its KV cache, as `serve --kv-cache` (dynamic, or static: one preallocated "
-                "cache of its sessions, captured CUDA graphs on a GPU); with --cloud-url, unknown", "choices": ("dynamic", "static")})
+                "cache of its sessions, captured CUDA graphs on a GPU); with --cloud-url, unknown", "choices": SERVER_CACHES})
     cuda_graphs: str = field(default="on", metadata={
         "help": "server started by the fleet on CUDA with --kv-cache static: captured graphs (on) or eager (off)",
-        "choices": ("on", "off")})
+        "choices": CUDA_GRAPHS})
     token_file: str | None = DeployConfig.token_file
     cloud_timeout_s: float = DeployConfig.cloud_timeout_s
     baseline: bool = field(default=True, metadata={
@@ -99,15 +99,13 @@ class FleetConfig:
         else:  # the runtime the started server runs, resolved as `serve` resolves it
             object.__setattr__(self, "cloud_runtime", served_runtime(self.cloud, self.cloud_runtime, "--cloud-runtime"))
             check_served_device(self.cloud_device, self.cloud_runtime, "--cloud-device")
-            if self.kv_cache != "dynamic" and self.cloud_runtime != "torch":
-                raise ConfigError(f"--kv-cache {self.kv_cache} is the torch runtime's; {self.cloud_runtime} keeps its "
-                                  "own cache: drop --kv-cache")
+            check_served_cache(self.kv_cache, self.cloud_runtime)
         if (self.edge is None) == (self.edge_replay is None):
             raise ConfigError("a fleet's edges are --edge MODEL (edge processes) or --edge-replay DIR (a recorded "
                               "split run): give exactly one")
         if self.follow_verdicts and self.edge_replay is None:
             raise ConfigError("--follow-verdicts keeps recorded verdicts: it needs --edge-replay DIR")
-        if self.cloud is not None and self.cloud.startswith(ARCH) and not self.follow_verdicts:
+        if self.cloud is not None and is_architecture(self.cloud) and not self.follow_verdicts:
             raise ConfigError(f"--cloud {self.cloud} has random weights, whose verdicts are noise: add --follow-verdicts "
                               "(with --edge-replay) so it keeps the recorded ones")
         if self.rate is not None and not self.rate > 0:

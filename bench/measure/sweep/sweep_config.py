@@ -162,7 +162,8 @@ class SweepConfig(RunSettings):
         unknown = [cache for cache in asked if cache not in KV_CACHES]
         if unknown:
             raise ConfigError(f"unknown kv_cache {unknown[0]!r}: use one of {', '.join(KV_CACHES)}")
-        unused = [cache for cache in asked if cache not in {p.kv_cache for p in self.points()}]
+        used = {point.kv_cache for point in self.points()}
+        unused = [cache for cache in asked if cache not in used]
         if unused:
             raise ConfigError(f"kv_cache {unused[0]} changes no point of this sweep: it is the KV cache of the torch "
                               "models a point runs in its own process, and the points given it run none (llama.cpp, "
