@@ -28,11 +28,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a backen
 # activations) and run in ONNX Runtime (onnxrt.py), a one-token step padded to two rows so steps are blocks' rows.
 # openvino-int8: the model converted to an OpenVINO IR (int8 weights by nncf, activations quantized per row at
 # run time, attention one query row at a time so blocks are steps' rows bit for bit), on OpenVINO's CPU plugin.
-RUNTIMES = ("torch", "torch-int8", "torch-int8t", "llamacpp", "onnx-int4", "onnx-int8", "openvino-int8")
+# vnni-int8 / vnni-int4: the model's folder packed at load for specbench's own AVX-512 VNNI kernels (vnni.py,
+# specdec/kernels/): int8 or int4 weights, int8 activations per row, exact int32 products, attention one query row
+# at a time, so a block costs about one step and its rows are steps' logits bit for bit.
+RUNTIMES = ("torch", "torch-int8", "torch-int8t", "llamacpp", "onnx-int4", "onnx-int8", "openvino-int8", "vnni-int8",
+            "vnni-int4")
 # Runtimes whose k+1-row block computes, row for row, the logits of k+1 one-token steps (bit for bit:
 # tests/test_int8_batch.py), so greedy speculation verified there reproduces that runtime's own plain
 # decoding token for token. torch-int8 is not one: one activation scale over all rows of a block.
-BATCH_INVARIANT_RUNTIMES = ("torch-int8t", "onnx-int4", "onnx-int8", "openvino-int8")  # calibrate measures it too
+BATCH_INVARIANT_RUNTIMES = ("torch-int8t", "onnx-int4", "onnx-int8", "openvino-int8", "vnni-int8", "vnni-int4")  # calibrate measures it too
 # The cloud held in two runtimes, PLAIN+BLOCKS: plain steps in the first, draft blocks in the second
 # (specdec/core/cloud.py TwoRuntimeCloud; spec mode in process only).
 RUNTIME_PAIRS = tuple(f"{plain}+{blocks}" for plain in RUNTIMES for blocks in RUNTIMES if plain != blocks)
@@ -62,16 +66,25 @@ def runtime_parts(runtime: str) -> tuple[str, ...]:
     return tuple(runtime.split("+"))
 
 
+VNNI_RUNTIMES = ("vnni-int8", "vnni-int4")  # need the CPU's AVX-512 VNNI (specdec/kernels/__init__.py), no package
+
+
 def runtime_installed(runtime: str) -> bool:
-    """Every part of `runtime` can run in this install (its extra's package is there), checked without importing
-    it (llama_cpp loads its shared library on import)."""
-    return all(part not in RUNTIME_PACKAGES or importlib.util.find_spec(RUNTIME_PACKAGES[part].module) is not None
-               for part in runtime_parts(runtime))
+    """Every part of `runtime` can run in this install (its extra's package is there, or for the vnni runtimes the
+    instruction sets their kernels need), checked without importing it (llama_cpp loads its shared library on import)."""
+    from specdec.kernels import missing_flags
+
+    return all((part not in RUNTIME_PACKAGES or importlib.util.find_spec(RUNTIME_PACKAGES[part].module) is not None)
+               and (part not in VNNI_RUNTIMES or not missing_flags()) for part in runtime_parts(runtime))
 
 
 def check_runtime(runtime: str, flag: str = "runtime") -> None:
-    """The runtime's package is installed, or one line naming the extra that installs it."""
+    """The runtime's package is installed (or its CPU can run it), or one line naming the fix."""
+    from specdec.kernels import check_cpu
+
     for part in runtime_parts(runtime):
+        if part in VNNI_RUNTIMES:
+            check_cpu()
         package = RUNTIME_PACKAGES.get(part)
         if package is not None and not runtime_installed(part):
             raise ConfigError(f"{flag} {part} needs {package.distribution}, which is not installed: {package.extra}")

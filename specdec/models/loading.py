@@ -300,9 +300,12 @@ def load_architecture(name: str, dtype: str, device: str, kv_cache: str, cuda_gr
     return LoadedModel(name, name, backend, NoTokenizer(name), time.perf_counter() - start, runtime="torch")
 
 
-# Runtimes that run a conversion of the model's folder, made on first use and kept beside it: runtime -> (the
-# loader's module, its function, the conversion it loads). specdec/models/convert_onnx.py, convert_openvino.py.
+# Runtimes that load the model's folder their own way: a conversion made on first use and kept beside it
+# (specdec/models/convert_onnx.py, convert_openvino.py), or weights packed at load (vnni: specdec/backends/vnni.py):
+# runtime -> (the loader's module, its function, its settings).
 CONVERTED = {
+    "vnni-int8": ("specdec.backends.vnni", "load_vnni", {"weights": "int8"}),
+    "vnni-int4": ("specdec.backends.vnni", "load_vnni", {"weights": "int4"}),
     "onnx-int4": ("specdec.models.convert_onnx", "load_onnx", {"variant": "int4"}),
     "onnx-int8": ("specdec.models.convert_onnx", "load_onnx", {"variant": "int8"}),
     "openvino-int8": ("specdec.models.convert_openvino", "load_openvino", {"weights": "int8"}),

@@ -1,0 +1,219 @@
+"""Runtimes vnni-int8 and vnni-int4: a Llama/Qwen2-style decoder on specbench's own AVX-512 VNNI kernels
+(specdec/kernels/vnni.cpp), whose verify blocks cost about one step and compute, bit for bit, the logits of the
+steps they stand for.
+
+The model's folder is loaded in float32 and packed once (specdec/kernels/pack.py): q/k/v as one Linear, gate and up
+as one, every decoder Linear int8 per output column (vnni-int8) or int4 in groups of 32 with fp16 scales
+(vnni-int4: Q4_0's format, half the bytes); the output head is int8 in both (a tied head is the embedding
+quantized; the embedding itself stays float32, a step reads one row of it). A forward is
+
+    x = embed[ids]                                                   [n, hidden]
+    per layer:  x = x + o(attention(qkv(rms_norm(x))))               every Linear: per-row int8 activations
+                x = x + down(silu(gate) * up)(rms_norm(x))
+    logits = head(rms_norm(x[last keep rows]))                       [keep, V] float32
+
+Why blocks are steps: every activation row is quantized with its own scale and multiplied in exact int32; each
+norm, each attention row (one query over exactly the keys a step at its position attends) and each elementwise
+op is computed by one code path that depends on that row alone (vnni.cpp's header). Rows of other sessions in
+`forward_batch` share the Linears' calls and change nothing either.
+
+The state: a [layers, 2, capacity, kv_heads, head_dim] float32 cache per sequence; a block writes its keys and
+values at rows length .. length+n-1, so `crop` only sets `length` (the next block overwrites what lay past it).
+Capacity doubles as needed, up to the model's positions (the rotary table's rows).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.backends.base import Prompt, refuse_features
+from specdec.errors import InputError, ModelError
+from specdec.kernels import kernels, pack
+from specdec.kernels.pack import PackedLinear
+
+MODEL_TYPES = ("qwen2", "llama")  # pre-norm decoders with rotate-half rotary, SiLU gated MLPs, RMSNorm
+WEIGHTS = ("int8", "int4")
+MAX_TABLE = 32768  # rotary positions computed at load (the 1.5B declares 32768)
+MIN_CAPACITY = 256
+
+
+@dataclass(frozen=True)
+class Layer:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: PackedLinear  # [(heads + 2 kv_heads) head_dim, hidden]
+    o: PackedLinear
+    post_norm: torch.Tensor
+    gate_up: PackedLinear  # [2 intermediate, hidden]
+    down: PackedLinear
+
+
+@dataclass
+class VnniState:
+    length: int  # token positions held
+    kv: torch.Tensor | None = None  # [layers, 2, capacity, kv_heads, head_dim]
+
+
+def check_model(config) -> None:
+    """The decoders this runtime computes, or one line naming what it cannot."""
+    if config.model_type not in MODEL_TYPES:
+        raise ModelError(f"runtime vnni runs {', '.join(MODEL_TYPES)} decoders, not {config.model_type!r}: use runtime "
+                         "torch-int8t or onnx-int4")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise ModelError(f"runtime vnni computes SiLU MLPs, this model's act is {config.hidden_act!r}: use runtime torch")
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        raise ModelError("runtime vnni attends to every cached position; this model uses a sliding window: use runtime "
+                         "torch")
+
+
+def _linear(linears: list, weights: str) -> PackedLinear:
+    """Several nn.Linear of one input (q, k, v; gate, up) packed as one, their outputs side by side."""
+    weight = torch.cat([linear.weight.detach().float() for linear in linears])
+    biases = [linear.bias for linear in linears]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b.detach().float() if b is not None else torch.zeros(linear.out_features) for b, linear in zip(biases, linears)])
+    return pack.int4(weight, bias) if weights == "int4" else pack.int8(weight, bias)
+
+
+class VnniBackend:
+    """A causal LM packed for the vnni kernels; build with `from_model` or `load_vnni`."""
+
+    accepts_audio = False
+    batchable = True  # forward_batch: rows of several states in one pass
+
+    def __init__(self, name: str, weights: str, layers: list[Layer], embed: torch.Tensor, norm: torch.Tensor,
+                 head: PackedLinear, rotary: tuple[torch.Tensor, torch.Tensor], shape: dict) -> None:
+        self.name, self.weights, self.layers, self.embed, self.norm, self.head = name, weights, layers, embed, norm, head
+        self.cos, self.sin = rotary
+        self.heads, self.kv_heads, self.head_dim = shape["heads"], shape["kv_heads"], shape["head_dim"]
+        self.eps, self.scaling = shape["eps"], self.head_dim ** -0.5
+        self.vocab_size = head.out_features
+        self.max_positions = self.cos.shape[0]
+        self.device = torch.device("cpu")
+        self.eos_ids: frozenset[int] = frozenset()  # the loader adds the folder's generation config's
+        self.ops = kernels()
+
+    @classmethod
+    def from_model(cls, model, weights: str = "int8", name: str = "") -> VnniBackend:
+        """Pack a loaded transformers `*ForCausalLM` (any float dtype; read as float32)."""
+        if weights not in WEIGHTS:
+            raise ModelError(f"unknown vnni weights {weights!r}: use one of {', '.join(WEIGHTS)}")
+        config = model.config
+        check_model(config)
+        kernels()  # refuse on this CPU before packing for it
+        decoder = model.model
+        layers = []
+        for block in decoder.layers:
+            attn, mlp = block.self_attn, block.mlp
+            layers.append(Layer(block.input_layernorm.weight.detach().float().clone(),
+                                _linear([attn.q_proj, attn.k_proj, attn.v_proj], weights), _linear([attn.o_proj], weights),
+                                block.post_attention_layernorm.weight.detach().float().clone(),
+                                _linear([mlp.gate_proj, mlp.up_proj], weights), _linear([mlp.down_proj], weights)))
+        first = decoder.layers[0].self_attn
+        head_dim = first.q_proj.out_features // config.num_attention_heads
+        shape = {"heads": config.num_attention_heads, "kv_heads": config.num_key_value_heads, "head_dim": head_dim,
+                 "eps": float(decoder.norm.variance_epsilon)}
+        positions = min(int(getattr(config, "max_position_embeddings", MAX_TABLE) or MAX_TABLE), MAX_TABLE)
+        with torch.no_grad():  # the model's own rotary module: its frequencies, scaling and attention factor
+            probe = torch.zeros(1, dtype=torch.float32)
+            cos, sin = decoder.rotary_emb(probe, torch.arange(positions).unsqueeze(0))
+        head = model.get_output_embeddings().weight.detach()
+        return cls(name or config.name_or_path, weights, layers, decoder.embed_tokens.weight.detach().float().clone(),
+                   decoder.norm.weight.detach().float().clone(), pack.int8(head),
+                   (cos[0].float().contiguous(), sin[0].float().contiguous()), shape)
+
+    @property
+    def streamed_bytes(self) -> int:
+        """What a one-token step reads: every packed Linear, the head, the norms (one embedding row: nothing)."""
+        linears = [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.head]
+        return sum(p.nbytes for p in linears) + 4 * sum(2 * layer.input_norm.numel() for layer in self.layers)
+
+    # --- protocol -----------------------------------------------------------------------
+    def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
+        refuse_features(prompt, self.name, f"vnni-{self.weights}")
+        state = VnniState(0)
+        if token_ids.numel() == 0:
+            return state, None
+        return state, self._run([state], [token_ids], [keep])[0]
+
+    def forward(self, state: VnniState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+        return self._run([state], [token_ids], [token_ids.numel() if keep is None else keep])[0]
+
+    def forward_batch(self, states: list[VnniState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor]:
+        """Each state's block in one pass over the weights: [keep_b, V] each, as `forward` gives it, bit for bit."""
+        return self._run(states, blocks, keeps)
+
+    def crop(self, state: VnniState, length: int) -> None:
+        if not 0 <= length <= state.length:
+            raise ValueError(f"cannot crop a state of length {state.length} to {length}")
+        state.length = length
+
+    # --- internals ----------------------------------------------------------------------
+    def _reserve(self, state: VnniState, needed: int) -> None:
+        if needed > self.max_positions:
+            raise InputError(f"{needed} positions exceed {self.name!r}'s {self.max_positions} in runtime vnni: shorten "
+                             "the prompt or --max-new-tokens")
+        capacity = 0 if state.kv is None else state.kv.shape[2]
+        if needed <= capacity:
+            return
+        grown = min(self.max_positions, max(MIN_CAPACITY, needed, 2 * capacity))
+        kv = torch.empty(len(self.layers), 2, grown, self.kv_heads, self.head_dim)
+        if state.kv is not None and state.length:
+            kv[:, :, : state.length] = state.kv[:, :, : state.length]
+        state.kv = kv
+
+    def _run(self, states: list[VnniState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor | None]:
+        ops, sizes = self.ops, [block.numel() for block in blocks]
+        for state, n in zip(states, sizes):
+            self._reserve(state, state.length + n)
+        ids = torch.cat([block.reshape(-1).to(torch.long) for block in blocks])
+        if int(ids.max()) >= self.embed.shape[0] or int(ids.min()) < 0:
+            raise InputError(f"token id out of {self.name!r}'s vocabulary of {self.embed.shape[0]}")
+        x = self.embed[ids]  # [R, hidden]
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        with torch.inference_mode():
+            for index, layer in enumerate(self.layers):
+                qkv = self._linear(ops.rms_norm(x, layer.input_norm, self.eps), layer.qkv)
+                parts = [ops.attention(qkv[start : start + n], state.kv[index, 0], state.kv[index, 1], state.length,
+                                       self.cos, self.sin, self.heads, self.kv_heads, self.scaling)
+                         for state, start, n in zip(states, starts, sizes)]
+                x = self._linear(parts[0] if len(parts) == 1 else torch.cat(parts), layer.o, residual=x)
+                gate_up = self._linear(ops.rms_norm(x, layer.post_norm, self.eps), layer.gate_up)
+                x = self._linear(ops.silu_mul(gate_up), layer.down, residual=x)
+            rows = torch.cat([torch.arange(start + n - keep, start + n) for start, n, keep in zip(starts, sizes, keeps)])
+            logits = self._linear(ops.rms_norm(x[rows].contiguous(), self.norm, self.eps), self.head) if rows.numel() else None
+        for state, n in zip(states, sizes):
+            state.length += n
+        out, offset = [], 0
+        for keep in keeps:
+            out.append(logits[offset : offset + keep] if keep else None)
+            offset += keep
+        return out
+
+    def _linear(self, x: torch.Tensor, packed: PackedLinear, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if packed.kind == "int4":
+            return self.ops.linear_int4(x, packed.weight, packed.scale, packed.bias, residual, packed.out_features,
+                                        packed.in_features, packed.group)
+        return self.ops.linear_int8(x, packed.weight, packed.scale, packed.bias, residual, packed.out_features,
+                                    packed.in_features)
+
+
+def load_vnni(model_dir: Path | str, log: Callable[[str], object] = print, name: str = "",
+              weights: str = "int8") -> VnniBackend:
+    """The model folder loaded in float32, packed for the kernels (the float weights are freed after)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specdec.models.derive import give_back_memory
+
+    check_model(AutoConfig.from_pretrained(model_dir))
+    kernels()  # builds once per machine (about a minute); refuses here on a CPU without VNNI
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    backend = VnniBackend.from_model(model, weights, name=name or Path(model_dir).name)
+    del model
+    give_back_memory()
+    log(f"{backend.name}: packed for vnni-{weights} in {time.perf_counter() - start:.0f} s")
+    return backend
