@@ -110,66 +110,90 @@ inline void store(__m512 t, float x_scale, const float* bias, const float* resid
   _mm512_mask_storeu_ps(y, mask, t);
 }
 
-template <int T>
-void tile_int8(const Rows& rows, int64_t m0, const uint8_t* block, const float* col_scale, const float* bias,
-               const float* residual, float* y, int64_t N, int64_t n0) {
-  __m512i acc[T];
+constexpr int64_t PREFETCH = 4096;  // bytes ahead of each weight stream: more lines in flight than the prefetchers keep
+
+// T activation rows x B column blocks (B <= 2): one pass over the blocks' weights, T * B independent accumulators.
+template <int T, int B>
+void tile_int8(const Rows& rows, int64_t m0, const uint8_t* const* block, const float* col_scale, const float* bias,
+               const float* residual, float* y, int64_t N, const int64_t* n0) {
+  __m512i acc[T][B];
   const int32_t* x[T];
   for (int r = 0; r < T; ++r) {
-    acc[r] = _mm512_setzero_si512();
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_si512();
     x[r] = reinterpret_cast<const int32_t*>(rows.q.data() + (m0 + r) * rows.Kp);
   }
   const int64_t chunks = rows.Kp / 4;
   for (int64_t c = 0; c < chunks; ++c) {
-    const __m512i w = _mm512_loadu_si512(block + c * 64);
-    for (int r = 0; r < T; ++r) acc[r] = _mm512_dpbusd_epi32(acc[r], w, _mm512_set1_epi32(x[r][c]));
+    __m512i w[B];
+    for (int b = 0; b < B; ++b) {
+      _mm_prefetch(reinterpret_cast<const char*>(block[b] + c * 64 + PREFETCH), _MM_HINT_T0);
+      w[b] = _mm512_loadu_si512(block[b] + c * 64);
+    }
+    for (int r = 0; r < T; ++r) {
+      const __m512i xr = _mm512_set1_epi32(x[r][c]);
+      for (int b = 0; b < B; ++b) acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], w[b], xr);
+    }
   }
-  const __mmask16 mask = tail_mask(N - n0);
-  const __m512 scale = _mm512_maskz_loadu_ps(mask, col_scale + n0);
-  for (int r = 0; r < T; ++r) {
-    const int64_t m = m0 + r;
-    __m512i exact = _mm512_sub_epi32(acc[r], _mm512_set1_epi32(128 * rows.sums[m]));
-    __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), scale);
-    store(t, rows.scale[m], bias ? bias + n0 : nullptr, residual ? residual + m * N + n0 : nullptr, y + m * N + n0,
-          mask);
+  for (int b = 0; b < B; ++b) {
+    const __mmask16 mask = tail_mask(N - n0[b]);
+    const __m512 scale = _mm512_maskz_loadu_ps(mask, col_scale + n0[b]);
+    for (int r = 0; r < T; ++r) {
+      const int64_t m = m0 + r;
+      __m512i exact = _mm512_sub_epi32(acc[r][b], _mm512_set1_epi32(128 * rows.sums[m]));
+      __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), scale);
+      store(t, rows.scale[m], bias ? bias + n0[b] : nullptr, residual ? residual + m * N + n0[b] : nullptr,
+            y + m * N + n0[b], mask);
+    }
   }
 }
 
-template <int T>
-void tile_int4(const Rows& rows, int64_t m0, const uint8_t* block, const at::Half* group_scale, int64_t group,
-               const float* bias, const float* residual, float* y, int64_t N, int64_t n0) {
-  __m512 total[T];
+template <int T, int B>
+void tile_int4(const Rows& rows, int64_t m0, const uint8_t* const* block, const at::Half* const* group_scale,
+               int64_t group, const float* bias, const float* residual, float* y, int64_t N, const int64_t* n0) {
+  __m512 total[T][B];
   const int32_t* x[T];
   for (int r = 0; r < T; ++r) {
-    total[r] = _mm512_setzero_ps();
+    for (int b = 0; b < B; ++b) total[r][b] = _mm512_setzero_ps();
     x[r] = reinterpret_cast<const int32_t*>(rows.q.data() + (m0 + r) * rows.Kp);
   }
   const __m512i low = _mm512_set1_epi8(0x0F);
   const int64_t per_group = group / 8;  // 64-byte chunks (8 k each) in a group
   for (int64_t g = 0; g < rows.groups; ++g) {
-    __m512i acc[T];
-    for (int r = 0; r < T; ++r) acc[r] = _mm512_setzero_si512();
+    __m512i acc[T][B];
+    for (int r = 0; r < T; ++r)
+      for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_si512();
     for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
-      const __m512i v = _mm512_loadu_si512(block + c * 64);
-      const __m512i lo = _mm512_and_si512(v, low);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      __m512i lo[B], hi[B];
+      for (int b = 0; b < B; ++b) {
+        _mm_prefetch(reinterpret_cast<const char*>(block[b] + c * 64 + PREFETCH), _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(block[b] + c * 64);
+        lo[b] = _mm512_and_si512(v, low);
+        hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
       for (int r = 0; r < T; ++r) {
-        acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(x[r][2 * c]));
-        acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_set1_epi32(x[r][2 * c + 1]));
+        const __m512i xlo = _mm512_set1_epi32(x[r][2 * c]), xhi = _mm512_set1_epi32(x[r][2 * c + 1]);
+        for (int b = 0; b < B; ++b) {
+          acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], lo[b], xlo);
+          acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], hi[b], xhi);
+        }
       }
     }
-    const __m512 scale = _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_scale + g * COLS)));
-    for (int r = 0; r < T; ++r) {
-      __m512i exact = _mm512_sub_epi32(acc[r], _mm512_set1_epi32(8 * rows.sums[(m0 + r) * rows.groups + g]));
-      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, total[r]);
+    for (int b = 0; b < B; ++b) {
+      const __m512 scale = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_scale[b] + g * COLS)));
+      for (int r = 0; r < T; ++r) {
+        __m512i exact = _mm512_sub_epi32(acc[r][b], _mm512_set1_epi32(8 * rows.sums[(m0 + r) * rows.groups + g]));
+        total[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, total[r][b]);
+      }
     }
   }
-  const __mmask16 mask = tail_mask(N - n0);
-  for (int r = 0; r < T; ++r) {
-    const int64_t m = m0 + r;
-    store(total[r], rows.scale[m], bias ? bias + n0 : nullptr, residual ? residual + m * N + n0 : nullptr,
-          y + m * N + n0, mask);
+  for (int b = 0; b < B; ++b) {
+    const __mmask16 mask = tail_mask(N - n0[b]);
+    for (int r = 0; r < T; ++r) {
+      const int64_t m = m0 + r;
+      store(total[r][b], rows.scale[m], bias ? bias + n0[b] : nullptr, residual ? residual + m * N + n0[b] : nullptr,
+            y + m * N + n0[b], mask);
+    }
   }
 }
 
@@ -213,12 +237,19 @@ torch::Tensor linear_int8(const torch::Tensor& x, const torch::Tensor& packed, c
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const float *s = col_scale.data_ptr<float>(), *b = optional_ptr(bias), *res = optional_ptr(residual);
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      const uint8_t* block = w + nb * COLS * Kp;
-      over_rows(M, [&](auto tile, int64_t m0) {
-        tile_int8<decltype(tile)::value>(rows, m0, block, s, b, res, out, N, nb * COLS);
-      });
+  at::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t pair = p0; pair < p1; ++pair) {
+      const int64_t nb = 2 * pair;
+      const uint8_t* block[2] = {w + nb * COLS * Kp, w + (nb + 1) * COLS * Kp};
+      const int64_t n0[2] = {nb * COLS, (nb + 1) * COLS};
+      if (nb + 1 < blocks)
+        over_rows(M, [&](auto tile, int64_t m0) {
+          tile_int8<decltype(tile)::value, 2>(rows, m0, block, s, b, res, out, N, n0);
+        });
+      else
+        over_rows(M, [&](auto tile, int64_t m0) {
+          tile_int8<decltype(tile)::value, 1>(rows, m0, block, s, b, res, out, N, n0);
+        });
     }
   });
   return y;
@@ -239,13 +270,20 @@ torch::Tensor linear_int4(const torch::Tensor& x, const torch::Tensor& packed, c
   const at::Half* s = group_scale.data_ptr<at::Half>();
   const float *b = optional_ptr(bias), *res = optional_ptr(residual);
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      const uint8_t* block = w + nb * COLS * Kp / 2;
-      const at::Half* scales = s + nb * COLS * (Kp / group);
-      over_rows(M, [&](auto tile, int64_t m0) {
-        tile_int4<decltype(tile)::value>(rows, m0, block, scales, group, b, res, out, N, nb * COLS);
-      });
+  at::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t pair = p0; pair < p1; ++pair) {
+      const int64_t nb = 2 * pair;
+      const uint8_t* block[2] = {w + nb * COLS * Kp / 2, w + (nb + 1) * COLS * Kp / 2};
+      const at::Half* scales[2] = {s + nb * COLS * (Kp / group), s + (nb + 1) * COLS * (Kp / group)};
+      const int64_t n0[2] = {nb * COLS, (nb + 1) * COLS};
+      if (nb + 1 < blocks)
+        over_rows(M, [&](auto tile, int64_t m0) {
+          tile_int4<decltype(tile)::value, 2>(rows, m0, block, scales, group, b, res, out, N, n0);
+        });
+      else
+        over_rows(M, [&](auto tile, int64_t m0) {
+          tile_int4<decltype(tile)::value, 1>(rows, m0, block, scales, group, b, res, out, N, n0);
+        });
     }
   });
   return y;
