@@ -30,7 +30,7 @@ from tests.tiny import tiny_causal
 def home(tmp_path, monkeypatch):
     """SPECBENCH_HOME in a tmp folder (spawned children inherit it) and a small bandwidth buffer."""
     monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibrate, "BANDWIDTH_BYTES", 1 << 24)
+    monkeypatch.setattr(calibrate, "bandwidth_bytes", lambda: 1 << 24)
     return tmp_path / "home"
 
 

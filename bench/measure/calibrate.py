@@ -2,8 +2,10 @@
 CPU; on another every runtime costs something else (docs/machines.md), so what a runtime costs here is
 measured here:
 
-  bandwidth   memory read GB/s: the best of a few warm `sum`s over a 1 GiB float32 buffer (far past the
-              last-level cache), at the calibration's threads
+  bandwidth   memory read GB/s with every core this process may use: the best of a few warm passes over a
+              buffer of at least 1 GiB and 6x the last-level cache, read both by torch's `sum` and, where the
+              vnni kernels run, by a 64-byte-load stream (what the weight streams do); the best of all, since
+              nothing reads faster than memory, so no step can beat the floor it sets
   per entry   per model x runtime: a token step and the k+1-token blocks (k + 1 = 2..9) after a 128-token
               cache, `--rounds` rounds (bench/measure/runtime_costs.py's `time_round`), and the bytes a
               step must read, whose time at that bandwidth is the step's floor
@@ -52,7 +54,9 @@ BANDWIDTH_BYTES = 1 << 30  # >= 1 GiB: far past any last-level cache (this machi
 BANDWIDTH_REPEATS = 5
 # The packages whose version a runtime's timings depend on, and their distributions' names.
 RUNTIME_PACKAGES = {"llamacpp": ("llama_cpp",), "onnx-int4": ("onnxruntime", "onnxruntime_genai"),
-                    "onnx-int8": ("onnxruntime", "onnxruntime_genai"), "openvino-int8": ("openvino", "nncf")}  # every torch-* runtime: torch, transformers
+                    "onnx-int8": ("onnxruntime", "onnxruntime_genai"), "openvino-int8": ("openvino", "nncf"),
+                    "vnni-int8": ("torch", "transformers", "vnni_kernels"),
+                    "vnni-int4": ("torch", "transformers", "vnni_kernels")}  # every torch-* runtime: torch, transformers
 DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "llama_cpp": "llama_cpp_python",
                  "onnxruntime": "onnxruntime", "onnxruntime_genai": "onnxruntime-genai", "openvino": "openvino",
                  "nncf": "nncf"}
@@ -81,6 +85,9 @@ def runtime_versions() -> dict[str, str | None]:
             found[package] = metadata.version(distribution)
         except metadata.PackageNotFoundError:
             found[package] = None
+    from specdec.kernels import source_digest
+
+    found["vnni_kernels"] = source_digest()  # our own kernels: their source is their version
     return found
 
 
@@ -168,23 +175,48 @@ def _write(path: Path, data: dict) -> None:
 
 
 # --- measuring -------------------------------------------------------------------------------
-def measure_bandwidth(threads: int) -> float:
-    """Memory read bandwidth, GB/s: BANDWIDTH_BYTES of float32 summed BANDWIDTH_REPEATS times after one warm
-    sum (pages touched, the kernel chosen); the fastest pass, since nothing makes a read faster than memory."""
-    size_bytes, repeats = BANDWIDTH_BYTES, BANDWIDTH_REPEATS
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
+def measure_bandwidth(threads: int | None = None) -> float:
+    """Memory read bandwidth, GB/s, with every core this process may use (`threads` only if more): a buffer of
+    `bandwidth_bytes()` read BANDWIDTH_REPEATS times after one warm pass (pages touched, the kernel chosen), by
+    torch's `sum` and, where the vnni kernels run, by their 64-byte stream; the fastest pass of all, since nothing
+    makes a read faster than memory. (A `sum` at the calibration's 2 threads read 29.4 GB/s on the AMD EPYC of
+    2026-11-28, below what llama.cpp's step streamed: a floor that a step beats is not a floor.)"""
+    from specdec.kernels import KernelError, kernels
+
+    cores = max(threads or 1, len(os.sched_getaffinity(0)))
+    readers = [lambda buffer: buffer.sum()]
     try:
-        buffer = torch.ones(size_bytes // 4, dtype=torch.float32)
-        buffer.sum()
+        stream = kernels().stream_read
+        readers.append(lambda buffer: stream(buffer))
+    except KernelError:  # no VNNI here: torch's sum alone
+        pass
+    previous = torch.get_num_threads()
+    torch.set_num_threads(cores)
+    try:
+        buffer = torch.ones(bandwidth_bytes() // 4, dtype=torch.float32)
         passes = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            buffer.sum()
-            passes.append(time.perf_counter() - start)
+        for read in readers:
+            read(buffer)
+            for _ in range(BANDWIDTH_REPEATS):
+                start = time.perf_counter()
+                read(buffer)
+                passes.append(time.perf_counter() - start)
     finally:
         torch.set_num_threads(previous)
     return round(buffer.numel() * 4 / min(passes) / 1e9, 2)
+
+
+def bandwidth_bytes() -> int:
+    """At least BANDWIDTH_BYTES and 6x the last-level cache (sysfs), a multiple of 64 bytes."""
+    largest = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+            largest = max(largest, int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1) if text[-1] in "KM"
+                          else int(text))
+        except (OSError, ValueError):
+            continue
+    return max(BANDWIDTH_BYTES, 6 * largest) // 64 * 64
 
 
 def streamed_weight_bytes(lm: LoadedModel) -> int:

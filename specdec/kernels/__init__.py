@@ -1,14 +1,15 @@
 """specbench's own CPU kernels (vnni.cpp), built once per machine with the C++ compiler torch uses.
 
 `kernels()` returns the built module, compiling it on first use (about a minute on 2 cores) into
-`$SPECBENCH_HOME/kernels/<source hash>-<machine class>/`, where every later process loads it in a second.
+`~/.cache/torch_extensions/specbench/<source hash>-<machine class>/` (build_dir), where every later process loads it
+in a second.
 What it needs, each refused in one line naming the fix (`KernelError`):
 
 - a CPU with AVX-512 (F, BW, VL) and AVX-512 VNNI, and F16C: the int8 dot products run on `vpdpbusd`
   (an AMD Zen 4 or newer, an Intel Xeon from Cascade Lake on). A CPU without them runs another runtime;
 - a C++ compiler (`$CXX`, else `c++`) and ninja (a dependency of this package), which torch's extension
   builder drives. A machine without a compiler builds the module on one that has one of the same class and
-  copies the folder into `$SPECBENCH_HOME/kernels/`, or runs another runtime (onnx-int4, llamacpp).
+  copies that folder here, or runs another runtime (onnx-int4, llamacpp).
 
 The kernels are exact by construction, not by tolerance: vnni.cpp's header says why.
 """
@@ -48,12 +49,17 @@ def check_cpu(flags: frozenset[str] | None = None) -> None:
         raise KernelError(f"the vnni runtimes need {' '.join(missing)}, which this CPU lacks: {FALLBACK}")
 
 
-def build_dir() -> Path:
-    """Where this source, built for this machine class, lives."""
-    from specdec.models.registry import home
+def source_digest() -> str:
+    """The kernels' version: a hash of their source and flags (a calibration entry of another one is stale)."""
+    return hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:12]
 
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:12]
-    return home() / "kernels" / f"{digest}-{fingerprint(with_gpu=False)['machine_class']}"
+
+def build_dir() -> Path:
+    """Where this source, built for this machine class, lives: a build cache beside torch's own extensions
+    (`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions), not in $SPECBENCH_HOME, so a run or a test with a
+    home of its own does not build again."""
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions").expanduser()
+    return root / "specbench" / f"{source_digest()}-{fingerprint(with_gpu=False)['machine_class']}"
 
 
 def check_toolchain() -> None:

@@ -414,7 +414,31 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor cache_k, torch::
   return out;
 }
 
+// Reads `buffer` once with every thread of the pool, 64 bytes a load (what the weight streams do), and returns an
+// XOR of what it read so the loads cannot be dropped: the calibration's memory read bandwidth.
+int64_t stream_read(const torch::Tensor& buffer) {
+  TORCH_CHECK(buffer.is_contiguous() && buffer.nbytes() % 64 == 0, "stream_read takes a contiguous multiple of 64 bytes");
+  const char* base = static_cast<const char*>(buffer.data_ptr());
+  const int64_t lines = buffer.nbytes() / 64;
+  std::vector<int64_t> partial(at::get_num_threads() + 1, 0);
+  at::parallel_for(0, lines, 1 << 14, [&](int64_t l0, int64_t l1) {
+    __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+    int64_t l = l0;
+    for (; l + 1 < l1; l += 2) {
+      _mm_prefetch(base + (l + 64) * 64, _MM_HINT_T0);
+      acc0 = _mm512_xor_si512(acc0, _mm512_loadu_si512(base + l * 64));
+      acc1 = _mm512_xor_si512(acc1, _mm512_loadu_si512(base + (l + 1) * 64));
+    }
+    if (l < l1) acc0 = _mm512_xor_si512(acc0, _mm512_loadu_si512(base + l * 64));
+    partial[at::get_thread_num()] ^= _mm512_reduce_add_epi64(_mm512_xor_si512(acc0, acc1));
+  });
+  int64_t out = 0;
+  for (int64_t v : partial) out ^= v;
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("stream_read", &stream_read, "read a buffer with every thread (memory bandwidth)");
   m.def("linear_int8", &linear_int8, "x W^T with int8 weights and per-row int8 activations (exact int32 products)");
   m.def("linear_int4", &linear_int4, "x W^T with int4 weights in groups and per-row int8 activations");
   m.def("rms_norm", &rms_norm, "RMSNorm per row");
