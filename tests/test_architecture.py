@@ -26,13 +26,15 @@ LAYERS = {
     "errors": (("specdec.errors",), ()),
     # The machine's fingerprint: nothing of specdec's; bench's records, compare and calibrate read it.
     "machine": (("specdec.machine",), ()),
-    # llamacpp_probe.py keeps its verdicts per machine class.
-    "backends": (("specdec.backends",), ("errors", "machine")),
+    # specbench's own CPU kernels (vnni.cpp), built once per machine class: what they need of the CPU is machine's.
+    "kernels": (("specdec.kernels",), ("errors", "machine")),
+    # llamacpp_probe.py keeps its verdicts per machine class; vnni.py runs on the kernels.
+    "backends": (("specdec.backends",), ("errors", "machine", "kernels")),
     # The loop and what it needs: the folder specdec/core/ is the layer.
     "core": (("specdec.core",), ("errors", "backends")),
     # The package's public names (specdec/__init__.py): the core's, re-exported.
     "api": (("specdec",), ("errors", "backends", "core")),
-    "models": (("specdec.models",), ("errors", "backends")),
+    "models": (("specdec.models",), ("errors", "backends", "kernels")),
     # The verifier protocol and the edge's client: the engine verifies through them.
     "transport": (("specdec.remote", "specdec.remote.client", "specdec.remote.protocol", "specdec.remote.payloads"),
                   ("errors", "backends", "core")),

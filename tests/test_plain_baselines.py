@@ -95,15 +95,29 @@ def test_the_report_says_plainly_when_no_speculative_point_beats_the_fastest_pla
     rows = [r for r in two_cloud_runtimes() if not (r["mode"] == "spec" and r["cloud_runtime"] == "llamacpp")]
     text = report_text(tmp_path, rows)
     assert "the fastest plain decoding measured is cloud-only in llamacpp, 28.4 tok/s" in text
-    assert "No speculative point beats it: the fastest" in text and "runs at 0.50× [0.50–0.50] its speed" in text
+    assert "No speculative point that verified its drafts beats it: the fastest" in text
+    assert "runs at 0.50× [0.50–0.50] its speed" in text
     assert "× fastest cloud" in text  # the points table's column
 
 
 def test_the_report_counts_the_speculative_points_that_beat_it(tmp_path):
     text = report_text(tmp_path, two_cloud_runtimes())
-    assert "1 of 2 speculative points are faster on these prompts, 1 of them with the whole 95 % interval above 1" in text
+    assert ("1 of 2 speculative points that verified their drafts are faster on these prompts, 1 of them with the whole "
+            "95 % interval above 1") in text
     assert "runs at 1.50×" in text
-    assert "No speculative point beats it" not in text
+    assert "No speculative point" not in text and "never called the cloud" not in text
+
+
+def test_a_point_that_never_called_the_cloud_is_the_edges_own_text_not_a_win(tmp_path):
+    """A gate that sent no block ran the drafter alone: fast, but its text is the edge model's. The verdict names it
+    apart instead of counting it among the speculative points that beat plain decoding."""
+    gated = dict(SPEC, entropy_threshold=3.0, cloud_calls=0, num_accepted_tokens=0)
+    rows = [r for r in two_cloud_runtimes() if not (r["mode"] == "spec" and r["cloud_runtime"] == "llamacpp")]
+    rows += [row("spec", pid, 0.1 * scale, cloud_runtime="llamacpp", **gated) for pid, scale in (("a", 1.0), ("b", 1.25))]
+    text = report_text(tmp_path, rows)
+    assert "No speculative point that verified its drafts beats it: the fastest" in text
+    assert "1 more point never called the cloud: the edge's own text, not verified speculation" in text
+    assert "at 2.50×)" in text
 
 
 def test_the_speed_up_figure_measures_every_point_against_the_fastest_cloud_only():

@@ -40,6 +40,7 @@ from bench.measure.launch import WorkerProcess, bind_to_parent, death_line
 from bench.measure.runtime_costs import prefilled, time_round
 from specdec.backends.base import RUNTIMES
 from specdec.errors import ConfigError, SpecdecError
+from specdec.kernels import KernelError, kernels, source_digest
 from specdec.machine import fingerprint
 from specdec.models import registry
 from specdec.models.derive import split_name
@@ -85,8 +86,6 @@ def runtime_versions() -> dict[str, str | None]:
             found[package] = metadata.version(distribution)
         except metadata.PackageNotFoundError:
             found[package] = None
-    from specdec.kernels import source_digest
-
     found["vnni_kernels"] = source_digest()  # our own kernels: their source is their version
     return found
 
@@ -181,8 +180,6 @@ def measure_bandwidth(threads: int | None = None) -> float:
     torch's `sum` and, where the vnni kernels run, by their 64-byte stream; the fastest pass of all, since nothing
     makes a read faster than memory. (A `sum` at the calibration's 2 threads read 29.4 GB/s on the AMD EPYC of
     2026-11-28, below what llama.cpp's step streamed: a floor that a step beats is not a floor.)"""
-    from specdec.kernels import KernelError, kernels
-
     cores = max(threads or 1, len(os.sched_getaffinity(0)))
     readers = [lambda buffer: buffer.sum()]
     try:

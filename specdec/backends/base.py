@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from specdec.errors import ConfigError, InputError, ModelError
+from specdec.kernels import check_cpu, missing_flags
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a backend runs in, by name
 
@@ -72,16 +73,12 @@ VNNI_RUNTIMES = ("vnni-int8", "vnni-int4")  # need the CPU's AVX-512 VNNI (specd
 def runtime_installed(runtime: str) -> bool:
     """Every part of `runtime` can run in this install (its extra's package is there, or for the vnni runtimes the
     instruction sets their kernels need), checked without importing it (llama_cpp loads its shared library on import)."""
-    from specdec.kernels import missing_flags
-
     return all((part not in RUNTIME_PACKAGES or importlib.util.find_spec(RUNTIME_PACKAGES[part].module) is not None)
                and (part not in VNNI_RUNTIMES or not missing_flags()) for part in runtime_parts(runtime))
 
 
 def check_runtime(runtime: str, flag: str = "runtime") -> None:
     """The runtime's package is installed (or its CPU can run it), or one line naming the fix."""
-    from specdec.kernels import check_cpu
-
     for part in runtime_parts(runtime):
         if part in VNNI_RUNTIMES:
             check_cpu()

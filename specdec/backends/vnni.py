@@ -23,10 +23,7 @@ Capacity doubles as needed, up to the model's positions (the rotary table's rows
 """
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -79,7 +76,7 @@ def _linear(linears: list, weights: str) -> PackedLinear:
 
 
 class VnniBackend:
-    """A causal LM packed for the vnni kernels; build with `from_model` or `load_vnni`."""
+    """A causal LM packed for the vnni kernels; build with `from_model` (specdec/models/pack_vnni.py loads a folder)."""
 
     accepts_audio = False
     batchable = True  # forward_batch: rows of several states in one pass
@@ -199,21 +196,3 @@ class VnniBackend:
                                         packed.in_features, packed.group)
         return self.ops.linear_int8(x, packed.weight, packed.scale, packed.bias, residual, packed.out_features,
                                     packed.in_features)
-
-
-def load_vnni(model_dir: Path | str, log: Callable[[str], object] = print, name: str = "",
-              weights: str = "int8") -> VnniBackend:
-    """The model folder loaded in float32, packed for the kernels (the float weights are freed after)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from specdec.models.derive import give_back_memory
-
-    check_model(AutoConfig.from_pretrained(model_dir))
-    kernels()  # builds once per machine (about a minute); refuses here on a CPU without VNNI
-    start = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    backend = VnniBackend.from_model(model, weights, name=name or Path(model_dir).name)
-    del model
-    give_back_memory()
-    log(f"{backend.name}: packed for vnni-{weights} in {time.perf_counter() - start:.0f} s")
-    return backend

@@ -87,9 +87,11 @@ class EngineConfig:
     edge_runtime: str = field(default="torch", metadata={
         "help": "what runs the edge: torch (in --dtype), torch-int8 (dynamic int8 Linear layers, float32 "
                 "activations), torch-int8t (int8 with activations quantized per token: a block's logits are its "
-                "steps') or llamacpp (the registry's GGUF file as shipped, or a .gguf path)", "choices": RUNTIMES})
+                "steps') or llamacpp (the registry's GGUF file as shipped, or a .gguf path), onnx-int4/onnx-int8/openvino-int8 "
+                "(converted on first use), vnni-int8/vnni-int4 (specbench's own AVX-512 VNNI kernels: int8 or int4 "
+                "weights, blocks cost about a step and are its steps bit for bit)", "choices": RUNTIMES})
     cloud_runtime: str = field(default="torch", metadata={
-        "help": "what runs the cloud loaded here: torch, torch-int8, torch-int8t or llamacpp, as --edge-runtime; spec mode: also "
+        "help": "what runs the cloud loaded here, as --edge-runtime; spec mode: also "
                 "PLAIN+BLOCKS (e.g. llamacpp+torch-int8), the model held in both, plain steps in the first, blocks in the "
                 "second", "choices": RUNTIMES + RUNTIME_PAIRS})
     constraints: str = field(default="none", metadata={"help": "decoding profile (zh: one short Chinese sentence)",

@@ -301,11 +301,11 @@ def load_architecture(name: str, dtype: str, device: str, kv_cache: str, cuda_gr
 
 
 # Runtimes that load the model's folder their own way: a conversion made on first use and kept beside it
-# (specdec/models/convert_onnx.py, convert_openvino.py), or weights packed at load (vnni: specdec/backends/vnni.py):
+# (specdec/models/convert_onnx.py, convert_openvino.py), or weights packed at load (vnni: pack_vnni.py):
 # runtime -> (the loader's module, its function, its settings).
 CONVERTED = {
-    "vnni-int8": ("specdec.backends.vnni", "load_vnni", {"weights": "int8"}),
-    "vnni-int4": ("specdec.backends.vnni", "load_vnni", {"weights": "int4"}),
+    "vnni-int8": ("specdec.models.pack_vnni", "load_vnni", {"weights": "int8"}),
+    "vnni-int4": ("specdec.models.pack_vnni", "load_vnni", {"weights": "int4"}),
     "onnx-int4": ("specdec.models.convert_onnx", "load_onnx", {"variant": "int4"}),
     "onnx-int8": ("specdec.models.convert_onnx", "load_onnx", {"variant": "int8"}),
     "openvino-int8": ("specdec.models.convert_openvino", "load_openvino", {"weights": "int8"}),

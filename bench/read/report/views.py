@@ -84,19 +84,32 @@ def plain_decoding_notes(summary: pd.DataFrame, labels: pd.Series) -> list[str]:
         head = (f"{set_name(prompts)}: the fastest plain decoding measured is cloud-only in {plain_name(fastest)}, "
                 f"{fastest['tokens_per_s']:.1f} tok/s{_interval(fastest, 'tokens_per_s', '{:.1f}')}.")
         spec = points[(points["mode"] == "spec") & points["speedup_vs_fastest_cloud"].notna()]
+        # A point whose gate sent no block to the cloud ran the edge's model alone: its speed is the drafter's and its
+        # text the drafter's own, not speculation that verified anything. It is named apart, never counted a win.
+        calls = spec["cloud_calls_per_prompt"] if "cloud_calls_per_prompt" in spec else pd.Series(1.0, index=spec.index)
+        unverified, spec = spec[calls.astype(float) == 0], spec[~(calls.astype(float) == 0)]
+        edge_note = ""
+        if len(unverified):
+            quickest = unverified.loc[unverified["speedup_vs_fastest_cloud"].astype(float).idxmax()]
+            edge_note = (f" {len(unverified)} more point{'s' if len(unverified) > 1 else ''} never called the cloud: the "
+                         f"edge's own text, not verified speculation (the quickest, {labels[quickest.name]}, at "
+                         f"{quickest['speedup_vs_fastest_cloud']:.2f}×).")
         if not len(spec):
-            notes.append(f"{head} The sweep has no speculative point on these prompts.")
+            notes.append(f"{head} The sweep has no speculative point that verified anything on these prompts.{edge_note}"
+                         if edge_note else f"{head} The sweep has no speculative point on these prompts.")
             continue
         best = spec.loc[spec["speedup_vs_fastest_cloud"].astype(float).idxmax()]
         ratio = f"{best['speedup_vs_fastest_cloud']:.2f}×{_interval(best, 'speedup_vs_fastest_cloud', '{:.2f}')}"
         winners = int((spec["speedup_vs_fastest_cloud"] > 1).sum())
         clear = int((spec.get("speedup_vs_fastest_cloud_ci_low", pd.Series(dtype=float)) > 1).sum())  # NaN: not clear
         if winners:
-            notes.append(f"{head} {winners} of {len(spec)} speculative points are faster on these prompts, {clear} of them "
-                         f"with the whole 95 % interval above 1; the fastest, {labels[best.name]}, runs at {ratio} its speed.")
+            notes.append(f"{head} {winners} of {len(spec)} speculative points that verified their drafts are faster on "
+                         f"these prompts, {clear} of them with the whole 95 % interval above 1; the fastest, "
+                         f"{labels[best.name]}, runs at {ratio} its speed.{edge_note}")
         else:
-            notes.append(f"{head} No speculative point beats it: the fastest, {labels[best.name]}, runs at {ratio} "
-                         "its speed. On this machine, decode plainly in that runtime.")
+            notes.append(f"{head} No speculative point that verified its drafts beats it: the fastest, "
+                         f"{labels[best.name]}, runs at {ratio} its speed. On this machine, decode plainly in that "
+                         f"runtime.{edge_note}")
     return notes
 
 

@@ -1,0 +1,227 @@
+"""Runtimes vnni-int8 and vnni-int4 (specdec/backends/vnni.py on specdec/kernels/vnni.cpp): each kernel is the
+arithmetic it claims (against a float64 reference of the same quantized numbers) and gives a row the same bits alone
+or beside others; a model's (k+1)-token blocks, prefills and other sessions' batched rows are its one-token steps bit
+for bit; greedy speculation verified there is that runtime's own plain decoding token for token; and what it cannot
+run (a CPU without VNNI, no compiler, another architecture) is one line naming the fix."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from specdec.backends.base import Prompt
+from specdec.core.config import DecodeConfig, SpecConfig
+from specdec.engine import Engine
+from specdec.errors import ModelError
+from specdec.kernels import KernelError, check_cpu, missing_flags
+from tests.tiny import random_prompt, tiny_causal
+
+pytestmark = pytest.mark.skipif(bool(missing_flags()), reason=f"this CPU lacks {missing_flags()} (the refusal is tested)")
+QUIET = dict(log=lambda message: None)
+WEIGHTS = ["int8", "int4"]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from specdec.kernels import kernels
+
+    return kernels()
+
+
+def packed_linear(ops, kind: str, n: int, k: int, seed: int = 0):
+    from specdec.kernels import pack
+
+    torch.manual_seed(seed)
+    weight, bias = torch.randn(n, k), torch.randn(n)
+    packed = pack.int8(weight, bias) if kind == "int8" else pack.int4(weight, bias)
+
+    def run(x, residual=None):
+        if kind == "int8":
+            return ops.linear_int8(x, packed.weight, packed.scale, packed.bias, residual, n, k)
+        return ops.linear_int4(x, packed.weight, packed.scale, packed.bias, residual, n, k, packed.group)
+    return packed, run
+
+
+@pytest.mark.parametrize("kind", WEIGHTS)
+@pytest.mark.parametrize("shape", [(100, 200), (48, 64), (37, 1000)])  # N and K off the packing's multiples too
+def test_a_linear_is_its_quantized_arithmetic_and_a_rows_bits_do_not_depend_on_its_neighbours(ops, kind, shape):
+    from specdec.kernels.pack import dequantized
+
+    n, k = shape
+    packed, run = packed_linear(ops, kind, n, k)
+    x = torch.randn(11, k)
+    x[3] *= 50  # an outlying row: with one scale per call it would coarsen every other row
+    x[7] = 0  # an all-zero row: its scale is 0, its output the bias
+    residual = torch.randn(11, n)
+    out = run(x, residual)
+    alone = torch.cat([run(x[i : i + 1].contiguous(), residual[i : i + 1].contiguous()) for i in range(11)])
+    assert torch.equal(out, alone)
+    scale = x.abs().amax(dim=1, keepdim=True) / 127
+    rows = torch.where(scale > 0, torch.round(x / torch.where(scale > 0, scale, 1)) * scale, 0)  # per-row int8
+    reference = rows.double() @ dequantized(packed).double().T + packed.bias.double() + residual.double()
+    assert torch.allclose(out.double(), reference, rtol=1e-5, atol=1e-3 * reference.abs().max().item() / 100)
+    assert torch.equal(out[7], (packed.bias + residual[7]))
+
+
+def test_norm_and_gated_activation_match_torch(ops):
+    torch.manual_seed(0)
+    x, weight = torch.randn(5, 200) * 3, torch.randn(200)
+    reference = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    assert torch.allclose(ops.rms_norm(x, weight, 1e-6), reference, rtol=1e-5, atol=1e-6)
+    gate_up = torch.randn(5, 2 * 90) * 4
+    gate, up = gate_up.chunk(2, dim=1)
+    assert torch.allclose(ops.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_writes_the_cache_and_matches_causal_sdpa_with_grouped_heads(ops):
+    torch.manual_seed(0)
+    heads, kv_heads, dim, start, n = 4, 2, 32, 6, 5
+    cache_k, cache_v = torch.zeros(16, kv_heads, dim), torch.zeros(16, kv_heads, dim)
+    cache_k[:start], cache_v[:start] = torch.randn(start, kv_heads, dim), torch.randn(start, kv_heads, dim)
+    cos, sin = torch.ones(16, dim), torch.zeros(16, dim)  # the identity rotation: the plain attention below
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * dim)
+    out = ops.attention(qkv, cache_k, cache_v, start, cos, sin, heads, kv_heads, dim ** -0.5)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=1)
+    assert torch.equal(cache_k[start : start + n], k.view(n, kv_heads, dim))
+    assert torch.equal(cache_v[start : start + n], v.view(n, kv_heads, dim))
+    keys = cache_k[: start + n].repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)  # [H, L, d]
+    values = cache_v[: start + n].repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)
+    mask = torch.ones(n, start + n, dtype=torch.bool).tril(start)
+    reference = F.scaled_dot_product_attention(q.view(n, heads, dim).transpose(0, 1), keys, values, attn_mask=mask)
+    assert torch.allclose(out, reference.transpose(0, 1).reshape(n, heads * dim), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def models():
+    """(arch, weights) -> (the float model, its vnni backend)."""
+    from specdec.backends.vnni import VnniBackend
+
+    found = {}
+
+    def of(arch: str, weights: str):
+        if (arch, weights) not in found:
+            model = tiny_causal(arch)
+            found[arch, weights] = model, VnniBackend.from_model(model, weights)
+        return found[arch, weights]
+    return of
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_blocks_prefills_and_crops_are_steps_bit_for_bit_and_near_the_float_model(models, arch, weights):
+    model, backend = models(arch, weights)
+    ids = random_prompt(3, 24)
+    state, logits = backend.prefill(Prompt(ids), ids, keep=24)
+    with torch.no_grad():
+        reference = model(ids[None]).logits[0]
+    agree = (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    assert agree >= (0.95 if weights == "int8" else 0.8), agree  # the tiny model's own drift, int4 coarser
+    for n in range(1, 10):  # every verify size: a block's rows are the steps' logits
+        state, _ = backend.prefill(Prompt(ids[:10]), ids[:10], keep=1)
+        block = backend.forward(state, ids[10 : 10 + n])
+        backend.crop(state, 10)
+        steps = torch.cat([backend.forward(state, ids[i : i + 1]) for i in range(10, 10 + n)])
+        assert torch.equal(block, steps) and torch.equal(block, logits[10 : 10 + n]), n
+    backend.crop(state, 4)  # rollback across what the steps wrote
+    assert torch.equal(backend.forward(state, ids[4:7]), logits[4:7])
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_sessions_batched_in_one_forward_get_their_own_logits_bit_for_bit(models, weights):
+    _, backend = models("qwen2", weights)
+    ids = random_prompt(5, 30)
+    _, logits = backend.prefill(Prompt(ids), ids, keep=30)
+    states = [backend.prefill(Prompt(ids[:n]), ids[:n])[0] for n in (3, 12, 20, 1)]
+    blocks = [ids[3:8], ids[12:13], ids[20:23], ids[1:10]]
+    out = backend.forward_batch(states, blocks, [5, 1, 2, 9])
+    assert torch.equal(out[0], logits[3:8]) and torch.equal(out[1], logits[12:13])
+    assert torch.equal(out[2], logits[21:23]) and torch.equal(out[3], logits[1:10])
+    assert [s.length for s in states] == [8, 13, 23, 10]
+
+
+@pytest.fixture(scope="module")
+def plain(pair):
+    found = {}
+
+    def of(runtime: str) -> list[list[int]]:
+        if runtime not in found:
+            engine = Engine(mode="cloud", cloud=pair["cloud"], cloud_runtime=runtime, dtype="float32",
+                            decode=DecodeConfig(max_new_tokens=16), **QUIET)
+            assert engine.model("cloud").runtime == runtime
+            found[runtime] = [engine.generate(text).tokens for text in ("hello world", "what is one two", "say three")]
+            engine.close()
+        return found[runtime]
+    return of
+
+
+@pytest.mark.parametrize("runtime", ["vnni-int8", "vnni-int4"])
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup"])
+def test_greedy_spec_verified_in_vnni_is_its_own_plain_decoding(pair, plain, runtime, drafter):
+    """Every path ran with the model drafter (corrections and bonuses); the edge also runs in vnni (the kernels serve
+    the drafting role)."""
+    spec = Engine(mode="spec", edge=pair["edge"], cloud=pair["cloud"], cloud_runtime=runtime, edge_runtime=runtime,
+                  dtype="float32", decode=DecodeConfig(max_new_tokens=16),
+                  spec=SpecConfig(k=3, entropy_threshold=0, policy="greedy", drafter=drafter), **QUIET)
+    generations = [spec.generate(text) for text in ("hello world", "what is one two", "say three")]
+    assert spec.model("cloud").runtime == runtime
+    spec.close()
+    assert [g.tokens for g in generations] == plain(runtime)
+    if drafter == "model":
+        assert {"correction", "bonus"} <= {c.extra_kind for g in generations for c in g.cycles}
+
+
+def test_a_cpu_without_vnni_is_one_line():
+    with pytest.raises(KernelError, match=r"^the vnni runtimes need avx512_vnni, which this CPU lacks: use runtime "
+                                          r"onnx-int4 or llamacpp$"):
+        check_cpu(frozenset({"avx512f", "avx512bw", "avx512vl", "f16c"}))
+
+
+@pytest.mark.subprocess
+def test_choosing_vnni_on_a_cpu_without_it_is_one_line_before_anything_loads(pair, prompts, tmp_path):
+    code = ("import sys, specdec.kernels as k\n"
+            "k.missing_flags = lambda flags=None: ['avx512_vnni']  # as on a CPU without VNNI\n"
+            "from bench.cli import main; sys.exit(main(sys.argv[1:]))")
+    run = ["run", "--mode", "cloud", "--cloud", pair["cloud"], "--prompts", prompts, "--dtype", "float32",
+           "--max-new-tokens", "3", "--limit", "1", "--cloud-runtime", "vnni-int4", "--out", str(tmp_path / "a")]
+    result = subprocess.run([sys.executable, "-c", code, *run], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: the vnni runtimes need avx512_vnni, which this CPU lacks: use runtime onnx-int4 or llamacpp"]
+
+
+@pytest.mark.subprocess
+def test_no_compiler_to_build_the_kernels_is_one_line(tmp_path):
+    """A machine whose kernels are not built yet and that has no C++ compiler: the fix named, nothing built."""
+    code = "from specdec.kernels import kernels\nkernels()"
+    env = {**__import__("os").environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "CXX": "no-such-c++"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode != 0
+    assert ("KernelError: the vnni runtimes build their kernels once with a C++ compiler, and 'no-such-c++' is not on "
+            "PATH: install one (apt-get install g++) or set CXX, or use runtime onnx-int4 or llamacpp") in result.stderr
+    assert not list((tmp_path / "ext").rglob("*.so"))
+
+
+def test_another_architecture_is_one_line():
+    from specdec.backends.vnni import VnniBackend
+
+    with pytest.raises(ModelError, match=r"^runtime vnni runs qwen2, llama decoders, not 'gemma3_text': use runtime "
+                                         r"torch-int8t or onnx-int4$"):
+        VnniBackend.from_model(tiny_causal("gemma3"), "int8")
+
+
+@pytest.mark.server
+def test_greedy_spec_through_a_vnni_server_is_its_plain_decoding(pair, plain):
+    from specdec.models.loading import load_model
+    from specdec.remote.background import BackgroundServer
+
+    cloud = load_model(pair["cloud"], "float32", runtime="vnni-int4", **QUIET)
+    with BackgroundServer(cloud) as url:
+        spec = Engine(mode="spec", edge=pair["edge"], cloud_url=url, dtype="float32",
+                      decode=DecodeConfig(max_new_tokens=16), spec=SpecConfig(k=3, entropy_threshold=0, policy="greedy"),
+                      **QUIET)
+        tokens = [spec.generate(text).tokens for text in ("hello world", "what is one two", "say three")]
+        spec.close()
+    assert tokens == plain("vnni-int4")
