@@ -47,7 +47,10 @@ def entry_of(measured: dict, bandwidth_gbs: float) -> dict:
             "block_steps": blocks, "weight_bytes": measured["weight_bytes"],
             "floor_ms": _shown(measured["weight_bytes"] / (bandwidth_gbs * 1e9) * 1e3), "error": None,
             "dtype": measured.get("dtype"), "model_stamp": measured.get("model_stamp"), "rounds": rounds,
-            "method": measured.get("method"), "block_vs_steps": measured.get("block_vs_steps")}
+            "method": measured.get("method"), "block_vs_steps": measured.get("block_vs_steps"),
+            "prefill_tokens_per_s": (_shown(measured["prefill_tokens"] / statistics.median(measured["prefill_s"]))
+                                     if measured.get("prefill_s") else None),
+            "prefill_s": measured.get("prefill_s")}
 
 
 def _shown(value: float) -> float:
@@ -117,18 +120,33 @@ def _number(value) -> bool:
 
 # --- showing ---------------------------------------------------------------------------------
 def table(data: dict) -> str:
-    """The machine line, then one row per entry: step ms [p10-p90], floor ms, step/floor, blocks in steps."""
+    """The machine line, then one row per entry: step ms [p10-p90], floor ms, step/floor, blocks in steps, the
+    5-token block (a k = 4 verify) in steps of the model's fastest plain decoding here (which one: named under the
+    table), block vs steps, and the prompt rate."""
     lines = [f"machine: {describe(data['fingerprint'])}; memory read {data['bandwidth_gbs']:.1f} GB/s",
              "runtime | model | threads | step ms [p10-p90] | floor ms | step/floor | "
-             + " | ".join(f"k+1={n} (steps)" for n in SHOWN_BLOCKS) + " | block vs steps max |Δlogit|",
-             "--- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in SHOWN_BLOCKS) + " | ---"]
+             + " | ".join(f"k+1={n} (steps)" for n in SHOWN_BLOCKS)
+             + " | k+1=5 (fastest steps) | block vs steps max |Δlogit| | prefill tok/s",
+             "--- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in SHOWN_BLOCKS) + " | --- | --- | ---"]
+    fastest: dict[tuple, dict] = {}  # (model, threads) -> its entry with the fastest step
+    for e in data["entries"]:
+        key = (e["model"], e["threads"])
+        if not e["error"] and (key not in fastest or e["step_ms"] < fastest[key]["step_ms"]):
+            fastest[key] = e
     for e in sorted(data["entries"], key=lambda e: (e["runtime"], e["model"], e["threads"])):
         head = f"{e['runtime']} | {e['model']} | {e['threads']}"
         if e["error"]:
             lines.append(f"{head} | error: {e['error']}")
             continue
         blocks = " | ".join(f"{e['block_steps'][n]:.2f}" if n in e["block_steps"] else "-" for n in SHOWN_BLOCKS)
+        best = fastest[e["model"], e["threads"]]
+        in_fastest = (f"{e['step_ms'] * e['block_steps']['5'] / best['step_ms']:.2f}" if "5" in e["block_steps"]
+                      else "-")
+        prefill = e.get("prefill_tokens_per_s")
         lines.append(f"{head} | {e['step_ms']:.1f} [{e['step_ms_p10']:.1f}-{e['step_ms_p90']:.1f}] | {e['floor_ms']:.1f} | "
-                     f"{e['step_ms'] / e['floor_ms'] if e['floor_ms'] else math.inf:.2f} | {blocks} | "
-                     f"{'-' if e.get('block_vs_steps') is None else format(e['block_vs_steps'], '.3g')}")
+                     f"{e['step_ms'] / e['floor_ms'] if e['floor_ms'] else math.inf:.2f} | {blocks} | {in_fastest} | "
+                     f"{'-' if e.get('block_vs_steps') is None else format(e['block_vs_steps'], '.3g')} | "
+                     f"{'-' if prefill is None else format(prefill, '.0f')}")
+    named = sorted({(m, t, e["runtime"], e["step_ms"]) for (m, t), e in fastest.items()})
+    lines += [f"fastest plain decoding of {m} at {t} threads: {r}, {ms:.1f} ms a token" for m, t, r, ms in named]
     return "\n".join(lines)

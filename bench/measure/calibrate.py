@@ -37,7 +37,8 @@ from tqdm import tqdm
 
 from bench.derive.calibration import SCHEMA, entry_of, read_calibration
 from bench.measure.launch import WorkerProcess, bind_to_parent, death_line
-from bench.measure.runtime_costs import prefilled, time_round
+from bench.measure.runtime_costs import context_ids, prefilled, time_round
+from specdec.backends.base import Prompt
 from specdec.backends.base import RUNTIMES
 from specdec.errors import ConfigError, SpecdecError
 from specdec.kernels import KernelError, kernels, source_digest
@@ -50,6 +51,7 @@ DEFAULT_CONFIG = Path(__file__).parent.parent / "configs" / "default.toml"  # it
 DEFAULT_RUNTIMES = ("torch-int8", "llamacpp", "torch")
 ROUNDS = 3
 CONTEXT = 128  # cached tokens every timed block is fed after
+PREFILL = 800  # tokens of a timed prompt: about a Spec-Bench RAG question's, where the prompt rate decides the first token
 TORCH_DTYPE = "bfloat16"  # runtime torch: the engine's CPU default (torch-int8 computes in float32 whatever it is)
 BANDWIDTH_BYTES = 1 << 30  # >= 1 GiB: far past any last-level cache (this machine reports 260 MiB of L3)
 BANDWIDTH_REPEATS = 5
@@ -247,7 +249,19 @@ def measure_entry(model: str, runtime: str, threads: int, rounds: int) -> dict:
     timed = [time_round(lm.backend, state, ids, CONTEXT) for _ in range(rounds)]
     return {"model": model, "runtime": runtime, "threads": threads, "dtype": TORCH_DTYPE if runtime == "torch" else None,
             "weight_bytes": streamed_weight_bytes(lm), "rounds": timed, "error": None, "method": METHOD,
-            "block_vs_steps": block_vs_steps(lm.backend, state, ids, CONTEXT)}
+            "block_vs_steps": block_vs_steps(lm.backend, state, ids, CONTEXT),
+            "prefill_tokens": PREFILL, "prefill_s": time_prefills(lm, PREFILL, rounds)}
+
+
+def time_prefills(lm: LoadedModel, tokens: int, rounds: int) -> list[float]:
+    """Seconds for a `tokens`-token prompt's prefill (its last row's logits), `rounds` times: the prompt rate."""
+    ids = context_ids(lm.tokenizer, tokens)
+    seconds = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        lm.backend.prefill(Prompt(ids), ids, keep=1)
+        seconds.append(time.perf_counter() - start)
+    return seconds
 
 
 def block_vs_steps(backend, state, ids: torch.Tensor, context: int, n: int = 5) -> float:
