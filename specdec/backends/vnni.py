@@ -128,6 +128,16 @@ class VnniBackend:
         linears = [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.head]
         return sum(p.nbytes for p in linears) + 4 * sum(2 * layer.input_norm.numel() for layer in self.layers)
 
+    @property
+    def memory_bytes(self) -> int:
+        """What the backend holds: the packed Linears, the float32 embedding, norms and rotary tables (each state's
+        cache is its own and grows with it)."""
+        linears = [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.head]
+        floats = [self.embed, self.norm, self.cos, self.sin, *(t for layer in self.layers
+                                                              for t in (layer.input_norm, layer.post_norm))]
+        biases = [p.bias for p in linears if p.bias is not None]
+        return sum(p.nbytes for p in linears) + sum(t.numel() * t.element_size() for t in floats + biases)
+
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
         refuse_features(prompt, self.name, f"vnni-{self.weights}")
