@@ -105,6 +105,7 @@ def test_the_report_counts_the_speculative_points_that_beat_it(tmp_path):
     assert ("1 of 2 speculative points that verified their drafts are faster on these prompts, 1 of them with the whole "
             "95 % interval above 1") in text
     assert "runs at 1.50×" in text
+    assert "Lossless (the verifier's own text): 1 of 2 faster, 1 with the whole interval above 1" in text
     assert "No speculative point" not in text and "never called the cloud" not in text
 
 

@@ -105,12 +105,31 @@ def plain_decoding_notes(summary: pd.DataFrame, labels: pd.Series) -> list[str]:
         if winners:
             notes.append(f"{head} {winners} of {len(spec)} speculative points that verified their drafts are faster on "
                          f"these prompts, {clear} of them with the whole 95 % interval above 1; the fastest, "
-                         f"{labels[best.name]}, runs at {ratio} its speed.{edge_note}")
+                         f"{labels[best.name]}, runs at {ratio} its speed.{_lossless_note(spec, labels)}{edge_note}")
         else:
             notes.append(f"{head} No speculative point that verified its drafts beats it: the fastest, "
                          f"{labels[best.name]}, runs at {ratio} its speed. On this machine, decode plainly in that "
                          f"runtime.{edge_note}")
     return notes
+
+
+LOSSLESS_POLICIES = ("greedy", "sample")  # their text is the verifier's own (greedy) or its distribution (sample)
+
+
+def _lossless_note(spec: pd.DataFrame, labels: pd.Series) -> str:
+    """How many of the faster points keep the verifier's own text (a lossless policy), and the fastest of them: a
+    lossy point's speed is bought with other text, so a user choosing by speed alone needs this apart."""
+    lossless = spec[spec["policy"].isin(LOSSLESS_POLICIES)] if "policy" in spec else spec.iloc[0:0]
+    if not len(lossless):
+        return " None of them is lossless (the grid has no greedy or sample policy)."
+    faster = int((lossless["speedup_vs_fastest_cloud"] > 1).sum())
+    if not faster:
+        return f" None of the {len(lossless)} lossless points (the verifier's own text) is faster."
+    clear = int((lossless.get("speedup_vs_fastest_cloud_ci_low", pd.Series(dtype=float)) > 1).sum())
+    best = lossless.loc[lossless["speedup_vs_fastest_cloud"].astype(float).idxmax()]
+    return (f" Lossless (the verifier's own text): {faster} of {len(lossless)} faster, {clear} with the whole interval "
+            f"above 1; the fastest, {labels[best.name]}, at {best['speedup_vs_fastest_cloud']:.2f}×"
+            f"{_interval(best, 'speedup_vs_fastest_cloud', '{:.2f}')}.")
 
 
 def per_position_acceptance(frame: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
