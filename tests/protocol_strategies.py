@@ -5,6 +5,7 @@ two opens, close twice). Used by tests/test_fuzz_protocol.py, for the server and
 from __future__ import annotations
 
 import math
+import typing
 
 import msgpack
 import msgspec
@@ -84,6 +85,19 @@ def well_typed(kind: str) -> st.SearchStrategy[dict]:
 
 # What an edge sends: each request type's tag and fields, in the schema's order.
 SCHEMA_FIELDS = {cls.kind(): list(cls.__struct_fields__) for cls in REQUESTS}
+
+
+def _structs_in(annotation) -> list[type]:
+    """The msgspec Structs an annotation holds (X, X | None, list[X], Annotated[X, ...])."""
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        return [annotation]
+    return [found for arg in typing.get_args(annotation) for found in _structs_in(arg)]
+
+
+# Each request's nested objects, read from the schema as its top-level fields are: field -> the nested Struct's
+# fields (verify.follow -> accepted, token). A field added to any nested object is mutated without a change here.
+NESTED_FIELDS = {cls.kind(): {name: list(structs[0].__struct_fields__) for name, hint in typing.get_type_hints(cls).items()
+                              if (structs := _structs_in(hint))} for cls in REQUESTS}
 KINDS = list(SCHEMA_FIELDS)
 WEIGHTED = ["verify", "verify", "verify", "verify", "generate", "generate", "open", "stats", "close", "open", "hello"]  # first: likeliest
 
@@ -102,6 +116,16 @@ def message(draw) -> dict:
             elif change == "drop":
                 fields.pop(name, None)
         fields.update(draw(st.dictionaries(st.text(min_size=1, max_size=8), junk, max_size=2)))  # unknown fields
+    for name, inner in NESTED_FIELDS.get(kind, {}).items():  # one in four: a nested object's own fields mutated
+        if isinstance(fields.get(name), dict) and draw(st.integers(0, 3)) == 3:
+            nested = dict(fields[name])
+            for sub in inner:
+                change = draw(st.sampled_from(["keep", "junk", "drop"]))
+                if change == "junk":
+                    nested[sub] = draw(junk)
+                elif change == "drop":
+                    nested.pop(sub, None)
+            fields[name] = nested
     return {"type": kind, **fields}
 
 

@@ -94,6 +94,12 @@ def test_a_field_this_side_does_not_know_is_skipped():
     (raw_encode("open", **{**OPEN, "prompt_ids": []}), Open, "open: prompt_ids is empty"),
     (raw_encode("verify", base=1, new=[], draft=list(range(65))), Verify, "field 'draft' must be list of length <= 64"),
     (raw_encode("verify", base=True, new=[], draft=[]), Verify, "field 'base' must be int, got bool"),
+    # a nested object's fields by their whole path (a missing one was looked up in the outer type: `internal`)
+    (raw_encode("verify", base=1, new=[], draft=[2], follow={"token": 1}), Verify,
+     "field 'follow.accepted' must be int, got NoneType (missing)"),
+    (raw_encode("verify", base=1, new=[], draft=[2], follow={"accepted": "one"}), Verify,
+     "field 'follow.accepted' must be int, got str"),
+    (raw_encode("verify", base=1, new=[], draft=[2], follow=[1]), Verify, "field 'follow' must be dict or None, got list"),
     (raw_encode("stats", since=-1), StatsRequest, "stats: since must be >= 0, got -1"),
     (raw_encode("ready", schema=1, model="m", vocab_size=0, tokenizer_sha256="", accepts_audio=False), Ready,
      "ready.vocab_size = 0 is outside [1, None]"),

@@ -324,19 +324,51 @@ _PYTHON_NAMES = {"null": "NoneType", "None": "NoneType", "array": "list", "objec
 
 
 def _explain(cls: type[Message], error: str) -> str:
+    """msgspec's error as one line naming the field by its whole path (`field 'follow.accepted'`, `verdict.batch`);
+    what it cannot place, said as msgspec says it: never an exception of its own (a broken nested object once got
+    `internal` here, its missing field looked up in the outer message's type)."""
+    try:
+        return _placed(cls, error)
+    except (KeyError, TypeError, ValueError, AttributeError, NameError):
+        return f"{cls.kind()}: {' '.join(error.split())}"
+
+
+def _placed(cls: type[Message], error: str) -> str:
+    at = _AT.match(error)
     if missing := _MISSING.match(error):
-        annotation = typing.get_type_hints(cls)[missing["name"]]
+        path = at["path"] if at else ""  # where the object missing the field sits: "" is the message itself
+        owner = _struct_at(cls, path)
+        if owner is None:
+            raise KeyError(path)
+        annotation = typing.get_type_hints(owner)[missing["name"]]
         expected = (typing.get_origin(annotation) or annotation).__name__
-        return f"{cls.field_name(missing['name'])} must be {expected}, got NoneType (missing)"
+        field = f"{path}.{missing['name']}" if path else missing["name"]
+        return f"{cls.field_name(field)} must be {expected}, got NoneType (missing)"
     if " - at `key` in " in error:
         return f"{cls.kind()}: a map's keys must be strings"
-    at = _AT.match(error)
     said = _EXPECTED.match(at["problem"]) if at else None
     if not said:
         return f"{cls.kind()}: {' '.join(error.split())}"
     expected = " or ".join("None" if t in ("null", "None") else _PYTHON_NAMES.get(t, t) for t in said["expected"].split(" | "))
     got = f", got {_PYTHON_NAMES.get(said['got'], said['got'])}" if said["got"] else ""
     return f"{cls.field_name(at['path'])} must be {expected}{said['limit']}{got}"
+
+
+def _struct_at(cls: type, path: str) -> type | None:
+    """The Struct type at `path` inside `cls` (`follow`, `rows[2].follow`; "" is `cls`), through optional, list and
+    annotated types; None where the path leads to no Struct."""
+    current: type | None = cls
+    for part in (re.sub(r"\[\d+\]", "", path).split(".") if path else []):
+        hints = typing.get_type_hints(current) if current is not None else {}
+        current = _struct_in(hints[part]) if part in hints else None
+    return current
+
+
+def _struct_in(annotation: Any) -> type | None:
+    """The msgspec Struct an annotation holds: X, X | None, list[X], Annotated[X, ...]."""
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        return annotation
+    return next((found for arg in typing.get_args(annotation) if (found := _struct_in(arg)) is not None), None)
 
 
 def tokenizer_sha256(tokenizer: Any) -> str:
