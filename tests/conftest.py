@@ -37,3 +37,28 @@ def prompts(tmp_path_factory):
     path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n"
                             for i, t in enumerate(["hello world", "one two three", "say yes"])))
     return str(path)
+
+
+# Three short texts, and each cloud runtime's own greedy decoding of them on the tiny cloud (once per module): what
+# greedy speculation verified in that runtime must reproduce (tests/test_converted_runtimes.py, tests/test_vnni.py).
+PLAIN_TEXTS = ("hello world", "what is one two", "say three")
+
+
+@pytest.fixture(scope="module")
+def plain(pair):
+    from specdec.core.config import DecodeConfig
+    from specdec.engine import Engine
+
+    found = {}
+
+    def of(runtime: str) -> list[list[int]]:
+        if runtime not in found:
+            engine = Engine(mode="cloud", cloud=pair["cloud"], cloud_runtime=runtime, dtype="float32",
+                            decode=DecodeConfig(max_new_tokens=16), log=lambda message: None)
+            assert engine.model("cloud").runtime == runtime
+            try:
+                found[runtime] = [engine.generate(text).tokens for text in PLAIN_TEXTS]
+            finally:
+                engine.close()
+        return found[runtime]
+    return of

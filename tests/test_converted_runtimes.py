@@ -14,9 +14,9 @@ from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
+from tests.conftest import PLAIN_TEXTS as TEXTS  # what the `plain` fixture decodes
 
 QUIET = dict(log=lambda message: None)
-TEXTS = ("hello world", "what is one two", "say three")
 RUNTIMES = [pytest.param(r, marks=pytest.mark.skipif(importlib.util.find_spec(RUNTIME_PACKAGES[r].module) is None,
                                                      reason=f"{RUNTIME_PACKAGES[r].distribution} is not installed"))
             for r in ("onnx-int4", "openvino-int8")]
@@ -27,21 +27,6 @@ def _tokens(engine) -> list[list[int]]:
         return [engine.generate(text).tokens for text in TEXTS]
     finally:
         engine.close()
-
-
-@pytest.fixture(scope="module")
-def plain(pair):
-    """Each runtime's own greedy decoding of the tiny cloud, once."""
-    found = {}
-
-    def of(runtime: str) -> list[list[int]]:
-        if runtime not in found:
-            engine = Engine(mode="cloud", cloud=pair["cloud"], cloud_runtime=runtime, dtype="float32",
-                            decode=DecodeConfig(max_new_tokens=16), **QUIET)
-            assert engine.model("cloud").runtime == runtime
-            found[runtime] = _tokens(engine)
-        return found[runtime]
-    return of
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

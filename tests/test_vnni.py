@@ -17,6 +17,7 @@ from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ModelError
 from specdec.kernels import KernelError, check_cpu, missing_flags
+from tests.conftest import PLAIN_TEXTS
 from tests.tiny import random_prompt, tiny_causal
 
 pytestmark = pytest.mark.skipif(bool(missing_flags()), reason=f"this CPU lacks {missing_flags()} (the refusal is tested)")
@@ -142,21 +143,6 @@ def test_sessions_batched_in_one_forward_get_their_own_logits_bit_for_bit(models
     assert [s.length for s in states] == [8, 13, 23, 10]
 
 
-@pytest.fixture(scope="module")
-def plain(pair):
-    found = {}
-
-    def of(runtime: str) -> list[list[int]]:
-        if runtime not in found:
-            engine = Engine(mode="cloud", cloud=pair["cloud"], cloud_runtime=runtime, dtype="float32",
-                            decode=DecodeConfig(max_new_tokens=16), **QUIET)
-            assert engine.model("cloud").runtime == runtime
-            found[runtime] = [engine.generate(text).tokens for text in ("hello world", "what is one two", "say three")]
-            engine.close()
-        return found[runtime]
-    return of
-
-
 @pytest.mark.parametrize("runtime", ["vnni-int8", "vnni-int4"])
 @pytest.mark.parametrize("drafter", ["model", "prompt-lookup"])
 def test_greedy_spec_verified_in_vnni_is_its_own_plain_decoding(pair, plain, runtime, drafter):
@@ -165,7 +151,7 @@ def test_greedy_spec_verified_in_vnni_is_its_own_plain_decoding(pair, plain, run
     spec = Engine(mode="spec", edge=pair["edge"], cloud=pair["cloud"], cloud_runtime=runtime, edge_runtime=runtime,
                   dtype="float32", decode=DecodeConfig(max_new_tokens=16),
                   spec=SpecConfig(k=3, entropy_threshold=0, policy="greedy", drafter=drafter), **QUIET)
-    generations = [spec.generate(text) for text in ("hello world", "what is one two", "say three")]
+    generations = [spec.generate(text) for text in PLAIN_TEXTS]
     assert spec.model("cloud").runtime == runtime
     spec.close()
     assert [g.tokens for g in generations] == plain(runtime)
@@ -222,6 +208,6 @@ def test_greedy_spec_through_a_vnni_server_is_its_plain_decoding(pair, plain):
         spec = Engine(mode="spec", edge=pair["edge"], cloud_url=url, dtype="float32",
                       decode=DecodeConfig(max_new_tokens=16), spec=SpecConfig(k=3, entropy_threshold=0, policy="greedy"),
                       **QUIET)
-        tokens = [spec.generate(text).tokens for text in ("hello world", "what is one two", "say three")]
+        tokens = [spec.generate(text).tokens for text in PLAIN_TEXTS]
         spec.close()
     assert tokens == plain("vnni-int4")
