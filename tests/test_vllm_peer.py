@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.measure.peers.vllm_cpu import questions
 
 SCRIPT = Path(__file__).parent.parent / "bench" / "measure" / "peers" / "vllm_cpu.py"
@@ -21,6 +23,7 @@ def test_the_first_questions_of_each_category_in_order(tmp_path):
     assert [q["question_id"] for q in picked] == [1, 3, 0, 2]
 
 
+@pytest.mark.subprocess  # runs the script in a child Python
 def test_without_vllm_it_is_one_line_naming_the_install(tmp_path):
     code = f"import sys; sys.modules['vllm'] = None\nsys.argv = ['x'] + sys.argv[1:]\nexec(open({str(SCRIPT)!r}).read())"
     result = subprocess.run([sys.executable, "-c", code, "--model", "m", "--questions", "q", "--out", str(tmp_path / "o")],
