@@ -185,8 +185,7 @@ def measure_bandwidth(threads: int | None = None) -> float:
     cores = max(threads or 1, len(os.sched_getaffinity(0)))
     readers = [lambda buffer: buffer.sum()]
     try:
-        stream = kernels().stream_read
-        readers.append(lambda buffer: stream(buffer))
+        readers.append(kernels().stream_read)
     except KernelError:  # no VNNI here: torch's sum alone
         pass
     previous = torch.get_num_threads()

@@ -125,14 +125,17 @@ class VnniBackend:
     @property
     def streamed_bytes(self) -> int:
         """What a one-token step reads: every packed Linear, the head, the norms (one embedding row: nothing)."""
-        linears = [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.head]
-        return sum(p.nbytes for p in linears) + 4 * sum(2 * layer.input_norm.numel() for layer in self.layers)
+        return sum(p.nbytes for p in self._linears()) + 4 * sum(2 * layer.input_norm.numel() for layer in self.layers)
+
+    def _linears(self) -> list[PackedLinear]:
+        """Every packed Linear, the head last."""
+        return [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.head]
 
     @property
     def memory_bytes(self) -> int:
         """What the backend holds: the packed Linears, the float32 embedding, norms and rotary tables (each state's
         cache is its own and grows with it)."""
-        linears = [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.head]
+        linears = self._linears()
         floats = [self.embed, self.norm, self.cos, self.sin, *(t for layer in self.layers
                                                               for t in (layer.input_norm, layer.post_norm))]
         biases = [p.bias for p in linears if p.bias is not None]
