@@ -9,6 +9,7 @@
 #                                          (tests/test_gpu_check.py runs this)
 #
 # Writes at most 8 files under RESULTS, each naming the GPU (bench/measure/gpu_check.py lists them), and check.log.
+# A tree copied without .git names its commit in $SPECBENCH_COMMIT (environment.json records it).
 set -euo pipefail
 results=${1:?usage: bench/gpu/check.sh RESULTS [--dry-run] [python -m bench.measure.gpu_check options]}
 shift

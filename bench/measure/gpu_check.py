@@ -28,6 +28,7 @@ import csv
 import datetime
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -281,6 +282,7 @@ def environment(device: str, gpu: str | None, args: argparse.Namespace) -> dict:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
+    commit = commit or os.environ.get("SPECBENCH_COMMIT")  # a copied tree without .git: the caller names its commit
     props = torch.cuda.get_device_properties(device) if is_cuda(device) else None
     return {"gpu": gpu, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": device, "dry_run": args.dry_run, "cuda": torch.version.cuda, "versions": versions(),
