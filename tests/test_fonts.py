@@ -3,7 +3,10 @@ Chinese label renders without matplotlib's missing-glyph warning, and no charact
 missing-glyph box (.notdef)."""
 import json
 import re
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import matplotlib
 
@@ -55,6 +58,44 @@ def test_the_font_file_is_the_pinned_one(monkeypatch):
     monkeypatch.setattr(fonts, "SHA256", "0" * 64)
     with pytest.raises(ConfigError, match="not the pinned .*pip install --force-reinstall"):
         fonts.cjk_font_path()
+
+
+# Python run in a child process where the font package cannot be imported (a GPU machine's environment has none).
+WITHOUT_FONT = """
+import sys
+class NoFont:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'pylopdf_fonts_zh_cn':
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, NoFont())
+"""
+
+
+def test_the_cli_imports_without_the_font_and_a_figure_names_the_fix():
+    """The font is needed when a figure is drawn, not when a module is imported: `serve` and `fleet` import the CLI,
+    which imports the report's modules, on machines that have no font package (the GPU check's)."""
+    code = WITHOUT_FONT + """
+import bench.cli
+from bench.read.report import fonts
+from specdec.errors import ConfigError
+try:
+    fonts.subplots()
+except ConfigError as e:
+    print("refused:", e)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ("refused: the CJK font package is not installed: "
+                                   "reinstall it: pip install --force-reinstall 'pylopdf-fonts-zh-cn==0.1.1'")
+
+
+def test_every_figure_is_made_after_the_font_is_registered():
+    """No report module calls matplotlib's subplots itself: fonts.subplots registers the font first."""
+    root = Path(__file__).parent.parent / "bench"
+    direct = [str(f) for f in root.rglob("*.py")
+              if f.name != "fonts.py" and "plt.subplots(" in f.read_text(encoding="utf-8")]
+    assert direct == []
 
 
 # --- the page, in a browser -------------------------------------------------------------------

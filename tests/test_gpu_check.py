@@ -67,7 +67,8 @@ def test_what_the_check_runs_is_in_the_project():
     script = SCRIPT.read_text()
     assert "python -m bench.measure.gpu_check" in script.replace('"$python"', "python")
     assert "pip install -q --no-deps --no-build-isolation -e ." in script and "SPECBENCH_WHEELS" in script
-    assert re.search(r"timeout (\d+)", script) and int(re.search(r"timeout (\d+)", script)[1]) <= 8 * 60 - 30
+    limit = re.search(r"SPECBENCH_CHECK_TIMEOUT_S:-(\d+)", script)
+    assert limit and int(limit[1]) <= 8 * 60 - 30  # the default: with the install, within 8 minutes
     test_file, _, marker = gpu_check.TESTS[:3]
     assert (ROOT / test_file).is_file()
     markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]

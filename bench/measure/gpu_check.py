@@ -278,11 +278,13 @@ def versions() -> dict[str, str | None]:
 
 
 def environment(device: str, gpu: str | None, args: argparse.Namespace) -> dict:
+    # A copied tree (the GPU machine's) may carry another commit's .git, or none: the caller names its commit.
+    commit = os.environ.get("SPECBENCH_COMMIT")
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip() or None
+        commit = commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                          timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    commit = commit or os.environ.get("SPECBENCH_COMMIT")  # a copied tree without .git: the caller names its commit
     props = torch.cuda.get_device_properties(device) if is_cuda(device) else None
     return {"gpu": gpu, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": device, "dry_run": args.dry_run, "cuda": torch.version.cuda, "versions": versions(),

@@ -33,6 +33,7 @@ from bench.core.records import read_records
 from bench.read.report import page
 from bench.core.point import Point
 from bench.derive.summary import summarize
+from bench.read.report.fonts import subplots
 from specdec.errors import InputError
 
 DTYPE_SUITE = {"float32": "tiny", "bfloat16": "real"}
@@ -210,7 +211,7 @@ def plot(rows: list[Row], path: Path) -> None:
     numeric = [r for r in rows if r.relative_change is not None]
     points = list(dict.fromkeys(r.point for r in numeric)) or ["(no numeric metric)"]
     heights = [max(1, sum(r.point == p for r in numeric)) for p in points]
-    fig, axes = plt.subplots(len(points), 1, figsize=(9, 1.2 + 0.28 * sum(heights) + 0.6 * len(points)),
+    fig, axes = subplots(len(points), 1, figsize=(9, 1.2 + 0.28 * sum(heights) + 0.6 * len(points)),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
     for ax, point in zip(axes[:, 0], points):
         mine = [r for r in numeric if r.point == point]

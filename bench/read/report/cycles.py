@@ -24,6 +24,7 @@ from bench.core.prompts import SPEC_BENCH, prompt_set_name  # noqa: E402
 from bench.derive.spec_bench import (METHOD, after_first_token, fastest_decoding, method_name,  # noqa: E402
                                      tokens_per_verify)
 from bench.derive.summary import load_rows, plain_label  # noqa: E402
+from bench.read.report.fonts import subplots  # noqa: E402
 
 READ = (
     "One typical question per category (the median by tokens per verify call), after its first token: every "
@@ -90,7 +91,7 @@ def plot_cycles(rows: list[dict], path: Path) -> Path | None:
         return None
     columns = min(3, len(found))
     lines = math.ceil(len(found) / columns)
-    fig, axes = plt.subplots(lines, columns, figsize=(5.2 * columns, 3.9 * lines), squeeze=False)
+    fig, axes = subplots(lines, columns, figsize=(5.2 * columns, 3.9 * lines), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     handles = {}
     for ax, panel in zip(axes.flat, found):

@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from bench.read.report.fonts import subplots  # noqa: E402
 
 NETWORK_READ = (
     "Each dot is a split point (mean over its prompts): across, the network time bench/core/network.py models from the "
@@ -76,7 +77,7 @@ def plot_timeline(rows: pd.DataFrame, path: Path) -> Path | None:
     pair = pick_pair(rows)
     if pair is None:
         return None
-    fig, ax = plt.subplots(figsize=(12, 3.6))
+    fig, ax = subplots(figsize=(12, 3.6))
     labels, y = [], 0
     for name, record in zip(("sequential", "overlapped"), pair):
         for row, bars in segments(record["trace"]).items():
@@ -103,7 +104,7 @@ def plot_network(summary: pd.DataFrame, labels: pd.Series, path: Path) -> Path |
     data = summary[summary["link_s_mean"].notna() & summary["network_s_mean"].notna() & (summary["network_s_mean"] > 0)]
     if data.empty:
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    fig, ax = subplots(figsize=(6.4, 4.8))
     for link, group in data.groupby("link", sort=True):
         ax.scatter(group["network_s_mean"], group["link_s_mean"], label=str(link), s=36)
         for index, row in group.iterrows():

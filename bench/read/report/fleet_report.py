@@ -22,6 +22,7 @@ from bench.derive.capacity import capacity_model, distance_check, edge_profile  
 from bench.derive.fleet_summary import (cost_curve, folder_runtime, level_table, read_fleet, runtime_of,  # noqa: E402
                                         summarize_fleet)
 from bench.read.report import page  # noqa: E402
+from bench.read.report.fonts import subplots  # noqa: E402
 
 COLORS = {"spec": "#4C72B0", "cloud": "#C44E52"}
 NAMES = {"spec": "speculative (edges draft, server verifies)", "cloud": "cloud-only serving"}
@@ -63,7 +64,7 @@ def plot_capacity(summary: pd.DataFrame, path: Path, predicted: dict[str, pd.Dat
     throughput (`predicted`: distance_check's curves by runtime)."""
     if summary.empty:
         return None
-    fig, left = plt.subplots(figsize=(7.5, 4.6))
+    fig, left = subplots(figsize=(7.5, 4.6))
     right = left.twinx()
     several = summary["cloud_runtime"].nunique() > 1
     markers = dict(zip(sorted(summary["cloud_runtime"].unique()), "o^vD<>"))
@@ -99,7 +100,7 @@ def plot_batch_sizes(summary: pd.DataFrame, path: Path) -> Path | None:
     if summary.empty:
         return None
     modes = sorted(summary["mode"].unique())
-    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(modes), figsize=(5.5 * len(modes), 3.8), squeeze=False)
     for ax, mode in zip(axes[0], modes):
         rows = summary[summary["mode"] == mode].sort_values("clients")
         width = 0.8 / max(len(rows), 1)
@@ -121,7 +122,7 @@ def plot_cost_curve(batches: list[dict], fit: dict, path: Path) -> Path | None:
     tokens = np.array([b["tokens"] for b in batches], dtype=float)
     seconds = np.array([b["forward_s"] for b in batches], dtype=float)
     rows = np.array([b["rows"] for b in batches], dtype=float)
-    fig, ax = plt.subplots(figsize=(7, 4.4))
+    fig, ax = subplots(figsize=(7, 4.4))
     points = ax.scatter(tokens, seconds * 1e3, c=rows, cmap="viridis", s=12, alpha=0.7)
     fig.colorbar(points, ax=ax, label="rows in the forward")
     if not math.isnan(fit["a_s"]):

@@ -42,6 +42,16 @@ def cjk_font_path() -> Path:
     return path
 
 
+def subplots(*args, **kwargs):
+    """`plt.subplots`, after the CJK font is registered: every figure of the report and of `compare` is made here, so
+    the font is needed when a figure is drawn, not when a module is imported (a server or a fleet on a machine
+    without the font package imports the CLI, which imports the report's modules)."""
+    import matplotlib.pyplot as plt
+
+    use_cjk_font()
+    return plt.subplots(*args, **kwargs)
+
+
 @functools.cache
 def use_cjk_font() -> str:
     """Register the checked font once per process and make it matplotlib's sans-serif fallback."""

@@ -25,6 +25,7 @@ import pandas as pd  # noqa: E402
 from bench.derive.summary import colocated, fastest_edge, fastest_plain, plain_label, runtime_name  # noqa: E402
 from bench.read.report.pareto import pareto_mask, set_name  # noqa: E402
 from bench.read.report.plots import _interval, _save  # noqa: E402
+from bench.read.report.fonts import subplots  # noqa: E402
 
 MAX_ROWS = 12  # points of one pairing and prompt set drawn whole; past that, its front and its fastest
 FASTEST_KEPT = 4  # the fastest points drawn beside the front of a trimmed row
@@ -107,7 +108,7 @@ def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) 
     trimmed = {f"{name} · {set_name(prompts)}": (len(drawn), len(points))
                for ((prompts, name), points), (_, drawn) in zip(measured, rows) if len(drawn) < len(points)}
     heights = [0.9 + 0.3 * len(points) for _, points in rows]
-    fig, axes = plt.subplots(len(rows), 2, figsize=(12, sum(heights) + 0.6), squeeze=False,
+    fig, axes = subplots(len(rows), 2, figsize=(12, sum(heights) + 0.6), squeeze=False,
                              gridspec_kw={"height_ratios": heights, "width_ratios": [3, 2]})
     high = spec.get(f"{SPEEDUP}_ci_high", spec[SPEEDUP]).fillna(spec[SPEEDUP])
     edges = {p: fastest_edge(summary, p) for p in baselines}  # the small model alone, per prompt set: a reference

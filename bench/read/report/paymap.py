@@ -37,6 +37,7 @@ from bench.read.report.inputs import ReportInputs  # noqa: E402
 from bench.read.report.page import image_src  # noqa: E402
 from specdec.core.drafters import NEEDS_MODEL  # noqa: E402
 from bench.read.report.pareto import set_name  # noqa: E402
+from bench.read.report.fonts import subplots  # noqa: E402
 from specdec.errors import ConfigError, InputError  # noqa: E402
 
 COLORS = {"split": "#4C72B0", "co-located": "#55A868", "cloud-only": "#C44E52", "edge-only": "#8172B2"}
@@ -253,7 +254,7 @@ def plot_map(panels: list[Panel], path: Path) -> Path | None:
     rtt_max_ms = max(RTT_MAX_MS, 1.15 * farthest)
     cols = min(len(panels), 3)
     rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 4.3 * rows), squeeze=False)
+    fig, axes = subplots(rows, cols, figsize=(5.0 * cols, 4.3 * rows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     for ax, panel in zip(axes.flat, panels):
@@ -304,7 +305,7 @@ def scatter_caption(table: pd.DataFrame, skipped: list[str]) -> str:
 def plot_scatter(table: pd.DataFrame, path: Path) -> Path | None:
     if table.empty:
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 5.2))
+    fig, ax = subplots(figsize=(6.4, 5.2))
     low = float(min(table["measured"].min(), table["predicted"].min())) / 1.3
     high = float(max(table["measured"].max(), table["predicted"].max())) * 1.3
     line = np.geomspace(low, high, 50)

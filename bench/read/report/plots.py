@@ -16,10 +16,8 @@ from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
 from bench.core.point import AXES  # noqa: E402
 from bench.derive.summary import fastest_cloud, plain_name  # noqa: E402
-from bench.read.report.fonts import use_cjk_font  # noqa: E402
+from bench.read.report.fonts import subplots  # noqa: E402
 from bench.read.report.pareto import Front, front_members, set_name  # noqa: E402
-
-use_cjk_font()  # Chinese labels and samples draw as glyphs, not boxes
 
 GIB = 1 << 30
 DPI = 110
@@ -37,7 +35,7 @@ FACET_AXES = tuple(a for a in AXES if a not in ("mode", "prompts", "k", "entropy
 def _grid(n: int, width: float = 5.2, height: float = 4.2, max_cols: int = 3):
     cols = min(n, max_cols)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    fig, axes = subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, list(axes.flat[:n])
@@ -129,7 +127,7 @@ def plot_heatmaps(summary: pd.DataFrame, prompts: str, path: Path) -> Path | Non
     if spec.empty:
         return None
     facets = _facets(spec)
-    fig, axes = plt.subplots(len(facets), len(HEAT_METRICS), figsize=(4.6 * len(HEAT_METRICS), 3.4 * len(facets)),
+    fig, axes = subplots(len(facets), len(HEAT_METRICS), figsize=(4.6 * len(HEAT_METRICS), 3.4 * len(facets)),
                              squeeze=False)
     for row_axes, (facet, group) in zip(axes, facets):
         ks = sorted({int(k) for k in group["k"]})
@@ -177,7 +175,7 @@ def plot_theory(summary: pd.DataFrame, labels: pd.Series, path: Path) -> Path | 
     data = summary[summary["theoretical_speedup"].notna() & summary["speedup_vs_cloud"].notna()]
     if data.empty:
         return None
-    fig, ax = plt.subplots(figsize=(7, 6))
+    fig, ax = subplots(figsize=(7, 6))
     for prompts, points in data.groupby("prompts", sort=False):
         _error_bars(ax, points, "theoretical_speedup", "speedup_vs_cloud")
         ax.scatter(points["theoretical_speedup"], points["speedup_vs_cloud"], s=40, label=set_name(prompts), zorder=2)

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.derive.soak_summary import read_soak, summarize_soak  # noqa: E402
 from bench.read.report import page  # noqa: E402
+from bench.read.report.fonts import subplots  # noqa: E402
 from specdec.errors import InputError  # noqa: E402
 
 READ = (
@@ -32,7 +33,7 @@ def plot_soak(rows: list[dict], path: Path) -> Path:
     faults = [r for r in rows if r["kind"] == "fault"]
     generations = [r for r in rows if r["kind"] == "generation"]
     t = [s["t"] for s in samples]
-    fig, axes = plt.subplots(5, 1, figsize=(11, 12), sharex=True)
+    fig, axes = subplots(5, 1, figsize=(11, 12), sharex=True)
     axes[0].plot(t, [s["rss_bytes"] / 2**20 for s in samples], color="#4C72B0")
     axes[0].set_ylabel("RSS (MiB)")
     axes[1].plot(t, [s["fds"] for s in samples], label="open FDs", color="#4C72B0")
