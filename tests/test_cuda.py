@@ -14,7 +14,7 @@ from specdec.backends.base import Prompt
 from specdec.backends.devices import check_device, check_served_device, gpu_peaks
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.backends.static_cache import StaticCausalBackend
-from specdec.backends.static_slots import SlotCausalBackend
+from specdec.backends.static_slots import SlotCausalBackend, server_cache
 from specdec.core.config import DecodeConfig, EngineConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
@@ -91,6 +91,13 @@ def test_the_servers_static_cache_gives_each_row_its_own_forward_on_the_gpu(step
     rows_walk(HFCausalBackend(model), slots)
     if steps == "graphs":
         assert slots.fast.graphs  # the shared forwards were replayed from captured graphs
+
+
+def test_a_servers_auto_cache_on_the_gpu_is_the_captured_static_cache(pair):
+    """serve --kv-cache auto (the default) on CUDA: the static cache of many sequences, its forwards captured."""
+    loaded = load_model(pair["cloud"], "float32", device="cuda", kv_cache="auto", sessions=4)
+    assert isinstance(loaded.backend, SlotCausalBackend) and loaded.backend.steps == "graphs"
+    assert server_cache(loaded.backend) == "static"
 
 
 # The server's caches: transformers' dynamic cache, and its static cache of many sequences, captured and eager.

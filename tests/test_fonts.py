@@ -71,6 +71,7 @@ sys.meta_path.insert(0, NoFont())
 """
 
 
+@pytest.mark.subprocess
 def test_the_cli_imports_without_the_font_and_a_figure_names_the_fix():
     """The font is needed when a figure is drawn, not when a module is imported: `serve` and `fleet` import the CLI,
     which imports the report's modules, on machines that have no font package (the GPU check's)."""

@@ -40,8 +40,9 @@ SCHEMA_1_KEYS = [
 
 
 # Optional fields added within schema 1 since (an older peer skips them; without them a message decodes with
-# their defaults): a verdict to keep, and the server's word that it keeps one (specdec/remote/protocol.py).
-ADDED = {"verify": {"follow"}, "ready": {"follows"}, "verdict": {"agreed"}}
+# their defaults): a verdict to keep, the server's word that it keeps one, and the KV cache it keeps
+# (specdec/remote/protocol.py).
+ADDED = {"verify": {"follow"}, "ready": {"follows", "kv_cache"}, "verdict": {"agreed"}}
 
 
 @pytest.mark.parametrize("message,keys", SCHEMA_1_KEYS, ids=lambda m: type(m).__name__ if not isinstance(m, set) else "")

@@ -11,7 +11,7 @@ from bench.cli import main
 from bench.derive.fleet_summary import read_fleet
 from specdec.backends.base import Prompt
 from specdec.backends.hf_causal import HFCausalBackend
-from specdec.backends.static_slots import SlotCausalBackend
+from specdec.backends.static_slots import SlotCausalBackend, server_cache
 from specdec.errors import ModelError, SpecdecError
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
@@ -110,6 +110,16 @@ def test_a_server_on_the_static_cache_gives_the_dynamic_servers_verdicts_and_tok
     assert sum(r["replay_mismatches"] for r in records if r["mode"] == "spec") == 0  # every recorded verdict, batched
     assert all(r["tokens_match"] for r in records if r["mode"] == "cloud")  # cloud-only: the recorded tokens
     assert max(b["rows"] for b in batches) > 1  # sessions shared forwards
+    assert {r["kv_cache"] for r in records} == {"static"}  # the cache the server's `ready` named
+
+
+def test_a_servers_auto_cache_on_the_cpu_is_the_dynamic_cache(pair):
+    """serve --kv-cache auto (the default): dynamic on the CPU, where the static cache is not faster (docs/gpu.md);
+    static on CUDA (tests/test_cuda.py). Runtimes with a cache of their own name none."""
+    loaded = load_model(pair["cloud"], "float32", kv_cache="auto", sessions=16)
+    assert type(loaded.backend) is HFCausalBackend and server_cache(loaded.backend) == "dynamic"
+    assert server_cache(load_model(pair["cloud"], "float32", kv_cache="static", sessions=16).backend) == "static"
+    assert server_cache(object()) is None
 
 
 @pytest.mark.server

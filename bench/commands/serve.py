@@ -28,10 +28,11 @@ def add_serve_parser(sub) -> None:
                         "for a .gguf path, else torch")
     p.add_argument("--device", "--cloud-device", default="cpu",
                    help="where the torch model runs: cpu, cuda or cuda:N (docs/gpu.md); llama.cpp and int8: cpu only")
-    p.add_argument("--kv-cache", choices=SERVER_CACHES, default="dynamic",
+    p.add_argument("--kv-cache", choices=SERVER_CACHES, default="auto",
                    help="the torch model's KV cache: dynamic (transformers' DynamicCache; each forward pads its rows' "
-                        "caches into one) or static (one preallocated cache of --max-sessions sequences, each row at "
-                        "its own positions; on CUDA its forwards replay as captured graphs: docs/gpu.md)")
+                        "caches into one), static (one preallocated cache of --max-sessions sequences, each row at "
+                        "its own positions; on CUDA its forwards replay as captured graphs: docs/gpu.md) or auto "
+                        "(default: static on CUDA for the decoders it runs, dynamic on the CPU)")
     p.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default="on",
                    help="on CUDA with --kv-cache static: replay forwards of up to 16 tokens as CUDA graphs (on) or "
                         "run them eagerly (off)")

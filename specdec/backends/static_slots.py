@@ -172,6 +172,14 @@ def _bucket(n: int, smallest: int = 1) -> int:
     return size
 
 
+def server_cache(backend) -> str | None:
+    """The KV cache a server's backend keeps, as `serve --kv-cache` names it (its `ready` says so): static (this
+    module's, captured or eager), dynamic (transformers'), None for a runtime with a cache of its own."""
+    if isinstance(backend, SlotCausalBackend):
+        return "static"
+    return "dynamic" if isinstance(backend, HFCausalBackend) else None
+
+
 def causal_backend(model: PreTrainedModel, name: str = "", steps: str = "dynamic",
                    sessions: int | None = None) -> HFCausalBackend:
     """The backend of a causal LM for `steps` (specdec/backends/devices.py's steps_of): transformers'

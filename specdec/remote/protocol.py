@@ -226,6 +226,7 @@ class Ready(Reply, tag="ready"):
     runtime: str | None = None  # an older server leaves it out: unknown
     device: str = "cpu"  # an older server leaves it out: it ran on the CPU
     follows: bool = False  # it keeps a verify's `follow` verdict (serve --follow-verdicts); an older server does not
+    kv_cache: str | None = None  # the torch runtime's: dynamic or static (serve --kv-cache auto resolved); else unknown
 
     def check(self) -> None:
         within("ready.vocab_size", self.vocab_size, 1, None)

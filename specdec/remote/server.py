@@ -27,6 +27,7 @@ from pathlib import Path
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from specdec.backends.static_slots import server_cache
 from specdec.core.shared_forward import RowFailed
 from specdec.errors import SpecdecError
 from specdec.models.loading import LoadedModel
@@ -53,7 +54,8 @@ class VerifierServer:
         self.connections = 0  # open now
         ready = dict(schema=SCHEMA, vocab_size=model.backend.vocab_size, tokenizer_sha256=tokenizer_sha256(model.tokenizer),
                      accepts_audio=model.backend.accepts_audio, runtime=model.runtime,
-                     device=str(getattr(model.backend, "device", "cpu")), follows=config.follow_verdicts)
+                     device=str(getattr(model.backend, "device", "cpu")), follows=config.follow_verdicts,
+                     kv_cache=server_cache(model.backend))
         # A client on this machine gets the model's folder (`specbench score` loads the cloud from the
         # records); one elsewhere only the folder's name: the server's file layout is not its business.
         self.ready = encode(Ready(model=model.name, **ready))

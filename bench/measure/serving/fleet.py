@@ -140,6 +140,8 @@ class Fleet:
             # started with, someone else's (--cloud-url) is unknown, never guessed.
             self.cloud_runtime = info.get("runtime") or self.config.cloud_runtime or UNKNOWN_RUNTIME
             self.cloud_device = info.get("device", "cpu")  # an older server does not say: it ran on the CPU
+            # The cache the server keeps (its `auto` resolved); an older server does not say: what it was started with.
+            self.kv_cache = info.get("kv_cache") or (self.config.kv_cache if self.config.cloud else None)
             if self.config.follow_verdicts and not info.get("follows"):
                 raise InputError(f"--follow-verdicts: the server at {self.server_url} keeps its own verdicts; start it "
                                  "with `specbench serve --follow-verdicts`")
@@ -161,7 +163,7 @@ class Fleet:
         spec = self.settings["spec"]
         return {"mode": mode, "clients": clients, "repeat": repeat, "level_run": run_id, "edge_kind": kind,
                 "cloud": self.cloud_model, "cloud_runtime": self.cloud_runtime, "cloud_device": self.cloud_device,
-                "kv_cache": self.config.kv_cache if self.config.cloud else None,  # a --cloud-url server's: unknown
+                "kv_cache": self.kv_cache,
                 "prompts": self.config.prompts,
                 "dtype": self.config.dtype,
                 "link": self.config.link, "rate": self.config.rate, "max_batch": self.config.max_batch,

@@ -50,9 +50,10 @@ class FleetConfig:
     cloud_device: str = field(default="cpu", metadata={
         "help": "server started by the fleet: where its torch model runs, as `serve --device` (cpu, cuda or cuda:N); "
                 "with --cloud-url the records name the device that server reports"})
-    kv_cache: str = field(default="dynamic", metadata={
-        "help": "server started by the fleet: its KV cache, as `serve --kv-cache` (dynamic, or static: one preallocated "
-                "cache of its sessions, captured CUDA graphs on a GPU); with --cloud-url, unknown", "choices": SERVER_CACHES})
+    kv_cache: str = field(default="auto", metadata={
+        "help": "server started by the fleet: its KV cache, as `serve --kv-cache` (dynamic; static: one preallocated "
+                "cache of its sessions, captured CUDA graphs on a GPU; auto: static on CUDA, dynamic on the CPU); the "
+                "records name the cache the server reports", "choices": SERVER_CACHES})
     cuda_graphs: str = field(default="on", metadata={
         "help": "server started by the fleet on CUDA with --kv-cache static: captured graphs (on) or eager (off)",
         "choices": CUDA_GRAPHS})
@@ -92,7 +93,7 @@ class FleetConfig:
             raise ConfigError("a fleet needs its server: give --cloud MODEL (the fleet starts it) or --cloud-url HOST:PORT")
         if self.cloud_url is not None:
             parse_address(self.cloud_url, "--cloud-url")
-            if self.cloud_runtime is not None or self.cloud_device != "cpu" or self.kv_cache != "dynamic":
+            if self.cloud_runtime is not None or self.cloud_device != "cpu" or self.kv_cache != "auto":
                 raise ConfigError("--cloud-runtime, --cloud-device and --kv-cache choose how the server the fleet starts "
                                   "runs; a --cloud-url server runs as it was started (`serve --runtime --device "
                                   "--kv-cache`): drop them")
