@@ -60,7 +60,7 @@ TESTS = ["tests/test_cuda.py", "-m", "cuda", "-q", "-p", "no:cacheprovider"]
 TESTS_TIMEOUT_S = 180
 # What the CUDA tests import beyond torch, transformers and pytest: wheels of the ones a GPU machine lacks travel
 # beside the check (bench/gpu/check.sh installs $SPECBENCH_WHEELS/*.whl; docs/gpu.md).
-NEEDED = ("websockets", "msgspec", "gguf", "psutil", "tqdm", "safetensors")
+NEEDED = ("websockets", "msgspec", "gguf", "psutil", "tqdm", "safetensors", "soundfile", "soxr", "jiwer")
 VERSIONS = ("torch", "transformers", "websockets")
 # --dry-run: the same code on the CPU, tiny configs, two shapes per axis.
 DRY = {"rows": (1, 2), "tokens": (1, 3), "context": 16, "repeats": 2, "warm_ups": 1,
