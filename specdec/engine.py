@@ -210,7 +210,7 @@ class Engine(EngineConfig):
         model of this process runs in llama.cpp (a server's model is the server's)."""
         if not any("llamacpp" in runtime_parts(getattr(self, f"{role}_runtime")) for role in self.roles):
             return None
-        used = {m.backend.extra_buffers for m in self._models.values() if hasattr(m.backend, "extra_buffers")}
+        used = {m.backend.extra_buffers for m in self._models.values() if m.backend.extra_buffers is not None}
         if not used:
             return self.llamacpp_extra_buffers
         return "mixed" if len(used) > 1 else "on" if used == {True} else "off"

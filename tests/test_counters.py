@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from specdec.backends.base import Backend
 from specdec import DecodeConfig, Prompt, SpecConfig, StopRule, Constraints, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.core.escalation import block_uncertainty, should_escalate
@@ -98,7 +99,7 @@ def test_first_cached_call_uploads_the_whole_prompt(backends):
     assert second.cloud_tokens_in == 1 + len(second.draft_tokens)
 
 
-class CountingBackend:
+class CountingBackend(Backend):
     """Wraps a backend and records the size of every block it is asked to run."""
 
     def __init__(self, inner):

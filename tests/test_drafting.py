@@ -8,7 +8,7 @@ import torch
 
 from bench.measure.link import BackgroundLink
 from bench.core.network import profile
-from specdec.backends.base import Prompt
+from specdec.backends.base import Backend, Prompt
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.decode import autoregressive_decode, block_size, speculative_decode
@@ -42,7 +42,7 @@ def cloud_greedy(models, ids, n):
     return autoregressive_decode(models["cloud"].backend, Prompt(ids), DecodeConfig(max_new_tokens=n)).tokens
 
 
-class CountingBackend:
+class CountingBackend(Backend):
     """An edge backend that counts its forwards (prefill included)."""
 
     def __init__(self, backend) -> None:

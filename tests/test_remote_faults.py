@@ -25,7 +25,7 @@ from websockets.sync.client import connect
 from bench.cli import main
 from bench.measure.run import FailedSamples, run
 from specdec.engine import Engine
-from specdec.backends.base import Prompt
+from specdec.backends.base import Backend, Prompt
 from specdec.core.verdict import CloudLost
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.core.decode import speculative_decode
@@ -114,7 +114,7 @@ def test_unreachable_server_is_one_line_and_writes_nothing(pair, prompts, tmp_pa
     assert "specbench serve" in err[-1] and not (out / "results.jsonl").exists()
 
 
-class KillsServerAfter:
+class KillsServerAfter(Backend):
     """An edge backend that SIGKILLs the server process after its n-th forward: a server lost in the
     middle of a generation, at a point the test chooses."""
 

@@ -223,7 +223,7 @@ def streamed_weight_bytes(lm: LoadedModel) -> int:
     them is counted as the head), a dynamic int8 Linear counted as its packed int8 weight and its bias."""
     if lm.runtime == "llamacpp":
         return Path(lm.location).stat().st_size
-    if hasattr(lm.backend, "streamed_bytes"):  # a converted runtime's graph says what it reads (onnxrt.py)
+    if lm.backend.streamed_bytes is not None:  # a converted runtime's graph says what it reads (onnxrt.py)
         return int(lm.backend.streamed_bytes)
     seen, total = set(), 0
     for module in lm.backend.model.modules():

@@ -54,7 +54,7 @@ def prefilled(lm, context: int):
 
 
 def _time_forward(backend, state, block: torch.Tensor, context: int) -> float:
-    device = getattr(backend, "device", None)  # a CUDA forward is timed once its queue has drained
+    device = backend.device  # a CUDA forward is timed once its queue has drained
     start = clock(device)
     backend.forward(state, block, keep=block.numel())
     seconds = clock(device) - start

@@ -15,6 +15,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from specdec.errors import ConfigError, InputError, ModelError
@@ -141,11 +142,38 @@ class State(Protocol):
     length: int
 
 
-@runtime_checkable
-class Backend(Protocol):
-    name: str
-    vocab_size: int  # rows of the output head; may differ between edge and cloud
-    accepts_audio: bool
+class Backend:
+    """The backend interface, declared: every runtime subclasses it and states what it can do.
+
+    Three methods make a backend (the module docstring): `prefill`, `forward` and `crop`. A runtime writes
+    `prefill`, `_run` (one block on a state: `forward` supplies its keep-default) and, where dropping positions
+    needs more than a shorter length, `_drop_past` (`crop` checks the length once, here). What callers read
+    beyond them is declared below with its default, so no caller probes a backend with getattr or hasattr, and a
+    new runtime is one file that overrides what differs:
+
+        device          where inputs go and logits live; None: the CPU (a CUDA forward is timed after its queue)
+        batchable       forward_batch runs rows of several states in one forward (the server batches them)
+        max_positions   the longest state it holds; None: the model's config says (LoadedModel.max_positions)
+        eos_ids         end-of-sequence ids of its own (a GGUF's, a converted folder's), beside the tokenizer's
+        processors      logits processors its decoding rule needs (Whisper's suppression)
+        streamed_bytes  bytes a one-token step reads, where the runtime knows; None: count the torch model's
+        memory_bytes    bytes it holds, where it has no torch model (llama.cpp, vnni)
+        extra_buffers   llama.cpp's repacked weight buffers in use; None for every other runtime
+        model           the torch model, where there is one
+    """
+
+    name: str = ""
+    vocab_size: int = 0  # rows of the output head; may differ between edge and cloud
+    accepts_audio: bool = False
+    device: torch.device | None = None
+    batchable: bool = False
+    max_positions: int | None = None
+    eos_ids: frozenset[int] = frozenset()
+    processors: tuple = ()
+    streamed_bytes: int | None = None
+    memory_bytes: int | None = None
+    extra_buffers: bool | None = None
+    model: Any = None
 
     def prefill(
         self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True
@@ -153,17 +181,56 @@ class Backend(Protocol):
         """One forward over `token_ids` ([n], starting with the prompt's ids) with the prompt's
         multimodal features. Returns (state of length n, logits of the last `keep` positions
         [keep, V], or None when keep == 0). `use_cache=False` builds no reusable state."""
-        ...
+        raise NotImplementedError
 
     def forward(self, state: Any, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
         """Feed `token_ids` [n] at positions state.length .. +n-1; returns the logits of the last
         `keep` positions [keep, V] (float32; all n when keep is None). The output head runs on
         those positions only."""
-        ...
+        return self._run(state, token_ids, kept_rows(token_ids, keep))
+
+    def forward_batch(self, states: list, blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor]:
+        """Blocks of several states in one forward (only where `batchable`), each row's logits as `forward`'s."""
+        raise NotImplementedError(f"{type(self).__name__} runs one state per forward (batchable is False)")
 
     def crop(self, state: Any, length: int) -> None:
         """Drop cached positions >= length (exact rollback)."""
-        ...
+        if not 0 <= length <= state.length:
+            raise ValueError(f"cannot crop a state of length {state.length} to {length}")
+        self._drop_past(state, length)
+        state.length = length
+
+    def _run(self, state: Any, token_ids: torch.Tensor, keep: int) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def _drop_past(self, state: Any, length: int) -> None:
+        """What a crop must do besides shortening the state (nothing where positions past the length are masked
+        or rewritten before a query reads them)."""
+
+
+def kept_rows(token_ids: torch.Tensor, keep: int | None) -> int:
+    """`forward`'s keep-default: the logits of every row of the block when keep is None."""
+    return token_ids.numel() if keep is None else keep
+
+
+def grown_capacity(held: int, needed: int, first: int, limit: int | None = None) -> int:
+    """The positions a growable KV buffer takes to hold `needed`: `first` at first, then at least twice what it
+    held (one copy of the held rows per doubling), never past `limit` but never below `needed`."""
+    capacity = max(needed, first, 2 * held)
+    return max(needed, min(capacity, limit)) if limit is not None else capacity
+
+
+def grown(old, capacity: int, axis: int, length: int):
+    """A host or device buffer like `old` (numpy or torch) with `capacity` positions on `axis`, holding its first
+    `length` positions (the rest uninitialised: every position is written before a query reads it)."""
+    shape = list(old.shape)
+    shape[axis] = capacity
+    new = np.empty(shape, old.dtype) if isinstance(old, np.ndarray) else torch.empty(shape, dtype=old.dtype,
+                                                                                      device=old.device)
+    if length:
+        index = (slice(None),) * axis + (slice(0, length),)
+        new[index] = old[index]
+    return new
 
 
 def from_pretrained_checked(model_class, path, model_types: tuple[str, ...], what: str, dtype=None):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specdec.backends.base import Prompt, cache_kwarg
+from specdec.backends.base import Backend, Prompt, cache_kwarg
 from specdec.errors import InputError
 
 
@@ -31,7 +31,7 @@ def block_positions(start: int, n: int, device: torch.device | str | None = None
     return torch.arange(start, start + n, dtype=torch.long, device=device).unsqueeze(0)
 
 
-class HFCausalBackend:
+class HFCausalBackend(Backend):
     """Wraps a loaded `*ForCausalLM`; build with `load_backend` or directly from a model."""
 
     accepts_audio = False
@@ -57,8 +57,6 @@ class HFCausalBackend:
         logits = self._run(state, token_ids, keep)
         return state, logits
 
-    def forward(self, state: CausalState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
-        return self._run(state, token_ids, token_ids.numel() if keep is None else keep)
 
     @functools.cached_property
     def batchable(self) -> bool:
@@ -101,12 +99,9 @@ class HFCausalBackend:
             logits.append(out.logits[row, n - keep : n].float())  # [keep, V]
         return logits
 
-    def crop(self, state: CausalState, length: int) -> None:
-        if not 0 <= length <= state.length:
-            raise ValueError(f"cannot crop a state of length {state.length} to {length}")
+    def _drop_past(self, state: CausalState, length: int) -> None:
         # crop() takes minus the number of tokens to drop; crop(0) also trims sliding layers.
         state.cache.crop(length - state.length)
-        state.length = length
 
     # --- internals ----------------------------------------------------------------------
     def _new_cache(self) -> DynamicCache:

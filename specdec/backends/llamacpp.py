@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.backends.base import LLAMACPP_EXTRA, Prompt, refuse_features
+from specdec.backends.base import Backend, LLAMACPP_EXTRA, Prompt, refuse_features
 from specdec.backends.llamacpp_probe import announce, build_id, decide
 from specdec.errors import ConfigError, InputError, ModelError
 
@@ -73,7 +73,7 @@ class LlamaState:
     _release: weakref.finalize | None = field(default=None, repr=False)
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(Backend):
     """A GGUF file loaded into one llama.cpp context; build with `LlamaCppBackend(path)`."""
 
     accepts_audio = False
@@ -144,15 +144,10 @@ class LlamaCppBackend:
             self._reclaim()
         return state, logits
 
-    def forward(self, state: LlamaState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
-        return self._run(state, token_ids, token_ids.numel() if keep is None else keep)
 
-    def crop(self, state: LlamaState, length: int) -> None:
-        if not 0 <= length <= state.length:
-            raise ValueError(f"cannot crop a state of length {state.length} to {length}")
+    def _drop_past(self, state: LlamaState, length: int) -> None:
         if not self._lib.llama_memory_seq_rm(self._memory, state.seq, length, -1):
             raise ModelError(f"llama.cpp cannot roll model {self.name!r} back to {length} positions (a recurrent model?)")
-        state.length = length
 
     # --- internals ----------------------------------------------------------------------
     def _reclaim(self) -> None:

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.backends.base import ONNX_EXTRA, Prompt, refuse_features
+from specdec.backends.base import ONNX_EXTRA, Backend, Prompt, grown, grown_capacity, refuse_features
 from specdec.errors import ConfigError, InputError, ModelError
 
 KEEP_INPUT = "num_logits_to_keep"  # the logits' rows to keep: added to the builder's graph by convert_onnx
@@ -73,7 +73,7 @@ def _ort():
     return onnxruntime
 
 
-class OnnxRuntimeBackend:
+class OnnxRuntimeBackend(Backend):
     """A converted folder (`specdec.models.convert_onnx`) in one ONNX Runtime session."""
 
     accepts_audio = False
@@ -156,25 +156,16 @@ class OnnxRuntimeBackend:
             state.kv, state.values, state.length = None, [], 0
         return state, logits
 
-    def forward(self, state: OnnxState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
-        return self._run(state, token_ids, token_ids.numel() if keep is None else keep)
-
-    def crop(self, state: OnnxState, length: int) -> None:
-        if not 0 <= length <= state.length:
-            raise ValueError(f"cannot crop a state of length {state.length} to {length}")
-        state.length = length
 
     # --- internals ----------------------------------------------------------------------
     def _reserve(self, state: OnnxState, needed: int) -> None:
         """Grow the state's buffers to hold `needed` positions (doubling; the held rows copied once)."""
         if needed <= state.capacity:
             return
-        capacity = min(self._rows, max(needed, 2 * state.capacity, MIN_CAPACITY))
-        kv = np.empty((2 * self.layers, 1, self.kv_heads, capacity, self.head_size), np.float32)
-        if state.length:
-            kv[:, :, :, : state.length] = state.kv[:, :, :, : state.length]
-        state.kv = kv
-        state.values = [self._ort.OrtValue.ortvalue_from_numpy(kv[i]) for i in range(2 * self.layers)]
+        capacity = grown_capacity(state.capacity, needed, MIN_CAPACITY, self._rows)
+        state.kv = (np.empty((2 * self.layers, 1, self.kv_heads, capacity, self.head_size), np.float32)
+                    if state.kv is None else grown(state.kv, capacity, 3, state.length))
+        state.values = [self._ort.OrtValue.ortvalue_from_numpy(state.kv[i]) for i in range(2 * self.layers)]
 
     def _run(self, state: OnnxState, token_ids: torch.Tensor, keep: int) -> torch.Tensor | None:
         """Feed token_ids [n] at positions state.length .. +n-1; logits [keep, V] of the last rows."""

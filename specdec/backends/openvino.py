@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.backends.base import OPENVINO_EXTRA, Prompt, refuse_features
+from specdec.backends.base import OPENVINO_EXTRA, Backend, Prompt, grown, grown_capacity, refuse_features
 from specdec.errors import ConfigError, InputError, ModelError
 
 OPENVINO_PINS = OPENVINO_EXTRA  # pip install 'specbench[openvino]'
@@ -69,7 +69,7 @@ class OpenVinoState:
     length: int = 0  # token positions held (rows 0 .. length-1 of the buffers)
 
 
-class OpenVinoBackend:
+class OpenVinoBackend(Backend):
     """An IR made by specdec/models/convert_openvino.py, compiled for the CPU; `convert_openvino.load_openvino`
     makes one from a HF model folder, converting it on first use.
 
@@ -106,13 +106,6 @@ class OpenVinoBackend:
             state.keys, state.values, state.length = [], [], 0
         return state, logits
 
-    def forward(self, state: OpenVinoState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
-        return self._run(state, token_ids, token_ids.numel() if keep is None else keep)
-
-    def crop(self, state: OpenVinoState, length: int) -> None:
-        if not 0 <= length <= state.length:
-            raise ValueError(f"cannot crop a state of length {state.length} to {length}")
-        state.length = length
 
     # --- internals ----------------------------------------------------------------------
     def _compile(self) -> None:
@@ -155,18 +148,13 @@ class OpenVinoBackend:
     def _reserve(self, state: OpenVinoState, rows: int) -> None:
         if state.keys and state.keys[0].shape[0] >= rows:
             return
-        capacity = max(FIRST_CAPACITY, state.keys[0].shape[0] if state.keys else 0)
-        while capacity < rows:
-            capacity *= 2
-        shape = (capacity, self.kv_heads, self.head_dim)
+        capacity = grown_capacity(state.keys[0].shape[0] if state.keys else 0, rows, FIRST_CAPACITY)
         for buffers in (state.keys, state.values):
             for index in range(self.layers):
-                grown = np.empty(shape, np.float32)
                 if index < len(buffers):
-                    grown[: state.length] = buffers[index][: state.length]
-                    buffers[index] = grown
+                    buffers[index] = grown(buffers[index], capacity, 0, state.length)
                 else:
-                    buffers.append(grown)
+                    buffers.append(np.empty((capacity, self.kv_heads, self.head_dim), np.float32))
 
     def _run(self, state: OpenVinoState, token_ids: torch.Tensor, keep: int) -> torch.Tensor | None:
         n, start = token_ids.numel(), state.length

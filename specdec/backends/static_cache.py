@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from specdec.backends.base import Prompt
+from specdec.backends.base import Prompt, grown_capacity
 from specdec.backends.cuda_graphs import CapturedSteps
 from specdec.backends.devices import STEPS, is_cuda
 from specdec.backends.hf_causal import HFCausalBackend, block_positions
@@ -131,13 +131,9 @@ class StaticCausalBackend(HFCausalBackend):
             return state, None
         return state, self._run(state, token_ids, keep)
 
-    def forward(self, state, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
-        return self._run(state, token_ids, token_ids.numel() if keep is None else keep)
 
-    def crop(self, state, length: int) -> None:
-        if not 0 <= length <= state.length:
-            raise ValueError(f"cannot crop a state of length {state.length} to {length}")
-        state.length = length  # exact: slots past it are masked until rewritten (module docstring)
+    def _drop_past(self, state, length: int) -> None:
+        """Nothing: slots past the length are masked until rewritten (module docstring)."""
 
     # --- internals ----------------------------------------------------------------------
     @torch.inference_mode()  # the cache and a graph's buffers are made here: inference tensors, written only here
@@ -163,10 +159,7 @@ class StaticCausalBackend(HFCausalBackend):
         if self.kv is not None and needed <= self.kv.capacity:
             return
         limit = getattr(self.model.config, "max_position_embeddings", None) or needed
-        capacity = self.capacity if self.kv is None else 2 * self.kv.capacity
-        while capacity < needed:
-            capacity *= 2
-        capacity = max(needed, min(capacity, limit))
+        capacity = grown_capacity(0 if self.kv is None else self.kv.capacity, needed, self.capacity, limit)
         dtype = next(self.model.parameters()).dtype
         kv = StaticKV(self.model.config, capacity, dtype, self.device)
         if self.kv is not None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from specdec.backends.base import Prompt
+from specdec.backends.base import Prompt, kept_rows
 from specdec.backends.cuda_graphs import CapturedRows
 from specdec.backends.devices import is_cuda
 from specdec.backends.hf_causal import HFCausalBackend
@@ -112,17 +112,15 @@ class SlotCausalBackend(HFCausalBackend):
     def forward(self, state, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
         if not isinstance(state, SlotState):  # a stateless verify's cache-free state
             return super().forward(state, token_ids, keep)
-        return self._rows([state], [token_ids], [token_ids.numel() if keep is None else keep])[0]
+        return self._rows([state], [token_ids], [kept_rows(token_ids, keep)])[0]
 
     def forward_batch(self, states: list, blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor]:
         return self._rows(states, blocks, keeps)
 
-    def crop(self, state, length: int) -> None:
-        if not isinstance(state, SlotState):
-            return super().crop(state, length)
-        if not 0 <= length <= state.length:
-            raise ValueError(f"cannot crop a state of length {state.length} to {length}")
-        state.length = length  # exact: columns past it are rewritten before any query reads them
+    def _drop_past(self, state, length: int) -> None:
+        if not isinstance(state, SlotState):  # a stateless verify's cache-free state
+            super()._drop_past(state, length)
+        # a slot's columns past the length are rewritten before any query reads them
 
     # --- internals ----------------------------------------------------------------------
     @torch.inference_mode()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.backends.base import Prompt, refuse_features
+from specdec.backends.base import Backend, Prompt, grown, grown_capacity, kept_rows, refuse_features
 from specdec.errors import InputError, ModelError
 from specdec.kernels import kernels, pack
 from specdec.kernels.pack import PackedLinear
@@ -75,7 +75,7 @@ def _linear(linears: list, weights: str) -> PackedLinear:
     return pack.int4(weight, bias) if weights == "int4" else pack.int8(weight, bias)
 
 
-class VnniBackend:
+class VnniBackend(Backend):
     """A causal LM packed for the vnni kernels; build with `from_model` (specdec/models/pack_vnni.py loads a folder)."""
 
     accepts_audio = False
@@ -150,16 +150,11 @@ class VnniBackend:
         return state, self._run([state], [token_ids], [keep])[0]
 
     def forward(self, state: VnniState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
-        return self._run([state], [token_ids], [token_ids.numel() if keep is None else keep])[0]
+        return self._run([state], [token_ids], [kept_rows(token_ids, keep)])[0]
 
     def forward_batch(self, states: list[VnniState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor]:
         """Each state's block in one pass over the weights: [keep_b, V] each, as `forward` gives it, bit for bit."""
         return self._run(states, blocks, keeps)
-
-    def crop(self, state: VnniState, length: int) -> None:
-        if not 0 <= length <= state.length:
-            raise ValueError(f"cannot crop a state of length {state.length} to {length}")
-        state.length = length
 
     # --- internals ----------------------------------------------------------------------
     def _reserve(self, state: VnniState, needed: int) -> None:
@@ -169,11 +164,9 @@ class VnniBackend:
         capacity = 0 if state.kv is None else state.kv.shape[2]
         if needed <= capacity:
             return
-        grown = min(self.max_positions, max(MIN_CAPACITY, needed, 2 * capacity))
-        kv = torch.empty(len(self.layers), 2, grown, self.kv_heads, self.head_dim)
-        if state.kv is not None and state.length:
-            kv[:, :, : state.length] = state.kv[:, :, : state.length]
-        state.kv = kv
+        capacity = grown_capacity(capacity, needed, MIN_CAPACITY, self.max_positions)
+        state.kv = (torch.empty(len(self.layers), 2, capacity, self.kv_heads, self.head_dim) if state.kv is None
+                    else grown(state.kv, capacity, 2, state.length))
 
     def _run(self, states: list[VnniState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor | None]:
         ops, sizes = self.ops, [block.numel() for block in blocks]

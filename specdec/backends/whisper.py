@@ -28,7 +28,7 @@ from transformers import (
     WhisperForConditionalGeneration,
 )
 
-from specdec.backends.base import Prompt, cache_kwarg, from_pretrained_checked
+from specdec.backends.base import Backend, Prompt, cache_kwarg, from_pretrained_checked
 from specdec.backends.hf_causal import block_positions
 from specdec.errors import InputError, ModelError
 
@@ -134,7 +134,7 @@ class WhisperState:
     length: int  # decoder positions held in the self-attention cache
 
 
-class WhisperBackend:
+class WhisperBackend(Backend):
     """Wraps a `WhisperForConditionalGeneration`; build with `load_whisper`."""
 
     accepts_audio = True
@@ -162,14 +162,9 @@ class WhisperBackend:
             return state, None
         return state, self._run(state, token_ids, keep)
 
-    def forward(self, state: WhisperState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
-        return self._run(state, token_ids, token_ids.numel() if keep is None else keep)
 
-    def crop(self, state: WhisperState, length: int) -> None:
-        if not 0 <= length <= state.length:
-            raise ValueError(f"cannot crop a state of length {state.length} to {length}")
+    def _drop_past(self, state: WhisperState, length: int) -> None:
         state.cache.crop(length - state.length)  # self-attention only; cross-attention K/V stay
-        state.length = length
 
     # --- internals ----------------------------------------------------------------------
     def encode(self, input_features: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,7 @@ class Session:
 
     def __init__(self, backend: Backend, prompt: Prompt) -> None:
         self.backend, self.prompt = backend, prompt
-        self.device = getattr(backend, "device", None)  # a CUDA forward is timed after its queue drains
+        self.device = backend.device  # a CUDA forward is timed after its queue drains
         self.state = None  # created by the first feed
         self.compute_s = 0.0
         self.prefill_s = 0.0  # the first forward: prompt + first block

@@ -57,7 +57,7 @@ class Forward:
 
 
 def shares_forwards(backend: Backend) -> bool:
-    return bool(getattr(backend, "batchable", False))
+    return backend.batchable
 
 
 def length_groups(lengths: dict[int, int]) -> list[list[int]]:
@@ -89,7 +89,7 @@ def batch_logits(backend: Backend, rows: list[BatchRow]) -> tuple[list[torch.Ten
     if len(rows) > 1 and shares_forwards(backend):
         plans = {i: plan for i, row in enumerate(rows)
                  if (plan := row.verifier.block(row.seq, row.draft_tokens)) is not None}
-    device = getattr(backend, "device", None)  # a CUDA forward is timed after its queue drains
+    device = backend.device  # a CUDA forward is timed after its queue drains
     for group in length_groups({i: plan[1].numel() for i, plan in plans.items()}):
         start = clock(device)
         states, blocks, keeps = zip(*(plans[i] for i in group))

@@ -86,7 +86,7 @@ class StatelessVerifier:
         tokens = torch.cat([seq.ids, draft_tokens])
         self.last_tokens_in = tokens.numel()
         self.last_sent_features = bool(self.prompt.features)
-        device = getattr(self.backend, "device", None)
+        device = self.backend.device
         start = clock(device)
         _, logits = self.backend.prefill(self.prompt, tokens, keep=draft_tokens.numel() + 1, use_cache=False)
         self.compute_s += clock(device) - start

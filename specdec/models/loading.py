@@ -45,9 +45,9 @@ class LoadedModel:
     def eos_ids(self) -> frozenset[int]:
         """Every id the model or its tokenizer declares as end of sequence."""
         ids = set()
-        model = getattr(self.backend, "model", None)  # a torch model; llama.cpp's backend declares its own
+        model = self.backend.model  # a torch model; llama.cpp's backend declares its own
         declared = getattr(model.generation_config, "eos_token_id", None) if model is not None else None
-        for value in (self.tokenizer.eos_token_id, declared, getattr(self.backend, "eos_ids", None)):
+        for value in (self.tokenizer.eos_token_id, declared, self.backend.eos_ids):
             if value is not None:
                 ids.update(value if isinstance(value, (list, tuple, frozenset)) else [value])
         return frozenset(int(i) for i in ids)
@@ -57,8 +57,8 @@ class LoadedModel:
         """The longest sequence (prompt + output tokens) the model has positions for, from its
         config (a decoder's own limit first: Whisper's 448 target positions), or None if unsaid;
         llama.cpp's backend says how many positions its context holds."""
-        own = getattr(self.backend, "max_positions", None)  # llama.cpp's context; a server's static cache's capacity
-        if own is not None or not hasattr(self.backend, "model"):
+        own = self.backend.max_positions  # llama.cpp's context; a server's static cache's capacity
+        if own is not None or self.backend.model is None:
             return own
         config = self.backend.model.config
         for part in (config, getattr(config, "text_config", None)):
@@ -71,7 +71,7 @@ class LoadedModel:
     def processors(self) -> tuple:
         """Logits processors the model's own decoding rule needs (Whisper's token suppression),
         to run before any profile's: `Constraints(processors=loaded.processors + ...)`."""
-        return tuple(getattr(self.backend, "processors", ()))
+        return tuple(self.backend.processors)
 
     def uses_chat_template(self, asked: bool) -> bool:
         """Whether `encode(..., chat_template=asked)` wraps text in a chat template: Whisper takes no

@@ -54,7 +54,7 @@ class VerifierServer:
         self.connections = 0  # open now
         ready = dict(schema=SCHEMA, vocab_size=model.backend.vocab_size, tokenizer_sha256=tokenizer_sha256(model.tokenizer),
                      accepts_audio=model.backend.accepts_audio, runtime=model.runtime,
-                     device=str(getattr(model.backend, "device", "cpu")), follows=config.follow_verdicts,
+                     device=str(model.backend.device or "cpu"), follows=config.follow_verdicts,
                      kv_cache=server_cache(model.backend))
         # A client on this machine gets the model's folder (`specbench score` loads the cloud from the
         # records); one elsewhere only the folder's name: the server's file layout is not its business.
