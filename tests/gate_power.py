@@ -15,6 +15,7 @@ import sys
 from bench.measure import gate, workload
 
 from bench.derive import gate_verdict
+from specdec.machine import fingerprint
 from tests.test_gate import SlowerForward, quiet
 
 WRAPS = {
@@ -33,7 +34,7 @@ def main() -> None:
     parser.add_argument("--busy", action="store_true", help="one busy-looping process beside the gate")
     args = parser.parse_args()
     gate._quiet_transformers()
-    baseline = gate_verdict.read_gate_file(gate_verdict.default_baseline("tiny"))
+    baseline = gate_verdict.read_gate_file(gate_verdict.choose_baseline("tiny", fingerprint()["machine_class"]).path)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     try:
         for condition in args.conditions:

@@ -21,6 +21,9 @@ from specdec.errors import InputError
 from specdec.machine import fingerprint
 
 
+COMMITTED_TINY = min((gate_verdict.BASELINES / "tiny").glob("*.json"))  # a committed gate file, whichever class
+
+
 def compare_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="specbench")
     compare_command.add_compare_parser(parser.add_subparsers(dest="command"))
@@ -87,7 +90,7 @@ def test_lower_acceptance_in_results_fails_exactly(results_dir, tmp_path):
 
 
 def test_gate_files_compare_with_the_gate_rules(tmp_path, capsys):
-    base = gate_verdict.read_gate_file(gate_verdict.default_baseline("tiny"))
+    base = gate_verdict.read_gate_file(COMMITTED_TINY)
     worse = copy.deepcopy(base)
     worse["timing"]["spec_vs_cloud"] *= 0.5
     worse["timing_repeats"]["spec_vs_cloud"] = [v * 0.5 for v in base["timing_repeats"]["spec_vs_cloud"]]
@@ -115,7 +118,7 @@ def test_default_out_names_both_sides(results_dir, tmp_path, monkeypatch):
 ])
 def test_bad_inputs_are_one_clear_error(results_dir, tmp_path, make, message):
     gate_file = tmp_path / "g.json"
-    gate_file.write_text(gate_verdict.default_baseline("tiny").read_text())
+    gate_file.write_text(COMMITTED_TINY.read_text())
     base, current = make(results_dir, gate_file)
     with pytest.raises(InputError, match=message):
         compare.compare_paths(base, current)

@@ -19,6 +19,7 @@ from bench.derive import gate_verdict
 from bench.measure import gate, tinypair, workload
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.errors import InputError
+from specdec.machine import fingerprint
 
 pytestmark = pytest.mark.slow  # see CONTRIBUTING.md: the quick loop leaves these out
 
@@ -185,8 +186,10 @@ def test_a_changed_workload_is_reported_not_compared_silently(baseline):
 
 
 def test_committed_tiny_baseline_matches_the_code():
-    """bench/baselines/tiny.json is current: its deterministic metrics reproduce (timing not checked)."""
-    committed = gate_verdict.read_gate_file(gate_verdict.default_baseline("tiny"))
+    """The tiny baseline the gate reads here (bench/baselines/tiny/) is current: its deterministic metrics
+    reproduce (timing not checked)."""
+    chosen = gate_verdict.choose_baseline("tiny", fingerprint()["machine_class"])
+    committed = gate_verdict.read_gate_file(chosen.path)
     current = gate.measure(workload.tiny_workload(repeats=1), log=quiet)
     moved = {k: c.line() for k, c in failed(committed, current, gate_verdict.TOLERANCES["tiny"]).items() if k not in TIMING}
     assert moved == {}, "re-measure with `specbench gate --suite tiny --update` if this change is intended"

@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 from bench.core.folder import writable_file
-from bench.derive.gate_verdict import (TOLERANCES, default_baseline, environment_notes, machine_of, other_machine,
-                                       read_gate_file, verdict, write_gate_file)
+from bench.derive.gate_verdict import (TOLERANCES, baseline_path, choose_baseline, environment_notes, machine_of,
+                                       other_machine, read_gate_file, verdict, write_gate_file)
 from bench.measure.gate import _quiet_transformers, judge, measure, timing_summary
 from specdec.errors import InputError
+from specdec.machine import describe, fingerprint
 from specdec.models.registry import is_fetched
 
 
@@ -20,10 +21,13 @@ def add_gate_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("gate", help="regression gate: deterministic metrics and timing ratios vs a baseline")
     p.add_argument("--suite", choices=sorted(TOLERANCES), default="tiny",
                    help="tiny: in-process random pair, fp32 (seconds); real: the Qwen2.5-Coder pair, bf16 (minutes)")
-    p.add_argument("--baseline", type=Path, help="baseline JSON (default: bench/baselines/<suite>.json)")
-    p.add_argument("--update", action="store_true", help="measure and rewrite the baseline (the only way it changes)")
+    p.add_argument("--baseline", type=Path,
+                   help="baseline JSON (default: bench/baselines/<suite>/<this machine's class>.json, else another "
+                        "class's for the deterministic metrics alone)")
+    p.add_argument("--update", action="store_true",
+                   help="measure and rewrite the baseline of this machine's class (the only way it changes)")
     p.add_argument("--save", type=Path, help="also write this run's measurements here (for `specbench compare`)")
-    p.add_argument("--verbose", action="store_true", help="print every check (default: timing checks and failures)")
+    p.add_argument("--verbose", action="store_true", help="print every check (default: judged timing checks and failures)")
     p.set_defaults(func=cmd_gate)
     return p
 
@@ -31,7 +35,11 @@ def add_gate_parser(subparsers) -> argparse.ArgumentParser:
 def cmd_gate(args: argparse.Namespace, wrap=None) -> int:
     from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS, SUITES
 
-    path = args.baseline or default_baseline(args.suite)
+    here = fingerprint()
+    path, missing = args.baseline, None
+    if path is None and not args.update:
+        choice = choose_baseline(args.suite, here["machine_class"])
+        path, missing = choice.path, None if choice.own_class else no_baseline_line(args.suite, here)
     if args.save:
         writable_file(args.save)  # before minutes of measuring, not after
     baseline = None
@@ -54,13 +62,15 @@ def cmd_gate(args: argparse.Namespace, wrap=None) -> int:
         write_gate_file(args.save, current)
     print(timing_summary(current))
     if args.update:
+        # named after the machine the record carries (environment.fingerprint): never another class's file
+        path = path or baseline_path(args.suite, (machine_of(current) or here)["machine_class"])
         write_gate_file(path, current)
         print(f"baseline written: {path}")
         return 0
     if other := other_machine(machine_of(baseline), machine_of(current)):
-        print(f"note: timing ratios not judged: {other} (a baseline measured here, `--update`, judges them)")
+        print(missing or f"note: timing ratios not judged: {other} (a baseline measured here, `--update`, judges them)")
     for check in checks:
-        if args.verbose or not check.ok or check.kind == "timing":
+        if args.verbose or not check.ok or (check.kind == "timing" and check.judged):
             print(check.line())
     for note in environment_notes(baseline, current):
         print(f"note: environment differs from the baseline's ({note})")
@@ -69,6 +79,12 @@ def cmd_gate(args: argparse.Namespace, wrap=None) -> int:
     ok, line = verdict(checks)
     print(line)
     return 0 if ok else 1
+
+
+def no_baseline_line(suite: str, here: dict) -> str:
+    """The one line a gate without a baseline of this machine's class prints: which class, and the fix."""
+    return (f"note: timing not judged: no {suite} baseline for {describe(here)}; "
+            f"add one: specbench gate --suite {suite} --update")
 
 
 def _say(message: str) -> None:

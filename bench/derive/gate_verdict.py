@@ -11,7 +11,8 @@ drift that unchanged code shows between runs. A drop whose estimate is past the 
 bound is not is `undecided`: the gate then measures more repeats. Absolute tokens/s are never gated.
 Timing ratios are judged only against a baseline from the same machine class (specdec/machine.py; a
 file records it in environment.fingerprint): from another machine, or one that records none, they are
-shown without a verdict, and the deterministic metrics are still judged exactly.
+shown without a verdict, and the deterministic metrics are still judged exactly. Baselines are kept one
+per class, bench/baselines/<suite>/<machine_class>.json (`choose_baseline`).
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from bench.core.metric_registry import TIMING_RATIO, direction
 from specdec.errors import InputError
 from specdec.machine import describe
 
-BASELINES = Path(__file__).parent.parent / "baselines"
+BASELINES = Path(__file__).parent.parent / "baselines"  # <suite>/<machine_class>.json, one per class
+FALLBACK = "unknown-machine"  # <suite>/unknown-machine.json: measured before fingerprints, on a machine nobody recorded
 FORMAT = 1
 REQUIRED = ("format", "suite", "workload", "deterministic", "timing")
 NOT_JUDGED = "not judged: another machine"  # a timing check's rule against another machine's baseline
@@ -177,8 +179,34 @@ def environment_notes(baseline: dict, current: dict) -> list[str]:
 
 
 # --- baseline files --------------------------------------------------------------------------
-def default_baseline(suite: str) -> Path:
-    return BASELINES / f"{suite}.json"
+@dataclass(frozen=True)
+class BaselineChoice:
+    path: Path
+    own_class: bool  # measured on this machine's class: its timing ratios are judged
+
+
+def baseline_path(suite: str, machine_class: str) -> Path:
+    """A machine class's baseline of `suite`, the one file `--update` on that class writes."""
+    return BASELINES / suite / f"{machine_class}.json"
+
+
+def choose_baseline(suite: str, machine_class: str) -> BaselineChoice:
+    """The baseline the gate judges `suite` against on `machine_class`: that class's own file; without
+    one, the most recently measured of the suite's other files (another class's, or unknown-machine.json
+    from before fingerprints): its deterministic metrics are still judged, its timings are not."""
+    own = baseline_path(suite, machine_class)
+    if own.is_file():
+        return BaselineChoice(own, True)
+    folder = own.parent
+    others = sorted(folder.glob("*.json"))
+    if not others:
+        raise InputError(f"no {suite} baseline in {folder}: measure one with `specbench gate --suite {suite} --update`")
+    return BaselineChoice(max(others, key=_measured_at), False)
+
+
+def _measured_at(path: Path) -> str:
+    """When a gate file was measured (its ISO date in UTC, which sorts as text); "" if it says not."""
+    return str((read_gate_file(path).get("environment") or {}).get("date", ""))
 
 
 def read_gate_file(path: Path) -> dict:

@@ -14,7 +14,7 @@ One process runs the workload (bench/measure/workload.py) and measures two kinds
                  show a drop beyond the between-run margin with 95 % confidence (bench/derive/gate_verdict.py);
                  an undecided drop gets more repeats first. Absolute tokens/s are never gated.
 
-The baseline (bench/baselines/<suite>.json) changes only through `--update`; its format and the
+The baseline (bench/baselines/<suite>/<machine class>.json) changes only through `--update`; its format and the
 rules that judge it are bench/derive/gate_verdict.py's. Exit codes: 0 pass, 1 a metric moved (each printed
 from -> to), 2 bad input (missing or malformed baseline).
 
