@@ -1,6 +1,6 @@
 """The OpenVINO runtime (specdec/backends/openvino.py, specdec/models/convert_openvino.py) on a tiny random
-Qwen2 saved as a HF folder: conversion cached, hashed and refused when damaged; blocks, steps and crops
-give one full forward's logits."""
+Qwen2 saved as a HF folder: conversion cached, hashed, rebuilt when damaged, refused when its source is;
+blocks, steps and crops give one full forward's logits."""
 import os
 import shutil
 
@@ -41,12 +41,12 @@ def test_conversion_cached_and_hashed(tiny, backend):
     assert marker["recipe"]["weights"] == "int8" and marker["model"]["layers"] == 2
     assert marker["source"]["model.safetensors"]["sha256"] == sha256_of(folder / "model.safetensors")
     for name in (conv.IR_XML, conv.IR_BIN):
-        assert marker["outputs"][name] == {"size": (out / name).stat().st_size, "sha256": sha256_of(out / name)}
+        assert marker["files"][name] == {"size": (out / name).stat().st_size, "sha256": sha256_of(out / name)}
     built = (out / conv.IR_BIN).stat().st_mtime_ns
     logs = []
     assert conv.convert(folder, log=logs.append) == out and logs == []  # reused, not converted again
     assert (out / conv.IR_BIN).stat().st_mtime_ns == built
-    assert not list(folder.glob(".openvino-*"))  # no temporary folder left behind
+    assert [p.name for p in folder.glob(".openvino-*")] == [".openvino-int8.lock"]  # no temporary folder left behind
     weights = folder / "model.safetensors"
     os.utime(weights, ns=(built, built + 10**9))  # touched, same bytes: hashed, reused, the new mtime recorded
     assert conv.convert(folder, log=logs.append) == out and logs == []
@@ -93,7 +93,7 @@ def test_state_grows_past_first_capacity(tiny, backend, monkeypatch):
     assert torch.equal(steps, full[3:])
 
 
-def test_damaged_refused_changed_converted_again(tiny, backend, tmp_path):
+def test_damaged_source_refused_damaged_ir_or_changed_source_converted_again(tiny, backend, tmp_path):
     folder = tmp_path / "m"
     shutil.copytree(tiny[0], folder)  # with its IR (mtimes kept: reused as is)
     logs = []
@@ -110,16 +110,16 @@ def test_damaged_refused_changed_converted_again(tiny, backend, tmp_path):
     weights.write_bytes(data)  # restored (another mtime, same bytes: reused after hashing); now damage the IR
     ir = out / conv.IR_BIN
     ir.write_bytes(ir.read_bytes()[:-16])
-    with pytest.raises(ModelError) as error:
-        conv.convert(folder)
-    message = str(error.value)
-    assert "openvino_model.bin has" in message and f"delete {out}" in message and "\n" not in message
+    assert conv.convert(folder, log=logs.append) == out
+    assert "is damaged (openvino_model.bin has" in logs[0] and conv.read_marker(out)["files"][conv.IR_BIN] == {
+        "size": ir.stat().st_size, "sha256": sha256_of(ir)}
+    logs.clear()
     tiny_causal("qwen2", seed=2).save_pretrained(folder)  # same sizes, other weights: converted again
     assert conv.convert(folder, log=logs.append) == out
     second = conv.read_marker(out)
     assert any("changed" in line for line in logs)
     assert second["source"]["model.safetensors"]["sha256"] != first["source"]["model.safetensors"]["sha256"]
-    assert second["outputs"][conv.IR_BIN]["sha256"] != first["outputs"][conv.IR_BIN]["sha256"]
+    assert second["files"][conv.IR_BIN]["sha256"] != first["files"][conv.IR_BIN]["sha256"]
     assert isinstance(conv.open_ir(out), OpenVinoBackend)
 
 

@@ -13,6 +13,10 @@ The Whisper layout (`WhisperSpec`) fuses projections: self-attention `linear_0` 
 and cross-attention `linear_1` is k|v [2D, D]. Whisper's k projection has no bias: its slice of the
 fused bias is zero and is dropped. The output projection is an alias of the token embeddings
 (tied). Special-token ids come from `tokenizer.json`, the suppression lists from `config.json`.
+
+`convert_whisper` writes a directory (fetch.py caches the registry's); `ensure_whisper` converts a local
+CTranslate2 Whisper folder once into `hf-<dtype>/` beside its files, a cached artifact
+(specdec/models/artifact.py: lock, marker written last, swap-in, rebuilt when damaged).
 """
 from __future__ import annotations
 
@@ -20,18 +24,23 @@ import json
 import mmap
 import re
 import struct
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from specdec.errors import ModelError
+from specdec.errors import ConfigError, ModelError
+from specdec.models import artifact
 
 CT2_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}  # 5 = bfloat16, unused here
 SUPPORTED_VERSIONS = (5, 6)
 N_MELS = 80  # every Whisper checkpoint before large-v3
 TASKS = ("transcribe", "translate")
 MULTILINGUAL_VOCAB = 51865
+CT2_FILES = ("model.bin", "config.json", "tokenizer.json")  # and vocabulary.txt where the folder has one
+DTYPES = ("float16", "bfloat16", "float32")
+FORMAT = 1  # the directory convert_whisper writes; bump when it changes
 
 
 class _Reader:
@@ -256,3 +265,34 @@ def convert_whisper(model_bin: Path, ct2_config: Path, tokenizer_json: Path, out
     tokenizer.save_pretrained(out)
     WhisperFeatureExtractor(feature_size=N_MELS).save_pretrained(out)
     return out
+
+
+def hf_dir(ct2_dir: Path | str, dtype: str = "float16") -> Path:
+    """Where `ensure_whisper` keeps the conversion of `ct2_dir` in `dtype`."""
+    return Path(ct2_dir) / f"hf-{dtype}"
+
+
+def whisper_artifact(ct2_dir: Path | str, dtype: str = "float16") -> artifact.Artifact:
+    """The `dtype` conversion of the CTranslate2 Whisper folder `ct2_dir` as a cached artifact."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r} for a Whisper conversion: use one of {', '.join(DTYPES)}")
+    ct2_dir = Path(ct2_dir)
+    inputs = CT2_FILES + (("vocabulary.txt",) if (ct2_dir / "vocabulary.txt").is_file() else ())
+    recipe = {"format": FORMAT, "dtype": dtype, "transformers": artifact.package_version("transformers")}
+    return artifact.Artifact(ct2_dir, hf_dir(ct2_dir, dtype).name, inputs, recipe,
+                             label=f"Hugging Face {dtype} conversion", required=("model.safetensors", "config.json"))
+
+
+def ensure_whisper(ct2_dir: Path | str, dtype: str = "float16", log: artifact.Log = print, *,
+                   hashes: bool = False) -> Path:
+    """The `WhisperForConditionalGeneration` directory of the CTranslate2 Whisper folder `ct2_dir`
+    (CT2_FILES), converted on first use into `hf_dir(ct2_dir, dtype)` and reused while its files are
+    unchanged. `hashes`: check the conversion's sha256 (else its sizes) on reuse."""
+    ct2_dir = Path(ct2_dir).expanduser()
+    return artifact.ensure(whisper_artifact(ct2_dir, dtype), partial(_build, ct2_dir, dtype), log, hashes=hashes)
+
+
+def _build(ct2_dir: Path, dtype: str, tmp: Path) -> None:
+    vocabulary = ct2_dir / "vocabulary.txt"
+    convert_whisper(ct2_dir / "model.bin", ct2_dir / "config.json", ct2_dir / "tokenizer.json", tmp, dtype=dtype,
+                    vocabulary_txt=vocabulary if vocabulary.is_file() else None)

@@ -28,23 +28,19 @@ DynamicCache from the past tensors and passes a prepared 4D mask (so transformer
 choices depend on shapes that tracing would freeze, never runs), `openvino.convert_model` traces it
 (TorchScript) with a 2-row block on a 3-row past (2, not 1: transformers' sdpa path takes another branch
 for one query row), `nncf.compress_weights` compresses the weights (data-free), `openvino.save_model`
-writes the IR without fp16 compression. It is built in a temporary folder next to the cache and renamed
-into place, its marker written last inside it. Peak memory: ~1.3x the float32 weights (9.4 GB for the 1.5B).
+writes the IR without fp16 compression. Peak memory: ~1.3x the float32 weights (9.4 GB for the 1.5B).
 
-The marker (`specbench-openvino.json`) records the recipe, the source files' size, mtime and sha256 and
-the outputs' size and sha256. A cached IR is reused when the recipe and the source files match (size and
-mtime; on another mtime the source is hashed again), converted again when the source changed, and refused
-in one line when its own files are damaged. A damaged source (a safetensors file truncated or padded) is
-refused in one line before anything else.
+The IR is a cached artifact (specdec/models/artifact.py): built under a lock into a temporary folder beside
+the cache and swapped in, its marker (`specbench-artifact.json`) written last with the recipe, the source
+files' size, mtime and sha256 and the outputs' size and sha256. It is reused while the recipe and the source
+match, and converted again when the source changed or the IR or its marker is damaged. A damaged source
+(a safetensors file truncated or padded) is refused in one line before anything else.
 """
 from __future__ import annotations
 
 import gc
 import json
-import os
-import shutil
-import tempfile
-import time
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -52,8 +48,9 @@ import torch
 
 from specdec.backends.openvino import OPENVINO_PINS, OpenVinoBackend
 from specdec.errors import ConfigError, ModelError
-from specdec.models import integrity, registry
-MARKER = "specbench-openvino.json"
+from specdec.models import artifact, registry
+
+MARKER = artifact.MARKER
 IR_XML, IR_BIN = "openvino_model.xml", "openvino_model.bin"
 FORMAT = 2  # the IR's inputs/outputs and graph as described above; bump when either changes
 MODEL_TYPES = ("qwen2", "llama")
@@ -81,34 +78,25 @@ def ir_dir(model_dir: Path | str, weights: str = DEFAULT_WEIGHTS, attention: str
 def convert(model_dir: Path | str, weights: str = DEFAULT_WEIGHTS, log: Callable[[str], None] | None = None,
             hashes: bool = True, attention: str = DEFAULT_ATTENTION) -> Path:
     """The folder holding the IR of `model_dir` (IR_XML, IR_BIN, MARKER), converted on first use and
-    whenever the source changed. `hashes`: check the outputs' sha256 (else their sizes only) on reuse."""
+    whenever the source changed or the IR is damaged. `hashes`: check the outputs' sha256 (else their sizes
+    only) on reuse."""
     log = log or (lambda message: None)
     model_dir = Path(model_dir)
     if weights not in WEIGHTS:
         raise ConfigError(f"unknown OpenVINO weight compression {weights!r}: use one of {', '.join(WEIGHTS)}")
     if attention not in ATTENTION:
         raise ConfigError(f"unknown OpenVINO attention {attention!r}: use one of {', '.join(ATTENTION)}")
-    sources = _check_source(model_dir)
-    out = ir_dir(model_dir, weights, attention)
-    recipe = _recipe(weights, attention)
-    if out.exists():
-        marker = registry.read_marker(out, MARKER)
-        if marker is None:
-            raise ModelError(f"the OpenVINO copy {out} has no readable {MARKER} (damaged or interrupted): "
-                             f"delete {out} and it is converted again on next use")
-        if marker.get("recipe") == recipe:
-            before = json.dumps(marker.get("source"), sort_keys=True)
-            if _same_source(model_dir, sources, marker.get("source", {})):
-                if problem := _output_problem(out, marker.get("outputs", {}), hashes):
-                    raise ModelError(f"the OpenVINO copy in {out} is damaged ({problem}): delete {out} and it is "
-                                     "converted again on next use")
-                if json.dumps(marker["source"], sort_keys=True) != before:  # touched, same bytes: keep the new mtimes
-                    _write_marker(out, marker)
-                return out
-            log(f"{model_dir.name}: its weights changed since the OpenVINO conversion: converting again")
-        else:
-            log(f"{model_dir.name}: the OpenVINO copy was made by another recipe: converting again")
-    return _build(model_dir, sources, recipe, out, log)
+    spec = ir_artifact(model_dir, weights, attention)
+    return artifact.ensure(spec, partial(_build, model_dir, spec.recipe), log, hashes=hashes)
+
+
+def ir_artifact(model_dir: Path | str, weights: str = DEFAULT_WEIGHTS,
+                attention: str = DEFAULT_ATTENTION) -> artifact.Artifact:
+    """The IR of `model_dir` as a cached artifact: built from its config and safetensors by this recipe."""
+    model_dir = Path(model_dir)
+    return artifact.Artifact(model_dir, ir_dir(model_dir, weights, attention).name, _check_source(model_dir),
+                             _recipe(weights, attention), label=f"OpenVINO {weights} IR ({attention} attention)",
+                             required=(IR_XML, IR_BIN))
 
 
 def read_marker(folder: Path | str) -> dict | None:
@@ -158,131 +146,38 @@ def _source_names(model_dir: Path) -> list[str]:
     return [n for n in SOURCE_FILES if (model_dir / n).is_file()] + names
 
 
-def _check_source(model_dir: Path) -> list[str]:
+def _check_source(model_dir: Path) -> tuple[str, ...]:
+    """The files the conversion reads; the folder's damage is artifact.ensure's to find."""
     if not (model_dir / "config.json").is_file():
         raise ModelError(f"{model_dir} is not a Hugging Face model folder (no config.json): point at one")
     names = _source_names(model_dir)
     if not any(n.endswith(".safetensors") for n in names):
         raise ModelError(f"{model_dir} has no .safetensors weights: the OpenVINO conversion reads safetensors only")
-    for name in names:
-        if name.endswith(".safetensors") and (problem := integrity.safetensors_problem(model_dir / name)):
-            raise ModelError(f"cannot convert {model_dir} to OpenVINO: {problem} ({model_dir / name}): "
-                             f"{_refetch(model_dir)}")
-    return names
-
-
-def _refetch(model_dir: Path) -> str:
-    """How to repair a damaged source folder."""
-    try:
-        if registry.is_alias(model_dir.name) and registry.model_dir(model_dir.name) == model_dir:
-            return f"run `specbench models fetch {model_dir.name}` to fetch it again"
-    except ModelError:
-        pass
-    return "restore the model's weight files"
-
-
-def _stat(path: Path) -> dict:
-    st = path.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def _same_source(model_dir: Path, names: list[str], recorded: dict) -> bool:
-    """The source files are those recorded: same names and sizes, and the same mtime or else the same sha256
-    (then `recorded` takes the new mtime, so that the next check needs no hashing)."""
-    if sorted(names) != sorted(recorded):
-        return False
-    for name in names:
-        path, entry = model_dir / name, recorded[name]
-        now = _stat(path)
-        if now["size"] != entry.get("size"):
-            return False
-        if now["mtime_ns"] != entry.get("mtime_ns"):
-            if integrity.sha256_of(path) != entry.get("sha256"):
-                return False
-            entry["mtime_ns"] = now["mtime_ns"]
-    return True
-
-
-def _write_marker(folder: Path, marker: dict) -> None:
-    """Write `marker` into `folder` atomically (a temporary file renamed over it)."""
-    tmp = folder / f".{MARKER}.{os.getpid()}"
-    tmp.write_text(json.dumps(marker, indent=1) + "\n")
-    os.replace(tmp, folder / MARKER)
-
-
-# --- outputs ------------------------------------------------------------------------------------
-def _output_problem(out: Path, recorded: dict, hashes: bool) -> str | None:
-    if set(recorded) != {IR_XML, IR_BIN}:
-        return f"its {MARKER} does not list {IR_XML} and {IR_BIN}"
-    found = integrity.problems(out, recorded, hashes)
-    return found[0] if found else None
+    return tuple(names)
 
 
 def _recipe(weights: str, attention: str) -> dict:
     """What made an IR: a cached one made otherwise is converted again. Versions from the installed
     metadata (importing nncf to ask it costs a second at every load)."""
-    return {"format": FORMAT, "weights": weights, "attention": attention, "openvino": _version("openvino"),
-            "nncf": _version("nncf"), "transformers": _version("transformers")}
-
-
-def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        raise ConfigError(f"the OpenVINO conversion needs {package}, which is not installed: {OPENVINO_PINS}") from None
+    versions = {package: artifact.package_version(package) for package in ("openvino", "nncf", "transformers")}
+    if missing := [package for package, version in versions.items() if not version]:
+        raise ConfigError(f"the OpenVINO conversion needs {missing[0]}, which is not installed: {OPENVINO_PINS}")
+    return {"format": FORMAT, "weights": weights, "attention": attention, **versions}
 
 
 # --- build --------------------------------------------------------------------------------------
-def _build(model_dir: Path, sources: list[str], recipe: dict, out: Path, log) -> Path:
+def _build(model_dir: Path, recipe: dict, tmp: Path) -> dict:
+    """Trace, compress and save the IR into `tmp`; the marker's extras."""
     import openvino
 
-    start = time.perf_counter()
-    log(f"{model_dir.name}: converting to OpenVINO ({recipe['weights']} weights, {recipe['attention']} attention) in {out}")
-    source = {}
-    for name in sources:  # stat before hashing: a file rewritten meanwhile fails the next reuse check
-        path = model_dir / name
-        source[name] = {**_stat(path), "sha256": integrity.sha256_of(path)}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=model_dir))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the folder is a cache like its model folder
     try:
         ov_model, info = export(model_dir, recipe["attention"])
         ov_model = compress(ov_model, recipe["weights"])
         openvino.save_model(ov_model, tmp / IR_XML, compress_to_fp16=False)
         del ov_model
-        outputs = {name: {"size": (tmp / name).stat().st_size, "sha256": integrity.sha256_of(tmp / name)}
-                   for name in (IR_XML, IR_BIN)}
-        seconds = round(time.perf_counter() - start, 1)
-        marker = {"recipe": recipe, "model": info, "source": source, "outputs": outputs, "convert_s": seconds}
-        _write_marker(tmp, marker)
-        _swap_in(tmp, out)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
         gc.collect()  # the float32 torch model and the traced graph: GBs for a 1.5B
-    log(f"{model_dir.name}: OpenVINO {recipe['weights']} IR made in {seconds:.0f} s "
-        f"({outputs[IR_BIN]['size'] / 1e9:.2f} GB)")
-    return out
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Rename the finished folder into place; an older copy goes aside first and is removed after."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        if not out.exists():  # not another converter's finished copy: put the old one back
-            if old is not None:
-                os.rename(old, out)
-            raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    return {"model": info}
 
 
 class KVWrapper(torch.nn.Module):
