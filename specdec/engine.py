@@ -11,7 +11,7 @@ from specdec.backends.base import runtime_parts
 from specdec.backends.devices import steps_of
 from specdec.core.cloud import Cloud, LocalCloud
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
-from specdec.core.decode import autoregressive_decode, speculative_decode
+from specdec.core.decode import SpecOptions, autoregressive_decode, speculative_decode
 from specdec.core.drafters import DRAFTS_AHEAD, NEEDS_MODEL, WEIGHS_RUNTIMES
 from specdec.core.history import History
 from specdec.core.two_runtime import TwoRuntimeCloud
@@ -293,12 +293,9 @@ class Engine(EngineConfig):
         if self.mode == "spec":
             edge = self.model("edge").backend if self.spec.drafter in NEEDS_MODEL else None
             history = self.history()  # this request reads what earlier ones measured; its answer's length closes it
-            generation = speculative_decode(
-                edge, self.cloud_side(), prompt, self.spec, self.decode,
-                constraints, self.punct_density(), on_cloud_loss=self.deploy.on_cloud_loss,
-                overlap=self.deploy.overlap if self.remote_cloud else False, governor=self._governor(),
-                history=history,
-            )
+            options = SpecOptions(constraints, self.punct_density(), self.deploy.on_cloud_loss,
+                                  self.deploy.overlap if self.remote_cloud else False, self._governor(), history)
+            generation = speculative_decode(edge, self.cloud_side(), prompt, self.spec, self.decode, options)
             history.close_request(generation.new_tokens)
         else:
             generation = autoregressive_decode(loaded.backend, prompt, self.decode, constraints, role=self.mode)

@@ -24,30 +24,32 @@ HEAVY = ("transformers",)
 # specdec's layers: its modules (a package name covers its modules) and the layers it may import.
 LAYERS = {
     "errors": (("specdec.errors",), ()),
+    # The named settings' enums (specdec/settings.py): what core reads of a runtime's settings, below every runtime.
+    "settings": (("specdec.settings",), ("errors",)),
     # The machine's fingerprint: nothing of specdec's; bench's records, compare and calibrate read it.
     "machine": (("specdec.machine",), ()),
     # specbench's own CPU kernels (vnni.cpp), built once per machine class: what they need of the CPU is machine's.
-    "kernels": (("specdec.kernels",), ("errors", "machine")),
+    "kernels": (("specdec.kernels",), ("errors", "settings", "machine")),
     # llamacpp_probe.py keeps its verdicts per machine class; vnni.py runs on the kernels.
-    "backends": (("specdec.backends",), ("errors", "machine", "kernels")),
+    "backends": (("specdec.backends",), ("errors", "settings", "machine", "kernels")),
     # The loop and what it needs: the folder specdec/core/ is the layer.
-    "core": (("specdec.core",), ("errors", "backends")),
+    "core": (("specdec.core",), ("errors", "settings", "backends")),
     # The package's public names (specdec/__init__.py): the core's, re-exported.
-    "api": (("specdec",), ("errors", "backends", "core")),
-    "models": (("specdec.models",), ("errors", "backends", "kernels")),
+    "api": (("specdec",), ("errors", "settings", "backends", "core")),
+    "models": (("specdec.models",), ("errors", "settings", "backends", "kernels")),
     # The verifier protocol and the edge's client: the engine verifies through them.
     "transport": (("specdec.remote", "specdec.remote.client", "specdec.remote.protocol", "specdec.remote.payloads"),
-                  ("errors", "backends", "core")),
+                  ("errors", "settings", "backends", "core")),
     # What both the engine and the server build from a loaded model (its decoding constraints).
-    "assembly": (("specdec.constraint_profiles",), ("errors", "backends", "core", "models")),
-    "engine": (("specdec.engine",), ("errors", "backends", "core", "models", "transport", "assembly")),
+    "assembly": (("specdec.constraint_profiles",), ("errors", "settings", "backends", "core", "models")),
+    "engine": (("specdec.engine",), ("errors", "settings", "backends", "core", "models", "transport", "assembly")),
     # The verifier server: the cloud side of the protocol, built on the core and a loaded model;
     # never on the engine (the edge's facade), so neither side's changes ripple into the other.
     # Its modules: the connection loop (server), the requests' handlers, a session, its config, the batcher,
     # and the server on a thread for tests (background).
     "serve": (("specdec.remote.server", "specdec.remote.handlers", "specdec.remote.server_session",
                "specdec.remote.server_config", "specdec.remote.batcher", "specdec.remote.background"),
-              ("errors", "backends", "core", "models", "transport", "assembly")),
+              ("errors", "settings", "backends", "core", "models", "transport", "assembly")),
 }
 # bench's layers (ARCHITECTURE.md): a package and the layers it may import. `bench` itself, its
 # conftest, the pytest-benchmark suites (bench/test_bench_*.py) and the data folders' scripts

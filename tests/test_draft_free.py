@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from specdec.core.decode import SpecOptions
 from specdec import DecodeConfig, Prompt, SpecConfig, autoregressive_decode, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.core import cloud as cloud_module
@@ -77,7 +78,7 @@ def test_greedy_with_each_drafter_is_the_clouds_greedy(pair, drafter, verifier):
     for seed in range(6):
         prompt = looping_prompt(seed)
         generation = speculative_decode(edge if drafter == "hybrid" else None, cloud, prompt, spec, decode,
-                                        history=history)
+                                        SpecOptions(history=history))
         assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
         made_by |= {c.drafter for c in generation.cycles}
         kept += generation.counters.num_accepted_tokens
@@ -136,7 +137,7 @@ def test_a_hybrid_whose_model_does_not_pay_takes_plain_steps_and_stays_lossless(
     made_by = set()
     for seed in range(4):
         prompt = looping_prompt(seed)
-        generation = speculative_decode(edge, cloud, prompt, replace(spec, drafter="hybrid"), decode, history=history)
+        generation = speculative_decode(edge, cloud, prompt, replace(spec, drafter="hybrid"), decode, SpecOptions(history=history))
         assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
         made_by |= {c.drafter for c in generation.cycles}
         lookup_alone = speculative_decode(None, cloud, prompt, replace(spec, drafter="prompt-lookup"), decode)
@@ -412,7 +413,7 @@ def test_a_request_prefilled_in_the_blocks_runtime_stays_lossless(pair, verifier
     firsts = set()
     for seed in range(4):
         prompt = looping_prompt(seed)
-        generation = speculative_decode(None, verifying, prompt, spec, decode, history=history)
+        generation = speculative_decode(None, verifying, prompt, spec, decode, SpecOptions(history=history))
         assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
         firsts.add(generation.cycles[0].drafter)
     assert firsts and firsts <= {STAY, "prompt-lookup"}
@@ -458,7 +459,7 @@ def test_auto_switching_between_blocks_and_plain_steps_mid_request_stays_lossles
     kinds, switched = set(), False
     for seed in range(6):
         prompt = looping_prompt(seed)
-        generation = speculative_decode(None, verifying, prompt, spec, decode, history=history)
+        generation = speculative_decode(None, verifying, prompt, spec, decode, SpecOptions(history=history))
         assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
         drafted = [c.drafter for c in generation.cycles]
         kinds |= set(drafted)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec import ConfigError, DecodeConfig, Prompt, SpecConfig, autoregressive_decode, speculative_decode
+from specdec import ConfigError, DecodeConfig, Prompt, SpecConfig, SpecOptions, autoregressive_decode, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.core.drafters import DRAFTERS, DraftContext, DraftFree, Proposal, register_drafter
 from specdec.core.policies.sample import speculative_sample
@@ -96,7 +96,7 @@ def test_a_combination_that_cannot_work_is_refused_in_one_line(cloud):
     lookup = SpecConfig(policy="greedy", drafter="prompt-lookup")
     refusals = {
         "drafter 'prompt-lookup' cannot draft ahead \\(only model can\\): use --overlap auto or false":
-            lambda: speculative_decode(None, cloud, prompt, lookup, decode, overlap=True),
+            lambda: speculative_decode(None, cloud, prompt, lookup, decode, SpecOptions(overlap=True)),
         "--overlap true drafts ahead with the edge model; drafter 'hybrid' cannot \\(only model\\)":
             lambda: Engine(mode="spec", edge="e", cloud_url="127.0.0.1:1", spec=SpecConfig(drafter="hybrid"),
                            deploy=DeployConfig(overlap=True)),
@@ -120,7 +120,7 @@ def test_a_combination_that_cannot_work_is_refused_in_one_line(cloud):
             attempt()
         assert "\n" not in str(refused.value)
     # "auto" drafts ahead only where a drafter can: a draft-free one runs sequentially, as asked
-    assert speculative_decode(None, cloud, prompt, lookup, decode, overlap="auto").new_tokens == 4
+    assert speculative_decode(None, cloud, prompt, lookup, decode, SpecOptions(overlap="auto")).new_tokens == 4
 
 
 def test_drafter_options_reach_the_drafter(cloud):

@@ -11,7 +11,7 @@ from bench.core.network import profile
 from specdec.backends.base import Backend, Prompt
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.core.config import DecodeConfig, SpecConfig
-from specdec.core.decode import autoregressive_decode, block_size, speculative_decode
+from specdec.core.decode import SpecOptions, autoregressive_decode, block_size, speculative_decode
 from specdec.core.block_length import make_schedule, make_stop
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
@@ -113,7 +113,7 @@ def test_overlapped_split_greedy_equals_cloud_mode(models, server, verifier, lin
         remote.connect()
         for ids in PROMPTS:
             generation = speculative_decode(models["edge"].backend, remote, Prompt(ids), spec,
-                                            DecodeConfig(max_new_tokens=20), overlap=True)
+                                            DecodeConfig(max_new_tokens=20), SpecOptions(overlap=True))
             assert generation.tokens == cloud_greedy(models, ids, 20)
             kept += generation.counters.overlap_kept_tokens
             wasted += generation.counters.overlap_wasted_tokens
@@ -129,7 +129,7 @@ def test_overlap_counters_add_up_to_the_edge_forwards(models, server):
         remote.connect()
         for ids in PROMPTS[:3]:
             edge = CountingBackend(models["edge"].backend)
-            generation = speculative_decode(edge, remote, Prompt(ids), spec, DecodeConfig(max_new_tokens=20), overlap=True)
+            generation = speculative_decode(edge, remote, Prompt(ids), spec, DecodeConfig(max_new_tokens=20), SpecOptions(overlap=True))
             kept_before, fresh = 0, 0
             for cycle in generation.cycles:
                 fresh += len(cycle.draft_tokens) - kept_before
@@ -160,7 +160,7 @@ def overlapped_p_values(models, server, seeds: range) -> tuple[float, float, int
     first_counts, third_counts, kept = torch.zeros(64), {}, 0
     for seed in seeds:
         generation = speculative_decode(models["edge"].backend, remote, Prompt(ids), spec,
-                                        DecodeConfig(max_new_tokens=3, temperature=temperature, seed=seed), overlap=True)
+                                        DecodeConfig(max_new_tokens=3, temperature=temperature, seed=seed), SpecOptions(overlap=True))
         t0, t1, t2 = generation.tokens
         first_counts[t0] += 1
         third_counts.setdefault((t0, t1), torch.zeros(64))[t2] += 1

@@ -26,7 +26,7 @@ from specdec.backends.base import Prompt
 from specdec.core.cloud import LocalCloud
 from specdec.core.verdict import CloudLost
 from specdec.core.config import DecodeConfig, SpecConfig
-from specdec.core.decode import autoregressive_decode, speculative_decode
+from specdec.core.decode import SpecOptions, autoregressive_decode, speculative_decode
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
@@ -157,7 +157,7 @@ def test_cloud_loss_while_drafting_ahead_finishes_edge_only(models):
     edge = models["edge"].backend
     cloud = LosesTheCloud(edge, lose_at=3)
     generation = speculative_decode(edge, cloud, Prompt(IDS), GREEDY, DecodeConfig(max_new_tokens=24),
-                                    on_cloud_loss="edge", overlap=True)
+                                    SpecOptions(on_cloud_loss="edge", overlap=True))
     lost = next(c for c in generation.cycles if not c.escalated)
     assert lost.ahead_guess is not None  # the edge had drafted ahead when the cloud went
     assert generation.degraded and cloud.calls == 3

@@ -28,7 +28,7 @@ from specdec.engine import Engine
 from specdec.backends.base import Backend, Prompt
 from specdec.core.verdict import CloudLost
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
-from specdec.core.decode import speculative_decode
+from specdec.core.decode import SpecOptions, speculative_decode
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
@@ -148,7 +148,7 @@ def test_server_killed_mid_generation(pair, models, on_loss):
         with pytest.raises(CloudLost, match=f"the cloud verifier at {url}"):
             speculative_decode(edge, remote, Prompt(IDS), GREEDY, decode_config)
         return
-    generation = speculative_decode(edge, remote, Prompt(IDS), GREEDY, decode_config, on_cloud_loss="edge")
+    generation = speculative_decode(edge, remote, Prompt(IDS), GREEDY, decode_config, SpecOptions(on_cloud_loss="edge"))
     assert generation.degraded and len(generation.tokens) == 16
     escalated = [c.escalated for c in generation.cycles]
     assert escalated[0] and not escalated[-1]  # verified until the loss, edge-only after it

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from specdec.core.decode import SpecOptions
 from specdec import Constraints, DecodeConfig, InputError, SpecConfig, StopRule, autoregressive_decode, speculative_decode
 from specdec.backends.whisper import SuppressTokens, WhisperBackend, build_whisper_prompt, detect_language
 from specdec.core.session import AcceptedSequence
@@ -59,7 +60,8 @@ def test_speculative_greedy_equals_generate(setup, k, verifier):
     spec = SpecConfig(k=k, entropy_threshold=0, policy="greedy", verifier=verifier)
     accepted = corrections = 0
     for prompt, tokens in zip(prompts, expected):
-        generation = speculative_decode(edge, cloud, prompt, spec, DecodeConfig(max_new_tokens=MAX_NEW), constraints)
+        generation = speculative_decode(edge, cloud, prompt, spec, DecodeConfig(max_new_tokens=MAX_NEW),
+                                        SpecOptions(constraints))
         assert generation.tokens == tokens
         accepted += generation.counters.num_accepted_tokens
         corrections += generation.counters.corrections
@@ -106,7 +108,8 @@ def test_encoder_runs_once_per_sample_per_model(setup):
     (edge, edge_encoder), (cloud, cloud_encoder) = counted(edge), counted(cloud)
     spec = SpecConfig(k=3, entropy_threshold=0, policy="greedy")
     for i, prompt in enumerate(prompts[:2], start=1):
-        generation = speculative_decode(edge, cloud, prompt, spec, DecodeConfig(max_new_tokens=MAX_NEW), constraints)
+        generation = speculative_decode(edge, cloud, prompt, spec, DecodeConfig(max_new_tokens=MAX_NEW),
+                                        SpecOptions(constraints))
         assert generation.counters.cloud_calls > 2
         assert (edge_encoder.calls, cloud_encoder.calls) == (i, i)
     autoregressive_decode(cloud, prompts[0], DecodeConfig(max_new_tokens=MAX_NEW), constraints)

@@ -2,12 +2,14 @@
 from a tiny model converts back to the same weights and logits), loading a converted directory
 with derivations (`@int8`, `@decN`), and what derived edges keep and change."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
+from specdec.core.decode import SpecOptions
 from specdec import Constraints, DecodeConfig, InputError, ModelError, SpecConfig, StopRule, autoregressive_decode, speculative_decode
 from specdec.backends.whisper import WhisperBackend
 from specdec.models.convert_ct2 import convert_whisper, read_ct2, whisper_generation_config
@@ -33,6 +35,23 @@ def converted(tmp_path_factory):
                                                   "lang_ids": [], "alignment_heads": [[1, 0]]}))
     out = convert_whisper(root / "model.bin", root / "config.json", root / "tokenizer.json", root / "hf", dtype="float32")
     return model, out
+
+
+def test_a_ctranslate2_folder_loads_through_its_cached_conversion(converted, tmp_path):
+    """load_model on a CTranslate2 Whisper folder converts it once (float16, kept beside it as a cached artifact,
+    specdec/models/artifact.py) and loads the conversion; a second load reuses it."""
+    _, out = converted
+    ct2 = tmp_path / "ct2"
+    ct2.mkdir()
+    for name in ("model.bin", "config.json", "tokenizer.json"):
+        (ct2 / name).write_bytes((out.parent / name).read_bytes())
+    said: list[str] = []
+    loaded = load_model(str(ct2), "float32", log=said.append)
+    assert isinstance(loaded.backend, WhisperBackend) and Path(loaded.location) == ct2 / "hf-float16"
+    assert any("building" in line for line in said)
+    said.clear()
+    again = load_model(str(ct2), "float32", log=said.append)
+    assert Path(again.location) == ct2 / "hf-float16" and not any("building" in line for line in said)
 
 
 def test_conversion_restores_weights_and_logits(converted):
@@ -115,7 +134,7 @@ def test_derived_edges_are_lossless_drafters(converted):
     for ops in ("int8", "dec2", "dec1"):
         edge = load_model(f"{out}@{ops}", "float32", **QUIET)
         generation = speculative_decode(edge.backend, cloud.backend, prompt, GREEDY,
-                                        DecodeConfig(max_new_tokens=20), constraints)
+                                        DecodeConfig(max_new_tokens=20), SpecOptions(constraints))
         assert generation.tokens == expected, ops
 
 

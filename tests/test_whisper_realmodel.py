@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bench.core.audio import SAMPLING_RATE, read_audio
+from specdec.core.decode import SpecOptions
 from specdec import Constraints, DecodeConfig, SpecConfig, StopRule, autoregressive_decode, speculative_decode
 from specdec.models.loading import load_model
 
@@ -63,7 +64,7 @@ def test_int8_edge_drafts_losslessly_and_is_mostly_accepted(clips):
         prompt = cloud.encode("", waveform=clip, language="en")
         expected = autoregressive_decode(cloud.backend, prompt, DecodeConfig(max_new_tokens=48), constraints).tokens
         generation = speculative_decode(edge.backend, cloud.backend, prompt, GREEDY,
-                                        DecodeConfig(max_new_tokens=48), constraints)
+                                        DecodeConfig(max_new_tokens=48), SpecOptions(constraints))
         assert generation.tokens == expected
         drafted += generation.counters.num_draft_tokens
         accepted += generation.counters.num_accepted_tokens

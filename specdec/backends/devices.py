@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from specdec.settings import CudaGraphs, KVCache, ServerCache, choices
 from specdec.errors import ConfigError
 
 DEVICE_NAMES = "cpu, cuda or cuda:N"
@@ -96,11 +97,11 @@ def gpu_peaks() -> dict[str, int] | None:
 
 # How a torch model keeps its KV cache and runs its forwards (EngineConfig.kv_cache, cuda_graphs; the backends:
 # hf_causal.py for dynamic, static_cache.py for the rest, cuda_graphs.py for captured steps).
-KV_CACHES = ("auto", "dynamic", "static", "compiled")
-CUDA_GRAPHS = ("on", "off")
+KV_CACHES = choices(KVCache)
+CUDA_GRAPHS = choices(CudaGraphs)
 # A server's: its sessions interleave (static_slots.py holds them all). auto: static on CUDA (its forwards replay as
 # captured graphs: 3.1-6.6x the dynamic cache's cloud-only serving on an H200, docs/gpu.md), dynamic on the CPU.
-SERVER_CACHES = ("auto", "dynamic", "static")
+SERVER_CACHES = choices(ServerCache)
 STEPS = ("dynamic", "static", "compiled", "graphs")  # what kv_cache x cuda_graphs x device resolve to
 
 

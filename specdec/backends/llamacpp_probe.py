@@ -29,10 +29,11 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
+from specdec.settings import ExtraBuffers, choices
 from specdec.errors import NATIVE_CRASH_SIGNALS, ConfigError, signal_name
 from specdec.machine import fingerprint
 
-EXTRA_BUFFERS = ("auto", "on", "off")  # the setting: probe first, llama.cpp's default, its --no-repack
+EXTRA_BUFFERS = choices(ExtraBuffers)  # the setting: probe first, llama.cpp's default, its --no-repack
 PROBE_TIMEOUT_S = 180.0
 PROBE_BLOCKS = (1, 2, 5, 9)  # tokens per decode: the AMX crash needs 2+
 CACHE_FILE = "llamacpp_extra_buffers.json"

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, fields
 
 from specdec.backends.base import DTYPES, RUNTIME_PAIRS, RUNTIMES, check_runtime, runtime_parts
 from specdec.backends.devices import CUDA_GRAPHS, DEVICE_NAMES, KV_CACHES, check_device
-from specdec.backends.llamacpp_probe import EXTRA_BUFFERS
 from specdec.core.block_length import SCHEDULES, parse_stop
 from specdec.core.drafters import DRAFTERS, describe_options, drafter_options
 from specdec.errors import ConfigError
+from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, OnCloudLoss, choices, parse
 from specdec.core.policies import POLICIES
 from specdec.core.verifier import VERIFIERS
 
@@ -101,26 +101,30 @@ class EngineConfig:
     cloud_url: str | None = field(default=None, metadata={
         "help": "spec mode: verify on a `specbench serve` server at HOST:PORT instead of loading the cloud model here "
                 "(edge mode never contacts it)"})
-    llamacpp_extra_buffers: str = field(default="auto", metadata={
+    llamacpp_extra_buffers: str = field(default=ExtraBuffers.AUTO, metadata={
         "help": "llama.cpp's extra buffer types (weight repacking, AMX tiles) for the models run in llamacpp here: "
                 "auto (only after a one-time probe in a child process says they run on this machine), on (llama.cpp's "
-                "default) or off (its --no-repack); docs/runtimes.md", "choices": EXTRA_BUFFERS})
+                "default) or off (its --no-repack); docs/runtimes.md", "choices": choices(ExtraBuffers)})
     edge_device: str = field(default="cpu", metadata={
         "help": f"where the edge's torch model runs: {DEVICE_NAMES} (llama.cpp and the int8 runtimes: cpu only); docs/gpu.md"})
     cloud_device: str = field(default="cpu", metadata={
         "help": f"where the cloud's torch model loaded here runs: {DEVICE_NAMES} (with --cloud-url the server's "
                 "`specbench serve --device` says); docs/gpu.md"})
-    kv_cache: str = field(default="auto", metadata={
+    kv_cache: str = field(default=KVCache.AUTO, metadata={
         "help": "the torch models' KV cache: dynamic (transformers' DynamicCache), static (preallocated, exact crops), "
                 "compiled (static, its forward under torch.compile) or auto (static with captured steps on CUDA, "
                 "dynamic on the CPU); docs/gpu.md", "choices": KV_CACHES})
-    cuda_graphs: str = field(default="on", metadata={
+    cuda_graphs: str = field(default=CudaGraphs.ON, metadata={
         "help": "on CUDA with a static KV cache: replay the 1-token and k+1-token forwards as captured CUDA graphs "
                 "(on), or run them eagerly (off)", "choices": CUDA_GRAPHS})
 
     def __post_init__(self) -> None:
         check_types(self)
         check_choices(self)
+        for name, kind in (("kv_cache", KVCache), ("cuda_graphs", CudaGraphs), ("llamacpp_extra_buffers", ExtraBuffers)):
+            # Typed from here on: an enum member is still its word (`str` in the annotation, the records and the
+            # protocol), so the point's types and the flags built from these fields stay as they were.
+            object.__setattr__(self, name, parse(kind, getattr(self, name), name))
         if self.remote_cloud and self.cloud_device != "cpu":
             raise ConfigError("--cloud-device chooses where a cloud loaded here runs; with --cloud-url the server's "
                               "model runs where that server was started (`specbench serve --device`): drop --cloud-device")
@@ -166,7 +170,7 @@ class EngineConfig:
         return ("edge",) if self.remote_cloud else ROLES[self.mode]
 
 
-ON_CLOUD_LOSS = ("fail", "edge")
+ON_CLOUD_LOSS = choices(OnCloudLoss)
 OVERLAP = (True, False, "auto")
 
 
@@ -192,7 +196,7 @@ class DeployConfig:
     token_file: str | None = field(default=None, metadata={"help": "file holding the server's shared secret"})
     cloud_timeout_s: float = field(default=60.0, metadata={
         "help": "seconds to wait for one verdict before the cloud counts as lost", "flags": ("--cloud-timeout",)})
-    on_cloud_loss: str = field(default="fail", metadata={
+    on_cloud_loss: str = field(default=OnCloudLoss.FAIL, metadata={
         "help": "the server is lost mid-generation: record the prompt failed, or finish it edge-only (degraded)",
         "choices": ON_CLOUD_LOSS})
     overlap: bool | str = field(default="auto", metadata={
@@ -203,6 +207,7 @@ class DeployConfig:
     def __post_init__(self) -> None:
         check_types(self)
         check_choices(self)
+        object.__setattr__(self, "on_cloud_loss", parse(OnCloudLoss, self.on_cloud_loss, "on_cloud_loss"))
         if self.overlap not in OVERLAP:
             raise ConfigError(f"overlap must be auto, true or false, got {self.overlap!r}")
         if not self.cloud_timeout_s > 0:

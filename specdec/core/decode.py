@@ -17,6 +17,8 @@ Drafting ahead is a drafter (specdec/core/drafters/ahead.py) and a lost cloud a 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -36,22 +38,35 @@ from specdec.core.trace import Counters, Cycle, Generation
 from specdec.core.two_runtime import Router, TwoRuntimeCloud
 from specdec.core.verdict import Verdict
 from specdec.errors import ConfigError
+from specdec.settings import OnCloudLoss, parse
 
 NO_CONSTRAINTS = Constraints()
 
 
+@dataclass(frozen=True)
+class SpecOptions:
+    """What a speculative generation takes beside its models (where it drafts, where the cloud is), its prompt
+    (what it decodes) and its SpecConfig and DecodeConfig (how): the decoding constraints, the punctuation
+    trigger's density, what a lost cloud does, drafting ahead, and what earlier requests measured."""
+
+    constraints: Constraints = NO_CONSTRAINTS
+    punct_density: Callable[[list[int]], float] | None = None  # draft ids -> density, for `spec.punct_trigger`
+    on_cloud_loss: OnCloudLoss = OnCloudLoss.FAIL  # fail: raise CloudLost; edge: finish edge-only
+    overlap: bool | str = False  # draft ahead while a remote cloud verifies: True, False or "auto" (build_drafter)
+    governor: OverlapGovernor | None = None  # auto's judge (a fresh one if None)
+    history: History | None = None  # the engine's earlier requests' measurements (None: a fresh one)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "on_cloud_loss", parse(OnCloudLoss, self.on_cloud_loss, "on_cloud_loss"))
+
+
 @torch.inference_mode()
-def speculative_decode(
-    edge: Backend | None, cloud: Backend | Cloud, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig,
-    constraints: Constraints = NO_CONSTRAINTS, punct_density=None, on_cloud_loss: str = "fail",
-    overlap: bool | str = False, governor: OverlapGovernor | None = None, history: History | None = None,
-) -> Generation:
+def speculative_decode(edge: Backend | None, cloud: Backend | Cloud, prompt: Prompt, spec: SpecConfig,
+                       decode: DecodeConfig, options: SpecOptions = SpecOptions()) -> Generation:
     """The drafter `spec` names proposes, the gate escalates uncertain blocks, the cloud verifies them in one
     forward. `cloud`: a backend in this process, a remote cloud (`specdec.remote.RemoteCloud`) or one held in
-    two runtimes (`TwoRuntimeCloud`); `edge`: the model a model drafter runs (None for a draft-free one).
-    on_cloud_loss: "fail" raises CloudLost, "edge" finishes edge-only. overlap, governor: see build_drafter.
-    punct_density: draft ids -> density, for `spec.punct_trigger`. history: what the engine's earlier
-    requests measured (an engine passes its own every time; None: a fresh one)."""
+    two runtimes (`TwoRuntimeCloud`); `edge`: the model a model drafter runs (None for a draft-free one)."""
+    constraints, history = options.constraints, options.history
     spec.check_decoding(decode)
     generator, cloud = torch.Generator().manual_seed(decode.seed), as_cloud(cloud)
     history = History() if history is None else history
@@ -59,10 +74,10 @@ def speculative_decode(
     router = Router(history) if isinstance(cloud, TwoRuntimeCloud) else None
     context = DraftContext(prompt, vocab, constraints, decode.temperature, generator, edge, spec.draft_topn,
                            make_stop(spec.draft_stop), history=history, router=router)
-    drafter = build_drafter(spec, context, overlap, governor)
-    link = open_link(cloud, (prompt, spec, decode, constraints, vocab, generator), on_cloud_loss)
+    drafter = build_drafter(spec, context, options.overlap, options.governor)
+    link = open_link(cloud, (prompt, spec, decode, constraints, vocab, generator), options.on_cloud_loss)
     seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
-    generation = run_cycles(drafter, link, seq, spec, constraints, punct_density)
+    generation = run_cycles(drafter, link, seq, spec, constraints, options.punct_density)
     generation.features_bytes = sum(t.numel() * t.element_size() for t in prompt.features.values())
     return generation
 

@@ -23,8 +23,10 @@ from specdec.backends.devices import check_device, steps_of
 from specdec.backends.llamacpp import LlamaCppBackend  # imports llama_cpp only when it builds one
 from specdec.backends.llamacpp_probe import CACHE_FILE
 from specdec.errors import InputError, ModelError
+from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, parse
 from specdec.models import fetch as fetching, integrity, registry
 from specdec.models.architecture import NoTokenizer, build_architecture, is_architecture
+from specdec.models.convert_ct2 import CT2_FILES, ensure_whisper
 from specdec.models.derive import INT8, check_derivable, derive, needs_float32, split_name
 
 # Hub ids as the hub validates them: two names that start with a letter or digit.
@@ -200,19 +202,74 @@ def runtime_of(ops: tuple[str, ...]) -> str:
     return "torch-int8" if set(INT8) & set(ops) else "torch"
 
 
+@dataclass(frozen=True)
+class LoadSettings:
+    """How one model loads, parsed once where load_model's words come in: the runtime, the dtype, the device, and
+    for the torch runtime its KV cache, captured graphs and a server's sessions; llama.cpp's extra buffers."""
+
+    dtype: str = "bfloat16"
+    runtime: str = "torch"
+    device: str = "cpu"
+    kv_cache: KVCache = KVCache.DYNAMIC
+    cuda_graphs: CudaGraphs = CudaGraphs.ON
+    extra_buffers: ExtraBuffers = ExtraBuffers.AUTO
+    sessions: int | None = None  # a server's: its static cache holds that many sequences (static_slots.py)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ModelError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if self.runtime not in LOADERS:
+            raise ModelError(f"unknown runtime {self.runtime!r}: use one of {', '.join(RUNTIMES)}")
+        for name, kind in (("kv_cache", KVCache), ("cuda_graphs", CudaGraphs), ("extra_buffers", ExtraBuffers)):
+            object.__setattr__(self, name, parse(kind, getattr(self, name), name))
+
+
+Loader = Callable[[str, LoadSettings, Callable[[str], object]], LoadedModel]
+LOADERS: dict[str, Loader] = {}  # runtime -> what loads a model in it; each loader registers itself below
+
+
+def loads(*runtimes: str) -> Callable[[Loader], Loader]:
+    """Register the decorated function as the loader of `runtimes` (each a name of base.RUNTIMES)."""
+    def register(loader: Loader) -> Loader:
+        for runtime in runtimes:
+            LOADERS[runtime] = loader
+        return loader
+    return register
+
+
 def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print,
                runtime: str | None = None, llamacpp_extra_buffers: str = "auto", device: str = "cpu",
                kv_cache: str = "dynamic", cuda_graphs: str = "on", sessions: int | None = None) -> LoadedModel:
     """Resolve `name` (fetching a registry alias on first use; `arch:PATH.json` builds a random-weight architecture,
-    specdec/models/architecture.py) and load it for CPU inference in
-    `runtime` (specdec.backends.base.RUNTIMES; None: llamacpp for a `.gguf` file, else torch).
-    `NAME@OPS` (or a derived registry alias) loads NAME and derives an edge from it in memory
-    (`specdec.models.derive`); int8 derivations run in float32 whatever `dtype` says, and
-    runtime torch-int8 is NAME@int8 (torch-int8t NAME@int8t). llamacpp runs the GGUF file itself and ignores `dtype`
-    (`llamacpp_extra_buffers`: auto, on or off, specdec/backends/llamacpp_probe.py). A torch model's weights go to
-    `device` (specdec/backends/devices.py); `kv_cache` and `cuda_graphs` (EngineConfig's) say how its forwards
-    run (devices.steps_of; specdec/backends/static_cache.py for all but the dynamic cache); `sessions`: a server's, its
-    static cache holds that many sequences at once (static_slots.py)."""
+    specdec/models/architecture.py) and load it in `runtime` (specdec.backends.base.RUNTIMES; None: llamacpp for a
+    `.gguf` file, else torch): the words parsed once into LoadSettings, then `load`."""
+    runtime = runtime or ("llamacpp" if name.endswith(".gguf") else "torch")
+    return load(name, LoadSettings(dtype, runtime, device, kv_cache, cuda_graphs, llamacpp_extra_buffers, sessions), log)
+
+
+def load(name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
+    """`name` loaded as `settings` say, by the loader its runtime registered (LOADERS). A torch model's weights go
+    to `settings.device` (specdec/backends/devices.py); its KV cache and graphs say how its forwards run
+    (devices.steps_of)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a sub-second bar per load is noise in run logs
+    check_device(settings.device, "device")
+    if settings.device != "cpu" and settings.runtime != "torch":
+        raise ModelError(f"runtime {settings.runtime} runs on the CPU only: device {settings.device} is the torch "
+                         "runtime's")
+    if is_architecture(name):
+        if settings.runtime != "torch":
+            raise ModelError(f"{name} is a random-weight architecture, which the torch runtime builds: use runtime torch")
+        return load_architecture(name, settings)
+    return LOADERS[settings.runtime](name, settings, log)
+
+
+@loads("torch", "torch-int8", "torch-int8t")
+def load_torch(name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
+    """The torch runtimes. `NAME@OPS` (or a derived registry alias) loads NAME and derives an edge from it in memory
+    (`specdec.models.derive`); int8 derivations run in float32 whatever the dtype says, and runtime torch-int8 is
+    NAME@int8 (torch-int8t NAME@int8t)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -221,29 +278,17 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
     from specdec.backends.static_slots import causal_backend
     from specdec.backends.whisper import WHISPER_MODEL_TYPES, WhisperBackend, load_whisper, whisper_feature_extractor
 
-    if dtype not in DTYPES:
-        raise ModelError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    runtime = runtime or ("llamacpp" if name.endswith(".gguf") else "torch")
-    if runtime not in RUNTIMES:
-        raise ModelError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
-    hf_logging.disable_progress_bar()  # a sub-second bar per load is noise in run logs
-    check_device(device, "device")
-    if device != "cpu" and runtime != "torch":
-        raise ModelError(f"runtime {runtime} runs on the CPU only: device {device} is the torch runtime's")
-    if is_architecture(name):
-        if runtime != "torch":
-            raise ModelError(f"{name} is a random-weight architecture, which the torch runtime builds: use runtime torch")
-        return load_architecture(name, dtype, device, kv_cache, cuda_graphs, sessions)
-    if runtime == "llamacpp":
-        return load_gguf(name, log, llamacpp_extra_buffers)
-    if runtime in CONVERTED:
-        return load_converted(name, runtime, log)
+    runtime, dtype, device = settings.runtime, settings.dtype, settings.device
+    kv_cache, cuda_graphs, sessions = settings.kv_cache, settings.cuda_graphs, settings.sessions
     base, ops = split_name(registry.expand(name))
     if runtime in RUNTIME_OPS and not set(INT8) & set(ops):
         ops = (*ops, RUNTIME_OPS[runtime])
     if ops and device != "cpu":
         raise ModelError(f"{name}: @{'+'.join(ops)} derives dynamic int8 layers, which run on the CPU only: use device cpu")
     location = resolve(base, log=log)
+    if isinstance(location, Path) and all((location / f).is_file() for f in CT2_FILES):
+        # A CTranslate2 Whisper folder (model.bin): its Hugging Face conversion, made once and kept beside it.
+        location = ensure_whisper(location, "float16", log)
     if isinstance(location, Path) and (damaged := integrity.problems(location, None)):
         raise ModelError(f"cannot load model {name!r}: {damaged[0]} in {location}: restore that file, or point at a "
                          "whole model folder")
@@ -288,15 +333,15 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
                        runtime_of(ops))  # `NAME@int8` runs int8 whatever was asked
 
 
-def load_architecture(name: str, dtype: str, device: str, kv_cache: str, cuda_graphs: str,
-                      sessions: int | None = None) -> LoadedModel:
-    """`arch:PATH.json`: the architecture with seeded random weights on `device` (specdec/models/architecture.py)."""
+def load_architecture(name: str, settings: LoadSettings) -> LoadedModel:
+    """`arch:PATH.json`: the architecture with seeded random weights on the device (specdec/models/architecture.py)."""
     from specdec.backends.static_cache import static_capable
     from specdec.backends.static_slots import causal_backend
 
     start = time.perf_counter()
-    model = build_architecture(name, DTYPES[dtype], device)
-    backend = causal_backend(model, name, steps_of(kv_cache, device, cuda_graphs, static_capable(model)), sessions)
+    model = build_architecture(name, DTYPES[settings.dtype], settings.device)
+    steps = steps_of(settings.kv_cache, settings.device, settings.cuda_graphs, static_capable(model))
+    backend = causal_backend(model, name, steps, settings.sessions)
     return LoadedModel(name, name, backend, NoTokenizer(name), time.perf_counter() - start, runtime="torch")
 
 
@@ -312,7 +357,8 @@ CONVERTED = {
 }
 
 
-def load_converted(name: str, runtime: str, log: Callable[[str], object] = print) -> LoadedModel:
+@loads(*CONVERTED)
+def load_converted(name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
     """A runtime of CONVERTED: the model's HF folder (a registry alias is fetched first), converted for it on first
     use (seconds to minutes; the conversion is kept beside the folder with the hashes it was made from), loaded with
     the folder's tokenizer and stop tokens, so every runtime encodes and stops alike."""
@@ -320,6 +366,7 @@ def load_converted(name: str, runtime: str, log: Callable[[str], object] = print
 
     from transformers import AutoTokenizer, GenerationConfig
 
+    runtime = settings.runtime
     check_runtime(runtime)
     base, ops = split_name(registry.expand(name))
     if ops:
@@ -344,6 +391,11 @@ def load_converted(name: str, runtime: str, log: Callable[[str], object] = print
         backend.eos_ids = frozenset(backend.eos_ids) | frozenset(
             declared if isinstance(declared, (list, tuple)) else [declared] if declared is not None else [])
     return LoadedModel(name, str(location), backend, tokenizer, time.perf_counter() - start, runtime=runtime)
+
+
+@loads("llamacpp")
+def load_llamacpp(name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
+    return load_gguf(name, log, settings.extra_buffers)
 
 
 def load_gguf(name: str, log: Callable[[str], object] = print, llamacpp_extra_buffers: str = "auto") -> LoadedModel:
