@@ -1,7 +1,7 @@
-"""A stand-in sweep worker for tests/test_sweep_crash.py: it speaks bench/measure/sweep/worker.py's queue
-protocol and appends to the folder as the real one does, but loads no model (its ok records hold the
-point's fields only), and kills itself with a signal where the plan in CRASH_PLAN says. Module-level,
-so a spawned process can import it."""
+"""A stand-in sweep worker for tests/test_sweep_crash.py: it speaks the real worker's queue protocol
+(bench/measure/sweep/messages.py) and appends to the folder as the real one does, but loads no model (its ok
+records hold the point's fields only), and kills itself with a signal where the plan in CRASH_PLAN says.
+Module-level, so a spawned process can import it."""
 from __future__ import annotations
 
 import json
@@ -12,6 +12,7 @@ from pathlib import Path
 from bench.core.point import Point
 from bench.core.records import ResultsFile
 from bench.measure.launch import bind_to_parent
+from bench.measure.sweep.messages import PointDone, Running, Tick
 from bench.measure.sweep.worker import describe, exit_worker
 
 # JSON: {"signal": "SIGSEGV", "k": 2 (the spec point that dies; null: die while loading), "once": true (only
@@ -41,10 +42,10 @@ def crash_main(config_dict: dict, group: list, out: str, urls: dict, queue, pare
         for prompt_id, repeat in items:
             if (key, prompt_id, repeat) in done:
                 continue
-            queue.put(("running", key, prompt_id, repeat, describe(point, prompt_id)))
+            queue.put(Running(key, prompt_id, repeat, describe(point, prompt_id)))
             if point.k == plan["k"] and not (plan["once"] and key in crashed):
                 die(plan["signal"])
             results.append({"id": prompt_id, **point.record(sweep=True), "repeat": repeat, "status": "ok"})
-            queue.put(("tick",))
-        queue.put(("point_done", key))
+            queue.put(Tick())
+        queue.put(PointDone(key))
     exit_worker(queue, 0)

@@ -19,6 +19,7 @@ import ray
 
 from bench.cli import main
 from bench.core.records import ResultsFile
+from bench.measure.sweep.messages import Ended, Exit, Started
 from bench.read.report.recommend import node_notes
 
 pytestmark = pytest.mark.cluster  # see CONTRIBUTING.md: the quick loop leaves these out
@@ -262,8 +263,8 @@ def test_a_task_lets_its_cores_go_before_it_ends(monkeypatch):
         def start(self):
             return self
 
-        def messages(self):
-            yield ("exit",)
+        def messages(self, last):
+            yield Exit()
 
         def wait(self):
             return 0
@@ -281,10 +282,10 @@ def test_a_task_lets_its_cores_go_before_it_ends(monkeypatch):
 
     task = cluster.group_task({"edge_cores": 1}, [])
     try:
-        assert next(task)[0] == "started"
+        assert isinstance(next(task), Started)
         assert not all_cores_free()  # the task holds one while it runs
-        assert next(task) == ("exit",)
-        assert next(task) == ("exitcode", 0)
+        assert next(task) == Exit()
+        assert next(task) == Ended(0)
         assert all_cores_free()  # let go before the task's last message
     finally:
         task.close()

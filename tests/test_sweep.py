@@ -72,6 +72,7 @@ def test_points_are_timed_interleaved_per_prompt_and_repeats_resume(pair, prompt
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_WITH_A_LOCK = """
 import multiprocessing
+from bench.measure.sweep.messages import Exit
 from bench.measure.sweep.worker import exit_worker
 
 def child(queue):
@@ -85,7 +86,7 @@ if __name__ == "__main__":
     queue = ctx.Queue()
     worker = ctx.Process(target=child, args=(queue,), daemon=True)
     worker.start()
-    assert queue.get(timeout=120) == ("exit",)
+    assert queue.get(timeout=120) == Exit()
     worker.join()
     print("exit code", worker.exitcode)
 """

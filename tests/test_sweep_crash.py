@@ -13,6 +13,7 @@ from bench.core.records import ResultsFile
 from bench.derive.summary import summarize
 from bench.measure.launch import WorkerProcess, death_line
 from bench.measure.sweep.sweep import _run_sweep, crashed_out
+from bench.measure.sweep.messages import Exit, PointDone, Running, Tick, is_exit
 from bench.measure.sweep.sweep_config import SweepConfig
 from bench.measure.sweep.worker import worker_main
 from specdec.errors import SpecdecError
@@ -52,13 +53,13 @@ def test_the_real_worker_says_what_it_runs_before_it_runs_it(pair, prompts, tmp_
     k2 = next(p for p in config.points() if p.k == 2)
     worker = WorkerProcess(worker_main, asdict(config), [(k2, [("p0", 0), ("p1", 0)])], str(tmp_path), {}).start()
     try:
-        messages, exitcode = list(worker.messages()), worker.wait()
+        messages, exitcode = list(worker.messages(last=is_exit)), worker.wait()
     finally:
         worker.stop()
     assert exitcode == 0
     key = k2.key()
-    assert messages == [("running", key, "p0", 0, f"{K2} p0 (its warm-up)"), ("running", key, "p0", 0, f"{K2} p0"),
-                        ("tick",), ("running", key, "p1", 0, f"{K2} p1"), ("tick",), ("point_done", key), ("exit",)]
+    assert messages == [Running(key, "p0", 0, f"{K2} p0 (its warm-up)"), Running(key, "p0", 0, f"{K2} p0"), Tick(),
+                        Running(key, "p1", 0, f"{K2} p1"), Tick(), PointDone(key), Exit()]
 
 
 @pytest.mark.subprocess

@@ -67,9 +67,9 @@ def sigint_ignored():
 class WorkerProcess:
     """`target(*args, queue, parent_pid)` in a fresh interpreter (spawn: its caps and its RSS are its
     own). The target calls `bind_to_parent(parent_pid)` first and applies its caps; it speaks
-    through `queue` and ends with an `("exit",)` message. The queue is a SimpleQueue: `put` returns
-    once the message is in the pipe (no feeder thread), so a worker that crashes right after saying
-    what it runs has said it."""
+    through `queue` and ends with its last message (a sweep worker's `Exit`, calibrate's `("exit",)`).
+    The queue is a SimpleQueue: `put` returns once the message is in the pipe (no feeder thread), so a
+    worker that crashes right after saying what it runs has said it."""
 
     def __init__(self, target: Callable, *args, ignore_sigint: bool = False) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -82,9 +82,10 @@ class WorkerProcess:
             self.process.start()
         return self
 
-    def messages(self, poll_s: float = 0.05) -> Iterator[tuple]:
-        """Its messages as they come, through its `exit` message, or until it has ended without one
-        (killed, crashed, or out of memory) and every message it sent is read."""
+    def messages(self, poll_s: float = 0.05,
+                 last: Callable[[object], bool] = lambda message: message == ("exit",)) -> Iterator[object]:
+        """Its messages as they come, through the one `last` recognises, or until it has ended without
+        one (killed, crashed, or out of memory) and every message it sent is read."""
         while True:
             if self.queue.empty():
                 if self.process.is_alive():
@@ -94,7 +95,7 @@ class WorkerProcess:
                     return
             message = self.queue.get()
             yield message
-            if message[0] == "exit":
+            if last(message):
                 return
 
     def wait(self) -> int:

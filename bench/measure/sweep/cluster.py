@@ -37,6 +37,8 @@ from typing import Iterator
 from bench.measure.caps import OVER_MEMORY_EXIT
 from bench.core.records import ResultsFile, node_info
 from bench.core.point import Point
+from bench.measure.sweep.messages import (Ended, Exit, Failed, Message, OverCap, PointDone, Record, Running,
+                                          Started, Tick, is_exit, unknown)
 from bench.measure.sweep.sweep_config import SweepConfig
 from bench.measure.launch import WorkerProcess, death_line
 from bench.measure.sweep.worker import worker_main
@@ -228,26 +230,26 @@ def node_ray_cpus() -> float:
 _claimed: list[int] = []
 
 
-def group_task(config_dict: dict, group: list) -> Iterator[tuple]:
+def group_task(config_dict: dict, group: list) -> Iterator[Message]:
     """On a node: the sweep worker as a child process on cores of its own, its messages relayed as
-    they come; first where it runs, last its exit code."""
+    they come; first where it runs (Started), last its exit code (Ended)."""
     if config_dict["edge_cores"]:  # the worker's caps take the first cores of the affinity it inherits
         # Cores held on a node whose Ray CPUs do not exceed its cores belong to ending tasks: wait for them.
         overstated = node_ray_cpus() > len(os.sched_getaffinity(0))
         try:
             os.sched_setaffinity(0, claim_cores(config_dict["edge_cores"], 0.0 if overstated else CORE_WAIT_S))
         except ConfigError as e:
-            yield ("error", str(e))
-            yield ("exitcode", 1)
+            yield Failed(str(e))
+            yield Ended(1)
             return
     try:
         worker = WorkerProcess(worker_main, config_dict, group, None, {}).start()
-        yield ("started", node_info(), os.getpid())
-        yield from worker.messages()
+        yield Started(node_info(), os.getpid())
+        yield from worker.messages(last=is_exit)
         code = worker.wait()
     finally:
         release_cores()  # before the task ends, not when this Ray worker's process has exited: see claim_cores
-    yield ("exitcode", code)
+    yield Ended(code)
 
 
 @dataclass
@@ -318,24 +320,27 @@ class RayExecutor:
                 self.ray.cancel(generator, force=True)
 
     @staticmethod
-    def _handle(task: Task, message: tuple, results: ResultsFile, bar, over_cap: set[str]) -> None:
-        kind = message[0]
-        if kind == "started":
-            task.node = message[1]
-        elif kind == "record":
-            row = message[1]
-            results.append(row)
-            if row.get("status") in ("ok", "failed"):
-                task.done.add((Point.from_row(row).key(), row["id"], row.get("repeat", 0)))
-        elif kind == "tick":
-            bar.update()
-        elif kind == "over_cap":
-            over_cap.add(message[1])
-            bar.write(message[2])
-        elif kind == "error":
-            task.error = message[1]
-        elif kind == "exitcode":
-            task.exitcode = message[1]
+    def _handle(task: Task, message: Message, results: ResultsFile, bar, over_cap: set[str]) -> None:
+        match message:
+            case Started(node=node):
+                task.node = node
+            case Record(row=row):
+                results.append(row)
+                if row.get("status") in ("ok", "failed"):
+                    task.done.add((Point.from_row(row).key(), row["id"], row.get("repeat", 0)))
+            case Tick():
+                bar.update()
+            case OverCap(key=key, line=line):
+                over_cap.add(key)
+                bar.write(line)
+            case Failed(line=line):
+                task.error = line
+            case Ended(exitcode=code):
+                task.exitcode = code
+            case Running() | PointDone() | Exit():
+                pass  # the driver redoes what a lost task had not recorded, whatever it was running
+            case _:
+                raise unknown(message)
 
     def _ended(self, task: Task, over_cap: set[str], submit, bar) -> None:
         if task.error:

@@ -31,6 +31,7 @@ from bench.derive.scores import read_scores
 from bench.derive.spec_bench import spec_bench_table
 from bench.derive.summary import summarize
 from bench.core.point import AXES, Point
+from bench.measure.sweep.messages import Exit, Failed, OverCap, PointDone, Running, Tick, is_exit, unknown
 from bench.measure.sweep.sweep_config import SweepConfig, service_key
 from bench.measure.sweep.worker import worker_main, worker_runtimes
 from specdec.errors import SpecdecError
@@ -142,21 +143,26 @@ def _run_worker(config: SweepConfig, group: list, out: Path, bar: tqdm, urls: di
 def _follow(worker: WorkerProcess, bar: tqdm, group: list, results: ResultsFile) -> set[str]:
     finished: set[str] = set()
     error = None
-    running = None  # (point key, prompt id, repeat, description) from "running" until its "tick"
+    running: Running | None = None  # from a Running until its Tick
     started = False
-    for message in worker.messages():
-        kind = message[0]
-        if kind == "tick":
-            bar.update()
-            running = None
-        elif kind == "running":
-            running, started = message[1:], True
-        elif kind in ("point_done", "over_cap"):
-            finished.add(message[1])
-            if kind == "over_cap":
-                bar.write(message[2])
-        elif kind == "error":
-            error = message[1]
+    for message in worker.messages(last=is_exit):
+        match message:
+            case Tick():
+                bar.update()
+                running = None
+            case Running():
+                running, started = message, True
+            case PointDone(key=key):
+                finished.add(key)
+            case OverCap(key=key, line=line):
+                finished.add(key)
+                bar.write(line)
+            case Failed(line=line):
+                error = line
+            case Exit():
+                pass
+            case _:
+                raise unknown(message)
     exitcode = worker.wait()
     if exitcode == OVER_MEMORY_EXIT:
         return finished
@@ -164,8 +170,9 @@ def _follow(worker: WorkerProcess, bar: tqdm, group: list, results: ResultsFile)
         raise SpecdecError(error)
     # A signal other than a stop from outside (SIGTERM: the sweep's own stop, or its parent gone).
     if exitcode < 0 and running is not None and exitcode != -signal.SIGTERM:
-        point, items = next((point, items) for point, items in group if point.key() == running[0])
-        return finished | _crashed(results, point, items, *running[1:], exitcode, bar)
+        point, items = next((point, items) for point, items in group if point.key() == running.key)
+        return finished | _crashed(results, point, items, running.prompt_id, running.repeat, running.description,
+                                   exitcode, bar)
     if exitcode != 0:
         where = "while running a point" if running else "between generations" if started else "while loading models"
         raise SpecdecError(f"a sweep worker died {where}: {death_line(exitcode)}; rerun the same command to resume")

@@ -4,7 +4,12 @@ group's points, append every record, police the memory cap.
 Timing is interleaved: every point gets its engine first, then the prompts run outer and the points
 inner (round-robin, the order rotated every prompt), so a prompt's baselines and spec points are
 timed back to back and drift of the machine over minutes (another process, thermal state) hits all
-points alike instead of whichever point ran during it. `--repeats R` runs that round R times."""
+points alike instead of whichever point ran during it. `--repeats R` runs that round R times.
+
+`run_group` in parts, one concern each: `items_to_run` (resume), `Placement` (the cores a point runs on),
+`build_engine` and `GroupRun.set_up` (a point's engine and the fields of its records), `GroupRun.time` (the
+interleaved loop), `GroupRun.warm_up_once`, `GroupRun.watchdog` (the memory cap). What the worker says on its queue:
+bench/measure/sweep/messages.py."""
 from __future__ import annotations
 
 import json
@@ -13,19 +18,20 @@ import signal
 import sys
 import threading
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.measure.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog, pin_cores
 from bench.measure.trackers import reset_peak_rss
 from specdec.backends.devices import reset_gpu_peaks
-from bench.core.network import network_cost, profile
-from bench.core.prompts import load_prompts
+from bench.core.network import NetworkProfile, network_cost, profile
+from bench.core.prompts import PromptRecord, load_prompts
 from bench.core.folder import MACHINE_FILE, os_error_line
 from bench.core.records import ResultsFile, node_info
 from bench.measure.launch import bind_to_parent
 from bench.core.point import Point
 from bench.measure.run import generate_one, prepare, warm_up
+from bench.measure.sweep.messages import Exit, Failed, OverCap, PointDone, Record, Running, Tick
 from bench.measure.sweep.sweep_config import SweepConfig, service_key
 from specdec.backends.base import runtime_parts
 from specdec.core.verdict import CloudLost
@@ -36,7 +42,7 @@ from specdec.models.loading import LoadedModel, load_model
 
 def weight_bytes(model: LoadedModel) -> int:
     """A torch model's parameters, or what llama.cpp's backend holds (its weights and KV cache)."""
-    if not hasattr(model.backend, "model"):
+    if model.backend.model is None:
         return model.backend.memory_bytes
     return sum(p.numel() * p.element_size() for p in model.backend.model.parameters())
 
@@ -73,95 +79,183 @@ class ModelCache:
         return list(self._loaded.values())
 
 
-def run_group(config, caps: EdgeCaps, group: list, results, queue, urls: dict[str, str],
-              cloud_ids: list[int] | None = None, costs: dict[tuple[str, str], dict] | None = None) -> None:
-    """`results`: the folder's ResultsFile here, or StreamedResults on a cluster's node. `cloud_ids`:
-    the cloud's cores where the sweep has split points; its cloud-only and co-located points run
-    there (the server's machine), the rest on the edge's, this process moving between them."""
-    import torch
+@dataclass(frozen=True)
+class GroupSettings:
+    """What a worker runs its group of points under (worker_main builds it on the worker's machine)."""
 
-    if caps.cores:
-        torch.set_num_threads(caps.cores)
-    edge_ids = sorted(os.sched_getaffinity(0))
-    pinned = edge_ids
+    config: SweepConfig
+    caps: EdgeCaps
+    urls: dict[str, str]  # split points: {service_key: the sweep's server or link}
+    cloud_ids: list[int] | None = None  # the cloud's cores, where the sweep has split or co-located points
+    costs: dict[tuple[str, str], dict] = field(default_factory=dict)  # block_costs: the calibration's, or {}
 
-    def place(point: Point) -> None:
-        nonlocal pinned
-        wanted = cloud_ids if cloud_ids and (point.mode == "cloud" or point.deployment == "colocated") else edge_ids
-        if wanted != pinned:
+
+class Placement:
+    """The cores this process runs a point on. With `cloud_ids`, cloud-only and co-located points run on the
+    cloud's (the server's machine), the rest on the edge's (this process's cores at the start): the process moves
+    between them, pinned again only when a point needs the other side."""
+
+    def __init__(self, cloud_ids: list[int] | None) -> None:
+        self.cloud_ids = cloud_ids
+        self.edge_ids = sorted(os.sched_getaffinity(0))
+        self.pinned = self.edge_ids
+
+    def cores(self, point: Point) -> list[int]:
+        on_cloud = self.cloud_ids and (point.mode == "cloud" or point.deployment == "colocated")
+        return self.cloud_ids if on_cloud else self.edge_ids
+
+    def move_to(self, point: Point) -> None:
+        if (wanted := self.cores(point)) != self.pinned:
             pin_cores(wanted)  # threads = cores, on each side
-            pinned = wanted
-    caps.apply_address_limit()
-    loader = ModelCache()
+            self.pinned = wanted
 
-    prompts = {name: {r.id: r for r in load_prompts(name)} for name in config.prompt_sets()}
-    # a restarted worker skips these, but reruns a generation that crashed its predecessor (sweep.py counts the crashes)
-    done = {(Point.from_row(r).key(), r["id"], r.get("repeat", 0)) for r in results.read() if r.get("status") != "crashed"}
-    points = []
-    for point, items in group:
-        key = point.key()
-        items = [(i, repeat) for i, repeat in items if (key, i, repeat) not in done]
-        url = urls.get(service_key(point))  # split points: the sweep's server or link
-        engine = Engine(**asdict(config.engine_config(point, url)), spec=config.spec_config(point),
-                        decode=config.decode_config(point), deploy=config.deploy_config(point), loader=loader,
-                        log=lambda m: None)
-        if point.mode == "spec" and (curve := (costs or {}).get((config.cloud, runtime_parts(point.cloud_runtime)[-1]))):
-            engine.assume_block_costs(curve)  # `auto` starts from this machine's calibrated block costs
-        prepare(engine, [prompts[point.prompts][i] for i in dict.fromkeys(i for i, _ in items)])
+
+@dataclass(frozen=True)
+class TimedPoint:
+    """A point ready to be timed: its engine built, its models loaded, and the fields every record of it carries."""
+
+    point: Point
+    key: str  # point.key()
+    engine: Engine
+    fields: dict  # its settings as the engine runs them, its network, the caps and its placement
+    network: NetworkProfile
+    edge: LoadedModel | None  # the edge model, whose memory the cap polices
+
+
+def items_to_run(group: list, results) -> list[tuple[Point, list]]:
+    """`group` ((point, [(prompt id, repeat)]) ...) less what `results` holds: a restarted worker skips that, but
+    reruns a generation that crashed its predecessor (sweep.py counts the crashes)."""
+    done = {(Point.from_row(r).key(), r["id"], r.get("repeat", 0))
+            for r in results.read() if r.get("status") != "crashed"}
+    return [(point, [(i, repeat) for i, repeat in items if (point.key(), i, repeat) not in done])
+            for point, items in group]
+
+
+def build_engine(settings: GroupSettings, point: Point, loader: ModelCache) -> Engine:
+    """The point's engine on the worker's shared models; a spec point starts from this machine's calibrated block
+    costs for its cloud's runtime (`auto` reads them)."""
+    config = settings.config
+    url = settings.urls.get(service_key(point))  # split points: the sweep's server or link
+    engine = Engine(**asdict(config.engine_config(point, url)), spec=config.spec_config(point),
+                    decode=config.decode_config(point), deploy=config.deploy_config(point), loader=loader,
+                    log=lambda m: None)
+    if point.mode == "spec" and (curve := settings.costs.get((config.cloud, runtime_parts(point.cloud_runtime)[-1]))):
+        engine.assume_block_costs(curve)
+    return engine
+
+
+def measured_fields(engine: Engine, point: Point) -> dict:
+    """The point's settings as its engine runs them (Point.of), with where its cloud runs."""
+    measured = Point.of(engine, point.prompts, point.link, point.turns).record(sweep=True)
+    if point.deployment == "split":  # the engine reaches the cloud by URL; the sweep's server ran it so
+        measured["cloud_runtime"] = point.cloud_runtime
+    measured["deployment"] = point.deployment  # a co-located point's engine is in process, as inproc's
+    return measured
+
+
+def run_group(settings: GroupSettings, group: list, results, queue) -> None:
+    """Run `group` ((point, [(prompt id, repeat)]) ...): every point's engine first, then the items interleaved
+    (the module's docstring). `results`: the folder's ResultsFile here, or StreamedResults on a cluster's node;
+    `queue`: what the worker says (messages.py)."""
+    run = GroupRun(settings, results, queue)
+    points = [(run.set_up(point, items), items) for point, items in items_to_run(group, results)]
+    run.time(points)
+    for timed, _ in points:
+        timed.engine.close()  # hang up on the sweep's servers
+
+
+class GroupRun:
+    """One worker's group under way: its models (loaded once, shared by its points' engines), prompts, placement,
+    the kinds of engine warmed up so far, and where its records and messages go."""
+
+    def __init__(self, settings: GroupSettings, results, queue) -> None:
+        import torch
+
+        self.settings, self.results, self.queue = settings, results, queue
+        if settings.caps.cores:
+            torch.set_num_threads(settings.caps.cores)
+        self.placement = Placement(settings.cloud_ids)
+        settings.caps.apply_address_limit()
+        self.loader = ModelCache()
+        self.prompts = {name: {r.id: r for r in load_prompts(name)} for name in settings.config.prompt_sets()}
+        self.warmed: set[tuple] = set()  # one untimed generation per kind of engine and placement
+
+    def set_up(self, point: Point, items: list) -> TimedPoint:
+        """The point's engine built, its models loaded and its prompts checked (run.prepare); an edge model that
+        alone breaks the memory cap refused before anything runs."""
+        config, caps = self.settings.config, self.settings.caps
+        engine = build_engine(self.settings, point, self.loader)
+        prepare(engine, [self.prompts[point.prompts][i] for i in dict.fromkeys(i for i, _ in items)])
         network = profile(config.network_of(point))
-        measured = Point.of(engine, point.prompts, point.link, point.turns).record(sweep=True)
-        if point.deployment == "split":  # the engine reaches the cloud by URL; the sweep's server ran it so
-            measured["cloud_runtime"] = point.cloud_runtime
-        measured["deployment"] = point.deployment  # a co-located point's engine is in process, as inproc's
-        on_cloud = cloud_ids and (point.mode == "cloud" or point.deployment == "colocated")
-        row_point = {**measured, "network": network.name, "edge_cores": caps.cores, "edge_memory_gb": caps.memory_gb,
-                     "node": node_info(), **placement_fields(config, cloud_ids, cloud_ids if on_cloud else edge_ids)}
+        fields = {**measured_fields(engine, point), "network": network.name, "edge_cores": caps.cores,
+                  "edge_memory_gb": caps.memory_gb, "node": node_info(),
+                  **placement_fields(config, self.settings.cloud_ids, self.placement.cores(point))}
         edge = engine.model("edge") if "edge" in engine.roles else None  # loaded by prepare
         if caps.memory_bytes and edge is not None:
             caps.check_reachable(weight_bytes(edge), f"edge model {config.edge!r} in {point.dtype}")
-        points.append((point, key, engine, row_point, network, edge, items))
-    left = {key: len(items) for _, key, *_, items in points}
-    warmed = set()  # one untimed generation per kind of engine and placement: first-call costs are not speed
-    for key in [key for key, n in left.items() if not n]:
-        queue.put(("point_done", key))
-    for point, key, engine, row_point, network, edge, (record_id, repeat) in interleaved(points):
-        record = prompts[point.prompts][record_id]
-        # Memory that is not the edge's (a cloud model sharing this process) does not count.
-        exempt = sum(weight_bytes(m) for m in loader.models() if m is not edge)
+        return TimedPoint(point, point.key(), engine, fields, network, edge)
 
-        def over_cap(rss: int, record_id=record.id, point=point, key=key, row_point=row_point) -> None:
-            message = (f"point {point.mode} k={point.k} thr={point.entropy_threshold} prompt {record_id}: "
-                       f"edge RSS {rss / (1 << 30):.2f} GiB over the {caps.memory_gb:g} GiB cap")
-            results.append({"id": record_id, **row_point, "status": "over_memory_cap", "error": message})
-            queue.put(("over_cap", key, message))
-            exit_worker(queue, OVER_MEMORY_EXIT)
+    def time(self, points: list[tuple[TimedPoint, list]]) -> None:
+        """Every item of every point, interleaved; `PointDone` for a point once its last item has its record."""
+        left = {timed.key: len(items) for timed, items in points}
+        for key in [key for key, n in left.items() if not n]:
+            self.queue.put(PointDone(key))
+        for timed, (record_id, repeat) in interleaved(points):
+            self.generate(timed, self.prompts[timed.point.prompts][record_id], repeat)
+            left[timed.key] -= 1
+            if not left[timed.key]:
+                self.queue.put(PointDone(timed.key))
 
-        place(point)
+    def generate(self, timed: TimedPoint, record: PromptRecord, repeat: int) -> None:
+        """One timed generation and its record, on the point's cores, under the memory cap, its kind's warm-up
+        first. A bad sample or a lost cloud fails alone; the sweep goes on."""
+        self.placement.move_to(timed.point)
         reset_peak_rss()  # points share this process now: each generation's peak is its own
         reset_gpu_peaks()
-        watchdog = MemoryWatchdog(caps.memory_bytes, over_cap, exempt) if caps.memory_bytes and edge else nullcontext()
-        with watchdog:
-            kind = (point.mode, point.deployment, point.edge_runtime, point.cloud_runtime, point.kv_cache, point.dtype,
-                    point.link)
-            warm = {}
-            if kind not in warmed:  # under the memory cap like any generation
-                warmed.add(kind)
-                queue.put(("running", key, record.id, repeat, describe(point, record.id) + " (its warm-up)"))
-                warm = {"warm_up_s": warm_up(engine, record, config.max_audio_s)}
-            # said before it runs, so a native crash in it is recorded against it (sweep.py); "tick" ends it
-            queue.put(("running", key, record.id, repeat, describe(point, record.id)))
+        fields = {**timed.fields, "repeat": repeat}
+        with self.watchdog(timed, record.id):
+            warm = self.warm_up_once(timed, record, repeat)
+            # said before it runs, so a native crash in it is recorded against it (sweep.py); a Tick ends it
+            self.queue.put(Running(timed.key, record.id, repeat, describe(timed.point, record.id)))
             try:
-                generate_one(engine, record, {**row_point, "repeat": repeat, **warm}, results, after=lambda: queue.put(("tick",)),
-                             decorate=lambda row, g: row.update(network_fields(row, g, network)),
-                             max_audio_s=config.max_audio_s)
-            except (InputError, CloudLost) as e:  # a bad sample or a lost cloud fails alone; the sweep goes on
-                results.append({"id": record.id, **row_point, "repeat": repeat, "status": "failed", "error": str(e)})
-                queue.put(("tick",))
-        left[key] -= 1
-        if not left[key]:
-            queue.put(("point_done", key))
-    for _, _, engine, *_ in points:
-        engine.close()  # hang up on the sweep's servers
+                generate_one(timed.engine, record, {**fields, **warm}, self.results,
+                             after=lambda: self.queue.put(Tick()),
+                             decorate=lambda row, g: row.update(network_fields(row, g, timed.network)),
+                             max_audio_s=self.settings.config.max_audio_s)
+            except (InputError, CloudLost) as e:
+                self.results.append({"id": record.id, **fields, "status": "failed", "error": str(e)})
+                self.queue.put(Tick())
+
+    def warm_up_once(self, timed: TimedPoint, record: PromptRecord, repeat: int) -> dict:
+        """One untimed generation before the first timed one of each kind of engine and placement (first-call
+        costs are not speed) -> {"warm_up_s": its seconds} for the record that follows it, else {}."""
+        point = timed.point
+        kind = (point.mode, point.deployment, point.edge_runtime, point.cloud_runtime, point.kv_cache, point.dtype,
+                point.link)
+        if kind in self.warmed:
+            return {}
+        self.warmed.add(kind)
+        self.queue.put(Running(timed.key, record.id, repeat, describe(point, record.id) + " (its warm-up)"))
+        return {"warm_up_s": warm_up(timed.engine, record, self.settings.config.max_audio_s)}
+
+    def watchdog(self, timed: TimedPoint, record_id: str) -> MemoryWatchdog | nullcontext:
+        """The memory cap over one generation, warm-up included (none without a cap or an edge model). Past it the
+        record says so, the sweep hears `OverCap`, and the worker leaves at once. Memory that is not the edge's
+        (a cloud model sharing this process) does not count."""
+        caps = self.settings.caps
+        if not (caps.memory_bytes and timed.edge):
+            return nullcontext()
+        exempt = sum(weight_bytes(m) for m in self.loader.models() if m is not timed.edge)
+
+        def over_cap(rss: int) -> None:
+            point = timed.point
+            line = (f"point {point.mode} k={point.k} thr={point.entropy_threshold} prompt {record_id}: "
+                    f"edge RSS {rss / (1 << 30):.2f} GiB over the {caps.memory_gb:g} GiB cap")
+            self.results.append({"id": record_id, **timed.fields, "status": "over_memory_cap", "error": line})
+            self.queue.put(OverCap(timed.key, line))
+            exit_worker(self.queue, OVER_MEMORY_EXIT)
+
+        return MemoryWatchdog(caps.memory_bytes, over_cap, exempt)
 
 
 class StreamedResults:
@@ -176,33 +270,32 @@ class StreamedResults:
         return []
 
     def append(self, record: dict) -> None:
-        self.queue.put(("record", record))
+        self.queue.put(Record(record))
 
 
 def worker_main(config_dict: dict, group: list, out: str | None, urls: dict[str, str], queue, parent: int) -> None:
     """A sweep worker process: caps first, then the group. `out`: the results folder, or None to
-    stream the records to the parent (a Ray task relaying them to the sweep's driver). It says on
-    `queue`: ("running", point key, prompt id, repeat, description) before each warm-up and generation,
-    ("tick",) once its record is written, ("point_done", key), ("over_cap", key, line), ("error", line),
-    and last ("exit",)."""
+    stream the records to the parent (a Ray task relaying them to the sweep's driver). What it says on
+    `queue`: messages.py (Running before each warm-up and generation, Tick once its record is written,
+    PointDone, OverCap, Failed, and last Exit)."""
     bind_to_parent(parent)  # a sweep killed, even by SIGKILL, leaves no worker appending to its folder
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops this worker on Ctrl-C
     try:  # on a cluster's node the settings meet this machine for the first time (its cores)
         config = SweepConfig.from_mapping(config_dict)
         caps = config.caps()
     except SpecdecError as e:
-        queue.put(("error", str(e)))
+        queue.put(Failed(str(e)))
         exit_worker(queue, 1)
     # the cloud's cores, read before the caps narrow this process to the edge's
     cloud_ids = (config.cloud_core_ids() or sorted(os.sched_getaffinity(0))) if config.places_cloud() else None
     caps.apply_cpu()
     results = ResultsFile(Path(out) / "results.jsonl") if out is not None else StreamedResults(queue)
     try:
-        run_group(config, caps, group, results, queue, urls, cloud_ids, block_costs(out))
+        run_group(GroupSettings(config, caps, urls, cloud_ids, block_costs(out)), group, results, queue)
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line
         line = str(e) if isinstance(e, SpecdecError) else os_error_line(e) if isinstance(e, OSError) else \
             f"{type(e).__name__}: {e}"
-        queue.put(("error", line))
+        queue.put(Failed(line))
         exit_worker(queue, 1)
     exit_worker(queue, 0)
 
@@ -267,7 +360,7 @@ def exit_worker(queue, code: int) -> None:
     os._exit left it to the resource tracker's "leaked semaphore objects" warning at the end of every
     sweep. The memory watchdog's thread (over the cap) cannot raise into the main thread: it leaves at
     once with os._exit."""
-    queue.put(("exit",))
+    queue.put(Exit())
     if hasattr(queue, "join_thread"):
         queue.close()
         queue.join_thread()
