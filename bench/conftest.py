@@ -5,10 +5,10 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS, Pair, real_workload, tiny_workload  # noqa: E402
-from specdec.models.registry import is_fetched  # noqa: E402
+from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS, Pair, real_workload, tiny_workload
+from specdec.models.registry import is_fetched
 
 
 def pytest_configure(config):

@@ -20,13 +20,13 @@ import torch
 
 from bench.measure.workload import CLOUD_ALIAS
 from specdec.backends.base import Prompt
-from specdec.core.shared_forward import BatchRow, batch_logits
 from specdec.core.cloud import LocalCloudSession
 from specdec.core.config import DecodeConfig, SpecConfig
-from specdec.models.loading import load_model
-from specdec.models.registry import is_fetched
 from specdec.core.processors import Constraints
 from specdec.core.session import AcceptedSequence
+from specdec.core.shared_forward import BatchRow, batch_logits
+from specdec.models.loading import load_model
+from specdec.models.registry import is_fetched
 
 K = 4
 

@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from bench.measure.peers.hf_assisted import HF, HF_INT8, INT8_ASSISTANT, SPECBENCH, paired, pooled_tokens_per_s, run_peer
 from bench.core.prompts import load_prompts
+from bench.measure.peers.hf_assisted import HF, HF_INT8, INT8_ASSISTANT, SPECBENCH, paired, pooled_tokens_per_s, run_peer
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.models.loading import load_model
 from specdec.models.registry import is_fetched

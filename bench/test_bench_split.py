@@ -19,16 +19,16 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from bench.measure.link import BackgroundLink
 from bench.core.network import profile
 from bench.core.prompts import load_prompts
-from bench.measure.launch import ServerProcess
 from bench.derive.split_timing import call_overheads_s, modelled_link_s
 from bench.measure.caps import pin_cores
+from bench.measure.launch import ServerProcess
+from bench.measure.link import BackgroundLink
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
+from specdec.backends.base import cache_kwarg
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.engine import Engine
-from specdec.backends.base import cache_kwarg
 from specdec.models.loading import load_model
 from specdec.models.registry import is_fetched
 from specdec.remote.background import BackgroundServer

@@ -4,8 +4,8 @@ the same rules and stop alike. It sits below both: the server never imports the 
 from __future__ import annotations
 
 from specdec.core.constraints_zh import zh_profile
-from specdec.models.loading import LoadedModel
 from specdec.core.processors import Constraints, StopRule
+from specdec.models.loading import LoadedModel
 
 
 def build_constraints(loaded: LoadedModel, profile: str, vocab: int, eos_ids: frozenset[int] | None = None) -> Constraints:

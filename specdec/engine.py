@@ -4,28 +4,27 @@ runs never load the edge. With `cloud_url`, spec blocks are verified by a `specb
 and no cloud model is loaded here either."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from specdec.backends.base import runtime_parts
 from specdec.backends.devices import steps_of
+from specdec.constraint_profiles import build_constraints
 from specdec.core.cloud import Cloud, LocalCloud
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.decode import SpecOptions, autoregressive_decode, speculative_decode
 from specdec.core.drafters import DRAFTS_AHEAD, NEEDS_MODEL, WEIGHS_RUNTIMES
 from specdec.core.history import History
+from specdec.core.overlap import OverlapGovernor
+from specdec.core.processors import Constraints
+from specdec.core.tokenstats import PunctuationTable
+from specdec.core.trace import Generation
 from specdec.core.two_runtime import TwoRuntimeCloud
 from specdec.errors import ConfigError, InputError
 from specdec.models.architecture import is_architecture
 from specdec.models.loading import LoadedModel, load_model
-from specdec.core.overlap import OverlapGovernor
-from specdec.core.processors import Constraints
-from specdec.constraint_profiles import build_constraints
 from specdec.remote.client import RemoteCloud, SessionSettings
 from specdec.remote.protocol import read_token, token_file_warning, tokenizer_sha256
-from specdec.core.tokenstats import PunctuationTable
-from specdec.core.trace import Generation
-
 
 PLAIN_STEPS = "cloud plain steps"  # the model key of a two-runtime cloud's plain-step copy
 

@@ -3,12 +3,12 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import json  # noqa: E402
+import json
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from tests.tiny import save_tiny_pair  # noqa: E402
+from tests.tiny import save_tiny_pair
 
 # Tiny models run fastest on one thread, and tests must not fight each other for cores.
 torch.set_num_threads(1)

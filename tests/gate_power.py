@@ -12,9 +12,8 @@ import os
 import subprocess
 import sys
 
-from bench.measure import gate, workload
-
 from bench.derive import gate_verdict
+from bench.measure import gate, workload
 from specdec.machine import fingerprint
 from tests.test_gate import SlowerForward, quiet
 

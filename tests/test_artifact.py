@@ -12,9 +12,10 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -195,7 +196,7 @@ def test_two_callers_at_once_build_once(conv):
     def call():
         try:
             results.append(conv.ensure()[0])
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     first = threading.Thread(target=call)

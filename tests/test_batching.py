@@ -21,8 +21,8 @@ from specdec.backends.hf_causal import HFCausalBackend
 from specdec.core.cloud import LocalCloud
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.decode import autoregressive_decode, speculative_decode
-from specdec.models.loading import load_model
 from specdec.core.processors import Constraints, StopRule
+from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
 from specdec.remote.client import RemoteCloud
 from specdec.remote.protocol import SCHEMA
@@ -59,7 +59,7 @@ def concurrently(jobs: list) -> list:
         start.wait(10)
         try:
             results[i] = jobs[i]()
-        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+        except BaseException as e:
             results[i] = e
 
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(jobs))]

@@ -8,18 +8,15 @@ import shutil
 import pytest
 
 from bench.commands import compare as compare_command
-from bench.read import compare
-
-from bench.measure import tinypair
-
-from bench.derive import gate_verdict
 from bench.core.records import ResultsFile
+from bench.derive import gate_verdict
+from bench.measure import tinypair
 from bench.measure.run import run
+from bench.read import compare
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import InputError
 from specdec.machine import fingerprint
-
 
 COMMITTED_TINY = min((gate_verdict.BASELINES / "tiny").glob("*.json"))  # a committed gate file, whichever class
 

@@ -19,8 +19,8 @@ from specdec.core.constraints_zh import (
     ZhTokenTable,
     zh_profile,
 )
-from specdec.errors import ConfigError
 from specdec.core.text import PUNCT_DENSITY_ABNORMAL, PUNCT_DENSITY_HEALTHY, cjk_content, is_cjk, punctuation_density
+from specdec.errors import ConfigError
 
 CHARS = "说话人的音色中声语速平缓情绪稳定真想字逗好呀嗯很清晰低沉温和是一位男女性年轻有点激动快慢"
 WORDS = ["音色", "真想", "说话人", "语速", "情绪", "平缓", "稳定", "中性", "的，", "。\n"]

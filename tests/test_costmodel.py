@@ -13,11 +13,23 @@ from bench.core.network import profile
 from bench.core.point import Point, blank
 from bench.core.records import ResultsFile, result_record
 from bench.derive.costfit import fit_inputs, point_key, predict_point, spec_points
-from bench.derive.costmodel import (Acceptance, CostInputs, Link, Outcome, cloud_only, cloud_server_tokens_per_s,
-                                    colocated, distance_capacity_factor, drafting_ahead, expected_emitted,
-                                    sequential, server_tokens_per_s, split)
-from specdec.errors import ConfigError
+from bench.derive.costmodel import (
+    Acceptance,
+    CostInputs,
+    Link,
+    Outcome,
+    cloud_only,
+    cloud_server_tokens_per_s,
+    colocated,
+    distance_capacity_factor,
+    drafting_ahead,
+    expected_emitted,
+    sequential,
+    server_tokens_per_s,
+    split,
+)
 from specdec.core.trace import Counters, Cycle, Generation
+from specdec.errors import ConfigError
 
 T_D, A, B, O = 0.01, 0.02, 0.005, 0.001  # edge step, verify a + b·T, verify overhead (seconds)
 

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
+from specdec import Constraints, DecodeConfig, Prompt, SpecConfig, SpecOptions, StopRule, speculative_decode
 from specdec.backends.base import Backend
-from specdec import DecodeConfig, Prompt, SpecConfig, StopRule, Constraints, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.core.escalation import block_uncertainty, should_escalate
 from tests.tiny import noisy_copy, random_prompt, tiny_causal
@@ -81,7 +81,8 @@ def test_stop_token_ends_generation_without_a_bonus(backends):
     free = speculative_decode(edge, cloud, Prompt(random_prompt(4)), SpecConfig(k=4, entropy_threshold=0, policy="greedy"), DecodeConfig(max_new_tokens=30))
     stop_token = free.tokens[9]
     stop = Constraints(stop=StopRule(eos_ids=frozenset({stop_token})))
-    stopped = speculative_decode(edge, cloud, Prompt(random_prompt(4)), SpecConfig(k=4, entropy_threshold=0, policy="greedy"), DecodeConfig(max_new_tokens=30), stop)
+    stopped = speculative_decode(edge, cloud, Prompt(random_prompt(4)), SpecConfig(k=4, entropy_threshold=0, policy="greedy"),
+                                 DecodeConfig(max_new_tokens=30), SpecOptions(stop))
     first = free.tokens.index(stop_token)
     assert stopped.tokens == free.tokens[: first + 1]
     assert stopped.stopped_by == "stop_token"

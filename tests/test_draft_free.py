@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdec.core.decode import SpecOptions
 from specdec import DecodeConfig, Prompt, SpecConfig, autoregressive_decode, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.core import cloud as cloud_module
+from specdec.core.decode import SpecOptions
 from specdec.core.drafters.ngram import NgramTable
 from specdec.core.drafters.prompt_lookup import lookup
 from specdec.core.history import History
@@ -567,9 +567,9 @@ def test_a_cloud_held_in_two_runtimes_loads_both_and_decodes_in_each(tmp_path):
 def test_only_a_drafter_that_weighs_the_switches_runs_on_a_two_runtime_cloud(tmp_path):
     """Prompt lookup on llamacpp+torch-int8 would feed the whole prompt to each runtime: refused in a run,
     left out of a sweep's grid (whose plain decodings run in each runtime)."""
+    from bench.measure.sweep.sweep_config import SweepConfig
     from specdec import ConfigError
     from specdec.engine import Engine
-    from bench.measure.sweep.sweep_config import SweepConfig
 
     with pytest.raises(ConfigError, match="needs a drafter that weighs switching between the two runtimes \\(auto\\); "
                                           "'prompt-lookup' would feed the whole prompt to each"):

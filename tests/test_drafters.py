@@ -172,8 +172,8 @@ def test_a_draft_free_drafter_verified_through_the_server_is_the_clouds_greedy(p
     block (lookup found nothing, `auto` withheld its block) is a plain step of the server: the server
     once refused it ("a draft of 1..127 tokens expected, got 0"), failing every lookup prompt in split."""
     from specdec.models.loading import load_model
-    from specdec.remote.client import RemoteCloud
     from specdec.remote.background import BackgroundServer
+    from specdec.remote.client import RemoteCloud
 
     cloud_model = load_model(pair["cloud"], "float32")
     decode = DecodeConfig(max_new_tokens=12)

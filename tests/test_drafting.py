@@ -6,19 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.measure.link import BackgroundLink
 from bench.core.network import profile
+from bench.measure.link import BackgroundLink
 from specdec.backends.base import Backend, Prompt
-from specdec.backends.hf_causal import HFCausalBackend
+from specdec.core.block_length import make_schedule, make_stop
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.decode import SpecOptions, autoregressive_decode, block_size, speculative_decode
-from specdec.core.block_length import make_schedule, make_stop
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
-from specdec.remote.client import RemoteCloud
 from specdec.remote.background import BackgroundServer
+from specdec.remote.client import RemoteCloud
 from tests.test_remote import chi_square_p
-from tests.tiny import noisy_copy, save_tiny_pair, tiny_causal
+from tests.tiny import save_tiny_pair
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
 

@@ -17,6 +17,7 @@ from bench.cli import main
 from bench.core.records import read_records
 from bench.derive.fleet_summary import read_fleet
 from bench.measure.serving.clients import replay, script_of
+from bench.measure.serving.fleet_config import FleetConfig
 from specdec.backends.base import Prompt
 from specdec.core.verdict import CloudLost
 from specdec.errors import ConfigError, InputError, ModelError
@@ -24,7 +25,6 @@ from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
 from specdec.remote.server_config import ServeConfig
 from tests.recording import record_split
-from bench.measure.serving.fleet_config import FleetConfig
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
 

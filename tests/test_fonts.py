@@ -12,13 +12,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
 
-from bench.read.report import fonts  # noqa: E402
-from specdec.errors import ConfigError  # noqa: E402
-from tests.test_report import chromium, run_chromium  # noqa: E402,F401  (chromium: a fixture)
+from bench.read.report import fonts
+from specdec.errors import ConfigError
+from tests.test_report import chromium, run_chromium  # noqa: F401  (chromium: a fixture)
 
 LABEL = "说话人语速平缓，情绪稳定。"  # a zh-describe style output
 NOTDEF = "\ue000"  # a private-use code point no font here has: what a missing glyph looks like

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from bench.cli import main
-from bench.measure.link import BackgroundLink, Direction
 from bench.core.network import profile
+from bench.measure.link import BackgroundLink, Direction
 
 RTT_S = 0.040
 UP_BPS, DOWN_BPS = 8e6, 16e6

@@ -14,18 +14,18 @@ import torch
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specbench[llamacpp]')")
 
-from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM
 
-from specdec.backends.base import Prompt  # noqa: E402
-from specdec.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from specdec.core.config import DecodeConfig, SpecConfig  # noqa: E402
-from specdec.engine import Engine  # noqa: E402
-from specdec.errors import ModelError  # noqa: E402
-from specdec.models import fetch, registry  # noqa: E402
-from specdec.models.loading import load_model  # noqa: E402
-from specdec.remote.background import BackgroundServer  # noqa: E402
-from tests.tiny_gguf import write_llama_gguf  # noqa: E402
-from tests.test_registry import GGUF_TOML  # noqa: E402
+from specdec.backends.base import Prompt
+from specdec.backends.llamacpp import LlamaCppBackend
+from specdec.core.config import DecodeConfig, SpecConfig
+from specdec.engine import Engine
+from specdec.errors import ModelError
+from specdec.models import fetch, registry
+from specdec.models.loading import load_model
+from specdec.remote.background import BackgroundServer
+from tests.test_registry import GGUF_TOML
+from tests.tiny_gguf import write_llama_gguf
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
 

@@ -3,9 +3,9 @@ takes it from there."""
 import pytest
 
 from bench.core.metric_registry import METRICS, Metric, compared, direction, lower_is_better
+from bench.derive.gate_verdict import Check
 from bench.read.report.pareto import FRONTS
 from bench.read.report.recommend import RULES
-from bench.derive.gate_verdict import Check
 
 
 def test_every_reader_finds_its_metrics():

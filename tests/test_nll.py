@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from bench.cli import main
-from bench.measure.nll import output_nll
-from bench.derive.scores import SCORE_FIELDS, SCORES, read_scores, score_key
 from bench.core.records import ResultsFile
+from bench.derive.scores import SCORE_FIELDS, SCORES, read_scores, score_key
 from bench.derive.summary import summarize
+from bench.measure.nll import output_nll
 from specdec.models.loading import load_model
 
 pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out

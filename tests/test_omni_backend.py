@@ -15,7 +15,6 @@ from transformers import (
 )
 from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
 
-from tests.omni_fixtures import random_waveform, tiny_omni_tokenizer, tiny_thinker
 from specdec.backends.base import Prompt
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.backends.omni_thinker import (
@@ -28,6 +27,7 @@ from specdec.backends.omni_thinker import (
     load_omni_thinker,
 )
 from specdec.errors import InputError, ModelError
+from tests.omni_fixtures import random_waveform, tiny_omni_tokenizer, tiny_thinker
 
 TOL = 1e-5
 QUESTION = "what is said in the audio clip ?"

@@ -11,13 +11,13 @@ import torch
 
 pytest.importorskip("onnxruntime_genai")
 
-from specdec.backends.base import Backend, Prompt  # noqa: E402
-from specdec.backends.onnxrt import OnnxRuntimeBackend  # noqa: E402
-from specdec.errors import ModelError  # noqa: E402
-from specdec.models import integrity  # noqa: E402
-from specdec.models.convert_onnx import KEEP_INPUT, ensure_onnx, load_onnx, onnx_dir  # noqa: E402
-from specdec.models.artifact import MARKER  # noqa: E402
-from tests.tiny import VOCAB, tiny_causal  # noqa: E402
+from specdec.backends.base import Backend, Prompt
+from specdec.backends.onnxrt import OnnxRuntimeBackend
+from specdec.errors import ModelError
+from specdec.models import integrity
+from specdec.models.artifact import MARKER
+from specdec.models.convert_onnx import KEEP_INPUT, ensure_onnx, load_onnx, onnx_dir
+from tests.tiny import VOCAB, tiny_causal
 
 TOLERANCE = 1e-4  # unpadded one-row steps vs blocks on this tiny model: ~1e-6 (0.3 on the real 0.5B/1.5B)
 QUIET = dict(log=lambda message: None)

@@ -10,13 +10,13 @@ import torch
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 
-from specdec.backends.base import Prompt  # noqa: E402
-from specdec.backends.hf_causal import HFCausalBackend  # noqa: E402
-from specdec.backends.openvino import OpenVinoBackend  # noqa: E402
-from specdec.errors import ModelError  # noqa: E402
-from specdec.models import convert_openvino as conv  # noqa: E402
-from specdec.models.integrity import sha256_of  # noqa: E402
-from tests.tiny import VOCAB, random_prompt, tiny_causal  # noqa: E402
+from specdec.backends.base import Prompt
+from specdec.backends.hf_causal import HFCausalBackend
+from specdec.backends.openvino import OpenVinoBackend
+from specdec.errors import ModelError
+from specdec.models import convert_openvino as conv
+from specdec.models.integrity import sha256_of
+from tests.tiny import VOCAB, random_prompt, tiny_causal
 
 
 @pytest.fixture(scope="module")

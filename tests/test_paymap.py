@@ -9,12 +9,22 @@ from dataclasses import replace
 import pytest
 
 from bench.derive.costmodel import Acceptance, CostInputs, Link, cloud_only, colocated, drafting_ahead, sequential
-from bench.derive.regions import (LOSSLESS, WAYS, ahead_colocated_rtt_bound_s, alpha_of, at, fastest, rate_grid, rates,
-                                  split_cloud_rtt_bound_s, winners)
+from bench.derive.regions import (
+    LOSSLESS,
+    WAYS,
+    ahead_colocated_rtt_bound_s,
+    alpha_of,
+    at,
+    fastest,
+    rate_grid,
+    rates,
+    split_cloud_rtt_bound_s,
+    winners,
+)
 from bench.read.report import build_report
-from bench.read.report.paymap import build_panels
 from bench.read.report.inputs import load_inputs
 from bench.read.report.pareto import point_labels
+from bench.read.report.paymap import build_panels
 from tests.test_costmodel import synthetic, write_folder
 
 T_D, A, B, O = 0.01, 0.02, 0.005, 0.001  # edge step, verify a + b·T, verify overhead (seconds)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.measure.peers.llama_speculative import BUILD_COMMAND, BINARY_ENV, parse_report, speculative_command
 from bench.measure.peers.hf_assisted import Timed, hf_assisted
+from bench.measure.peers.llama_speculative import BINARY_ENV, BUILD_COMMAND, parse_report, speculative_command
 from bench.measure.peers.runtimes import PeerSettings, same_as_reference, spec_peers
 from specdec.core.config import DecodeConfig
 from specdec.engine import Engine

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.derive.summary import summarize, terminal_table
 from bench.read.report import build_report
 from bench.read.report.plots import speedup_panels
-from bench.derive.summary import summarize, terminal_table
 
 SPEC = dict(policy="greedy", k=4, entropy_threshold=0.0, accept_threshold=0.1, verifier="cached",
             num_draft_tokens=8, num_accepted_tokens=6, cloud_calls=2, cycles=2, num_drafts=2,
@@ -137,7 +137,7 @@ def test_the_speed_up_figure_measures_every_point_against_the_fastest_cloud_only
 
 def test_heat_maps_give_each_cloud_runtime_its_own_row():
     """Two spec points at the same (threshold, k) in two cloud runtimes are two cells, not one overwritten."""
-    from bench.read.report.plots import _facets  # noqa: PLC0415 (a private helper, tested alone)
+    from bench.read.report.plots import _facets
 
     spec = summarize(two_cloud_runtimes())
     facets = _facets(spec[spec["mode"] == "spec"])

@@ -10,8 +10,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.remote.protocol import (
-    REPLIES, REQUESTS, SCHEMA, Close, Followed, Generate, Generated, Hello, Open, ProtocolError, Ready, Refusal, StatsReply,
-    StatsRequest, UnexpectedMessage, VerdictReply, Verify, decode, encode,
+    REPLIES,
+    REQUESTS,
+    SCHEMA,
+    Close,
+    Followed,
+    Generate,
+    Generated,
+    Hello,
+    Open,
+    ProtocolError,
+    Ready,
+    Refusal,
+    StatsReply,
+    StatsRequest,
+    UnexpectedMessage,
+    VerdictReply,
+    Verify,
+    decode,
+    encode,
 )
 from tests.protocol_strategies import SCHEMA_FIELDS, well_typed
 from tests.wire import decode as raw_decode

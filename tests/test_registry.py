@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from specdec.errors import ModelError
 from specdec.models import fetch, registry
 from specdec.models.loading import resolve
-from specdec.errors import ModelError
 
 ALIASES = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 WHISPER = ("whisper-base", "whisper-base-dec2", "whisper-base-int8", "whisper-tiny.en", "whisper-tiny.en-int8")

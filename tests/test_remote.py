@@ -6,20 +6,19 @@ through the server keeps the cloud's distribution (full and top-N draft uploads)
 cross once per session and the server verifies with them."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 from scipy.stats import chisquare
 
-from bench.measure.link import BackgroundLink
 from bench.core.network import profile
+from bench.measure.link import BackgroundLink
+from specdec.backends.base import Prompt
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.core.decode import speculative_decode
 from specdec.engine import Engine
 from specdec.models.loading import load_model
-from specdec.backends.base import Prompt
-from specdec.remote.client import RemoteCloud
 from specdec.remote.background import BackgroundServer
+from specdec.remote.client import RemoteCloud
 
 pytestmark = pytest.mark.server  # see CONTRIBUTING.md: the quick loop leaves these out
 

@@ -17,16 +17,15 @@ import types
 
 import psutil
 import pytest
-import torch
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
 from bench.cli import main
 from specdec.backends.base import Prompt
 from specdec.core.cloud import LocalCloud
-from specdec.core.verdict import CloudLost
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.decode import SpecOptions, autoregressive_decode, speculative_decode
+from specdec.core.verdict import CloudLost
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer

@@ -24,11 +24,11 @@ from websockets.sync.client import connect
 
 from bench.cli import main
 from bench.measure.run import FailedSamples, run
-from specdec.engine import Engine
 from specdec.backends.base import Backend, Prompt
-from specdec.core.verdict import CloudLost
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.core.decode import SpecOptions, speculative_decode
+from specdec.core.verdict import CloudLost
+from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer

@@ -34,9 +34,8 @@ def test_timing_tests_leave_the_default_run_and_ci_runs_them_on_their_own():
 
 def test_the_main_job_installs_the_runtimes_its_default_config_runs():
     """The first command runs `--config default` on a fresh machine: a runtime that needs an extra is installed by it."""
-    from bench.measure.sweep.sweep_config import SweepConfig  # the config validates itself, runtimes included
-
     from bench.measure.runtime_auto import CANDIDATES
+    from bench.measure.sweep.sweep_config import SweepConfig  # the config validates itself, runtimes included
 
     chosen = []
 

@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 
 from bench.cli import main
-from bench.read.report import build_report
 from bench.commands.report import add_report_parser
+from bench.derive.summary import load_rows, summarize
+from bench.read.report import build_report
 from bench.read.report.inputs import load_inputs
 from bench.read.report.pareto import FRONTS, front_members, pareto_mask, point_labels
 from bench.read.report.recommend import recommend
 from bench.read.report.views import per_position_acceptance, sample_points, split_notes
-from bench.derive.summary import load_rows, summarize
 from specdec.errors import InputError
 from tests.tiny import save_tiny_pair
 

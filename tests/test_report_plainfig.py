@@ -110,7 +110,7 @@ def test_without_plain_decoding_or_spec_points_the_figure_is_skipped_with_one_li
 def test_a_big_sweeps_row_draws_its_front_and_its_fastest_and_says_so(tmp_path):
     """Twenty spec points of one pairing: the row draws those no other beats on both speed-up and calls per
     token, and the four fastest; the caption says how many of how many."""
-    from bench.read.report.pairings import FASTEST_KEPT, drawn_points  # noqa: PLC0415 (the rule under test)
+    from bench.read.report.pairings import FASTEST_KEPT, drawn_points
 
     rows = []
     for pid, scale in (("a", 1.0), ("b", 1.25)):
@@ -133,7 +133,7 @@ def test_a_big_sweeps_row_draws_its_front_and_its_fastest_and_says_so(tmp_path):
 
 
 def test_a_trimmed_row_keeps_each_drawn_split_points_co_located_twin():
-    from bench.read.report.pairings import drawn_points  # noqa: PLC0415 (the rule under test)
+    from bench.read.report.pairings import drawn_points
 
     rows = []
     for pid, scale in (("a", 1.0), ("b", 1.25)):

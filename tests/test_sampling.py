@@ -5,10 +5,10 @@ from scipy.stats import chisquare
 
 from specdec import DecodeConfig, Prompt, SpecConfig, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
-from specdec.core.policies.sample import speculative_sample
-from specdec.core.processors import Constraints
 from specdec.core.drafters import DraftContext
 from specdec.core.drafters.model import ModelDrafter
+from specdec.core.policies.sample import speculative_sample
+from specdec.core.processors import Constraints
 from specdec.core.sampling import distribution, entropy_nats
 from specdec.core.session import AcceptedSequence
 from tests.tiny import noisy_copy, random_prompt, tiny_causal

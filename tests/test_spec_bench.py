@@ -8,7 +8,11 @@ import json
 import pytest
 
 from bench.core.prompts import (
-    canonical_prompts, expand_prompt_sets, load_prompts, parse_spec_bench, prompt_set_name,
+    canonical_prompts,
+    expand_prompt_sets,
+    load_prompts,
+    parse_spec_bench,
+    prompt_set_name,
 )
 from specdec.core.config import DecodeConfig
 from specdec.engine import Engine

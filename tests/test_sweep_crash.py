@@ -12,8 +12,8 @@ from bench.core.prompts import load_prompts
 from bench.core.records import ResultsFile
 from bench.derive.summary import summarize
 from bench.measure.launch import WorkerProcess, death_line
-from bench.measure.sweep.sweep import _run_sweep, crashed_out
 from bench.measure.sweep.messages import Exit, PointDone, Running, Tick, is_exit
+from bench.measure.sweep.sweep import _run_sweep, crashed_out
 from bench.measure.sweep.sweep_config import SweepConfig
 from bench.measure.sweep.worker import worker_main
 from specdec.errors import SpecdecError

@@ -12,8 +12,7 @@ from bench.core.point import Point
 from bench.core.records import ResultsFile
 from bench.measure.sweep import messages
 from bench.measure.sweep.cluster import RayExecutor, Request, Task
-from bench.measure.sweep.messages import (Ended, Exit, Failed, OverCap, PointDone, Record, Running, Started, Tick,
-                                          is_exit)
+from bench.measure.sweep.messages import Ended, Exit, Failed, OverCap, PointDone, Record, Running, Started, Tick, is_exit
 from bench.measure.sweep.sweep import _follow
 from bench.measure.sweep.worker import StreamedResults, exit_worker
 from specdec.errors import SpecdecError

@@ -13,11 +13,11 @@ import torch
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specbench[llamacpp]')")
 
-from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM
 
-from bench.cli import main  # noqa: E402
-from bench.core.records import ResultsFile  # noqa: E402
-from tests.tiny_gguf import write_llama_gguf  # noqa: E402
+from bench.cli import main
+from bench.core.records import ResultsFile
+from tests.tiny_gguf import write_llama_gguf
 
 pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out
 

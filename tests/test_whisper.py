@@ -8,15 +8,25 @@ import pytest
 import torch
 from torch import nn
 
-from specdec.core.decode import SpecOptions
 from specdec import Constraints, DecodeConfig, InputError, SpecConfig, StopRule, autoregressive_decode, speculative_decode
 from specdec.backends.whisper import SuppressTokens, WhisperBackend, build_whisper_prompt, detect_language
+from specdec.core.decode import SpecOptions
 from specdec.core.session import AcceptedSequence
 from specdec.core.verifier import make_verifier
 from tests.tiny import noisy_copy
 from tests.whisper_fixtures import (
-    EN, EOT, NO_TIMESTAMPS, SOT, SUPPRESS, SUPPRESS_AT_BEGIN, TRANSCRIBE, TRANSLATE, ZH,
-    feature_extractor, random_waveform, tiny_whisper,
+    EN,
+    EOT,
+    NO_TIMESTAMPS,
+    SOT,
+    SUPPRESS,
+    SUPPRESS_AT_BEGIN,
+    TRANSCRIBE,
+    TRANSLATE,
+    ZH,
+    feature_extractor,
+    random_waveform,
+    tiny_whisper,
 )
 
 MAX_NEW = 24

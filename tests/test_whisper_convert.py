@@ -9,14 +9,31 @@ import pytest
 import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-from specdec.core.decode import SpecOptions
-from specdec import Constraints, DecodeConfig, InputError, ModelError, SpecConfig, StopRule, autoregressive_decode, speculative_decode
+from specdec import (
+    Constraints,
+    DecodeConfig,
+    InputError,
+    ModelError,
+    SpecConfig,
+    StopRule,
+    autoregressive_decode,
+    speculative_decode,
+)
 from specdec.backends.whisper import WhisperBackend
+from specdec.core.decode import SpecOptions
 from specdec.models.convert_ct2 import convert_whisper, read_ct2, whisper_generation_config
 from specdec.models.derive import derive, parse_ops, split_name
 from specdec.models.loading import load_model
 from tests.whisper_fixtures import (
-    EOT, NO_TIMESTAMPS, SOT, SUPPRESS, SUPPRESS_AT_BEGIN, ct2_variables, random_waveform, tiny_whisper, write_ct2,
+    EOT,
+    NO_TIMESTAMPS,
+    SOT,
+    SUPPRESS,
+    SUPPRESS_AT_BEGIN,
+    ct2_variables,
+    random_waveform,
+    tiny_whisper,
+    write_ct2,
     write_tokenizer_json,
 )
 

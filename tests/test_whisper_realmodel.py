@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from bench.core.audio import SAMPLING_RATE, read_audio
-from specdec.core.decode import SpecOptions
 from specdec import Constraints, DecodeConfig, SpecConfig, StopRule, autoregressive_decode, speculative_decode
+from specdec.core.decode import SpecOptions
 from specdec.models.loading import load_model
 
 pytestmark = pytest.mark.realmodel

@@ -6,8 +6,8 @@ import copy
 
 import torch
 from transformers import (
-    Gemma3TextConfig,
     Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     Qwen2Config,

@@ -12,7 +12,8 @@ from bench.core.prompts import canonical_prompts
 from bench.measure.serving.fleet import run_fleet
 from bench.measure.serving.fleet_config import FleetConfig
 from specdec.core.config import DecodeConfig, SpecConfig
-from specdec.models.architecture import PREFIX as ARCH, is_architecture
+from specdec.models.architecture import PREFIX as ARCH
+from specdec.models.architecture import is_architecture
 
 
 def add_fleet_parser(sub) -> None:

@@ -9,8 +9,17 @@ import sys
 from pathlib import Path
 
 from bench.core.folder import writable_file
-from bench.derive.gate_verdict import (TOLERANCES, baseline_path, choose_baseline, environment_notes, machine_of,
-                                       other_machine, read_gate_file, verdict, write_gate_file)
+from bench.derive.gate_verdict import (
+    TOLERANCES,
+    baseline_path,
+    choose_baseline,
+    environment_notes,
+    machine_of,
+    other_machine,
+    read_gate_file,
+    verdict,
+    write_gate_file,
+)
 from bench.measure.gate import _quiet_transformers, judge, measure, timing_summary
 from specdec.errors import InputError
 from specdec.machine import describe, fingerprint

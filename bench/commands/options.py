@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.core.folder import canonical_path
-from bench.core.prompts import PromptInputs, canonical_prompts
 from bench.core.point import AXES, RUN_SETTINGS
+from bench.core.prompts import PromptInputs, canonical_prompts
 from bench.measure.sweep.sweep_config import SweepConfig
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, parse_overlap
 from specdec.engine import Engine

@@ -22,14 +22,14 @@ import pandas as pd
 from bench.core.network import escalation_bytes
 from bench.core.point import COLUMNS, Point
 from bench.core.records import read_records
+from bench.derive.calibration import find_entry, read_calibration
 from bench.derive.costfit import acceptance, acceptance_group, columns_key, predict_point, spec_points
 from bench.derive.costmodel import CostInputs, Link, cloud_only, colocated, drafting_ahead, sequential
-from bench.derive.calibration import find_entry, read_calibration
 from bench.derive.runtime_choice import verify_cost_ms
 from bench.derive.summary import summarize
 from bench.measure.calibrate import calibration_path
-from specdec.machine import fingerprint
 from specdec.errors import ConfigError, InputError
+from specdec.machine import fingerprint
 
 USER_FLAGS = ("edge_ms_per_token", "verify_cost", "rtt_ms", "bandwidth_mbps")
 # what every finished record of `specbench run` / `sweep` holds and the summary reads from each one

@@ -18,10 +18,10 @@ from pathlib import Path
 import psutil
 
 from bench.core.point import AXES
-from specdec.errors import InputError
 from specdec.core.text import punctuation_density
-from specdec.machine import fingerprint
 from specdec.core.trace import Generation
+from specdec.errors import InputError
+from specdec.machine import fingerprint
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ def environment() -> dict:
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,

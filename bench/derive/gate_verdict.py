@@ -22,8 +22,8 @@ import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bench.derive import metrics
 from bench.core.metric_registry import TIMING_RATIO, direction
+from bench.derive import metrics
 from specdec.errors import InputError
 from specdec.machine import describe
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from typing import Sequence
+from collections.abc import Sequence
 
 import jiwer
 from sacrebleu.metrics import CHRF

@@ -21,8 +21,16 @@ from dataclasses import replace
 
 import numpy as np
 
-from bench.derive.costmodel import (Acceptance, CostInputs, cloud_only, colocated, drafting_ahead,
-                                    edge_only, expected_emitted, sequential)
+from bench.derive.costmodel import (
+    Acceptance,
+    CostInputs,
+    cloud_only,
+    colocated,
+    drafting_ahead,
+    edge_only,
+    expected_emitted,
+    sequential,
+)
 
 WAYS = ("split", "co-located", "cloud-only", "edge-only")
 LOSSLESS = WAYS[:3]  # the ways that emit the cloud's tokens

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from bench.core.point import COLUMNS, RUNTIME_OF
 from bench.derive import metrics
 from bench.derive.health import chrf, error_rates, text_health, token_match_rate
-from bench.core.point import COLUMNS, RUNTIME_OF
 from bench.derive.scores import score_key
 
 

@@ -28,9 +28,9 @@ import json
 import os
 import time
 import tomllib
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -38,8 +38,7 @@ from tqdm import tqdm
 from bench.derive.calibration import SCHEMA, entry_of, read_calibration
 from bench.measure.launch import WorkerProcess, bind_to_parent, death_line
 from bench.measure.runtime_costs import context_ids, prefilled, time_round
-from specdec.backends.base import Prompt
-from specdec.backends.base import RUNTIMES
+from specdec.backends.base import RUNTIMES, Prompt
 from specdec.errors import ConfigError, SpecdecError
 from specdec.kernels import KernelError, kernels, source_digest
 from specdec.machine import fingerprint
@@ -164,7 +163,7 @@ def model_stamp(model: str, runtime: str) -> str | None:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def _write(path: Path, data: dict) -> None:

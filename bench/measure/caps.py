@@ -6,9 +6,8 @@ import os
 import resource
 import sys
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import psutil
 

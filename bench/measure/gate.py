@@ -29,10 +29,10 @@ import gc
 import os
 import statistics
 import sys
-from typing import Callable
+from collections.abc import Callable
 
-from bench.derive import metrics
 from bench.core.records import environment
+from bench.derive import metrics
 from bench.derive.gate_verdict import FORMAT, compare
 
 MORE_REPEATS = 3  # at most this many times the workload's repeats, when a drop is undecided

@@ -29,7 +29,6 @@ import datetime
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,7 +46,8 @@ from specdec.backends.cuda_graphs import CapturedSteps
 from specdec.backends.devices import check_device, clock, is_cuda
 from specdec.backends.static_cache import StaticKV, static_forward
 from specdec.errors import SpecdecError
-from specdec.models.architecture import PREFIX as ARCH, build_architecture
+from specdec.models.architecture import PREFIX as ARCH
+from specdec.models.architecture import build_architecture
 
 CONFIGS = Path(__file__).parent.parent / "gpu"
 MODELS = ("qwen2.5-1.5b", "qwen2.5-7b")
@@ -286,7 +286,7 @@ def environment(device: str, gpu: str | None, args: argparse.Namespace) -> dict:
     except (OSError, subprocess.SubprocessError):
         commit = None
     props = torch.cuda.get_device_properties(device) if is_cuda(device) else None
-    return {"gpu": gpu, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    return {"gpu": gpu, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "device": device, "dry_run": args.dry_run, "cuda": torch.version.cuda, "versions": versions(),
             "missing_packages": [name for name in NEEDED if importlib.util.find_spec(name) is None],
             "gpu_memory_bytes": props.total_memory if props else None, "git_commit": commit,

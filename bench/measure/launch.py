@@ -26,8 +26,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Callable, Iterator
 
 from specdec.errors import NATIVE_CRASH_SIGNALS, ConfigError, signal_name
 

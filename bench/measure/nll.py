@@ -23,6 +23,7 @@ from specdec.backends.base import Prompt
 from specdec.errors import ConfigError, InputError
 from specdec.models.loading import LoadedModel, load_model
 
+
 @torch.inference_mode()
 def output_nll(model: LoadedModel, prompt: Prompt, tokens: list[int]) -> float:
     """Mean -log p(token_i | prompt, tokens[:i]) over `tokens`, nats; NaN for an empty output.

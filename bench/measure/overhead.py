@@ -14,11 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.measure.caps import MemoryWatchdog
 from bench.core.network import profile
+from bench.core.point import Point
 from bench.core.prompts import PromptRecord
 from bench.core.records import ResultsFile
-from bench.core.point import Point
+from bench.measure.caps import MemoryWatchdog
 from bench.measure.run import generate_one
 from bench.measure.sweep.worker import network_fields
 from bench.measure.workload import Pair

@@ -20,13 +20,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
-from bench.derive import metrics
 from bench.core.audio import MAX_SECONDS, model_limits, read_audio
+from bench.derive import metrics
 
 PTRACE_HINTS = ("permission denied", "operation not permitted", "ptrace", "eperm", "failed to open process")
 PY_SPY_FORMATS = (("flamegraph", "flamegraph.svg"), ("speedscope", "speedscope.json"))

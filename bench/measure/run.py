@@ -8,8 +8,8 @@ of the same command redoes only what is not `ok`, so fixing the file and rerunni
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tqdm import tqdm
 

@@ -13,17 +13,16 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from transformers import GenerationConfig
 
-from bench.derive import metrics
-
-from bench.measure import tinypair
-from bench.derive.health import text_health
 from bench.core.prompts import load_prompts
+from bench.derive import metrics
+from bench.derive.health import text_health
+from bench.measure import tinypair
 from specdec.backends.base import Backend
 from specdec.core import config
 from specdec.core.config import DecodeConfig, SpecConfig

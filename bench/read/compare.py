@@ -27,12 +27,21 @@ from pathlib import Path
 
 from bench.core.folder import IDENTITY_FILES, read_identity
 from bench.core.metric_registry import compared, direction
-from bench.derive.gate_verdict import (NOT_JUDGED, TOLERANCES, Check, compare as gate_compare, machine_of, other_machine,
-                                       read_gate_file, show_value, verdict)
-from bench.core.records import read_records
-from bench.read.report import page
 from bench.core.point import Point
+from bench.core.records import read_records
+from bench.derive.gate_verdict import (
+    NOT_JUDGED,
+    TOLERANCES,
+    Check,
+    machine_of,
+    other_machine,
+    read_gate_file,
+    show_value,
+    verdict,
+)
+from bench.derive.gate_verdict import compare as gate_compare
 from bench.derive.summary import summarize
+from bench.read.report import page
 from bench.read.report.fonts import subplots
 from specdec.errors import InputError
 

@@ -98,7 +98,7 @@ def served_runtime(model: str, runtime: str | None, flag: str = "--runtime") -> 
     return runtime
 
 
-def refuse_features(prompt: "Prompt", model: str, runtime: str) -> None:
+def refuse_features(prompt: Prompt, model: str, runtime: str) -> None:
     """A text-only runtime given a prompt with audio features: one line naming the fix."""
     if prompt.features:
         raise InputError(f"model {model!r} runs in {runtime}, text only, but the prompt has "

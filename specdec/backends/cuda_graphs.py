@@ -20,7 +20,7 @@ every output is cloned.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from specdec.settings import CudaGraphs, KVCache, ServerCache, choices
 from specdec.errors import ConfigError
+from specdec.settings import CudaGraphs, KVCache, ServerCache, choices
 
 DEVICE_NAMES = "cpu, cuda or cuda:N"
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")

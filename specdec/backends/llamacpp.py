@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.backends.base import Backend, LLAMACPP_EXTRA, Prompt, refuse_features
+from specdec.backends.base import LLAMACPP_EXTRA, Backend, Prompt, refuse_features
 from specdec.backends.llamacpp_probe import announce, build_id, decide
 from specdec.errors import ConfigError, InputError, ModelError
 

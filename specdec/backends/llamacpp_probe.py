@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
-from specdec.settings import ExtraBuffers, choices
 from specdec.errors import NATIVE_CRASH_SIGNALS, ConfigError, signal_name
 from specdec.machine import fingerprint
+from specdec.settings import ExtraBuffers, choices
 
 EXTRA_BUFFERS = choices(ExtraBuffers)  # the setting: probe first, llama.cpp's default, its --no-repack
 PROBE_TIMEOUT_S = 180.0

@@ -142,7 +142,7 @@ class OnnxRuntimeBackend(Backend):
         options.log_severity_level = 3  # errors reach the user as our one-line ModelErrors
         try:
             return ort.InferenceSession(str(self.folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
-        except Exception as e:  # noqa: BLE001 - ORT raises its own Fail/InvalidGraph/... types
+        except Exception as e:
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             raise ModelError(f"ONNX Runtime cannot load {self.folder / 'model.onnx'} ({first}): convert the model "
                              "again") from None
@@ -195,7 +195,7 @@ class OnnxRuntimeBackend(Backend):
             binding.bind_ortvalue_output(present, value)  # the same buffer: GQA writes the block in place
         try:
             self._session.run_with_iobinding(binding)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             raise ModelError(f"ONNX Runtime failed on a block of {n} tokens at position {state.length} for model "
                              f"{self.name!r}: {first}") from None

@@ -14,8 +14,8 @@ zero-padded to 30 s, as the model requires). `generate`'s two suppression lists 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -15,20 +15,21 @@ and the next token, never [k+1, V] logits (151,936 floats per position on the re
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
 from specdec.backends.base import Backend, Prompt
 from specdec.core.config import DecodeConfig, SpecConfig
-from specdec.errors import SpecdecError
-from specdec.core.verdict import CloudLost, InFlight, Route, Verdict
 from specdec.core.policies import make_policy
 from specdec.core.processors import Constraints
 from specdec.core.sampling import distribution
 from specdec.core.session import AcceptedSequence
+from specdec.core.verdict import CloudLost, InFlight, Route, Verdict
 from specdec.core.verifier import make_verifier
+from specdec.errors import SpecdecError
 
 
 class CloudSession(Protocol):

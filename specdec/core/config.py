@@ -16,10 +16,10 @@ from specdec.backends.base import DTYPES, RUNTIME_PAIRS, RUNTIMES, check_runtime
 from specdec.backends.devices import CUDA_GRAPHS, DEVICE_NAMES, KV_CACHES, check_device
 from specdec.core.block_length import SCHEDULES, parse_stop
 from specdec.core.drafters import DRAFTERS, describe_options, drafter_options
-from specdec.errors import ConfigError
-from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, OnCloudLoss, choices, parse
 from specdec.core.policies import POLICIES
 from specdec.core.verifier import VERIFIERS
+from specdec.errors import ConfigError
+from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, OnCloudLoss, choices, parse
 
 MODES = ("edge", "cloud", "spec")
 ROLES = {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}  # the models each mode loads

@@ -5,14 +5,15 @@ once, at build time, into per-token tables, so a call is a scan over `generated`
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 
-from specdec.errors import ConfigError
 from specdec.core.processors import Constraints, StopRule
 from specdec.core.text import COMMA_LIKE, PUNCTUATION, SENTENCE_END, cjk_content, is_cjk
+from specdec.errors import ConfigError
 
 # Only the full-width `。` is discouraged early in a sentence; ASCII '.' is left alone.
 PERIOD_MARKS = frozenset("。")

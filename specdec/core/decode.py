@@ -17,8 +17,8 @@ Drafting ahead is a drafter (specdec/core/drafters/ahead.py) and a lost cloud a 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -26,7 +26,7 @@ from specdec.backends.base import Backend, Prompt
 from specdec.core.block_length import block_size, make_schedule, make_stop
 from specdec.core.cloud import Cloud, CloudLink, as_cloud, open_link
 from specdec.core.config import DecodeConfig, SpecConfig
-from specdec.core.drafters import DRAFTS_AHEAD, DraftContext, DraftNote, Drafter, Proposal, make_drafter
+from specdec.core.drafters import DRAFTS_AHEAD, DraftContext, Drafter, DraftNote, Proposal, make_drafter
 from specdec.core.drafters.ahead import DraftAhead
 from specdec.core.escalation import should_escalate
 from specdec.core.history import History

@@ -6,8 +6,9 @@ what they route (specdec/core/two_runtime.py), and every record is a running mea
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from specdec.core.running import RunningMean
 from specdec.core.session import AcceptedSequence

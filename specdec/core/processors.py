@@ -7,8 +7,9 @@ processor and again when sampling, it over-sharpened the distribution and punctu
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 

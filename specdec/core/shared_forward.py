@@ -23,9 +23,9 @@ import torch
 
 from specdec.backends.base import Backend
 from specdec.backends.devices import clock
-from specdec.errors import SpecdecError
 from specdec.core.session import AcceptedSequence
 from specdec.core.verifier import CachedVerifier, StatelessVerifier
+from specdec.errors import SpecdecError
 
 GROUP_SLACK_TOKENS = 8  # rows whose blocks differ by at most this many tokens (or 2x) share a forward
 

@@ -5,9 +5,9 @@ Apart from `specdec.core.cloud` so that a drafter never reaches the run settings
 the drafters' names from their registry)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable
 
 from specdec.errors import SpecdecError
 

@@ -33,10 +33,10 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from specdec.errors import ModelError
 from specdec.models import integrity, registry

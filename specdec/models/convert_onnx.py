@@ -27,9 +27,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specdec.backends.base import ONNX_EXTRA
 from specdec.backends.onnxrt import KEEP_INPUT, OnnxRuntimeBackend

@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import gc
 import json
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 

@@ -20,10 +20,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 from tqdm import tqdm
 

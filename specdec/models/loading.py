@@ -10,10 +10,11 @@ import json
 import re
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -23,11 +24,12 @@ from specdec.backends.devices import check_device, steps_of
 from specdec.backends.llamacpp import LlamaCppBackend  # imports llama_cpp only when it builds one
 from specdec.backends.llamacpp_probe import CACHE_FILE
 from specdec.errors import InputError, ModelError
-from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, parse
-from specdec.models import fetch as fetching, integrity, registry
+from specdec.models import fetch as fetching
+from specdec.models import integrity, registry
 from specdec.models.architecture import NoTokenizer, build_architecture, is_architecture
 from specdec.models.convert_ct2 import CT2_FILES, ensure_whisper
 from specdec.models.derive import INT8, check_derivable, derive, needs_float32, split_name
+from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, parse
 
 # Hub ids as the hub validates them: two names that start with a letter or digit.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from specdec.models.loading import LoadedModel
 from specdec.remote.server import VerifierServer

@@ -29,7 +29,6 @@ from specdec.core.shared_forward import BatchRow, Forward, RowFailed, batch_logi
 from specdec.core.verdict import Verdict
 from specdec.errors import SpecdecError
 
-
 logger = logging.getLogger("specbench.serve")
 LOG_ENTRIES = 100_000  # forwards kept for `stats` (a fleet level reads its own as it ends)
 YIELDS = 3  # event-loop turns between answering a batch and taking the next (future -> coroutine -> queue)
@@ -145,7 +144,7 @@ class Batcher:
                 break
             try:
                 batch.append(await asyncio.wait_for(self.queue.get(), remaining))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
         return [r for r in batch if not r.future.done()]  # a cancelled request: its client is gone
 

@@ -19,18 +19,31 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
 from specdec.backends.base import Prompt
-from specdec.core.verdict import CloudLost, Verdict
 from specdec.core.config import DecodeConfig, SpecConfig
-from specdec.errors import ConfigError
 from specdec.core.processors import Constraints
 from specdec.core.running import ema
-from specdec.remote.protocol import (
-    SCHEMA, Close, Hello, Message, Open, ProtocolError, Ready, Refusal, Reply, UnexpectedMessage, VerdictReply, Verify, decode,
-    encode, parse_address, within,
-)
-from specdec.remote.payloads import pack_probs, pack_tensors
 from specdec.core.session import AcceptedSequence
-
+from specdec.core.verdict import CloudLost, Verdict
+from specdec.errors import ConfigError
+from specdec.remote.payloads import pack_probs, pack_tensors
+from specdec.remote.protocol import (
+    SCHEMA,
+    Close,
+    Hello,
+    Message,
+    Open,
+    ProtocolError,
+    Ready,
+    Refusal,
+    Reply,
+    UnexpectedMessage,
+    VerdictReply,
+    Verify,
+    decode,
+    encode,
+    parse_address,
+    within,
+)
 
 MAX_REPLY_MB = 16  # a ready or a verdict is bytes long: a server may not send the edge more than this
 R = TypeVar("R", bound=Reply)

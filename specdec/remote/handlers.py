@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
@@ -15,7 +16,17 @@ from websockets.protocol import State
 from specdec.models.loading import LoadedModel
 from specdec.remote.batcher import Batcher
 from specdec.remote.protocol import (
-    Close, Generate, Generated, Open, ProtocolError, Request, StatsReply, StatsRequest, VerdictReply, Verify, encode,
+    Close,
+    Generate,
+    Generated,
+    Open,
+    ProtocolError,
+    Request,
+    StatsReply,
+    StatsRequest,
+    VerdictReply,
+    Verify,
+    encode,
 )
 from specdec.remote.server_config import ServeConfig, client_address, is_loopback
 from specdec.remote.server_session import ServerSession

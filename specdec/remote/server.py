@@ -72,7 +72,7 @@ class VerifierServer:
                 idle_s = None if ws in self.sessions else self.config.idle_timeout_s
                 try:
                     raw = await asyncio.wait_for(ws.recv(), idle_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise ProtocolError(f"no session on this connection for {idle_s:g} s: closed",
                                         code="idle") from None
                 self.answering.add(ws)
@@ -85,9 +85,9 @@ class VerifierServer:
             self.stats["errors"] += 1
             logger.warning("refused a client (%s): %s", code, e)
             await self.refuse(ws, code, str(e))
-        except (ConnectionClosed, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionClosed):
             pass
-        except Exception as e:  # a bug must not take the server down: report it, close this session only
+        except Exception:  # a bug must not take the server down: report it, close this session only
             self.stats["errors"] += 1
             logger.exception("session failed")  # the traceback stays in the server's log, not on the wire
             await self.refuse(ws, "internal", INTERNAL)

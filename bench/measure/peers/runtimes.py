@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 import torch
 
-from bench.measure.peers.llama_speculative import run_speculative
 from bench.measure.peers.hf_assisted import Timed, paired, pooled_tokens_per_s
+from bench.measure.peers.llama_speculative import run_speculative
 from specdec.backends.base import RUNTIMES
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
@@ -82,7 +82,7 @@ class PeerSettings:
                               "runs/peer_runtimes.jsonl")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> "PeerSettings":
+    def from_env(cls, environ: Mapping[str, str]) -> PeerSettings:
         values = {}
         for name, variable in cls.ENV.items():
             text = environ.get(variable, "").strip()

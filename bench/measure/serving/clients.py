@@ -18,15 +18,23 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+import msgspec
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
-
-import msgspec
 
 from specdec.core.verdict import CloudLost
 from specdec.errors import InputError
 from specdec.remote.protocol import (
-    REPLIES, REQUESTS, SCHEMA, Followed, Open, ProtocolError, Refusal, UnexpectedMessage, decode, encode,
+    REPLIES,
+    REQUESTS,
+    SCHEMA,
+    Followed,
+    Open,
+    ProtocolError,
+    Refusal,
+    UnexpectedMessage,
+    decode,
+    encode,
 )
 
 SENT = {cls.kind(): cls for cls in REQUESTS}  # a request's type by its tag
@@ -93,10 +101,10 @@ class Connection:
     def __init__(self, url: str, token: str | None, timeout_s: float) -> None:
         self.url, self.token, self.timeout_s = url, token, timeout_s
 
-    async def __aenter__(self) -> "Connection":
+    async def __aenter__(self) -> Connection:
         try:
             self.ws = await asyncio.wait_for(connect(f"ws://{self.url}/", compression=None, max_size=None), self.timeout_s)
-        except (OSError, InvalidHandshake, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError, InvalidHandshake) as e:
             raise CloudLost(f"cannot reach the verifier server at {self.url}: {e}") from None
         await self.send("hello", schema=SCHEMA, token=self.token)
         self.ready = await self.receive("ready")  # model, vocab_size, tokenizer fingerprint
@@ -116,7 +124,7 @@ class Connection:
         """The reply of type `kind`, checked by the protocol's schema, as a map of its fields."""
         try:
             reply = decode(await asyncio.wait_for(self.ws.recv(), self.timeout_s), RECEIVED[kind], Refusal)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise CloudLost(f"no reply from the verifier server at {self.url} within {self.timeout_s:g} s") from None
         except ConnectionClosed as e:
             raise CloudLost(f"the verifier server at {self.url} closed the connection: {e}") from None

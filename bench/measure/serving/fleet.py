@@ -24,22 +24,23 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from bench.measure.caps import pin_besides
-from bench.measure.serving.clients import Script, cloud_only, replay, script_of, server_info, server_log
-from bench.measure.serving.fleet_config import FleetConfig
-from bench.derive.fleet_summary import BATCHES, LEVELS, UNKNOWN_RUNTIME, summarize_fleet
 from bench.core.folder import IDENTITY_FILES, claim, differences, has_results, write_identity, writer
-from bench.measure.link import Link
 from bench.core.network import profile
 from bench.core.point import FIELDS
 from bench.core.prompts import load_prompts
 from bench.core.records import ResultsFile, environment, read_records
+from bench.derive.fleet_summary import BATCHES, LEVELS, UNKNOWN_RUNTIME, summarize_fleet
+from bench.measure.caps import pin_besides
 from bench.measure.launch import ServerProcess, edge_ready, start_edge, stop_edges
+from bench.measure.link import Link
+from bench.measure.serving.clients import Script, cloud_only, replay, script_of, server_info, server_log
+from bench.measure.serving.fleet_config import FleetConfig
 from specdec.backends.base import served_runtime
-from specdec.core.verdict import CloudLost
 from specdec.core.config import DecodeConfig, SpecConfig
+from specdec.core.verdict import CloudLost
 from specdec.errors import InputError
 from specdec.remote.protocol import read_token
+
 
 def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: Path,
               progress: bool = True) -> tuple[dict, pd.DataFrame]:

@@ -8,12 +8,12 @@ import json
 import sys
 import time
 
+from bench.core.point import Point
 from bench.core.prompts import load_prompts
 from bench.core.records import result_record
-from bench.core.point import Point
 from bench.measure.trackers import LatencyTracker, PeakMemoryTracker, tracked
-from specdec.core.verdict import CloudLost
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
+from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError
 

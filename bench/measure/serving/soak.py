@@ -43,8 +43,8 @@ from websockets.exceptions import ConnectionClosed
 from bench.core.folder import claim, write_identity, writer
 from bench.core.records import ResultsFile, environment, read_records
 from bench.measure.caps import pin_besides
-from bench.measure.serving.clients import Connection, script_of, server_info
 from bench.measure.launch import ServerProcess, die_with_parent, start_edge
+from bench.measure.serving.clients import Connection, script_of, server_info
 from bench.measure.serving.soak_edge import write_scripts
 from specdec.backends.base import RUNTIMES
 from specdec.core.verdict import CloudLost

@@ -29,18 +29,30 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
 
-from bench.measure.caps import OVER_MEMORY_EXIT
-from bench.core.records import ResultsFile, node_info
 from bench.core.point import Point
-from bench.measure.sweep.messages import (Ended, Exit, Failed, Message, OverCap, PointDone, Record, Running,
-                                          Started, Tick, is_exit, unknown)
-from bench.measure.sweep.sweep_config import SweepConfig
+from bench.core.records import ResultsFile, node_info
+from bench.measure.caps import OVER_MEMORY_EXIT
 from bench.measure.launch import WorkerProcess, death_line
+from bench.measure.sweep.messages import (
+    Ended,
+    Exit,
+    Failed,
+    Message,
+    OverCap,
+    PointDone,
+    Record,
+    Running,
+    Started,
+    Tick,
+    is_exit,
+    unknown,
+)
+from bench.measure.sweep.sweep_config import SweepConfig
 from bench.measure.sweep.worker import worker_main
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models import registry

@@ -12,31 +12,30 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 from tqdm import tqdm
 
-from bench.measure.caps import OVER_MEMORY_EXIT
-from bench.measure.sweep.cluster import RayExecutor, ray_executor
-from bench.measure.link import BackgroundLink
-from bench.core.network import profile
-from bench.measure.launch import ServerProcess, WorkerProcess, death_line, native_crash
-from bench.core.prompts import load_prompts
 from bench.core.folder import IDENTITY_FILES, MACHINE_FILE, claim, has_results, write_identity, writer
+from bench.core.network import profile
+from bench.core.point import AXES, Point
+from bench.core.prompts import load_prompts
 from bench.core.records import ResultsFile, environment, read_records
 from bench.derive.scores import read_scores
 from bench.derive.spec_bench import spec_bench_table
 from bench.derive.summary import summarize
-from bench.core.point import AXES, Point
+from bench.measure.caps import OVER_MEMORY_EXIT
+from bench.measure.launch import ServerProcess, WorkerProcess, death_line, native_crash
+from bench.measure.link import BackgroundLink
+from bench.measure.sweep.cluster import RayExecutor, ray_executor
 from bench.measure.sweep.messages import Exit, Failed, OverCap, PointDone, Running, Tick, is_exit, unknown
 from bench.measure.sweep.sweep_config import SweepConfig, service_key
 from bench.measure.sweep.worker import worker_main, worker_runtimes
 from specdec.errors import SpecdecError
 from specdec.remote.protocol import parse_address
-
 
 # Sweep settings added since folders were first written, with the value that reproduces what such a folder
 # measured: its split points' edge and server shared every core (resumed with --split-cores shared), and its

@@ -17,16 +17,16 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
 
-from bench.measure.caps import EdgeCaps
-from bench.measure.runtime_auto import has_auto
-from bench.core.network import profile
 from bench.core.folder import canonical_path
+from bench.core.network import profile
 from bench.core.point import AXES, DEPLOYMENTS, FIELDS, RUNTIME_OF, SETTING_TYPES, SETTINGS, Point, blank
 from bench.core.prompts import PromptInputs, canonical_prompts, expand_prompt_sets, rejoin_categories
+from bench.measure.caps import EdgeCaps
+from bench.measure.runtime_auto import has_auto
 from specdec.backends.base import RUNTIMES, runtime_parts
 from specdec.backends.devices import KV_CACHES
-from specdec.core.drafters import DRAFTS_AHEAD, WEIGHS_RUNTIMES
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
+from specdec.core.drafters import DRAFTS_AHEAD, WEIGHS_RUNTIMES
 from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import parse_address
 

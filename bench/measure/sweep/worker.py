@@ -21,19 +21,19 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.measure.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog, pin_cores
-from bench.measure.trackers import reset_peak_rss
-from specdec.backends.devices import reset_gpu_peaks
-from bench.core.network import NetworkProfile, network_cost, profile
-from bench.core.prompts import PromptRecord, load_prompts
 from bench.core.folder import MACHINE_FILE, os_error_line
-from bench.core.records import ResultsFile, node_info
-from bench.measure.launch import bind_to_parent
+from bench.core.network import NetworkProfile, network_cost, profile
 from bench.core.point import Point
+from bench.core.prompts import PromptRecord, load_prompts
+from bench.core.records import ResultsFile, node_info
+from bench.measure.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog, pin_cores
+from bench.measure.launch import bind_to_parent
 from bench.measure.run import generate_one, prepare, warm_up
 from bench.measure.sweep.messages import Exit, Failed, OverCap, PointDone, Record, Running, Tick
 from bench.measure.sweep.sweep_config import SweepConfig, service_key
+from bench.measure.trackers import reset_peak_rss
 from specdec.backends.base import runtime_parts
+from specdec.backends.devices import reset_gpu_peaks
 from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError, SpecdecError
@@ -292,7 +292,7 @@ def worker_main(config_dict: dict, group: list, out: str | None, urls: dict[str,
     results = ResultsFile(Path(out) / "results.jsonl") if out is not None else StreamedResults(queue)
     try:
         run_group(GroupSettings(config, caps, urls, cloud_ids, block_costs(out)), group, results, queue)
-    except Exception as e:  # noqa: BLE001 - reported to the parent as one line
+    except Exception as e:
         line = str(e) if isinstance(e, SpecdecError) else os_error_line(e) if isinstance(e, OSError) else \
             f"{type(e).__name__}: {e}"
         queue.put(Failed(line))

@@ -11,14 +11,19 @@ import pandas as pd
 
 from bench.core.prompts import SPEC_BENCH
 from bench.derive.spec_bench import categories, cell_text, fastest_per_category, spec_bench_table
-
+from bench.derive.summary import load_rows
 from bench.read.report import cycles, deployment, fleet_report, page, pairings, paymap, plots, soak_report
 from bench.read.report.inputs import ReportInputs, load_inputs
 from bench.read.report.pareto import FRONTS, fronts_of, point_labels, set_name
 from bench.read.report.recommend import node_notes, precision_notes, recommend
-from bench.read.report.views import (per_position_acceptance, plain_decoding_notes, point_table, sample_points,
-                                     side_by_side, split_notes)
-from bench.derive.summary import load_rows
+from bench.read.report.views import (
+    per_position_acceptance,
+    plain_decoding_notes,
+    point_table,
+    sample_points,
+    side_by_side,
+    split_notes,
+)
 
 PROFILE_FILES = ("flamegraph.svg", "speedscope.json", "torch_ops.csv", "torch_ops.txt", "torch_trace.json",
                  "profile.json")

@@ -16,15 +16,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
 
-from bench.core.point import COLUMNS  # noqa: E402
-from bench.core.prompts import SPEC_BENCH, prompt_set_name  # noqa: E402
-from bench.derive.spec_bench import (METHOD, after_first_token, fastest_decoding, method_name,  # noqa: E402
-                                     tokens_per_verify)
-from bench.derive.summary import load_rows, plain_label  # noqa: E402
-from bench.read.report.fonts import subplots  # noqa: E402
+from bench.core.point import COLUMNS
+from bench.core.prompts import SPEC_BENCH, prompt_set_name
+from bench.derive.spec_bench import METHOD, after_first_token, fastest_decoding, method_name, tokens_per_verify
+from bench.derive.summary import load_rows, plain_label
+from bench.read.report.fonts import subplots
 
 READ = (
     "One typical question per category (the median by tokens per verify call), after its first token: every "

@@ -17,9 +17,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from bench.read.report.fonts import subplots  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from bench.read.report.fonts import subplots
 
 NETWORK_READ = (
     "Each dot is a split point (mean over its prompts): across, the network time bench/core/network.py models from the "

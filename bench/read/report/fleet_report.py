@@ -14,15 +14,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-from bench.derive.capacity import capacity_model, distance_check, edge_profile  # noqa: E402
-from bench.derive.fleet_summary import (cost_curve, folder_runtime, level_table, read_fleet, runtime_of,  # noqa: E402
-                                        summarize_fleet)
-from bench.read.report import page  # noqa: E402
-from bench.read.report.fonts import subplots  # noqa: E402
+from bench.derive.capacity import capacity_model, distance_check, edge_profile
+from bench.derive.fleet_summary import cost_curve, folder_runtime, level_table, read_fleet, runtime_of, summarize_fleet
+from bench.read.report import page
+from bench.read.report.fonts import subplots
 
 COLORS = {"spec": "#4C72B0", "cloud": "#C44E52"}
 NAMES = {"spec": "speculative (edges draft, server verifies)", "cloud": "cloud-only serving"}

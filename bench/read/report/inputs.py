@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.derive.scores import read_scores
 from bench.core.folder import MACHINE_FILE
 from bench.core.records import read_records
+from bench.derive.scores import read_scores
 from bench.derive.summary import summarize
 from specdec.errors import InputError
 

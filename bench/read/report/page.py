@@ -73,7 +73,7 @@ def metadata_sections(inputs: ReportInputs) -> list[dict]:
         sections.append({"title": "Model load time (s)", "rows": _items(meta["load_s"])})
     if meta.get("environment"):
         sections.append({"title": "Environment the results were measured in", "rows": _items(meta["environment"])})
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    report = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "python": platform.python_version(), "machine": platform.machine(),
               **_versions("specbench", "pandas", "matplotlib", "sacrebleu")}
     sections.append({"title": "This report was made with", "rows": _items(report)})

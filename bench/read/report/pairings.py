@@ -18,14 +18,14 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-from bench.derive.summary import colocated, fastest_edge, fastest_plain, plain_label, runtime_name  # noqa: E402
-from bench.read.report.pareto import pareto_mask, set_name  # noqa: E402
-from bench.read.report.plots import _interval, _save  # noqa: E402
-from bench.read.report.fonts import subplots  # noqa: E402
+from bench.derive.summary import colocated, fastest_edge, fastest_plain, plain_label, runtime_name
+from bench.read.report.fonts import subplots
+from bench.read.report.pareto import pareto_mask, set_name
+from bench.read.report.plots import _interval, _save
 
 MAX_ROWS = 12  # points of one pairing and prompt set drawn whole; past that, its front and its fastest
 FASTEST_KEPT = 4  # the fastest points drawn beside the front of a trimmed row

@@ -17,28 +17,34 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.colors import ListedColormap  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.colors import ListedColormap
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
-from bench.core.network import profile  # noqa: E402
-from bench.core.point import COLUMNS  # noqa: E402
-from bench.derive.costfit import (acceptance, acceptance_group, columns_key, fit_inputs, predict_from,  # noqa: E402
-                                  predict_point, spec_points)
-from bench.derive.costmodel import CostInputs, cloud_only, colocated  # noqa: E402
-from bench.derive.regions import (LOSSLESS, ahead_colocated_rtt_bound_s, alpha_of, fastest, rate_grid,  # noqa: E402
-                                  split_cloud_rtt_bound_s, winners)
-from bench.derive.summary import PLACED, baseline, fastest_cloud, plain_label  # noqa: E402
-from bench.read.report.inputs import ReportInputs  # noqa: E402
-from bench.read.report.page import image_src  # noqa: E402
-from specdec.core.drafters import NEEDS_MODEL  # noqa: E402
-from bench.read.report.pareto import set_name  # noqa: E402
-from bench.read.report.fonts import subplots  # noqa: E402
-from specdec.errors import ConfigError, InputError  # noqa: E402
+from bench.core.network import profile
+from bench.core.point import COLUMNS
+from bench.derive.costfit import acceptance, acceptance_group, columns_key, fit_inputs, predict_from, predict_point, spec_points
+from bench.derive.costmodel import CostInputs, cloud_only, colocated
+from bench.derive.regions import (
+    LOSSLESS,
+    ahead_colocated_rtt_bound_s,
+    alpha_of,
+    fastest,
+    rate_grid,
+    split_cloud_rtt_bound_s,
+    winners,
+)
+from bench.derive.summary import PLACED, baseline, fastest_cloud, plain_label
+from bench.read.report.fonts import subplots
+from bench.read.report.inputs import ReportInputs
+from bench.read.report.page import image_src
+from bench.read.report.pareto import set_name
+from specdec.core.drafters import NEEDS_MODEL
+from specdec.errors import ConfigError, InputError
 
 COLORS = {"split": "#4C72B0", "co-located": "#55A868", "cloud-only": "#C44E52", "edge-only": "#8172B2"}
 RTT_MAX_MS, RTT_CELLS, ALPHA_CELLS = 300.0, 61, 41

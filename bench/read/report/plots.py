@@ -9,15 +9,15 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.colors import TwoSlopeNorm
 
-from bench.core.point import AXES  # noqa: E402
-from bench.derive.summary import fastest_cloud, plain_name  # noqa: E402
-from bench.read.report.fonts import subplots  # noqa: E402
-from bench.read.report.pareto import Front, front_members, set_name  # noqa: E402
+from bench.core.point import AXES
+from bench.derive.summary import fastest_cloud, plain_name
+from bench.read.report.fonts import subplots
+from bench.read.report.pareto import Front, front_members, set_name
 
 GIB = 1 << 30
 DPI = 110

@@ -14,8 +14,8 @@ baselines; a summary without the fastest-plain columns is judged on it.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pandas as pd
 

@@ -11,12 +11,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from bench.derive.soak_summary import read_soak, summarize_soak  # noqa: E402
-from bench.read.report import page  # noqa: E402
-from bench.read.report.fonts import subplots  # noqa: E402
-from specdec.errors import InputError  # noqa: E402
+from bench.derive.soak_summary import read_soak, summarize_soak
+from bench.read.report import page
+from bench.read.report.fonts import subplots
+from specdec.errors import InputError
 
 READ = (
     "Across: seconds since the soak started. Shaded: the fault window (an edge SIGKILLed and restarted at each red "

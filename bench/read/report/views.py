@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pandas as pd
 
+from bench.core.point import COLUMNS
+from bench.core.prompts import load_prompts
 from bench.derive import metrics
 from bench.derive.health import chrf
-from bench.core.prompts import load_prompts
-from bench.read.report.pareto import FRONTS, front_members, set_name
-from bench.core.point import COLUMNS
 from bench.derive.summary import plain_name
+from bench.read.report.pareto import FRONTS, front_members, set_name
 from specdec.errors import InputError
 
 GIB = 1 << 30

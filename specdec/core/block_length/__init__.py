@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from specdec.core.block_length import constant, entropy, heuristic, pmin  # noqa: F401  (each registers itself)
 from specdec.core.block_length.rules import (
-    SCHEDULES, STOPS, DraftStop, KSchedule, block_size, make_schedule, make_stop, parse_stop,
+    SCHEDULES,
+    STOPS,
+    DraftStop,
+    KSchedule,
+    block_size,
+    make_schedule,
+    make_stop,
+    parse_stop,
 )
 
 __all__ = ["SCHEDULES", "STOPS", "DraftStop", "KSchedule", "block_size", "make_schedule", "make_stop", "parse_stop"]

@@ -2,7 +2,8 @@
 Each rule file registers itself; the package imports them all."""
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 

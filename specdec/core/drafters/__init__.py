@@ -15,8 +15,23 @@ import importlib
 import pkgutil
 
 from specdec.core.drafters.interface import (
-    DRAFTERS, DRAFTS_AHEAD, NEEDS_MODEL, OPTIONS, WEIGHS_RUNTIMES, DraftContext, DraftFree, DrafterOption, DraftNote, Drafter,
-    Proposal, Router, describe_options, drafter_options, make_drafter, plain_step, register_drafter,
+    DRAFTERS,
+    DRAFTS_AHEAD,
+    NEEDS_MODEL,
+    OPTIONS,
+    WEIGHS_RUNTIMES,
+    DraftContext,
+    Drafter,
+    DrafterOption,
+    DraftFree,
+    DraftNote,
+    Proposal,
+    Router,
+    describe_options,
+    drafter_options,
+    make_drafter,
+    plain_step,
+    register_drafter,
 )
 
 for _module in pkgutil.iter_modules(__path__):

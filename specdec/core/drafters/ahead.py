@@ -24,11 +24,11 @@ import time
 
 import torch
 
-from specdec.core.verdict import InFlight, Verdict
-from specdec.core.drafters.model import Drawn, ModelDrafter, proposal_of
 from specdec.core.drafters.interface import DraftNote, Proposal
+from specdec.core.drafters.model import Drawn, ModelDrafter, proposal_of
 from specdec.core.overlap import OverlapGovernor
 from specdec.core.session import AcceptedSequence
+from specdec.core.verdict import InFlight, Verdict
 
 
 class DraftAhead:

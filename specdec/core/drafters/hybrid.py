@@ -25,7 +25,8 @@ import time
 
 from specdec.core.drafters.interface import DraftContext, DrafterOption, DraftNote, Proposal, plain_step, register_drafter
 from specdec.core.drafters.model import ModelDrafter
-from specdec.core.drafters.prompt_lookup import MAX_NGRAM, MIN_NGRAM as ANY_NGRAM, PromptLookup, lookup
+from specdec.core.drafters.prompt_lookup import MAX_NGRAM, PromptLookup, lookup
+from specdec.core.drafters.prompt_lookup import MIN_NGRAM as ANY_NGRAM
 from specdec.core.payoff import BlockEvidence, block_pays
 from specdec.core.running import ema
 from specdec.core.session import AcceptedSequence

@@ -20,17 +20,18 @@ each proposal names where it is verified (`Route`, chosen by the `Router` in Dra
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
 from specdec.backends.base import Backend, Prompt
 from specdec.core.block_length import DraftStop
 from specdec.core.history import History
-from specdec.core.verdict import InFlight, Route, Verdict
 from specdec.core.processors import Constraints
 from specdec.core.session import AcceptedSequence
+from specdec.core.verdict import InFlight, Route, Verdict
 from specdec.errors import ConfigError
 
 

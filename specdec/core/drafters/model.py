@@ -6,11 +6,11 @@ import time
 
 import torch
 
-from specdec.core.verdict import InFlight, Verdict
 from specdec.core.drafters.interface import DraftContext, DraftNote, Proposal, register_drafter
 from specdec.core.running import ema
 from specdec.core.sampling import choose, distribution, entropy_nats
 from specdec.core.session import AcceptedSequence, Session
+from specdec.core.verdict import InFlight, Verdict
 
 Drawn = tuple[torch.Tensor, torch.Tensor]  # (token 0-d, the distribution [V] it was drawn from)
 

@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 
 import torch
 
-from specdec.core.drafters.interface import DraftContext, DraftFree, DrafterOption, DraftNote, Proposal, register_drafter
+from specdec.core.drafters.interface import DraftContext, DrafterOption, DraftFree, DraftNote, Proposal, register_drafter
 from specdec.core.session import AcceptedSequence
 from specdec.core.verdict import Verdict
 

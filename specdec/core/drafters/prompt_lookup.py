@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from specdec.core.drafters.interface import DraftContext, DraftFree, DrafterOption, Proposal, register_drafter
+from specdec.core.drafters.interface import DraftContext, DrafterOption, DraftFree, Proposal, register_drafter
 from specdec.core.session import AcceptedSequence
 
 MAX_NGRAM = 3  # Spec-Bench's PLD and HF's default search the last 3 (HF: max_matching_ngram_size 2) tokens

@@ -2,7 +2,7 @@
 names (the CLI's choices, `SpecConfig`'s validation) is whatever files exist."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
