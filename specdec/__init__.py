@@ -8,7 +8,8 @@ from specdec.core.trace import Counters, Cycle, Generation
 from specdec.errors import ConfigError, InputError, ModelError, SpecdecError
 
 __all__ = [
-    "Backend", "Prompt", "DecodeConfig", "EngineConfig", "SpecConfig", "SpecOptions", "autoregressive_decode", "speculative_decode",
+    "Backend", "Prompt", "DecodeConfig", "EngineConfig", "SpecConfig", "SpecOptions", "autoregressive_decode",
+    "speculative_decode",
     "ConfigError", "InputError", "ModelError", "SpecdecError", "Constraints", "StopRule",
     "Counters", "Cycle", "Generation", "DraftContext", "Drafter", "Proposal", "register_drafter",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from specdec.backends.base import runtime_parts
 from specdec.backends.devices import steps_of
@@ -25,8 +26,21 @@ from specdec.models.architecture import is_architecture
 from specdec.models.loading import LoadedModel, load_model
 from specdec.remote.client import RemoteCloud, SessionSettings
 from specdec.remote.protocol import read_token, token_file_warning, tokenizer_sha256
+from specdec.settings import OnCloudLoss
 
 PLAIN_STEPS = "cloud plain steps"  # the model key of a two-runtime cloud's plain-step copy
+
+
+class Derived(TypedDict, total=False):
+    """What an engine derives once and keeps: per-tokenizer tables, the server, what its requests measured."""
+
+    overlap: OverlapGovernor  # overlap "auto"'s governor, its running means carried across generations
+    block_steps_prior: dict[int, float]  # assumed verify-block costs in plain steps (assume_block_costs)
+    history: History
+    remote: RemoteCloud  # the verifier server, once connected
+    checked: bool  # load() checked that the models fit together
+    constraints: Constraints
+    punct: PunctuationTable
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,7 +53,7 @@ class Engine(EngineConfig):
     loader: Callable[..., LoadedModel] = load_model
     log: Callable[[str], object] = print
     _models: dict[str, LoadedModel] = field(default_factory=dict, init=False, repr=False)
-    _derived: dict[str, object] = field(default_factory=dict, init=False, repr=False)  # per-tokenizer tables, the server
+    _derived: Derived = field(default_factory=Derived, init=False, repr=False)  # per-tokenizer tables, the server
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -144,7 +158,7 @@ class Engine(EngineConfig):
         """Load every model this mode needs (and no other), and check that they fit together."""
         if self._derived.get("checked"):
             return
-        self.primary
+        _ = self.primary  # loaded first: the model that encodes prompts
         if self.mode == "spec" and not self.remote_cloud and self.two_runtimes:
             self.model(PLAIN_STEPS)  # a cloud held in two runtimes: its plain-step copy too
         self.check_positions(prompt_tokens=None)
@@ -163,17 +177,22 @@ class Engine(EngineConfig):
 
     def _connect(self) -> None:
         edge = self.model("edge")
-        token = read_token(self.deploy.token_file) if self.deploy.token_file else None
-        if token and (warning := token_file_warning(self.deploy.token_file)):
-            self.log(warning)
+        token = None
+        if self.deploy.token_file:
+            token = read_token(self.deploy.token_file)  # never empty: read_token refuses an empty file
+            if warning := token_file_warning(self.deploy.token_file):
+                self.log(warning)
         settings = SessionSettings(self.constraints, tuple(sorted(edge.eos_ids)))
+        assert self.cloud_url is not None  # only a remote cloud connects, and remote_cloud means a URL was given
         remote = RemoteCloud(self.cloud_url, token, settings, timeout_s=self.deploy.cloud_timeout_s)  # wss://: TLS
         remote.connect()
         self._derived["remote"] = remote
-        if remote.server.tokenizer_sha256 != tokenizer_sha256(edge.tokenizer):
-            raise ConfigError(f"edge {edge.name!r} and the cloud at {self.cloud_url} ({remote.server.model!r}) use different "
+        server = remote.server
+        assert server is not None  # connect() returned, so it holds the server's `ready` (it raises otherwise)
+        if server.tokenizer_sha256 != tokenizer_sha256(edge.tokenizer):
+            raise ConfigError(f"edge {edge.name!r} and the cloud at {self.cloud_url} ({server.model!r}) use different "
                               "tokenizers: speculative decoding needs a pair that shares one")
-        if remote.server.accepts_audio != edge.backend.accepts_audio:
+        if server.accepts_audio != edge.backend.accepts_audio:
             raise ConfigError("the edge and the cloud must both take audio or both be text-only, so they see the same inputs")
 
     @property
@@ -273,7 +292,7 @@ class Engine(EngineConfig):
         model's own answers so far (as Spec-Bench asks MT-bench's second turn), and the turns come
         back as one Generation (`Generation.then`)."""
         generation = self._turn(text, system, waveform, sampling_rate, language, ())
-        history = ((text, generation.text),)
+        history: tuple[tuple[str, str], ...] = ((text, generation.text),)
         for turn in follow_ups:
             later = self._turn(turn, system, None, sampling_rate, language, history)
             generation, history = generation.then(later), (*history, (turn, later.text))
@@ -291,11 +310,12 @@ class Engine(EngineConfig):
         constraints = self.constraints_for()
         if self.mode == "spec":
             edge = self.model("edge").backend if self.spec.drafter in NEEDS_MODEL else None
-            history = self.history()  # this request reads what earlier ones measured; its answer's length closes it
-            options = SpecOptions(constraints, self.punct_density(), self.deploy.on_cloud_loss,
-                                  self.deploy.overlap if self.remote_cloud else False, self._governor(), history)
+            measured = self.history()  # this request reads what earlier ones measured; its answer's length closes it
+            # DeployConfig parsed on_cloud_loss into its OnCloudLoss member (its annotation keeps the word's `str`)
+            options = SpecOptions(constraints, self.punct_density(), OnCloudLoss(self.deploy.on_cloud_loss),
+                                  self.deploy.overlap if self.remote_cloud else False, self._governor(), measured)
             generation = speculative_decode(edge, self.cloud_side(), prompt, self.spec, self.decode, options)
-            history.close_request(generation.new_tokens)
+            measured.close_request(generation.new_tokens)
         else:
             generation = autoregressive_decode(loaded.backend, prompt, self.decode, constraints, role=self.mode)
         generation.text = loaded.tokenizer.decode(generation.tokens, skip_special_tokens=True)

@@ -59,7 +59,7 @@ Setting = TypeVar("Setting", bound=StrEnum)
 def parse(kind: type[Setting], value: object, name: str) -> Setting:
     """`value` (a word from a flag, a TOML file or a record) as `kind`, or one line naming the setting and its values."""
     try:
-        return kind(value)
+        return kind(value)  # type: ignore[arg-type]  # an Enum call looks any value up; typeshed gives StrEnum str's __new__
     except ValueError:
         raise ConfigError(f"unknown {name} {value!r}: use one of {', '.join(kind)}") from None
 

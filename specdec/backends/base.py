@@ -37,8 +37,9 @@ RUNTIMES = ("torch", "torch-int8", "torch-int8t", "llamacpp", "onnx-int4", "onnx
             "vnni-int4")
 # Runtimes whose k+1-row block computes, row for row, the logits of k+1 one-token steps (bit for bit:
 # tests/test_int8_batch.py), so greedy speculation verified there reproduces that runtime's own plain
-# decoding token for token. torch-int8 is not one: one activation scale over all rows of a block.
-BATCH_INVARIANT_RUNTIMES = ("torch-int8t", "onnx-int4", "onnx-int8", "openvino-int8", "vnni-int8", "vnni-int4")  # calibrate measures it too
+# decoding token for token. torch-int8 is not one: one activation scale over all rows of a block. calibrate
+# measures it too.
+BATCH_INVARIANT_RUNTIMES = ("torch-int8t", "onnx-int4", "onnx-int8", "openvino-int8", "vnni-int8", "vnni-int4")
 # The cloud held in two runtimes, PLAIN+BLOCKS: plain steps in the first, draft blocks in the second
 # (specdec/core/cloud.py TwoRuntimeCloud; spec mode in process only).
 RUNTIME_PAIRS = tuple(f"{plain}+{blocks}" for plain in RUNTIMES for blocks in RUNTIMES if plain != blocks)
@@ -183,13 +184,13 @@ class Backend:
         [keep, V], or None when keep == 0). `use_cache=False` builds no reusable state."""
         raise NotImplementedError
 
-    def forward(self, state: Any, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+    def forward(self, state: Any, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor | None:
         """Feed `token_ids` [n] at positions state.length .. +n-1; returns the logits of the last
-        `keep` positions [keep, V] (float32; all n when keep is None). The output head runs on
-        those positions only."""
+        `keep` positions [keep, V] (float32; all n when keep is None; None when keep == 0, as prefill's).
+        The output head runs on those positions only."""
         return self._run(state, token_ids, kept_rows(token_ids, keep))
 
-    def forward_batch(self, states: list, blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor]:
+    def forward_batch(self, states: list, blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor | None]:
         """Blocks of several states in one forward (only where `batchable`), each row's logits as `forward`'s."""
         raise NotImplementedError(f"{type(self).__name__} runs one state per forward (batchable is False)")
 

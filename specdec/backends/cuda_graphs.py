@@ -7,8 +7,8 @@ cache (static_cache.py) whose tensors never move, reads its inputs from static b
 copies into before replaying, and writes its logits to a buffer that each call clones out of.
 
 One graph per block length n, captured on first use (the engine's: 1 token and k + 1; the server's rows x
-tokens x span in `CapturedRows`, over static_slots.py's cache of many sequences), all in one memory pool (they never run at once, and every output
-is cloned before the next replay). Warm-up runs (a graph must not capture a first call's one-time work)
+tokens x span in `CapturedRows`, over static_slots.py's cache of many sequences), all in one memory pool (they never run at
+once, and every output is cloned before the next replay). Warm-up runs (a graph must not capture a first call's one-time work)
 write the last n slots of the cache, past any live position, where a real block rewrites them before a
 query can read them (static_cache.py's docstring).
 
@@ -21,8 +21,12 @@ every output is cloned.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE  # what CUDAGraph.pool() returns and torch.cuda.graph(pool=...) takes
 
 WARM_UPS = 2  # eager runs on a side stream before a capture (torch.cuda.graphs' own advice: >= 1, cuBLAS handles)
 
@@ -34,7 +38,7 @@ class CapturedSteps:
                  capacity: int) -> None:
         self.forward, self.device, self.capacity = forward, torch.device(device), capacity
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self.pool = None
+        self.pool: _POOL_HANDLE | None = None  # the graphs' shared memory pool, from the first capture on
 
     def __call__(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         """The logits [B, n, V] of ids [B, n] (on the device) at positions start .. start+n-1: this call's own copy."""
@@ -77,7 +81,7 @@ class CapturedRows:
         self.forward, self.device = forward, torch.device(device)
         self.scratch_row, self.scratch_column = scratch_row, scratch_column
         self.graphs: dict[tuple[int, int, int], tuple] = {}
-        self.pool = None
+        self.pool: _POOL_HANDLE | None = None  # the graphs' shared memory pool, from the first capture on
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, span: int) -> torch.Tensor:
         """The logits [B, n, V] of the block: this call's own copy (ids, positions, rows on the device)."""

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from specdec.backends.base import Backend, Prompt, cache_kwarg
 from specdec.errors import InputError
@@ -22,8 +24,14 @@ from specdec.errors import InputError
 
 @dataclass
 class CausalState:
-    cache: DynamicCache | None
+    cache: DynamicCache | None  # None: prefill(use_cache=False), one forward that keeps nothing
     length: int  # token positions held in `cache`
+
+    def kept(self) -> DynamicCache:
+        """The cache, where the state keeps one: a state built with use_cache=False serves its one forward and is
+        never fed again, cropped or batched."""
+        assert self.cache is not None, "a state built with use_cache=False keeps no cache"
+        return self.cache
 
 
 def block_positions(start: int, n: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -42,7 +50,7 @@ class HFCausalBackend(Backend):
         weight = model.get_output_embeddings().weight
         self.vocab_size = (weight() if callable(weight) else weight).shape[0]  # a dynamic int8 head's is a method
         self._cache_kwarg = cache_kwarg(model.forward)
-        self.device = next(model.parameters(), torch.empty(0)).device  # where weights, caches and logits live
+        self.device: torch.device = next(model.parameters(), torch.empty(0)).device  # where weights, caches, logits live
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
@@ -59,12 +67,13 @@ class HFCausalBackend(Backend):
 
 
     @functools.cached_property
-    def batchable(self) -> bool:
+    def batchable(self) -> bool:  # type: ignore[override]  # a cached_property is assignable; mypy reads it as read-only
         """Rows of several states can share one forward only when every cache layer is a plain
         growing one (a sliding-window layer's rollback history is kept per cache)."""
         return all(type(layer).__name__ == "DynamicLayer" for layer in self._new_cache().layers)
 
-    def forward_batch(self, states: list[CausalState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor]:
+    def forward_batch(self, states: list[CausalState], blocks: list[torch.Tensor],
+                      keeps: list[int]) -> list[torch.Tensor | None]:
         """Feed blocks [n_b] on states of lengths L_b in ONE forward; returns each row's last `keep`
         logits [keep_b, V], as `forward` would, and appends each row's new keys/values to its own cache.
 
@@ -82,26 +91,27 @@ class HFCausalBackend(Backend):
         ids, mask, positions = (t.to(self.device, non_blocking=True) for t in (ids, mask, positions))
         cache = DynamicCache(config=self.model.config)
         if past_len:
-            template = next(s.cache for s in states if s.length)  # shapes and dtype of a filled cache
+            template = next(s.kept() for s in states if s.length)  # shapes and dtype of a filled cache
             for index in range(len(cache.layers)):
-                like = template.layers[index].keys
+                like = layer_kv(template, index)[0]
                 keys, values = zip(*[_left_padded(s, index, past_len, like) for s in states])
                 cache.update(torch.cat(keys), torch.cat(values), index)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **{self._cache_kwarg: cache},
                          use_cache=True, logits_to_keep=block_len)
-        logits = []
+        logits: list[torch.Tensor | None] = []
         for row, (state, block, keep) in enumerate(zip(states, blocks, keeps)):
             n = block.numel()
-            for index, layer in enumerate(cache.layers):  # this row's new keys/values into its own cache
+            for index in range(len(cache.layers)):  # this row's new keys/values into its own cache
                 new = slice(past_len, past_len + n)
-                state.cache.update(layer.keys[row : row + 1, :, new], layer.values[row : row + 1, :, new], index)
+                batch_keys, batch_values = layer_kv(cache, index)
+                state.kept().update(batch_keys[row : row + 1, :, new], batch_values[row : row + 1, :, new], index)
             state.length += n
             logits.append(out.logits[row, n - keep : n].float())  # [keep, V]
         return logits
 
     def _drop_past(self, state: CausalState, length: int) -> None:
         # crop() takes minus the number of tokens to drop; crop(0) also trims sliding layers.
-        state.cache.crop(length - state.length)
+        state.kept().crop(length - state.length)
 
     # --- internals ----------------------------------------------------------------------
     def _new_cache(self) -> DynamicCache:
@@ -130,5 +140,13 @@ def _left_padded(state: CausalState, index: int, past_len: int, like: torch.Tens
     if state.length == 0:  # nothing cached yet: a session's first verify carries its whole prompt
         empty = like.new_zeros(1, like.shape[1], past_len, like.shape[3])
         return empty, empty
-    layer, pad = state.cache.layers[index], past_len - state.length
-    return torch.nn.functional.pad(layer.keys, (0, 0, pad, 0)), torch.nn.functional.pad(layer.values, (0, 0, pad, 0))
+    (keys, values), pad = layer_kv(state.kept(), index), past_len - state.length
+    return torch.nn.functional.pad(keys, (0, 0, pad, 0)), torch.nn.functional.pad(values, (0, 0, pad, 0))
+
+
+def layer_kv(cache: DynamicCache, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer `index`'s keys and values [B, H, L, D] in a cache forward_batch reads: every layer a filled DynamicLayer
+    (`batchable` checks the kind; a layer read here holds positions)."""
+    layer = cast(DynamicLayer, cache.layers[index])  # transformers types a layer as any kind, some keyless
+    assert layer.keys is not None and layer.values is not None, "an empty cache layer"
+    return layer.keys, layer.values

@@ -106,7 +106,7 @@ class LlamaCppBackend(Backend):
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.vocab_size = llama.llama_vocab_n_tokens(self._vocab)
         trained = llama.llama_model_n_ctx_train(self._model)
-        self.max_positions = min(n_ctx, trained) if trained > 0 else n_ctx
+        self.max_positions: int = min(n_ctx, trained) if trained > 0 else n_ctx
         self.threads = torch.get_num_threads()
         cparams = llama.llama_context_default_params()
         cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = self.max_positions, n_batch, n_batch
@@ -139,6 +139,7 @@ class LlamaCppBackend(Backend):
         state = self._new_state()
         logits = self._run(state, token_ids, keep) if token_ids.numel() else None
         if not use_cache:
+            assert state._release is not None  # _new_state attaches it to every state
             state._release()  # the sequence back to the pool now, not when the state is dropped
             state.length = 0
             self._reclaim()
@@ -197,8 +198,8 @@ class LlamaCppBackend(Backend):
                 raise ModelError(f"llama.cpp could not decode {count} tokens for model {self.name!r} (llama_decode "
                                  f"returned {code}: {'no room in its KV cells' if code == 1 else 'an error'})")
             state.length += count
-            for row in np.flatnonzero(wanted):
-                pointer = self._lib.llama_get_logits_ith(self._ctx, int(row))
+            for wanted_row in np.flatnonzero(wanted):
+                pointer = self._lib.llama_get_logits_ith(self._ctx, int(wanted_row))
                 rows.append(torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(self.vocab_size,)).copy()))
         return torch.stack(rows) if rows else None  # [keep, V] float32
 

@@ -183,7 +183,7 @@ def decide(setting: str, path: Path, build: str, cache: Path | None, argv: list[
     if setting != "auto":
         return Verdict(setting == "on", f"{setting} by setting")
     key = probe_key(path, build)
-    if (verdict := read_cache(cache).get(key)) is not None:
+    if key is not None and (verdict := read_cache(cache).get(key)) is not None:  # None: a damaged header, never kept
         return verdict
     verdict, final = run_probe(argv or child_argv(path), timeout_s)
     if final and cache is not None and key is not None:

@@ -183,12 +183,13 @@ class OmniThinkerBackend(HFCausalBackend):
 
     def _run(
         self,
-        state: OmniState,
+        state: CausalState,
         token_ids: torch.Tensor,
         keep: int,
         positions: torch.Tensor | None = None,
         features: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor | None:
+        assert isinstance(state, OmniState)  # this backend's prefill makes every state it is fed
         n = token_ids.numel()
         if positions is None:  # decode block: the same ids on all 3 M-RoPE rows -> [3, 1, n]
             positions = (block_positions(state.length, n) + state.rope_deltas).expand(3, 1, n)
@@ -214,7 +215,7 @@ def load_omni_thinker(path_or_model, dtype: torch.dtype | None = None, name: str
     if isinstance(path_or_model, PreTrainedModel):
         model = getattr(path_or_model, "thinker", path_or_model)
         if dtype is not None:
-            model = model.to(dtype)
+            model = model.to(dtype)  # type: ignore[arg-type]  # `to` is functools.wraps'd: mypy takes dtype for self
         return OmniThinkerBackend(model, name)
     model = from_pretrained_checked(
         Qwen2_5OmniThinkerForConditionalGeneration, path_or_model, OMNI_MODEL_TYPES, "Qwen2.5-Omni (audio-capable)", dtype

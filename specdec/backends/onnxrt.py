@@ -95,7 +95,7 @@ class OnnxRuntimeBackend(Backend):
             trained = int(config.get("context_length") or 0)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ModelError(f"{folder} has no readable genai_config.json ({e}): convert the model again") from None
-        self.max_positions = min(max_positions or trained, trained) if trained else (max_positions or 4096)
+        self.max_positions: int = min(max_positions or trained, trained) if trained else (max_positions or 4096)
         self._rows = self.max_positions  # what a state's buffers may hold: a padded step at the last position
         self.max_positions -= int(pad_steps)  # needs one row more than the positions it keeps
         eos = config.get("eos_token_id")
@@ -114,7 +114,7 @@ class OnnxRuntimeBackend(Backend):
         self.kv_bytes_per_position = 2 * self.layers * self.kv_heads * self.head_size * 4
 
     @property
-    def streamed_bytes(self) -> int:
+    def streamed_bytes(self) -> int:  # type: ignore[override]  # Backend's default, computed here; callers only read it
         """The bytes one token step reads: every weight of the graph but the embedding tables a Gather looks
         one row up in (the builder keeps the token embeddings in float32, half the 1.5B int4's file)."""
         import onnx

@@ -83,7 +83,7 @@ class OpenVinoBackend(Backend):
         self.ir_xml = Path(ir_xml)
         self.name = name or self.ir_xml.parent.parent.name
         self.layers, self.kv_heads, self.head_dim = int(info["layers"]), int(info["kv_heads"]), int(info["head_dim"])
-        self.max_positions = int(info["max_positions"])
+        self.max_positions: int = int(info["max_positions"])
         self.eos_ids = frozenset(eos_ids)
         self.config = {**DEFAULT_CONFIG, **(config or {})}
         self._core = ov.Core()
@@ -118,7 +118,7 @@ class OpenVinoBackend(Backend):
         self._request = self._compiled.create_infer_request()
 
     @property
-    def streamed_bytes(self) -> int:
+    def streamed_bytes(self) -> int:  # type: ignore[override]  # Backend's default, computed here; callers only read it
         """The bytes one token step reads: every weight constant of the IR but those whose only readers are a
         Gather (an embedding table, read one row at a time), followed through nncf's decompression (Convert,
         Subtract, Multiply, Reshape) to the op that uses them."""

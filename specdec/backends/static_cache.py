@@ -22,6 +22,7 @@ server, whose sessions interleave, has a cache of many sequences: static_slots.p
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,9 @@ from specdec.errors import InputError, ModelError, SpecdecError
 STATIC_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 GRAPH_TOKENS = 16  # blocks up to this long are compiled / captured (1 token, k + 1, the server's rows x tokens)
 CAPACITY = 1024  # slots a cache starts with (capped at the model's positions); it doubles when a forward needs more
+
+
+FastSteps = Callable[[torch.Tensor, int], torch.Tensor]  # (ids [1, n], start) -> logits [1, n, V], its own copy
 
 
 class StaticKV:
@@ -53,6 +57,7 @@ class StaticKV:
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write the block's [B, H_kv, n, D] keys and values at `write_at`; return the layer's whole cache."""
+        assert self.write_at is not None, "static_forward sets write_at before the model's forward updates the cache"
         self.keys[layer_idx].index_copy_(2, self.write_at, key_states)
         self.values[layer_idx].index_copy_(2, self.write_at, value_states)
         return self.keys[layer_idx], self.values[layer_idx]
@@ -117,7 +122,7 @@ class StaticCausalBackend(HFCausalBackend):
         self.capacity = min(capacity, getattr(model.config, "max_position_embeddings", None) or capacity)
         self.kv: StaticKV | None = None
         self.owner = 0
-        self.fast = None  # compiled or captured forwards of short blocks (built with the cache)
+        self.fast: FastSteps | None = None  # compiled or captured forwards of short blocks (built with the cache)
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
@@ -144,20 +149,20 @@ class StaticCausalBackend(HFCausalBackend):
             raise SpecdecError(f"model {self.name!r} keeps one static KV cache, now another sequence's: run one "
                                "generation at a time on it, or use --kv-cache dynamic")
         n = token_ids.numel()
-        self._make_room(state.length + n)
+        kv = self._make_room(state.length + n)
         ids = token_ids.to(self.device, non_blocking=True).view(1, n)
         if self.fast is not None and n <= GRAPH_TOKENS:
             logits = self.fast(ids, state.length)[0]  # [n, V], this call's own copy
         else:
             positions = block_positions(state.length, n, self.device)
-            logits = static_forward(self.model, self._cache_kwarg, self.kv, ids, positions, keep)[0]
+            logits = static_forward(self.model, self._cache_kwarg, kv, ids, positions, keep)[0]
         state.length += n
         return logits[-keep:].float() if keep else None
 
-    def _make_room(self, needed: int) -> None:
+    def _make_room(self, needed: int) -> StaticKV:
         """A cache with room for `needed` positions: the first one, or twice the last (its slots copied over)."""
         if self.kv is not None and needed <= self.kv.capacity:
-            return
+            return self.kv
         limit = getattr(self.model.config, "max_position_embeddings", None) or needed
         capacity = grown_capacity(0 if self.kv is None else self.kv.capacity, needed, self.capacity, limit)
         dtype = next(self.model.parameters()).dtype
@@ -166,8 +171,9 @@ class StaticCausalBackend(HFCausalBackend):
             kv.copy_prefix(self.kv, self.kv.capacity)
         self.kv = kv
         self.fast = self._fast_steps(kv)
+        return kv
 
-    def _fast_steps(self, kv: StaticKV):
+    def _fast_steps(self, kv: StaticKV) -> FastSteps | None:
         """(ids [1, n], start) -> logits [1, n, V] for short blocks: compiled or captured over `kv`; None: eager."""
         def step(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             return static_forward(self.model, self._cache_kwarg, kv, ids, positions)

@@ -57,6 +57,7 @@ class SlotKV(StaticKV):
         self.span = capacity + 1
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        assert self.rows is not None, "slot_forward sets the rows before the model's forward updates the cache"
         rows, at = self.rows[:, None], self.write_at  # [B, 1], [B, n]
         self.keys[layer_idx][rows, :, at] = key_states.transpose(1, 2)  # [B, n, H, D] at (row, position)
         self.values[layer_idx][rows, :, at] = value_states.transpose(1, 2)
@@ -88,10 +89,10 @@ class SlotCausalBackend(HFCausalBackend):
             raise ModelError("captured CUDA graphs need the model on a CUDA device: use --cuda-graphs off on the CPU")
         super().__init__(model, name)
         self.steps, self.slots = steps, slots
-        self.max_positions = min(capacity, getattr(model.config, "max_position_embeddings", None) or capacity)
+        self.max_positions: int = min(capacity, getattr(model.config, "max_position_embeddings", None) or capacity)
         self.kv: SlotKV | None = None
         self.free: list[int] = list(range(slots - 1, -1, -1))  # popped from the end: slot 0 first
-        self.fast = None
+        self.fast: CapturedRows | None = None
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
@@ -109,12 +110,12 @@ class SlotCausalBackend(HFCausalBackend):
             return state, None
         return state, self._rows([state], [token_ids], [keep])[0]
 
-    def forward(self, state, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+    def forward(self, state, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor | None:
         if not isinstance(state, SlotState):  # a stateless verify's cache-free state
             return super().forward(state, token_ids, keep)
         return self._rows([state], [token_ids], [kept_rows(token_ids, keep)])[0]
 
-    def forward_batch(self, states: list, blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor]:
+    def forward_batch(self, states: list, blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor | None]:
         return self._rows(states, blocks, keeps)
 
     def _drop_past(self, state, length: int) -> None:
@@ -124,8 +125,9 @@ class SlotCausalBackend(HFCausalBackend):
 
     # --- internals ----------------------------------------------------------------------
     @torch.inference_mode()
-    def _rows(self, states: list[SlotState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor]:
-        """One forward of every state's block at its own positions; each row's last `keep` logits [keep, V] (float)."""
+    def _rows(self, states: list[SlotState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor | None]:
+        """One forward of every state's block at its own positions; each row's last `keep` logits [keep, V] (float;
+        None where keep is 0)."""
         if self.kv is None:
             self.kv = SlotKV(self.model.config, self.slots, self.max_positions, next(self.model.parameters()).dtype,
                              self.device)
@@ -136,8 +138,8 @@ class SlotCausalBackend(HFCausalBackend):
             if state.length + block.numel() > self.max_positions:
                 raise SpecdecError(f"a session of model {self.name!r} needs {state.length + block.numel()} positions; "
                                    f"the static KV cache holds {self.max_positions}: open shorter sessions")
-        captured = self.fast is not None and n <= GRAPH_TOKENS
-        batch = _bucket(len(states)) if captured else len(states)  # a graph per power of two of rows
+        fast = self.fast if n <= GRAPH_TOKENS else None  # captured graphs run blocks up to GRAPH_TOKENS long
+        batch = _bucket(len(states)) if fast is not None else len(states)  # a graph per power of two of rows
         ids = torch.zeros(batch, n, dtype=torch.long)
         positions = torch.full((batch, n), self.max_positions, dtype=torch.long)  # padding: the scratch column
         slots = torch.full((batch,), self.slots, dtype=torch.long)  # padding rows: the scratch row
@@ -148,17 +150,18 @@ class SlotCausalBackend(HFCausalBackend):
         longest = max(state.length + block.numel() for state, block in zip(states, blocks))
         span = min(_bucket(longest, SPAN), self.max_positions + 1)
         ids, positions, slots = (t.to(self.device, non_blocking=True) for t in (ids, positions, slots))
-        if captured:
-            logits = self.fast(ids, positions, slots, span)
+        if fast is not None:
+            logits = fast(ids, positions, slots, span)
         else:
             logits = self._eager(ids, positions, slots, span)
-        out = []
+        out: list[torch.Tensor | None] = []
         for row, (state, block, keep) in enumerate(zip(states, blocks, keeps)):
             state.length += block.numel()
             out.append(logits[row, block.numel() - keep : block.numel()].float() if keep else None)
         return out
 
     def _eager(self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, span: int) -> torch.Tensor:
+        assert self.kv is not None, "_rows makes the cache before its first forward"
         return slot_forward(self.model, self._cache_kwarg, self.kv, ids, positions, rows, span)
 
 

@@ -88,7 +88,7 @@ class VnniBackend(Backend):
         self.heads, self.kv_heads, self.head_dim = shape["heads"], shape["kv_heads"], shape["head_dim"]
         self.eps, self.scaling = shape["eps"], self.head_dim ** -0.5
         self.vocab_size = head.out_features
-        self.max_positions = self.cos.shape[0]
+        self.max_positions: int = self.cos.shape[0]
         self.device = torch.device("cpu")
         self.eos_ids: frozenset[int] = frozenset()  # the loader adds the folder's generation config's
         self.ops = kernels()
@@ -123,7 +123,7 @@ class VnniBackend(Backend):
                    (cos[0].float().contiguous(), sin[0].float().contiguous()), shape)
 
     @property
-    def streamed_bytes(self) -> int:
+    def streamed_bytes(self) -> int:  # type: ignore[override]  # Backend's default, computed here; callers only read it
         """What a one-token step reads: every packed Linear, the head, the norms (one embedding row: nothing)."""
         return sum(p.nbytes for p in self._linears()) + 4 * sum(2 * layer.input_norm.numel() for layer in self.layers)
 
@@ -132,7 +132,7 @@ class VnniBackend(Backend):
         return [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.head]
 
     @property
-    def memory_bytes(self) -> int:
+    def memory_bytes(self) -> int:  # type: ignore[override]  # Backend's default, computed here; callers only read it
         """What the backend holds: the packed Linears, the float32 embedding, norms and rotary tables (each state's
         cache is its own and grows with it)."""
         linears = self._linears()
@@ -147,31 +147,33 @@ class VnniBackend(Backend):
         state = VnniState(0)
         if token_ids.numel() == 0:
             return state, None
-        return state, self._run([state], [token_ids], [keep])[0]
+        return state, self._rows([state], [token_ids], [keep])[0]
 
-    def forward(self, state: VnniState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor:
-        return self._run([state], [token_ids], [kept_rows(token_ids, keep)])[0]
+    def forward(self, state: VnniState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor | None:
+        return self._rows([state], [token_ids], [kept_rows(token_ids, keep)])[0]
 
-    def forward_batch(self, states: list[VnniState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor]:
+    def forward_batch(self, states: list[VnniState], blocks: list[torch.Tensor],
+                      keeps: list[int]) -> list[torch.Tensor | None]:
         """Each state's block in one pass over the weights: [keep_b, V] each, as `forward` gives it, bit for bit."""
-        return self._run(states, blocks, keeps)
+        return self._rows(states, blocks, keeps)
 
     # --- internals ----------------------------------------------------------------------
-    def _reserve(self, state: VnniState, needed: int) -> None:
+    def _reserve(self, state: VnniState, needed: int) -> torch.Tensor:
+        """The state's cache, grown first where it holds fewer than `needed` positions."""
         if needed > self.max_positions:
             raise InputError(f"{needed} positions exceed {self.name!r}'s {self.max_positions} in runtime vnni: shorten "
                              "the prompt or --max-new-tokens")
-        capacity = 0 if state.kv is None else state.kv.shape[2]
-        if needed <= capacity:
-            return
-        capacity = grown_capacity(capacity, needed, MIN_CAPACITY, self.max_positions)
+        if state.kv is not None and needed <= state.kv.shape[2]:
+            return state.kv
+        capacity = grown_capacity(0 if state.kv is None else state.kv.shape[2], needed, MIN_CAPACITY, self.max_positions)
         state.kv = (torch.empty(len(self.layers), 2, capacity, self.kv_heads, self.head_dim) if state.kv is None
                     else grown(state.kv, capacity, 2, state.length))
+        return state.kv
 
-    def _run(self, states: list[VnniState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor | None]:
+    def _rows(self, states: list[VnniState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor | None]:
+        """Every state's block in one pass; each block's last `keep` logits [keep, V] (None where keep is 0)."""
         ops, sizes = self.ops, [block.numel() for block in blocks]
-        for state, n in zip(states, sizes):
-            self._reserve(state, state.length + n)
+        caches = [self._reserve(state, state.length + n) for state, n in zip(states, sizes)]
         ids = torch.cat([block.reshape(-1).to(torch.long) for block in blocks])
         if int(ids.max()) >= self.embed.shape[0] or int(ids.min()) < 0:
             raise InputError(f"token id out of {self.name!r}'s vocabulary of {self.embed.shape[0]}")
@@ -180,9 +182,9 @@ class VnniBackend(Backend):
         with torch.inference_mode():
             for index, layer in enumerate(self.layers):
                 qkv = self._linear(ops.rms_norm(x, layer.input_norm, self.eps), layer.qkv)
-                parts = [ops.attention(qkv[start : start + n], state.kv[index, 0], state.kv[index, 1], state.length,
+                parts = [ops.attention(qkv[start : start + n], kv[index, 0], kv[index, 1], state.length,
                                        self.cos, self.sin, self.heads, self.kv_heads, self.scaling)
-                         for state, start, n in zip(states, starts, sizes)]
+                         for state, kv, start, n in zip(states, caches, starts, sizes)]
                 x = self._linear(parts[0] if len(parts) == 1 else torch.cat(parts), layer.o, residual=x)
                 gate_up = self._linear(ops.rms_norm(x, layer.post_norm, self.eps), layer.gate_up)
                 x = self._linear(ops.silu_mul(gate_up), layer.down, residual=x)
@@ -190,9 +192,10 @@ class VnniBackend(Backend):
             logits = self._linear(ops.rms_norm(x[rows].contiguous(), self.norm, self.eps), self.head) if rows.numel() else None
         for state, n in zip(states, sizes):
             state.length += n
-        out, offset = [], 0
+        out: list[torch.Tensor | None] = []
+        offset = 0
         for keep in keeps:
-            out.append(logits[offset : offset + keep] if keep else None)
+            out.append(logits[offset : offset + keep] if logits is not None and keep else None)  # None: every keep is 0
             offset += keep
         return out
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import numpy as np
 import torch
@@ -34,6 +35,15 @@ from specdec.errors import InputError, ModelError
 
 WHISPER_MODEL_TYPES = ("whisper",)
 TASKS = ("transcribe", "translate")
+
+
+class WhisperGenerationFields(Protocol):
+    """What a Whisper checkpoint's GenerationConfig holds beyond the fields transformers declares: attributes of its
+    own, from generation_config.json (or the constructor's keywords, convert_ct2.whisper_generation_config)."""
+
+    lang_to_id: dict[str, int]  # multilingual models only: "<|en|>" -> its token
+    task_to_id: dict[str, int]  # "transcribe" / "translate" -> its token
+    no_timestamps_token_id: int
 
 
 # --- prompts ------------------------------------------------------------------------------
@@ -77,15 +87,15 @@ def build_whisper_prompt(
     if task not in TASKS:
         raise InputError(f"unknown Whisper task {task!r}: use one of {', '.join(TASKS)}")
     features = whisper_features(feature_extractor, waveform, sampling_rate)
+    whisper = cast(WhisperGenerationFields, generation_config)  # transformers declares none of Whisper's fields
     ids = [generation_config.decoder_start_token_id]
     if getattr(generation_config, "is_multilingual", False):
         if language is None:
             raise InputError("a multilingual Whisper model needs the language: pass language= (or detect_language)")
-        ids += [generation_config.lang_to_id[f"<|{language_code(generation_config, language)}|>"],
-                generation_config.task_to_id[task]]
+        ids += [whisper.lang_to_id[f"<|{language_code(generation_config, language)}|>"], whisper.task_to_id[task]]
     elif (language is not None and language.strip().lower() not in ("en", "english", "<|en|>")) or task != "transcribe":
         raise InputError(f"this Whisper model is English-only: it cannot {task} language {language!r}")
-    ids.append(generation_config.no_timestamps_token_id)
+    ids.append(whisper.no_timestamps_token_id)
     return Prompt(torch.tensor(ids, dtype=torch.long), {"input_features": features})
 
 
@@ -129,7 +139,7 @@ class SuppressTokens:
 # --- backend ------------------------------------------------------------------------------
 @dataclass
 class WhisperState:
-    cache: EncoderDecoderCache | None
+    cache: EncoderDecoderCache | None  # None: prefill(use_cache=False), one forward that keeps nothing
     encoder_hidden: torch.Tensor  # [1, 1500, D]: the audio, encoded once
     length: int  # decoder positions held in the self-attention cache
 
@@ -145,12 +155,12 @@ class WhisperBackend(Backend):
         self.model = model.eval()
         self.name = name or model.config.name_or_path or type(model).__name__
         self.vocab_size = model.config.vocab_size  # proj_out may be quantized: no plain .weight
-        self.max_positions = model.config.max_target_positions
+        self.max_positions: int = model.config.max_target_positions
         self.device = model.device  # inputs are copied here (the loop times forwards after its queue drains)
         self._cache_kwarg = cache_kwarg(model.model.decoder.forward)
 
     @property
-    def processors(self) -> tuple[SuppressTokens, ...]:
+    def processors(self) -> tuple[SuppressTokens, ...]:  # type: ignore[override]  # Backend's default, made here; only read
         return (SuppressTokens.from_generation_config(self.model.generation_config, self.vocab_size),)
 
     # --- protocol -----------------------------------------------------------------------
@@ -164,6 +174,7 @@ class WhisperBackend(Backend):
 
 
     def _drop_past(self, state: WhisperState, length: int) -> None:
+        assert state.cache is not None, "a state built with use_cache=False is never fed again or cropped"
         state.cache.crop(length - state.length)  # self-attention only; cross-attention K/V stay
 
     # --- internals ----------------------------------------------------------------------
@@ -210,7 +221,9 @@ def load_whisper(path_or_model, dtype: torch.dtype | None = None, name: str = ""
     """A backend from a local Whisper directory (e.g. one converted by `specdec.models.convert_ct2`) or a
     loaded `WhisperForConditionalGeneration`."""
     if isinstance(path_or_model, PreTrainedModel):
-        model = path_or_model.to(dtype) if dtype is not None else path_or_model
+        model = path_or_model
+        if dtype is not None:
+            model = model.to(dtype)  # type: ignore[arg-type]  # `to` is functools.wraps'd: mypy takes dtype for self
         return WhisperBackend(model, name)
     model = from_pretrained_checked(WhisperForConditionalGeneration, path_or_model, WHISPER_MODEL_TYPES, "Whisper", dtype)
     return WhisperBackend(model, name)

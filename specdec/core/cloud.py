@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -35,23 +35,44 @@ from specdec.errors import SpecdecError
 class CloudSession(Protocol):
     """One generation's verdicts from the cloud: opened on the first escalation, closed at the end."""
 
-    compute_s: float  # cloud seconds inside model forwards for this generation
-    round_trip_s: float | None  # expected send -> verdict time (remote only; None: nothing to overlap with)
+    @property
+    def compute_s(self) -> float:
+        """Cloud seconds inside model forwards for this generation."""
+        ...
+
+    @property
+    def round_trip_s(self) -> float | None:
+        """Expected send -> verdict time (remote only; None: nothing to overlap with)."""
+        ...
 
     def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict: ...
 
     # draft_probs None: a draft-free proposal (a point mass per token, see specdec/core/drafters/interface.py).
-    # A remote session also splits `verify` in three, so the edge can draft while it waits:
-    # send(seq, draft_tokens, draft_probs); ready() -> bool (never blocks); receive() -> Verdict
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None: ...
 
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class SplitSession(CloudSession, Protocol):
+    """A remote session: it also splits `verify` in three, so the edge can draft while it waits."""
+
+    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> None: ...
+
+    def ready(self) -> bool:
+        """Has the verdict arrived? Never blocks."""
+        ...
+
+    def receive(self) -> Verdict: ...
+
+
 class Cloud(Protocol):
-    vocab_size: int
-    accepts_audio: bool
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def accepts_audio(self) -> bool: ...
 
     def open(self, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig, constraints: Constraints, vocab: int,
              generator: torch.Generator) -> CloudSession: ...
@@ -167,6 +188,7 @@ class CloudLink:
             routed = () if route is None else (route,)
             verdict = stamped(session.verify(seq, draft_tokens, draft_probs, *routed))
             return InFlight(lambda: verdict)
+        assert isinstance(session, SplitSession)  # a round trip to overlap with: a remote session, which splits verify
         session.send(seq, draft_tokens, draft_probs)
         return InFlight(lambda: stamped(session.receive()), session.ready, sent_at + round_trip_s)
 

@@ -271,8 +271,8 @@ class SpecConfig:
     drafter: str = field(
         default="model", metadata={"help": "what proposes a block (specdec/core/drafters/): model (the edge model), "
                                            "prompt-lookup or ngram (no model: always verified), hybrid (prompt "
-                                           "lookup when it matches, else the edge model while its blocks pay), or auto (prompt lookup "
-                                           "only while its blocks pay, plain steps otherwise)",
+                                           "lookup when it matches, else the edge model while its blocks pay), or auto (prompt "
+                                           "lookup only while its blocks pay, plain steps otherwise)",
                                    "choices": DRAFTERS}  # the registry itself: a drafter registered later is a choice too
     )
     drafter_options: str = field(
@@ -302,4 +302,5 @@ class SpecConfig:
 
     def check_decoding(self, decode: DecodeConfig) -> None:
         if self.policy == "sample" and not decode.do_sample:
-            raise ConfigError("policy 'sample' needs temperature > 0: set --temperature, or use --policy greedy for greedy decoding")
+            raise ConfigError("policy 'sample' needs temperature > 0: set --temperature, or use --policy greedy for greedy "
+                              "decoding")

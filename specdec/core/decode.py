@@ -28,6 +28,7 @@ from specdec.core.cloud import Cloud, CloudLink, as_cloud, open_link
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.drafters import DRAFTS_AHEAD, DraftContext, Drafter, DraftNote, Proposal, make_drafter
 from specdec.core.drafters.ahead import DraftAhead
+from specdec.core.drafters.model import ModelDrafter
 from specdec.core.escalation import should_escalate
 from specdec.core.history import History
 from specdec.core.overlap import OverlapGovernor
@@ -95,6 +96,7 @@ def build_drafter(spec: SpecConfig, context: DraftContext, overlap: bool | str =
             raise ConfigError(f"drafter {spec.drafter!r} cannot draft ahead (only {', '.join(sorted(DRAFTS_AHEAD))} "
                               "can): use --overlap auto or false")
         return drafter
+    assert isinstance(drafter, ModelDrafter)  # the one drafter registered as drafting ahead (DRAFTS_AHEAD)
     return DraftAhead(drafter, (governor or OverlapGovernor(spec.k)) if overlap == "auto" else None)
 
 
@@ -209,8 +211,8 @@ def autoregressive_decode(
             stopped_by = "stop_token"
             break
     counters = Counters(cycles=len(seq.generated))
-    compute = {f"{role}_s": session.compute_s}
     return Generation(
         tokens=seq.generated, counters=counters, prompt_tokens=seq.prompt_len, prefill_s=session.prefill_s,
-        ttft_s=ttft_s, decode_s=time.perf_counter() - start, stopped_by=stopped_by, **compute,
+        ttft_s=ttft_s, decode_s=time.perf_counter() - start, stopped_by=stopped_by,
+        edge_s=session.compute_s if role == "edge" else 0.0, cloud_s=session.compute_s if role == "cloud" else 0.0,
     )

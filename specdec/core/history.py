@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from specdec.core.running import RunningMean
 from specdec.core.session import AcceptedSequence
@@ -77,7 +77,9 @@ class History:
         self.plain_runtime, self.blocks_runtime = RuntimeRates(), RuntimeRates()  # a cloud held in two runtimes
         self.blocks_prefilled = RunningMean()  # seconds per emitted token in requests the blocks' runtime prefilled
         self.edge = EdgeCosts()
-        self.drafters: dict[str, object] = {}  # what a drafter keeps of its own (the n-gram cache's counts), by name
+        # What a drafter keeps of its own (the n-gram cache's counts), by name: each of its own type, which only that
+        # drafter reads (`own`), so the table holds Any.
+        self.drafters: dict[str, Any] = {}
 
     def own(self, name: str, make: Callable[[], T]) -> T:
         """Drafter `name`'s own record, made on its first generation."""

@@ -45,6 +45,13 @@ class BlockEvidence:
     tokens_left: float = math.inf  # N: tokens the request will still decode
 
 
+def measured_step_s(e: BlockEvidence) -> float:
+    """t_plain(1) where a drafting or feeding cost is weighed: those need a measured step (BlockEvidence), as their
+    callers ensure (hybrid.py's rule returns before it builds evidence without one; auto.py's has neither cost)."""
+    assert e.step_s is not None, "draft_s and feed_s are weighed against a measured plain step (step_s)"
+    return e.step_s
+
+
 def block_steps(e: BlockEvidence) -> float:
     """t_block(n + 1) / t_plain(1): measured once both are, else assumed."""
     return e.block_s / e.step_s if e.block_s and e.step_s else e.prior_steps
@@ -52,7 +59,7 @@ def block_steps(e: BlockEvidence) -> float:
 
 def steps_per_token(e: BlockEvidence) -> float:
     """c: plain steps each token through the block costs, its proposal included."""
-    draft_steps = e.draft_s / e.step_s if e.draft_s else 0.0
+    draft_steps = e.draft_s / measured_step_s(e) if e.draft_s else 0.0
     return (block_steps(e) + draft_steps) / e.tau_hat
 
 
@@ -64,4 +71,4 @@ def feed_pays(saved_s_per_token: float, tokens_left: float, feed_s: float) -> bo
 def block_pays(e: BlockEvidence) -> bool:
     """Send the block: it costs less than a plain step per token, and what it saves pays for any feed."""
     saved_steps = 1.0 - steps_per_token(e)
-    return saved_steps > 0 and (not e.feed_s or feed_pays(saved_steps * e.step_s, e.tokens_left, e.feed_s))
+    return saved_steps > 0 and (not e.feed_s or feed_pays(saved_steps * measured_step_s(e), e.tokens_left, e.feed_s))

@@ -16,9 +16,11 @@ def entropy_nats(probs: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(probs, probs).sum(-1)
 
 
-def choose(logits: torch.Tensor, probs: torch.Tensor, do_sample: bool, generator: torch.Generator) -> torch.Tensor:
-    """One token id per row of [..., V]. Greedy takes argmax of the logits (as HF generate does)."""
+def choose(logits: torch.Tensor, probs: torch.Tensor | None, do_sample: bool, generator: torch.Generator) -> torch.Tensor:
+    """One token id per row of [..., V]. Greedy takes argmax of the logits (as HF generate does); sampling draws from
+    `probs` (None only under greedy decoding, which never computes them)."""
     if do_sample:
+        assert probs is not None, "sampling draws from probs: compute them when do_sample"
         return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
     return logits.argmax(-1)
 

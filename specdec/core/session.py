@@ -68,6 +68,7 @@ class Session:
         else:
             logits = self.backend.forward(self.state, token_ids, keep)
         self.compute_s += clock(self.device) - start
+        assert logits is not None  # keep >= 1 (asserted above): a backend returns [keep, V], None only for keep 0
         return logits
 
     def unseen(self, seq: AcceptedSequence) -> torch.Tensor:

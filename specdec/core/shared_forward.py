@@ -65,7 +65,7 @@ def length_groups(lengths: dict[int, int]) -> list[list[int]]:
     where a block is more than twice and more than GROUP_SLACK_TOKENS longer than the group's shortest."""
     groups: list[list[int]] = []
     shortest = 0
-    for i in sorted(lengths, key=lengths.get):
+    for i in sorted(lengths, key=lengths.__getitem__):
         n = lengths[i]
         if groups and (n <= 2 * shortest or n - shortest <= GROUP_SLACK_TOKENS):
             groups[-1].append(i)
@@ -101,10 +101,13 @@ def batch_logits(backend: Backend, rows: list[BatchRow]) -> tuple[list[torch.Ten
             logits[i] = row_logits
         forwards.append(Forward(tuple(group), sum(b.numel() for b in blocks), max(b.numel() for b in blocks), start,
                                 clock(device) - start))
+    computed: list[torch.Tensor] = []
     for i, row in enumerate(rows):
-        if logits[i] is None:
+        row_logits = logits[i]
+        if row_logits is None:
             start = clock(device)
-            logits[i] = row.verifier.logits(row.seq, row.draft_tokens)
+            row_logits = row.verifier.logits(row.seq, row.draft_tokens)
             fed = row.verifier.last_tokens_in
             forwards.append(Forward((i,), fed, fed, start, clock(device) - start))
-    return logits, forwards
+        computed.append(row_logits)
+    return computed, forwards

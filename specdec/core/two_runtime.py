@@ -161,6 +161,7 @@ class TwoRuntimeSession:
         return self.last.verify(seq, draft_tokens, draft_probs)
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:
+        assert self.last is not None, "rollback follows a verify, which set the session it ran on"
         self.last.rollback(length, seq)
 
     def close(self) -> None:

@@ -29,8 +29,9 @@ def register_verifier(name: str):
 @register_verifier("cached")
 class CachedVerifier:
     """The cloud keeps a KV cache of the accepted prefix, audio included from its prefill.
-    The first call prefills the prompt and verifies its draft in one forward. Each call feeds only the accepted tokens it has not seen (blocks accepted without escalation
-    arrive lazily here) plus the draft; rejected positions are cropped afterwards."""
+    The first call prefills the prompt and verifies its draft in one forward. Each call feeds only the accepted tokens it
+    has not seen (blocks accepted without escalation arrive lazily here) plus the draft; rejected positions are cropped
+    afterwards."""
 
     def __init__(self, backend: Backend, prompt: Prompt) -> None:
         self.backend, self.prompt = backend, prompt
@@ -45,7 +46,7 @@ class CachedVerifier:
     def logits(self, seq: AcceptedSequence, draft_tokens: torch.Tensor) -> torch.Tensor:
         first_call = self.session is None
         self.last_sent_features = first_call and bool(self.prompt.features)
-        if first_call:
+        if self.session is None:  # the first call
             self.session = Session(self.backend, self.prompt)
         unseen = self.session.unseen(seq)
         # What crosses the network: every accepted token the cloud has not received (the whole
@@ -68,6 +69,7 @@ class CachedVerifier:
         return self.session.state, torch.cat([unseen, draft_tokens]), draft_tokens.numel() + 1
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:
+        assert self.session is not None, "rollback follows a verify, whose logits or block made the session"
         self.session.rollback(length, seq)
 
 
@@ -90,6 +92,7 @@ class StatelessVerifier:
         start = clock(device)
         _, logits = self.backend.prefill(self.prompt, tokens, keep=draft_tokens.numel() + 1, use_cache=False)
         self.compute_s += clock(device) - start
+        assert logits is not None  # keep >= 1 on a non-empty block (the context): prefill returns [keep, V]
         return logits
 
     def block(self, seq: AcceptedSequence, draft_tokens: torch.Tensor) -> tuple[object, torch.Tensor, int] | None:

@@ -16,6 +16,7 @@ The kernels are exact by construction, not by tolerance: vnni.cpp's header says 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import threading
@@ -67,11 +68,9 @@ def check_toolchain() -> None:
     if shutil.which(compiler) is None:
         raise KernelError(f"the vnni runtimes build their kernels once with a C++ compiler, and {compiler!r} is not "
                           f"on PATH: install one (apt-get install g++) or set CXX, or {FALLBACK}")
-    try:
-        import ninja  # noqa: F401  (torch's extension builder runs its binary)
-    except ImportError as e:
+    if importlib.util.find_spec("ninja") is None:  # torch's extension builder runs its binary
         raise KernelError(f"the vnni runtimes build their kernels with ninja, which is not installed: pip install "
-                          f"ninja, or {FALLBACK}") from e
+                          f"ninja, or {FALLBACK}")
 
 
 @lru_cache(maxsize=1)

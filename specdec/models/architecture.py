@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specdec.errors import InputError, ModelError
+
+if TYPE_CHECKING:  # imported where a model is built: reading a config file needs no torch
+    import torch
 
 PREFIX = "arch:"
 SEED = 0

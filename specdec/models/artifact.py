@@ -86,13 +86,16 @@ def ensure(artifact: Artifact, build: Build, log: Log = print, *, hashes: bool =
             raise source_error(artifact, problem)
         marker = registry.read_marker(folder, MARKER) if folder.is_dir() else None
         stale = _marker_problem(artifact, marker)
-        source = fingerprint(source_dir, artifact.inputs, None if stale or rehash_source else marker["source"])
+        vouching = marker if stale is None else None  # a marker of this recipe, whole (a missing one is a problem)
+        source = fingerprint(source_dir, artifact.inputs,
+                             None if vouching is None or rehash_source else vouching["source"])
         if rehash_source and (problem := source_problem(source_dir, artifact.inputs, source)):
             raise source_error(artifact, problem)
-        stale = stale or _artifact_problem(folder, marker, source, hashes)
-        if stale is None:
-            if source != marker["source"]:  # same bytes, touched files: record the new mtimes, skip hashing next time
-                write_json(folder / MARKER, {**marker, "source": source})
+        if vouching is not None:
+            stale = _artifact_problem(folder, vouching, source, hashes)
+        if vouching is not None and stale is None:
+            if source != vouching["source"]:  # same bytes, touched files: record the new mtimes, skip hashing next time
+                write_json(folder / MARKER, {**vouching, "source": source})
             return folder
         if folder.exists():
             log(f"{folder} {stale}: building it again ...")
@@ -107,8 +110,8 @@ def fingerprint(folder: Path, names: tuple[str, ...], previous: dict | None = No
         path, known = folder / name, (previous or {}).get(name)
         stat = path.stat()
         entry = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-        same = isinstance(known, dict) and all(known.get(key) == value for key, value in entry.items())
-        out[name] = {**entry, "sha256": known["sha256"] if same else integrity.sha256_of(path)}
+        same = known if isinstance(known, dict) and all(known.get(key) == value for key, value in entry.items()) else None
+        out[name] = {**entry, "sha256": same["sha256"] if same is not None else integrity.sha256_of(path)}
     return out
 
 
@@ -191,13 +194,14 @@ def _marker_problem(artifact: Artifact, marker: dict | None) -> str | None:
     """Why the marker cannot vouch for the artifact, or None."""
     if marker is None:
         return f"has no readable {MARKER} (an interrupted build, or not ours)"
-    if marker.get("recipe") != artifact.recipe:
-        old = marker.get("recipe") if isinstance(marker.get("recipe"), dict) else {}
+    if (recorded := marker.get("recipe")) != artifact.recipe:
+        old = recorded if isinstance(recorded, dict) else {}
         changed = [key for key in {**old, **artifact.recipe} if old.get(key) != artifact.recipe.get(key)]
         return f"was built by another recipe ({', '.join(changed)} differ)"
     source, files = marker.get("source"), marker.get("files")
-    entries = [*source.values(), *files.values()] if isinstance(source, dict) and isinstance(files, dict) else [None]
-    if not all(isinstance(entry, dict) and {"size", "sha256"} <= set(entry) for entry in entries):
+    if not isinstance(source, dict) or not isinstance(files, dict):
+        return f"has a damaged {MARKER}"
+    if not all(isinstance(entry, dict) and {"size", "sha256"} <= set(entry) for entry in [*source.values(), *files.values()]):
         return f"has a damaged {MARKER}"
     if missing := [name for name in artifact.required if name not in files]:
         return f"has a {MARKER} that does not list {missing[0]}"

@@ -26,6 +26,7 @@ import re
 import struct
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -221,7 +222,8 @@ def whisper_tokenizer(tokenizer_json: Path, vocab_size: int, vocabulary_txt: Pat
     tokenizer = WhisperTokenizer(tokenizer_file=str(tokenizer_json), unk_token="<|endoftext|>", bos_token="<|endoftext|>",
                                  eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     first = len(tokenizer)
-    if first != tokenizer.convert_tokens_to_ids("<|notimestamps|>") + 1:
+    no_timestamps = cast(int, tokenizer.convert_tokens_to_ids("<|notimestamps|>"))  # one token in, one id out
+    if first != no_timestamps + 1:
         raise ModelError(f"{tokenizer_json}: <|notimestamps|> is not the last token: not a Whisper tokenizer")
     stamps = [f"<|{0.02 * i:.2f}|>" for i in range(vocab_size - first)]
     if vocabulary_txt is not None:
@@ -260,7 +262,8 @@ def convert_whisper(model_bin: Path, ct2_config: Path, tokenizer_json: Path, out
     lang_ids = sorted(getattr(model.generation_config, "lang_to_id", {}).values())
     if lang_ids and lang_ids != sorted(meta.get("lang_ids", [])):
         raise ModelError(f"{ct2_config}: lang_ids disagree with the tokenizer's language tokens")
-    model.generation_config.alignment_heads = meta.get("alignment_heads")
+    generation = model.generation_config
+    generation.alignment_heads = meta.get("alignment_heads")  # type: ignore[attr-defined]  # an undeclared GenerationConfig field
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     WhisperFeatureExtractor(feature_size=N_MELS).save_pretrained(out)

@@ -43,6 +43,7 @@ import json
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -221,7 +222,7 @@ def model_info(config) -> dict:
 
 def load_torch(model_dir: Path, attention: str = "sdpa"):
     """The HF model in float32 with `attention` (sdpa or rowwise), its type checked and every weight loaded."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
     try:
         config = AutoConfig.from_pretrained(model_dir)
@@ -230,8 +231,9 @@ def load_torch(model_dir: Path, attention: str = "sdpa"):
                              f"{' or '.join(MODEL_TYPES)} causal LMs")
         if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
             raise ModelError(f"{model_dir} has sliding-window layers, which the OpenVINO conversion does not mask")
-        model, info = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa",
-                                                           output_loading_info=True)
+        # output_loading_info: (model, what the load found), which transformers types as the model alone
+        model, info = cast(tuple[PreTrainedModel, dict], AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation="sdpa", output_loading_info=True))
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load {model_dir} for the OpenVINO conversion: {e}") from e
     if info["missing_keys"] or info["mismatched_keys"]:

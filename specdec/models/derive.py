@@ -84,7 +84,9 @@ def derive(model, ops: tuple[str, ...]):
         if op in INT8:
             model = quantize_int8(model, per_channel=op == "int8c", per_token=op == "int8t")
         else:
-            model = truncate_decoder(model, int(_DEC.match(op).group(1)))
+            layers = _DEC.match(op)
+            assert layers is not None  # parse_ops let only INT8 and decN through
+            model = truncate_decoder(model, int(layers.group(1)))
     if needs_float32(ops):
         give_back_memory()
     return model.eval()
@@ -183,7 +185,10 @@ class TokenScaledInt8(nn.Module):
 
     is the same, bit for bit, for a row alone or in any batch."""
 
-    def __init__(self, quantized: nn.Module) -> None:
+    row_sums: torch.Tensor  # buffers (register_buffer below)
+    anchor: torch.Tensor
+
+    def __init__(self, quantized: torch.ao.nn.quantized.dynamic.Linear) -> None:
         super().__init__()
         self.bias = quantized.bias()  # added after rescaling, not inside the scaled product
         weight = quantized.weight()

@@ -63,8 +63,8 @@ def fetch(alias: str, *, log: Log = print, progress: bool = True) -> Path:
                 log(f"the cached copy of {alias} is damaged ({registry.damage(alias)}): fetching it again ...")
             log(f"fetching {alias} ({entry.size / 1e6:.0f} MB, one time) ...")
             kept = registry.gguf_path(alias) if entry.format == "gguf" else None
-            reuse = kept and _kept(kept, entry, hashed=True)  # a re-fetch of a damaged folder downloads nothing
-            joined = kept if reuse else _joined(entry, work, log, progress)
+            # a kept GGUF that checks out: a re-fetch of a damaged folder downloads nothing
+            joined = kept if kept is not None and _kept(kept, entry, hashed=True) else _joined(entry, work, log, progress)
             log(f"converting to safetensors ({entry.dtype}) ...")
             tmp = final.with_name(alias + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)

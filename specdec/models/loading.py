@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import SafetensorError
@@ -48,7 +48,7 @@ class LoadedModel:
     @property
     def eos_ids(self) -> frozenset[int]:
         """Every id the model or its tokenizer declares as end of sequence."""
-        ids = set()
+        ids: set[int] = set()
         model = self.backend.model  # a torch model; llama.cpp's backend declares its own
         declared = getattr(model.generation_config, "eos_token_id", None) if model is not None else None
         for value in (self.tokenizer.eos_token_id, declared, self.backend.eos_ids):
@@ -136,8 +136,8 @@ def encode_text(tokenizer, text: str, system: str | None = None, chat_template: 
         rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
     else:
-        earlier = "".join(f"{user}\n\n{answer}\n\n" for user, answer in history)
-        ids = tokenizer((system + "\n\n" if system else "") + earlier + text)["input_ids"]
+        turns = "".join(f"{user}\n\n{answer}\n\n" for user, answer in history)
+        ids = tokenizer((system + "\n\n" if system else "") + turns + text)["input_ids"]
     return Prompt(torch.tensor(ids, dtype=torch.long), text=text)
 
 
@@ -246,7 +246,10 @@ def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] 
     specdec/models/architecture.py) and load it in `runtime` (specdec.backends.base.RUNTIMES; None: llamacpp for a
     `.gguf` file, else torch): the words parsed once into LoadSettings, then `load`."""
     runtime = runtime or ("llamacpp" if name.endswith(".gguf") else "torch")
-    return load(name, LoadSettings(dtype, runtime, device, kv_cache, cuda_graphs, llamacpp_extra_buffers, sessions), log)
+    settings = LoadSettings(dtype, runtime, device, parse(KVCache, kv_cache, "kv_cache"),
+                            parse(CudaGraphs, cuda_graphs, "cuda_graphs"),
+                            parse(ExtraBuffers, llamacpp_extra_buffers, "extra_buffers"), sessions)
+    return load(name, settings, log)
 
 
 def load(name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
@@ -272,7 +275,7 @@ def load_torch(name: str, settings: LoadSettings, log: Callable[[str], object] =
     """The torch runtimes. `NAME@OPS` (or a derived registry alias) loads NAME and derives an edge from it in memory
     (`specdec.models.derive`); int8 derivations run in float32 whatever the dtype says, and runtime torch-int8 is
     NAME@int8 (torch-int8t NAME@int8t)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
     from transformers.utils import logging as hf_logging
 
     from specdec.backends.omni_thinker import OMNI_MODEL_TYPES, default_feature_extractor, load_omni_thinker
@@ -323,8 +326,9 @@ def load_torch(name: str, settings: LoadSettings, log: Callable[[str], object] =
         feature_extractor = default_feature_extractor()
     else:
         with _load_errors(name, location), _verbosity(hf_logging, hf_logging.ERROR):  # its load report: ours below
-            model, info = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[run_dtype], output_loading_info=True,
-                                                               ignore_mismatched_sizes=True)
+            # output_loading_info: (model, what the load found), which transformers types as the model alone
+            model, info = cast(tuple[PreTrainedModel, dict], AutoModelForCausalLM.from_pretrained(
+                location, dtype=DTYPES[run_dtype], output_loading_info=True, ignore_mismatched_sizes=True))
         check_weights(name, location, info)
         steps = steps_of(kv_cache, device, cuda_graphs, static_capable(model) and not ops)
         if ops and steps != "dynamic":
@@ -432,7 +436,8 @@ def load_gguf(name: str, log: Callable[[str], object] = print, llamacpp_extra_bu
         tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": gguf.name} if from_file else {}))
     if (folder / "generation_config.json").is_file():  # the converted folder's stop tokens, as torch reads them
         declared = GenerationConfig.from_pretrained(folder).eos_token_id
-        backend.eos_ids |= frozenset(declared if isinstance(declared, (list, tuple)) else [declared] if declared is not None else [])
+        backend.eos_ids |= frozenset(declared if isinstance(declared, (list, tuple))
+                                     else [declared] if declared is not None else [])
     return LoadedModel(name, str(gguf), backend, tokenizer, time.perf_counter() - start, runtime="llamacpp")
 
 

@@ -162,9 +162,9 @@ def load_registry(path: Path = REGISTRY) -> dict[str, ModelEntry]:
         entries[alias] = replace(base, alias=alias, role=raw["role"], partner=raw["partner"], base=base.alias,
                                  derive=raw["derive"])
     entries = {alias: entries[alias] for alias in data}  # file order
-    for e in entries.values():
-        if e.partner not in entries or e.partner == e.alias:
-            raise ModelError(f"model registry entry {e.alias!r}: partner {e.partner!r} is not another entry")
+    for entry in entries.values():
+        if entry.partner not in entries or entry.partner == entry.alias:
+            raise ModelError(f"model registry entry {entry.alias!r}: partner {entry.partner!r} is not another entry")
     return entries
 
 

@@ -16,6 +16,7 @@ from specdec.remote.server import VerifierServer
 from specdec.remote.server_config import ServeConfig
 
 Serve = Callable[[asyncio.Event, Callable[[str, int], None]], Awaitable[None]]
+DEFAULT_SERVE = ServeConfig()  # frozen: one instance is every default server's settings
 
 
 class Background:
@@ -51,6 +52,6 @@ class BackgroundServer(Background):
             ...
     """
 
-    def __init__(self, model: LoadedModel, config: ServeConfig = ServeConfig()) -> None:
+    def __init__(self, model: LoadedModel, config: ServeConfig = DEFAULT_SERVE) -> None:
         self.server = VerifierServer(model, config)
         super().__init__(lambda stop, on_listening: self.server.serve(stop, on_listening), "verifier server")

@@ -11,7 +11,7 @@ import socket
 import ssl
 import time
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import msgspec
 import torch
@@ -45,6 +45,9 @@ from specdec.remote.protocol import (
     within,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
 MAX_REPLY_MB = 16  # a ready or a verdict is bytes long: a server may not send the edge more than this
 R = TypeVar("R", bound=Reply)
 
@@ -53,21 +56,23 @@ class CloudUnreachable(ConfigError):
     """The verifier server cannot be reached or refused us at the start: nothing was generated."""
 
 
-class Counting:
+class Counting(socket.socket):
     """A TCP socket that counts the bytes it sends and receives, and notes when bytes last arrived
     (the recv side runs on the WebSocket library's reader thread, which reads a reply as soon as it
-    lands even while the edge is busy drafting ahead; int increments are atomic under the GIL)."""
+    lands even while the edge is busy drafting ahead; int increments are atomic under the GIL).
+    A mixin: CountingSocket and CountingTLSSocket put it before the socket class that does the I/O."""
 
     sent = 0
     received = 0
     last_arrival = 0.0  # time.perf_counter() of the last bytes read
 
-    def sendall(self, data, *args) -> None:
-        super().sendall(data, *args)
-        self.sent += len(data)
+    # The signatures of ssl.SSLSocket's (a plain socket's take the same arguments, positionally).
+    def sendall(self, data: ReadableBuffer, flags: int = 0) -> None:
+        super().sendall(data, flags)
+        self.sent += memoryview(data).nbytes
 
-    def recv(self, size, *args) -> bytes:
-        data = super().recv(size, *args)
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        data = super().recv(buflen, flags)
         self.last_arrival = time.perf_counter()
         self.received += len(data)
         return data
@@ -107,7 +112,7 @@ class RemoteCloud:
         self.ws: ClientConnection | None = None
         self.sock: Counting | None = None
         self.server: Ready | None = None  # what the server said it is (its `ready`), once connected
-        self.landed: bytes | None = None  # a reply read early (`reply_landed`), not yet taken by `receive`
+        self.landed: bytes | str | None = None  # a reply read early (`reply_landed`), not yet taken by `receive`
         self.handshake_s: float | None = None
 
     # -- connection ------------------------------------------------------------------------------
@@ -128,7 +133,9 @@ class RemoteCloud:
             self.ws = connect(f"{scheme}://{self.host}:{self.port}/", sock=self.sock, open_timeout=self.connect_timeout_s,
                               max_size=MAX_REPLY_MB << 20, compression=None, close_timeout=1, ssl=self.tls,
                               server_hostname=self.host if self.tls else None)
-            self.sock = self.ws.socket  # over TLS: the wrapping socket, which counts the same way
+            sock = self.ws.socket  # over TLS: the wrapping socket, which counts the same way
+            assert isinstance(sock, Counting)  # ours, or the TLS context's sslsocket_class (CountingTLSSocket) around it
+            self.sock = sock
             start = time.perf_counter()
             self.send(Hello(schema=SCHEMA, token=self.token))
             ready = self.receive(Ready, self.connect_timeout_s)
@@ -159,9 +166,25 @@ class RemoteCloud:
                 pass
         self.ws, self.sock, self.landed = None, None, None
 
+    def _connection(self) -> ClientConnection:
+        """The live WebSocket: a session exists only once `open` connected, and a lost connection ended it with
+        CloudLost before anything else was sent or read on it."""
+        assert self.ws is not None, f"not connected to the cloud verifier at {self.url}"
+        return self.ws
+
+    def _socket(self) -> Counting:
+        """The counting socket under the live WebSocket (as `_connection`)."""
+        assert self.sock is not None, f"not connected to the cloud verifier at {self.url}"
+        return self.sock
+
+    def _ready(self) -> Ready:
+        """The server's `ready`, which the Cloud interface reads once connected (`connect` holds it or raises)."""
+        assert self.server is not None, f"the cloud verifier at {self.url} was never connected"
+        return self.server
+
     def send(self, message: Message) -> None:
         try:
-            self.ws.send(encode(message))
+            self._connection().send(encode(message))
         except (ConnectionClosed, OSError) as e:
             self.close()
             raise CloudLost(f"the cloud verifier at {self.url} is gone: {e}") from None
@@ -170,7 +193,7 @@ class RemoteCloud:
         """Has a reply arrived? Never blocks: one that has is kept for `receive`."""
         if self.landed is None:
             try:
-                self.landed = self.ws.recv(timeout=0)
+                self.landed = self._connection().recv(timeout=0)
             except TimeoutError:
                 return False
             except ConnectionClosed:
@@ -185,7 +208,7 @@ class RemoteCloud:
         if raw is None:
             timeout_s = self.timeout_s if timeout_s is None else timeout_s
             try:
-                raw = self.ws.recv(timeout=timeout_s)
+                raw = self._connection().recv(timeout=timeout_s)
             except TimeoutError:
                 self.close()
                 raise CloudLost(f"no reply from the cloud verifier at {self.url} within {timeout_s:g} s") from None
@@ -203,9 +226,10 @@ class RemoteCloud:
         if isinstance(reply, Refusal):
             self.close()
             raise CloudLost(f"the cloud verifier at {self.url} refused: {reply.message}")
+        assert isinstance(reply, expect)  # decode returns one of the types asked for, and it is not the refusal
         return reply
 
-    def violated(self, reason: str) -> None:
+    def violated(self, reason: str) -> NoReturn:
         """A reply that breaks the protocol fails this prompt as a lost cloud would, with the reason."""
         self.close()
         raise CloudLost(f"the cloud verifier at {self.url} broke the protocol: {reason}")
@@ -213,11 +237,11 @@ class RemoteCloud:
     # -- the Cloud interface -----------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
-        return self.server.vocab_size
+        return self._ready().vocab_size
 
     @property
     def accepts_audio(self) -> bool:
-        return self.server.accepts_audio
+        return self._ready().accepts_audio
 
     def open(self, prompt: Prompt, spec: SpecConfig, decode_config: DecodeConfig, constraints: Constraints, vocab: int,
              generator: torch.Generator) -> RemoteCloudSession:
@@ -254,7 +278,8 @@ class RemoteCloudSession:
     """One session. `server_length` is how much of the accepted sequence the server holds."""
 
     def __init__(self, cloud: RemoteCloud, opening: Open, send_probs: bool, topn: int | None) -> None:
-        self.cloud, self.opening, self.vocab = cloud, opening, opening.vocab
+        self.cloud, self.vocab = cloud, opening.vocab
+        self.opening: Open | None = opening  # sent with the first verify, then None
         self.has_features = opening.features is not None
         # Expected send -> verdict time: the handshake's bare round trip until a verify is measured,
         # then the round trips so far (EMA, alpha 0.5). Drafting ahead stops at its expected end.
@@ -271,7 +296,7 @@ class RemoteCloudSession:
     def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
         """Send a block (and, the first time, the session's `open` right before it); the verdict
         is read by `receive`, so the edge can draft meanwhile."""
-        cloud, sock = self.cloud, self.cloud.sock
+        cloud, sock = self.cloud, self.cloud._socket()
         self.pending = PendingVerify(sock.sent, sock.received, time.perf_counter(), seq.length, draft_tokens.numel(),
                                      with_open=self.opening is not None)
         if self.opening is not None:
@@ -287,7 +312,8 @@ class RemoteCloudSession:
         return self.cloud.reply_landed()
 
     def receive(self) -> Verdict:
-        pending, sock = self.pending, self.cloud.sock
+        pending, sock = self.pending, self.cloud._socket()
+        assert pending is not None, "receive follows send"  # CloudLink reads a verdict only for a block it sent
         reply = self.cloud.receive(VerdictReply)
         # Checked against what was sent before any of it is used: a server cannot index the edge out of range.
         try:

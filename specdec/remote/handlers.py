@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
@@ -119,7 +119,8 @@ def session_of(server: Server, ws: ServerConnection) -> ServerSession:
     return session
 
 
-Handler = Callable[[Server, ServerConnection, Request], Awaitable[None]]
+# A handler takes its own request class (Any here: a table cannot tie each key's class to its value's argument).
+Handler = Callable[[Server, ServerConnection, Any], Awaitable[None]]
 # The requests a session's connection takes after `hello`, in the order a refusal lists them.
 HANDLERS: dict[type[Request], Handler] = {
     Open: on_open, Verify: on_verify, Generate: on_generate, Close: on_close, StatsRequest: on_stats,

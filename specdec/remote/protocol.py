@@ -120,11 +120,14 @@ def check_token_ids(name: str, ids: list[int], vocab: int, max_len: int | None =
 
 # -- the schema ----------------------------------------------------------------------------------
 class Message(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
-    """A message: a msgpack map whose `type` is its class's tag."""
+    """A message: a msgpack map whose `type` is its class's tag. (Every subclass says frozen=True again: msgspec
+    inherits it, but a type checker reads each class's own keywords.)"""
 
     @classmethod
     def kind(cls) -> str:
-        return cls.__struct_config__.tag
+        tag = cls.__struct_config__.tag
+        assert isinstance(tag, str)  # every message's tag is its class's word (tag="hello", ...), never an int
+        return tag
 
     @classmethod
     def field_name(cls, path: str) -> str:
@@ -135,7 +138,7 @@ class Message(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
         """The rules its types cannot say; `decode` runs it. Raises ProtocolError."""
 
 
-class Request(Message):
+class Request(Message, frozen=True):
     """Edge -> cloud. A refusal names a field as `field 'name'` (what a client of the server reads)."""
 
     @classmethod
@@ -143,16 +146,16 @@ class Request(Message):
         return f"field {path!r}"
 
 
-class Reply(Message):
+class Reply(Message, frozen=True):
     """Cloud -> edge. A broken one names its field as `kind.name`."""
 
 
-class Hello(Request, tag="hello"):
+class Hello(Request, tag="hello", frozen=True):
     schema: int
     token: str | None = None
 
 
-class Open(Request, tag="open"):
+class Open(Request, tag="open", frozen=True):
     """A session: the prompt, the edge's decoding settings, its stop ids and vocabulary, the audio once."""
 
     # The edge's decoding settings among the fields: what a result record also carries (a fleet replays
@@ -187,7 +190,7 @@ class Followed(msgspec.Struct, kw_only=True, frozen=True):
     token: int | None = None  # nil: keep the server's own token (the recording took none: its budget ended)
 
 
-class Verify(Request, tag="verify"):
+class Verify(Request, tag="verify", frozen=True):
     base: int
     new: list[int]
     draft: Annotated[list[int], msgspec.Meta(max_length=MAX_DRAFT_TOKENS)]
@@ -201,11 +204,11 @@ class Verify(Request, tag="verify"):
                 within("verify.follow.token", self.follow.token, 0, None)
 
 
-class Generate(Request, tag="generate"):
+class Generate(Request, tag="generate", frozen=True):
     pass
 
 
-class StatsRequest(Request, tag="stats"):
+class StatsRequest(Request, tag="stats", frozen=True):
     since: int
 
     def check(self) -> None:
@@ -213,11 +216,11 @@ class StatsRequest(Request, tag="stats"):
             raise ProtocolError(f"stats: since must be >= 0, got {self.since}")
 
 
-class Close(Request, tag="close"):
+class Close(Request, tag="close", frozen=True):
     pass
 
 
-class Ready(Reply, tag="ready"):
+class Ready(Reply, tag="ready", frozen=True):
     schema: int
     model: str
     vocab_size: int
@@ -232,7 +235,7 @@ class Ready(Reply, tag="ready"):
         within("ready.vocab_size", self.vocab_size, 1, None)
 
 
-class VerdictReply(Reply, tag="verdict"):
+class VerdictReply(Reply, tag="verdict", frozen=True):
     accepted: int
     token: int
     tokens_in: int
@@ -246,7 +249,7 @@ class VerdictReply(Reply, tag="verdict"):
             within(f"verdict.{name}", getattr(self, name), 0, None)
 
 
-class Generated(Reply, tag="generated"):
+class Generated(Reply, tag="generated", frozen=True):
     tokens: list[int]
     stopped_by: str
     queue_s: list[float]
@@ -254,13 +257,13 @@ class Generated(Reply, tag="generated"):
     batch: list[int]
 
 
-class StatsReply(Reply, tag="stats"):
+class StatsReply(Reply, tag="stats", frozen=True):
     batches: list[dict[str, Any]]
     next: int
     live: dict[str, int] | None = None
 
 
-class Refusal(Reply, tag="error"):
+class Refusal(Reply, tag="error", frozen=True):
     code: str
     message: str
 
@@ -348,7 +351,7 @@ def _placed(cls: type[Message], error: str) -> str:
     if " - at `key` in " in error:
         return f"{cls.kind()}: a map's keys must be strings"
     said = _EXPECTED.match(at["problem"]) if at else None
-    if not said:
+    if not at or not said:
         return f"{cls.kind()}: {' '.join(error.split())}"
     expected = " or ".join("None" if t in ("null", "None") else _PYTHON_NAMES.get(t, t) for t in said["expected"].split(" | "))
     got = f", got {_PYTHON_NAMES.get(said['got'], said['got'])}" if said["got"] else ""
@@ -392,7 +395,8 @@ def read_token(path: str | Path) -> str:
     try:
         token = Path(path).read_text().strip()
     except OSError as e:
-        raise ConfigError(f"cannot read token file {path}: {e.strerror}; give a readable file holding the shared secret") from None
+        raise ConfigError(f"cannot read token file {path}: {e.strerror}; give a readable file holding the shared "
+                          "secret") from None
     if not token:
         raise ConfigError(f"token file {path} is empty: put a shared secret in it")
     return token

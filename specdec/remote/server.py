@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import msgspec
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
@@ -52,14 +53,15 @@ class VerifierServer:
         self.sessions: dict[ServerConnection, ServerSession] = {}
         self.answering: set[ServerConnection] = set()  # connections with a request not yet answered
         self.connections = 0  # open now
-        ready = dict(schema=SCHEMA, vocab_size=model.backend.vocab_size, tokenizer_sha256=tokenizer_sha256(model.tokenizer),
-                     accepts_audio=model.backend.accepts_audio, runtime=model.runtime,
-                     device=str(model.backend.device or "cpu"), follows=config.follow_verdicts,
-                     kv_cache=server_cache(model.backend))
+        ready = Ready(schema=SCHEMA, model=model.name, vocab_size=model.backend.vocab_size,
+                      tokenizer_sha256=tokenizer_sha256(model.tokenizer), accepts_audio=model.backend.accepts_audio,
+                      runtime=model.runtime, device=str(model.backend.device or "cpu"), follows=config.follow_verdicts,
+                      kv_cache=server_cache(model.backend))
         # A client on this machine gets the model's folder (`specbench score` loads the cloud from the
         # records); one elsewhere only the folder's name: the server's file layout is not its business.
-        self.ready = encode(Ready(model=model.name, **ready))
-        self.ready_remote = encode(Ready(model=Path(model.name).name if Path(model.name).is_dir() else model.name, **ready))
+        self.ready = encode(ready)
+        self.ready_remote = encode(msgspec.structs.replace(
+            ready, model=Path(model.name).name if Path(model.name).is_dir() else model.name))
         self.stats = {"connections": 0, "sessions": 0, "verifies": 0, "generated": 0, "errors": 0, "refused": 0}
 
     async def handle(self, ws: ServerConnection) -> None:

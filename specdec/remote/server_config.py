@@ -19,11 +19,15 @@ class ServeConfig:
     session_ttl_s: float = field(default=300.0, metadata={"help": "free a session after this many idle seconds"})
     max_message_mb: float = field(default=64.0, metadata={"help": "largest message accepted (MiB)"})
     token: str | None = field(default=None, metadata={"help": "shared secret every session must present"})
-    max_batch: int = field(default=16, metadata={"help": "verify requests of different sessions run as one forward, at most this many (1: unbatched)"})
-    batch_window_ms: float = field(default=0.0, metadata={"help": "wait this long for more requests before a forward (0: batch only what already queued)"})
+    max_batch: int = field(default=16, metadata={"help": "verify requests of different sessions run as one forward, at most "
+                                                          "this many (1: unbatched)"})
+    batch_window_ms: float = field(default=0.0, metadata={"help": "wait this long for more requests before a forward (0: batch "
+                                                                  "only what already queued)"})
     max_connections: int = field(default=256, metadata={"help": "open connections at most; one more is refused at once"})
-    idle_timeout_s: float = field(default=30.0, metadata={"help": "close a connection that holds no session after this many idle seconds"})
-    max_sessions_per_client: int | None = field(default=None, metadata={"help": "open sessions per client address at most (default: --max-sessions)"})
+    idle_timeout_s: float = field(default=30.0, metadata={"help": "close a connection that holds no session after this many "
+                                                                  "idle seconds"})
+    max_sessions_per_client: int | None = field(default=None, metadata={"help": "open sessions per client address at most "
+                                                                                "(default: --max-sessions)"})
     share_stats: bool = field(default=False, metadata={"help": "`stats` shows every client the whole batch log (default: "
                                                               "only the forwards that served the asking client's address)"})
     follow_verdicts: bool = field(default=False, metadata={

@@ -136,6 +136,7 @@ class ServerSession:
     def follow(self, own: Verdict) -> Verdict:
         """The followed verdict in place of `own` (a token left nil keeps its own), and whether they agreed."""
         kept = self.following
+        assert kept is not None  # called only for a followed verify (decide checks `following` first)
         token = own.next_token if kept.token is None else kept.token
         self.agreed = (own.accepted, own.next_token) == (kept.accepted, token)
         return replace(own, accepted=kept.accepted, next_token=token)

@@ -9,7 +9,9 @@ it is sent, only fewer are sent.
 """
 from __future__ import annotations
 
-from specdec.core.block_length import constant, entropy, heuristic, pmin  # noqa: F401  (each registers itself)
+import importlib
+import pkgutil
+
 from specdec.core.block_length.rules import (
     SCHEDULES,
     STOPS,
@@ -20,5 +22,8 @@ from specdec.core.block_length.rules import (
     make_stop,
     parse_stop,
 )
+
+for _module in pkgutil.iter_modules(__path__):  # each rule file registers itself
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["SCHEDULES", "STOPS", "DraftStop", "KSchedule", "block_size", "make_schedule", "make_stop", "parse_stop"]

@@ -67,7 +67,7 @@ def parse_stop(text: str) -> tuple[str, float | None]:
 
 def make_stop(text: str) -> DraftStop | None:
     name, parameter = parse_stop(text)
-    return None if name == "none" else STOPS[name](parameter)
+    return None if parameter is None else STOPS[name](parameter)  # parse_stop: no parameter for "none" only
 
 
 def make_schedule(name: str, k_max: int) -> KSchedule:

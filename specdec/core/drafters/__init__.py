@@ -38,4 +38,5 @@ for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["DRAFTERS", "DRAFTS_AHEAD", "NEEDS_MODEL", "OPTIONS", "WEIGHS_RUNTIMES", "DraftContext", "DraftFree", "DrafterOption",
-           "DraftNote", "Drafter", "Proposal", "Router", "describe_options", "drafter_options", "make_drafter", "plain_step", "register_drafter"]
+           "DraftNote", "Drafter", "Proposal", "Router", "describe_options", "drafter_options", "make_drafter", "plain_step",
+           "register_drafter"]

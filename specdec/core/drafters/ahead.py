@@ -62,9 +62,9 @@ class DraftAhead:
         """While the block is verified remotely: guess the bonus, then draft up to next_n tokens
         after it (the next block's size), stopping as soon as the reply is in (checked between forwards) or the next
         forward would end after the verdict's expected arrival."""
-        self.chosen = (next_n >= 1 and in_flight.deadline is not None
-                       and (self.governor is None or self.governor.choose()))
-        if self.chosen and self.fits(in_flight.deadline):
+        deadline = in_flight.deadline  # None: a verify in process, nothing to overlap with
+        self.chosen = next_n >= 1 and deadline is not None and (self.governor is None or self.governor.choose())
+        if self.chosen and deadline is not None and self.fits(deadline):
             block = proposal.tokens.tolist()
             history = seq.generated + block
             guess, _, _ = self.drafter.step(torch.tensor(block[-1:]), history)
@@ -72,7 +72,7 @@ class DraftAhead:
             history.append(self.guess)
             feed = guess.view(1)
             while (len(self.ahead) < next_n and not self.ahead_stopped and not in_flight.ready()
-                   and self.fits(in_flight.deadline)):
+                   and self.fits(deadline)):
                 token, dist, self.ahead_stopped = self.drafter.step(feed, history)
                 self.ahead.append((token, dist))
                 history.append(int(token))

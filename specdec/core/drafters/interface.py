@@ -77,9 +77,19 @@ class DraftNote:
 
 
 class Drafter(Protocol):
-    name: str
-    compute_s: float  # seconds spent proposing in this generation (a model drafter: its forwards)
-    prefill_s: float  # the first proposal's share of it that read the prompt (0 for draft-free drafters)
+    # What the loop reads of a drafter (an attribute or a property: DraftAhead passes its drafter's on).
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def compute_s(self) -> float:
+        """Seconds spent proposing in this generation (a model drafter: its forwards)."""
+        ...
+
+    @property
+    def prefill_s(self) -> float:
+        """The first proposal's share of compute_s that read the prompt (0 for draft-free drafters)."""
+        ...
 
     def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
         """Up to k (>= 1) tokens after `seq`; fewer if the drafter has no more to propose, none if it has none."""

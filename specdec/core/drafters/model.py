@@ -30,6 +30,7 @@ class ModelDrafter:
     name = "model"
 
     def __init__(self, context: DraftContext) -> None:
+        assert context.edge is not None  # make_drafter refuses a needs_model drafter without an edge model
         self.session = Session(context.edge, context.prompt)
         self.vocab, self.constraints, self.generator = context.vocab, context.constraints, context.generator
         self.temperature, self.topn, self.stop_rule = context.temperature, context.topn, context.stop_rule

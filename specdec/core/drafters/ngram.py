@@ -67,7 +67,7 @@ class NgramCache(DraftFree):
     def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
         start = time.perf_counter()
         self.count(seq)  # the prompt, on the first block
-        context, draft = seq.ids[-self.table.max_ngram :].tolist(), []
+        context, draft = seq.ids[-self.table.max_ngram :].tolist(), list[int]()
         while len(draft) < k and (token := self.table.continuation(context + draft, self.min_count)) is not None:
             draft.append(token)
         self.compute_s += time.perf_counter() - start

@@ -6,8 +6,12 @@ from collections.abc import Callable
 
 import torch
 
+# (draft_tokens, draft_probs, cloud_logits, cloud_probs, do_sample, generator) -> (accepted, next_token), as the
+# package's docstring says. draft_probs None: a draft-free proposal; cloud_probs None: a policy that reads the logits
+# alone (`needs_probs = False`, greedy) under greedy decoding, which skips the softmax.
 Policy = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool, torch.Generator], tuple[int, torch.Tensor]
+    [torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None, bool, torch.Generator],
+    tuple[int, torch.Tensor],
 ]
 PolicyFactory = Callable[[float], Policy]  # accept_threshold -> the policy one generation uses
 
