@@ -56,4 +56,5 @@ def test_real(benchmark, real_pair, mode):
     if not (info.get("equals_cloud", True) and info.get("equals_engine_spec", True)):
         # bf16: a k+1-token verify forward and step-by-step decoding round differently, so a
         # near-tie argmax may flip; recorded in extra_info, not a failure.
-        warnings.warn(f"{mode}: greedy output differs from the reference (bf16 rounding?): {info}")
+        warnings.warn(f"{mode}: greedy output differs from the reference (bf16 rounding?): {info}",
+                      stacklevel=1)  # the test itself is the place to point at, not pytest's caller

@@ -4,6 +4,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import json
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -62,3 +64,18 @@ def plain(pair):
                 engine.close()
         return found[runtime]
     return of
+
+
+# Headless Chromium for the tests that open a report in a browser (tests/test_report.py, tests/test_fonts.py).
+@pytest.fixture(scope="session")
+def chromium():
+    """Headless Chromium; installed from Debian when missing (skipped only when apt is unavailable)."""
+    found = shutil.which("chromium")
+    if found is None:
+        if shutil.which("apt-get") is None:
+            pytest.skip("chromium is not installed and apt-get is unavailable to install it")
+        for command in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+            assert done.returncode == 0, f"{' '.join(command)} failed: {done.stderr[-2000:]}"
+        found = shutil.which("chromium")
+    return found

@@ -1,7 +1,8 @@
 """Hypothesis strategies for the verifier protocol (`specdec.remote.protocol`), derived from its
-schema (the message types and their fields are read from the protocol's classes): every message type, well-typed and not (wrong types, huge and negative numbers, NaN, deep
-nesting, truncated and oversized msgpack, unknown fields), in generated orders (verify before open,
-two opens, close twice). Used by tests/test_fuzz_protocol.py, for the server and for the client."""
+schema (the message types and their fields are read from the protocol's classes): every message
+type, well-typed and not (wrong types, huge and negative numbers, NaN, deep nesting, truncated and
+oversized msgpack, unknown fields), in generated orders (verify before open, two opens, close twice).
+Used by tests/test_fuzz_protocol.py, for the server and for the client."""
 from __future__ import annotations
 
 import math
@@ -99,7 +100,8 @@ def _structs_in(annotation) -> list[type]:
 NESTED_FIELDS = {cls.kind(): {name: list(structs[0].__struct_fields__) for name, hint in typing.get_type_hints(cls).items()
                               if (structs := _structs_in(hint))} for cls in REQUESTS}
 KINDS = list(SCHEMA_FIELDS)
-WEIGHTED = ["verify", "verify", "verify", "verify", "generate", "generate", "open", "stats", "close", "open", "hello"]  # first: likeliest
+# first: likeliest
+WEIGHTED = ["verify", "verify", "verify", "verify", "generate", "generate", "open", "stats", "close", "open", "hello"]
 
 
 @st.composite

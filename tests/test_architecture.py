@@ -329,7 +329,7 @@ def test_a_file_name_means_one_thing():
     escalation gate and the regression gate were both `gate.py`. `registry.py` is a role of its own:
     a package's table of names (the policies', the models')."""
     by_name: dict[str, list[str]] = {}
-    for name, path in modules().items():
+    for path in modules().values():
         rel = path.relative_to(ROOT)
         if path.name in ("__init__.py", "conftest.py") or rel.parts[:2] == ("bench", "commands"):
             continue

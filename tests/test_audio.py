@@ -122,7 +122,8 @@ def write_manifest(folder, records, name="manifest.jsonl"):
 MER_RECORDS = [
     {"id": "sample_00000001", "audio": "audio/a.wav", "prompt_type": "detailed", "language": "Chinese",
      "reference": "中年男声低沉急促，带着愤怒。", "emotion": "angry"},
-    {"id": "sample_00000002", "audio": "audio/b.wav", "prompt_type": "concise", "language": "zh", "reference": "女声清脆，充满喜悦。"},
+    {"id": "sample_00000002", "audio": "audio/b.wav", "prompt_type": "concise", "language": "zh",
+     "reference": "女声清脆，充满喜悦。"},
     {"id": "own-prompt", "audio": "audio/a.wav", "prompt": "Describe the voice.", "prompt_type": "concise", "language": "en"},
 ]
 

@@ -104,7 +104,8 @@ def test_a_native_crash_is_the_entrys_error_and_the_calibration_goes_on(home, mo
     assert measured == {"model": "m", "runtime": "llamacpp", "threads": 1, "error": "a native crash (SIGSEGV)"}
     isolated, fake = calibrate.measure_isolated, FakeMeasure()
     monkeypatch.setattr(calibrate, "measure_isolated", lambda model, runtime, threads, rounds: (
-        isolated(model, runtime, threads, rounds, target=segfault) if runtime == "llamacpp" else fake(model, runtime, threads, rounds)))
+        isolated(model, runtime, threads, rounds, target=segfault) if runtime == "llamacpp"
+        else fake(model, runtime, threads, rounds)))
     monkeypatch.setattr(calibrate, "measure_bandwidth", lambda threads: 20.0)
     crashed, measured = calibrate.calibration(["m"], ["llamacpp", "torch"], threads=1, progress=False)["entries"]
     assert (crashed["error"], crashed["step_ms"]) == ("a native crash (SIGSEGV)", None)

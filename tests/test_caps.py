@@ -16,7 +16,8 @@ def thread_affinities() -> set[tuple[int, ...]]:
 
 
 def test_pin_cores_moves_every_existing_thread_and_sizes_the_pools():
-    before, torch_threads, env = sorted(os.sched_getaffinity(0)), torch.get_num_threads(), {v: os.environ.get(v) for v in POOL_VARS}
+    before, torch_threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    env = {v: os.environ.get(v) for v in POOL_VARS}
     started, stop = threading.Event(), threading.Event()
     waiting = threading.Thread(target=lambda: (started.set(), stop.wait()))
     waiting.start()

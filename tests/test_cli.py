@@ -21,7 +21,8 @@ REQUIRED = (
 @pytest.fixture
 def prompts(tmp_path):
     path = tmp_path / "prompts.jsonl"
-    lines = [{"id": f"p{i}", "prompt": text} for i, text in enumerate(["hello world", "what is one two", "yes no . ,", "say three"])]
+    texts = ["hello world", "what is one two", "yes no . ,", "say three"]
+    lines = [{"id": f"p{i}", "prompt": text} for i, text in enumerate(texts)]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     return path
 
@@ -37,7 +38,8 @@ def read(out):
 def test_spec_run_writes_contract_fields(pair, prompts, tmp_path):
     out = tmp_path / "spec"
     code = run_cli("--mode", "spec", "--edge", pair["edge"], "--cloud", pair["cloud"], "--prompts", prompts,
-                   "--out", out, "--max-new-tokens", 12, "--k", 3, "--entropy-threshold", 0, "--policy", "greedy", "--dtype", "float32")
+                   "--out", out, "--max-new-tokens", 12, "--k", 3, "--entropy-threshold", 0, "--policy", "greedy",
+                   "--dtype", "float32")
     assert code == 0
     rows = read(out)
     assert [r["id"] for r in rows] == ["p0", "p1", "p2", "p3"]
@@ -101,17 +103,23 @@ def _write(tmp_path, text, name="bad.jsonl"):
     "case,extra,message",
     [
         ("unknown model", ["--mode", "edge", "--edge", "no-such-model"], "unknown model 'no-such-model'"),
-        ("missing prompts", ["--mode", "edge", "--edge", "EDGE", "--prompts", "missing.jsonl"], "prompts file 'missing.jsonl' not found"),
+        ("missing prompts", ["--mode", "edge", "--edge", "EDGE", "--prompts", "missing.jsonl"],
+         "prompts file 'missing.jsonl' not found"),
         ("malformed line", ["--mode", "edge", "--edge", "EDGE", "--prompts", "MALFORMED"], "line 2 is not valid JSON"),
         ("empty prompt", ["--mode", "edge", "--edge", "EDGE", "--prompts", "EMPTY"], "has an empty prompt"),
         ("k < 1", ["--mode", "spec", "--edge", "EDGE", "--cloud", "CLOUD", "--k", "0"], "k must be >= 1, got 0"),
-        ("accept threshold", ["--mode", "spec", "--edge", "EDGE", "--cloud", "CLOUD", "--accept-threshold", "1.5"], "must be in [0, 1], got 1.5"),
-        ("negative entropy", ["--mode", "spec", "--edge", "EDGE", "--cloud", "CLOUD", "--entropy-threshold", "-1"], "entropy_threshold must be >= 0"),
-        ("nan entropy", ["--mode", "spec", "--edge", "EDGE", "--cloud", "CLOUD", "--entropy-threshold", "nan"], "entropy_threshold must be >= 0"),
+        ("accept threshold", ["--mode", "spec", "--edge", "EDGE", "--cloud", "CLOUD", "--accept-threshold", "1.5"],
+         "must be in [0, 1], got 1.5"),
+        ("negative entropy", ["--mode", "spec", "--edge", "EDGE", "--cloud", "CLOUD", "--entropy-threshold", "-1"],
+         "entropy_threshold must be >= 0"),
+        ("nan entropy", ["--mode", "spec", "--edge", "EDGE", "--cloud", "CLOUD", "--entropy-threshold", "nan"],
+         "entropy_threshold must be >= 0"),
         ("spec without cloud", ["--mode", "spec", "--edge", "EDGE"], "--mode spec needs --cloud MODEL"),
         ("spec without models", ["--mode", "spec"], "--mode spec needs --edge MODEL and --cloud MODEL"),
-        ("audio to text model", ["--mode", "edge", "--edge", "EDGE", "--prompts", "AUDIO"], "is text-only but the prompt has audio"),
-        ("sample policy greedy", ["--mode", "spec", "--edge", "EDGE", "--cloud", "CLOUD", "--policy", "sample"], "needs temperature > 0"),
+        ("audio to text model", ["--mode", "edge", "--edge", "EDGE", "--prompts", "AUDIO"],
+         "is text-only but the prompt has audio"),
+        ("sample policy greedy", ["--mode", "spec", "--edge", "EDGE", "--cloud", "CLOUD", "--policy", "sample"],
+         "needs temperature > 0"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(pair, prompts, tmp_path, capsys, case, extra, message):

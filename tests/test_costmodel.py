@@ -31,11 +31,11 @@ from bench.derive.costmodel import (
 from specdec.core.trace import Counters, Cycle, Generation
 from specdec.errors import ConfigError
 
-T_D, A, B, O = 0.01, 0.02, 0.005, 0.001  # edge step, verify a + b·T, verify overhead (seconds)
+T_D, A, B, T_O = 0.01, 0.02, 0.005, 0.001  # edge step, verify a + b·T, verify overhead (seconds)
 
 
 def inputs(alpha=0.5, k=2, rtt_s=0.05, **extra) -> CostInputs:
-    return CostInputs(draft_step_s=T_D, verify_a_s=A, verify_b_s_per_token=B, verify_overhead_s=O,
+    return CostInputs(draft_step_s=T_D, verify_a_s=A, verify_b_s_per_token=B, verify_overhead_s=T_O,
                       acceptance=Acceptance.geometric(alpha, k), link=Link(rtt_s), **extra)
 
 
@@ -51,14 +51,14 @@ def test_the_textbook_expected_length_is_a_special_case():
 def test_sequential_split_and_co_located_cycles():
     x = inputs()  # E = (1 - 0.5^3) / 0.5 = 1.75 tokens per cycle
     seq = sequential(x)
-    assert seq.cycle_s == pytest.approx(2 * T_D + O + 0.05 + A + B * 3)  # 0.106
+    assert seq.cycle_s == pytest.approx(2 * T_D + T_O + 0.05 + A + B * 3)  # 0.106
     assert seq.time_per_token_s == pytest.approx(0.106 / 1.75)
     assert seq.tokens_per_s == pytest.approx(1.75 / 0.106)  # no prefill given
     assert seq.cloud_calls_per_token == pytest.approx(1 / 1.75)
     near = colocated(x)
-    assert near.cycle_s == pytest.approx(2 * T_D + O + A + B * 3)  # 0.056: no link
+    assert near.cycle_s == pytest.approx(2 * T_D + T_O + A + B * 3)  # 0.056: no link
     assert near.uplink_bytes_per_token == 0
-    assert cloud_only(x).time_per_token_s == pytest.approx(A + B + O)
+    assert cloud_only(x).time_per_token_s == pytest.approx(A + B + T_O)
 
 
 def test_prefill_is_paid_once_per_generation():
@@ -82,7 +82,7 @@ def test_drafting_ahead_keeps_a_block_only_when_whole_and_guessed():
     shared = inputs(rtt_s=0.01, overlap=True, cores_shared=True)
     assert drafting_ahead(shared).cycle_s == pytest.approx(0.0175 + 0.046 + 0.02)
     # nothing ever kept (a guess that is never right): drafting ahead costs nothing, gains nothing
-    never = CostInputs(draft_step_s=T_D, verify_a_s=A, verify_b_s_per_token=B, verify_overhead_s=O, link=Link(0.05),
+    never = CostInputs(draft_step_s=T_D, verify_a_s=A, verify_b_s_per_token=B, verify_overhead_s=T_O, link=Link(0.05),
                        acceptance=Acceptance.geometric(0.5, 2, guess_rate=0.0))
     assert drafting_ahead(never).cycle_s == pytest.approx(sequential(never).cycle_s)
 
@@ -97,9 +97,9 @@ def test_a_short_last_block_counts_as_measured():
 def test_a_server_of_n_edges_and_the_papers_capacity_factor():
     x = inputs(rtt_s=0.0)
     per_edge, server = server_tokens_per_s(x, 4)
-    assert per_edge == pytest.approx(1.75 / (2 * T_D + O + A + B * 4 * 3))
+    assert per_edge == pytest.approx(1.75 / (2 * T_D + T_O + A + B * 4 * 3))
     assert server == pytest.approx(4 * per_edge)
-    assert cloud_server_tokens_per_s(x, 4) == pytest.approx(4 / (A + B * 4 + O))
+    assert cloud_server_tokens_per_s(x, 4) == pytest.approx(4 / (A + B * 4 + T_O))
     assert distance_capacity_factor(4, 0.01, 0.025) == pytest.approx(2.6)
 
 
@@ -107,11 +107,11 @@ def test_an_empty_block_is_a_plain_step_in_the_plain_runtime_of_a_two_runtime_cl
     """A draft-free drafter (t_d = 0): a 4-token block with 2 accepted half the time, an empty block (a
     plain step) the other half. One runtime: the empty block costs V(1) + o; two: the plain runtime's step."""
     outcomes = Acceptance((Outcome(0.5, 4, 2, 3), Outcome(0.5, 0, 0, 1)), 0.0)
-    one = CostInputs(draft_step_s=0.0, verify_a_s=A, verify_b_s_per_token=B, verify_overhead_s=O, acceptance=outcomes)
-    assert colocated(one).cycle_s == pytest.approx(0.5 * (O + A + 5 * B) + 0.5 * (O + A + B))
+    one = CostInputs(draft_step_s=0.0, verify_a_s=A, verify_b_s_per_token=B, verify_overhead_s=T_O, acceptance=outcomes)
+    assert colocated(one).cycle_s == pytest.approx(0.5 * (T_O + A + 5 * B) + 0.5 * (T_O + A + B))
     assert colocated(one).time_per_token_s == pytest.approx(colocated(one).cycle_s / 2)
     two = replace(one, plain_step_s=0.004)
-    assert colocated(two).cycle_s == pytest.approx(0.5 * (O + A + 5 * B) + 0.5 * 0.004)
+    assert colocated(two).cycle_s == pytest.approx(0.5 * (T_O + A + 5 * B) + 0.5 * 0.004)
     with pytest.raises(ConfigError, match="an empty block escalated"):
         Outcome(1.0, 0, 0, 0, escalated=False)
 
@@ -145,7 +145,7 @@ def plain(mode: str, prompt: int) -> dict:
                          ttft_s=EDGE_TTFT_S, decode_s=EDGE_TTFT_S + (n - 1) * T_D, edge_s=0.03 + (n - 1) * 0.008)
     else:
         gen = Generation(tokens=[5] * n, counters=Counters(cycles=n), text="one two", prefill_s=CLOUD_PREFILL_S,
-                         ttft_s=CLOUD_PREFILL_S + O, decode_s=CLOUD_PREFILL_S + O + (n - 1) * (A + B + O),
+                         ttft_s=CLOUD_PREFILL_S + T_O, decode_s=CLOUD_PREFILL_S + T_O + (n - 1) * (A + B + T_O),
                          cloud_s=CLOUD_PREFILL_S + (n - 1) * (A + B))
     return result_record(gen, point(mode), f"p{prompt}", gen.decode_s, 1)
 
@@ -165,7 +165,7 @@ def spec(k: int, prompt: int, deployment: str = "inproc", overlap: bool = False)
                             extra_token=9, extra_kind="bonus" if accepted == k else "correction", edge_s=k * T_D,
                             cloud_s=verify_s, cloud_tokens_in=fed, wait_s=wait_s,
                             wire_up_bytes=UP_BYTES if split else 0, wire_down_bytes=DOWN_BYTES if split else 0))
-        latency += k * T_D + O + link_s + A + B * (k + 1)
+        latency += k * T_D + T_O + link_s + A + B * (k + 1)
     counters = Counters(accepted_per_position=[0] * k)
     for c in cycles:
         counters.add(c)
@@ -266,7 +266,8 @@ def test_predict_on_a_users_numbers(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag, value", [("--edge-ms-per-token", "-3"), ("--edge-ms-per-token", "0"),
                                          ("--edge-ms-per-token", "fast"), ("--verify-cost", "20"),
-                                         ("--verify-cost", "20,-1"), ("--verify-cost", "0,2"), ("--rtt-ms", "nan"), ("--bandwidth-mbps", "0")])
+                                         ("--verify-cost", "20,-1"), ("--verify-cost", "0,2"), ("--rtt-ms", "nan"),
+                                         ("--bandwidth-mbps", "0")])
 def test_bad_user_numbers_are_one_line(tmp_path, capsys, flag, value):
     write_folder(tmp_path / "r", synthetic())
     args = list(USER)
@@ -331,7 +332,7 @@ def test_measured_verify_sizes_are_interpolated_and_the_line_carries_past_them()
     assert x.verify_s(3) == pytest.approx(0.336 + (0.375 - 0.336) / 3)
     assert x.verify_s(9) == pytest.approx(0.375 + B * 4)
     assert inputs().verify_s(3) == pytest.approx(A + 3 * B)  # no table: the line
-    assert cloud_only(x).time_per_token_s == pytest.approx(0.364 + O)
+    assert cloud_only(x).time_per_token_s == pytest.approx(0.364 + T_O)
     per_edge, server = server_tokens_per_s(x, 2)  # one forward of 2·(n + 1) tokens per lockstep cycle
     assert server == pytest.approx(2 * per_edge)
     with pytest.raises(ConfigError, match="increasing order"):
@@ -402,7 +403,7 @@ def draft_free(prompt: int, cloud_runtime: str = "torch") -> dict:
         if drafted == 0 and two:
             seconds, cloud_s = P_FORWARD + P_O, P_FORWARD
         else:
-            seconds, cloud_s = O + A + B * (drafted + 1), A + B * (drafted + 1)
+            seconds, cloud_s = T_O + A + B * (drafted + 1), A + B * (drafted + 1)
         cycles.append(Cycle(draft_tokens=[7] * drafted, entropies_nats=[], escalated=True, accepted=accepted,
                             extra_token=9, extra_kind="bonus" if accepted == drafted else "correction",
                             cloud_s=cloud_s, cloud_tokens_in=drafted + 1, drafter="auto" if two else "prompt-lookup"))

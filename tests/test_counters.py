@@ -78,7 +78,8 @@ def test_punctuation_trigger_forces_escalation():
 
 def test_stop_token_ends_generation_without_a_bonus(backends):
     edge, cloud = backends
-    free = speculative_decode(edge, cloud, Prompt(random_prompt(4)), SpecConfig(k=4, entropy_threshold=0, policy="greedy"), DecodeConfig(max_new_tokens=30))
+    free = speculative_decode(edge, cloud, Prompt(random_prompt(4)), SpecConfig(k=4, entropy_threshold=0, policy="greedy"),
+                              DecodeConfig(max_new_tokens=30))
     stop_token = free.tokens[9]
     stop = Constraints(stop=StopRule(eos_ids=frozenset({stop_token})))
     stopped = speculative_decode(edge, cloud, Prompt(random_prompt(4)), SpecConfig(k=4, entropy_threshold=0, policy="greedy"),
@@ -93,7 +94,8 @@ def test_stop_token_ends_generation_without_a_bonus(backends):
 def test_first_cached_call_uploads_the_whole_prompt(backends):
     edge, cloud = backends
     prompt = Prompt(random_prompt(2))
-    generation = speculative_decode(edge, cloud, prompt, SpecConfig(k=3, entropy_threshold=0, policy="greedy"), DecodeConfig(max_new_tokens=9))
+    generation = speculative_decode(edge, cloud, prompt, SpecConfig(k=3, entropy_threshold=0, policy="greedy"),
+                                    DecodeConfig(max_new_tokens=9))
     first, second = generation.cycles[0], generation.cycles[1]
     assert first.cloud_tokens_in == prompt.input_ids.numel() + len(first.draft_tokens)
     # Later calls: the correction/bonus token of the previous cycle plus the new draft.

@@ -137,7 +137,8 @@ def test_a_hybrid_whose_model_does_not_pay_takes_plain_steps_and_stays_lossless(
     made_by = set()
     for seed in range(4):
         prompt = looping_prompt(seed)
-        generation = speculative_decode(edge, cloud, prompt, replace(spec, drafter="hybrid"), decode, SpecOptions(history=history))
+        generation = speculative_decode(edge, cloud, prompt, replace(spec, drafter="hybrid"), decode,
+                                        SpecOptions(history=history))
         assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
         made_by |= {c.drafter for c in generation.cycles}
         lookup_alone = speculative_decode(None, cloud, prompt, replace(spec, drafter="prompt-lookup"), decode)
@@ -275,7 +276,8 @@ def test_with_two_runtimes_auto_switches_only_when_the_rest_of_the_answer_pays_f
     # in B: nothing to propose -> a stay; B leaves on its record, not on one cycle: none yet, so it stays
     router.in_blocks, router.blocks_seen, router.plain_seen = True, 40, 1  # in B; A saw the prompt's first token only
     assert router.stay_in_blocks(short_input, 0, auto.tau_hat)
-    history.blocks_runtime.decoding = RunningMean(3.8, 100)  # B's record: 38 ms a token against 36 in A: 2 ms x 128 < catching A up 39 tokens
+    # B's record: 38 ms a token against 36 in A: 2 ms x 128 < catching A up 39 tokens
+    history.blocks_runtime.decoding = RunningMean(3.8, 100)
     assert router.stay_in_blocks(short_input, 0, auto.tau_hat)
     nothing = AcceptedSequence(torch.arange(40), 128)  # no token recurs: lookup has nothing
     proposal = auto.propose(nothing, 4)
@@ -553,7 +555,8 @@ def test_a_cloud_held_in_two_runtimes_loads_both_and_decodes_in_each(tmp_path):
     engine = Engine(mode="spec", edge=paths["edge"], cloud=paths["cloud"], dtype="float32", spec=spec,
                     cloud_runtime="torch+torch-int8", decode=DecodeConfig(max_new_tokens=12), loader=loader,
                     log=lambda m: None)
-    engine.history().verify.observe(Route.STEP, 1, 1.0)  # plain steps made to look dear: lookup's blocks go to int8 while they match
+    # plain steps made to look dear: lookup's blocks go to int8 while they match
+    engine.history().verify.observe(Route.STEP, 1, 1.0)
     generation = engine.generate("hello world , hello world , hello world ,")
     assert sorted(loaded) == ["torch", "torch-int8"] and generation.new_tokens == 12
     assert {c.drafter for c in generation.cycles} <= {"prompt-lookup", PLAIN} and generation.cycles[0].drafter == PLAIN

@@ -58,7 +58,8 @@ def cloud():
 @pytest.mark.parametrize("drafter", ["repeat-last", "nothing"])
 @pytest.mark.parametrize("verifier", ["cached", "stateless"])
 def test_greedy_with_a_draft_free_drafter_is_the_clouds_greedy(cloud, drafter, verifier):
-    spec = SpecConfig(k=4, entropy_threshold=8.0, policy="greedy", verifier=verifier, drafter=drafter)  # a threshold no entropy reaches
+    # a threshold no entropy reaches
+    spec = SpecConfig(k=4, entropy_threshold=8.0, policy="greedy", verifier=verifier, drafter=drafter)
     decode = DecodeConfig(max_new_tokens=NEW_TOKENS)
     kinds = {"accepted": 0, "correction": 0, "bonus": 0}
     for seed in range(8):
@@ -110,8 +111,10 @@ def test_a_combination_that_cannot_work_is_refused_in_one_line(cloud):
             lambda: Engine(mode="spec", edge="e", cloud="c", spec=SpecConfig(drafter="prompt-lookup"),
                            deploy=DeployConfig(overlap=True)),
         "drafter option 'max_ngram' is not NAME=VALUE": lambda: SpecConfig(drafter="prompt-lookup", drafter_options="max_ngram"),
-        "drafter option min_count must be an integer, got 'two'": lambda: SpecConfig(drafter="ngram", drafter_options="min_count=two"),
-        "drafter option 'max_ngram' is given twice": lambda: SpecConfig(drafter="auto", drafter_options="max_ngram=2,max_ngram=3"),
+        "drafter option min_count must be an integer, got 'two'":
+            lambda: SpecConfig(drafter="ngram", drafter_options="min_count=two"),
+        "drafter option 'max_ngram' is given twice":
+            lambda: SpecConfig(drafter="auto", drafter_options="max_ngram=2,max_ngram=3"),
         "a cloud held in two runtimes needs a drafter that weighs switching between them \\(auto\\); 'prompt-lookup'":
             lambda: speculative_decode(None, TwoRuntimeCloud(LocalCloud(cloud), LocalCloud(cloud)), prompt, lookup, decode),
     }

@@ -128,7 +128,8 @@ def test_overlap_counters_add_up_to_the_edge_forwards(models, server):
         remote.connect()
         for ids in PROMPTS[:3]:
             edge = CountingBackend(models["edge"].backend)
-            generation = speculative_decode(edge, remote, Prompt(ids), spec, DecodeConfig(max_new_tokens=20), SpecOptions(overlap=True))
+            generation = speculative_decode(edge, remote, Prompt(ids), spec, DecodeConfig(max_new_tokens=20),
+                                            SpecOptions(overlap=True))
             kept_before, fresh = 0, 0
             for cycle in generation.cycles:
                 fresh += len(cycle.draft_tokens) - kept_before
@@ -159,7 +160,8 @@ def overlapped_p_values(models, server, seeds: range) -> tuple[float, float, int
     first_counts, third_counts, kept = torch.zeros(64), {}, 0
     for seed in seeds:
         generation = speculative_decode(models["edge"].backend, remote, Prompt(ids), spec,
-                                        DecodeConfig(max_new_tokens=3, temperature=temperature, seed=seed), SpecOptions(overlap=True))
+                                        DecodeConfig(max_new_tokens=3, temperature=temperature, seed=seed),
+                                        SpecOptions(overlap=True))
         t0, t1, t2 = generation.tokens
         first_counts[t0] += 1
         third_counts.setdefault((t0, t1), torch.zeros(64))[t2] += 1

@@ -103,7 +103,8 @@ def test_real_edge_processes_produce_the_clouds_greedy_tokens(pair, prompts, ser
     assert fleet("--edge", pair["edge"], "--cloud-url", server, "--prompts", prompts, "--clients", "2",
                  "--out", str(out)) == 0
     records, levels, _ = read_fleet(out)
-    recorded = {json.loads(line)["id"]: json.loads(line)["tokens"] for line in (recording / "results.jsonl").read_text().splitlines()}
+    recorded = {json.loads(line)["id"]: json.loads(line)["tokens"]
+                for line in (recording / "results.jsonl").read_text().splitlines()}
     spec = [r for r in records if r["mode"] == "spec"]
     assert len(spec) == 6 and all(r["tokens"] == recorded[r["id"]] for r in spec)
     assert all(r["edge_kind"] == "process" and r["cores_shared"] == os.cpu_count() for r in spec)

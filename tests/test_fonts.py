@@ -18,7 +18,7 @@ import pytest
 
 from bench.read.report import fonts
 from specdec.errors import ConfigError
-from tests.test_report import chromium, run_chromium  # noqa: F401  (chromium: a fixture)
+from tests.test_report import run_chromium
 
 LABEL = "说话人语速平缓，情绪稳定。"  # a zh-describe style output
 NOTDEF = "\ue000"  # a private-use code point no font here has: what a missing glyph looks like

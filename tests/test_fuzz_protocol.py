@@ -266,5 +266,6 @@ def test_long_fuzz(models, caplog):
     tally = fuzz_server(models, caplog, messages, first_seed)
     outcomes = fuzz_client(models, replies, first_seed)
     print(f"\nfuzz seed {first_seed}: server {tally.sent} messages over {tally.connections} connections, "
-          f"{tally.replies} replies {dict(sorted(tally.kinds.items()))} (errors {dict(sorted(tally.codes.items()))}), 0 tracebacks, "
-          f"honest client {tally.honest_runs} runs unchanged; client {outcomes.pop('replies')} replies, outcomes {outcomes}")
+          f"{tally.replies} replies {dict(sorted(tally.kinds.items()))} (errors {dict(sorted(tally.codes.items()))}), "
+          f"0 tracebacks, honest client {tally.honest_runs} runs unchanged; "
+          f"client {outcomes.pop('replies')} replies, outcomes {outcomes}")

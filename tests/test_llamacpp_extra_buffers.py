@@ -14,22 +14,23 @@ import types
 import pytest
 import torch
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specbench[llamacpp]')")
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'specbench[llamacpp]')")
 
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+import llama_cpp
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from bench.core.point import Point  # noqa: E402
-from bench.measure.run import run  # noqa: E402
-from specdec.backends import llamacpp_probe  # noqa: E402
-from specdec.backends.base import Prompt  # noqa: E402
-from specdec.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from specdec.backends.llamacpp_probe import CACHE_FILE, Verdict, build_id, decide  # noqa: E402
-from specdec.core.config import DecodeConfig, EngineConfig  # noqa: E402
-from specdec.engine import Engine  # noqa: E402
-from specdec.errors import ConfigError  # noqa: E402
-from specdec.machine import fingerprint  # noqa: E402
-from tests.omni_fixtures import tiny_omni_tokenizer  # noqa: E402
-from tests.tiny_gguf import write_llama_gguf  # noqa: E402
+from bench.core.point import Point
+from bench.measure.run import run
+from specdec.backends import llamacpp_probe
+from specdec.backends.base import Prompt
+from specdec.backends.llamacpp import LlamaCppBackend
+from specdec.backends.llamacpp_probe import CACHE_FILE, Verdict, build_id, decide
+from specdec.core.config import DecodeConfig, EngineConfig
+from specdec.engine import Engine
+from specdec.errors import ConfigError
+from specdec.machine import fingerprint
+from tests.omni_fixtures import tiny_omni_tokenizer
+from tests.tiny_gguf import write_llama_gguf
 
 pytestmark = pytest.mark.server  # llama.cpp and child processes: see CONTRIBUTING.md
 

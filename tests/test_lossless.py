@@ -33,7 +33,8 @@ def cloud_greedy(pair):
 def test_cloud_mode_equals_hf_generate(pair, cloud_greedy):
     _, cloud = pair
     for seed in range(N_PROMPTS):
-        generation = autoregressive_decode(HFCausalBackend(cloud), Prompt(random_prompt(seed)), DecodeConfig(max_new_tokens=NEW_TOKENS))
+        generation = autoregressive_decode(HFCausalBackend(cloud), Prompt(random_prompt(seed)),
+                                           DecodeConfig(max_new_tokens=NEW_TOKENS))
         assert generation.tokens == cloud_greedy[seed]
 
 
@@ -45,7 +46,8 @@ def test_edge_mode_equals_edge_generate(pair):
             ids.unsqueeze(0), attention_mask=torch.ones(1, ids.numel(), dtype=torch.long), do_sample=False,
             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=-1,
         )[0, ids.numel() :].tolist()
-        generation = autoregressive_decode(HFCausalBackend(edge), Prompt(ids), DecodeConfig(max_new_tokens=NEW_TOKENS), role="edge")
+        generation = autoregressive_decode(HFCausalBackend(edge), Prompt(ids), DecodeConfig(max_new_tokens=NEW_TOKENS),
+                                           role="edge")
         assert generation.tokens == expected
         assert generation.cloud_s == 0.0
 

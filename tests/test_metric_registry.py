@@ -31,7 +31,7 @@ def test_gate_checks_take_their_direction_from_the_registry():
 
 def test_a_metric_without_a_direction_or_registry_entry_is_refused_where_one_is_needed():
     with pytest.raises(ValueError, match="no better direction"):
-        METRICS["punct_density"].lower_is_better
+        _ = METRICS["punct_density"].lower_is_better
     with pytest.raises(ValueError, match="add it there"):
         lower_is_better("made_up_metric")
     with pytest.raises(ValueError, match="direction must be"):

@@ -213,7 +213,8 @@ def test_bad_samples_fail_alone_in_a_run_and_a_rerun_redoes_only_them(thinkers, 
     assert "fix them and rerun to redo only those" in err[-1]
     status = {r["id"]: r for r in rows(out)}
     assert status["good"]["status"] == "ok" and status["good"]["new_tokens"] == 10
-    assert {i: status[i]["status"] for i in ("missing", "corrupt", "long")} == dict.fromkeys(("missing", "corrupt", "long"), "failed")
+    failing = ("missing", "corrupt", "long")
+    assert {i: status[i]["status"] for i in failing} == dict.fromkeys(failing, "failed")
     assert "cannot be decoded" in status["corrupt"]["error"] and "over the 30 s cap" in status["long"]["error"]
     assert status["long"]["reference"] == "hello world" and status["long"]["k"] == 3  # the point, for the record
     # Fix two files; the rerun redoes the three failed samples only, and one still fails.
@@ -229,7 +230,8 @@ def test_the_length_cap_is_a_run_setting(thinkers, tmp_path):
     prompts = manifest(tmp_path / "set", {"clip": shipped("en-01")})  # 3.1 s
     engine = Engine(mode="cloud", cloud=thinkers["cloud"], dtype="float32", decode=DecodeConfig(max_new_tokens=4),
                     log=lambda m: None)
-    with pytest.raises(FailedSamples, match=r"1 of 1 samples failed, e.g. sample 'clip': audio clip.flac is 3.1 s, over the 2 s cap") as caught:
+    with pytest.raises(FailedSamples,
+                       match=r"1 of 1 samples failed, e.g. sample 'clip': audio clip.flac is 3.1 s, over the 2 s cap") as caught:
         run(engine, prompts, tmp_path / "out", progress=False, max_audio_s=2.0)
     assert [r["status"] for r in caught.value.rows] == ["failed"]
     assert run(engine, prompts, tmp_path / "out", progress=False, max_audio_s=4.0)[0]["status"] == "ok"
@@ -257,4 +259,5 @@ def test_bad_samples_fail_alone_in_a_sweep(thinkers, tmp_path, capsys):
 
 def test_the_shipped_samples_run_by_name(thinkers, tmp_path):
     assert run_cli("edge", thinkers, "audio-samples", tmp_path / "out", "--limit", 2) == 0
-    assert [(r["id"], r["status"], r["language"]) for r in rows(tmp_path / "out")] == [("en-01", "ok", "en"), ("en-02", "ok", "en")]
+    assert ([(r["id"], r["status"], r["language"]) for r in rows(tmp_path / "out")]
+            == [("en-01", "ok", "en"), ("en-02", "ok", "en")])

@@ -27,12 +27,12 @@ from bench.read.report.pareto import point_labels
 from bench.read.report.paymap import build_panels
 from tests.test_costmodel import synthetic, write_folder
 
-T_D, A, B, O = 0.01, 0.02, 0.005, 0.001  # edge step, verify a + b·T, verify overhead (seconds)
+T_D, A, B, T_O = 0.01, 0.02, 0.005, 0.001  # edge step, verify a + b·T, verify overhead (seconds)
 
 
 def hand(**extra) -> CostInputs:
     """k = 2: co-located cycle 2·t_d + o + V(3) = 0.056 s; cloud-only 0.026 s per token; edge-only 0.01 s."""
-    return CostInputs(draft_step_s=T_D, verify_a_s=A, verify_b_s_per_token=B, verify_overhead_s=O,
+    return CostInputs(draft_step_s=T_D, verify_a_s=A, verify_b_s_per_token=B, verify_overhead_s=T_O,
                       acceptance=Acceptance.geometric(0.5, 2), **extra)
 
 
@@ -72,7 +72,8 @@ def test_split_vs_cloud_closed_form_is_the_models_crossing():
     assert rtt_s == pytest.approx(4.0951 * 0.026 - 0.086 - 0.0016 - 0.00032 - 0.003)
     plain = cloud_only(x).tokens_per_s
     assert sequential(at(x, alpha, k, rtt_s)).tokens_per_s == pytest.approx(plain, rel=1e-9)
-    assert sequential(at(x, alpha, k, rtt_s - 0.001)).tokens_per_s > plain > sequential(at(x, alpha, k, rtt_s + 0.001)).tokens_per_s
+    nearer, farther = sequential(at(x, alpha, k, rtt_s - 0.001)), sequential(at(x, alpha, k, rtt_s + 0.001))
+    assert nearer.tokens_per_s > plain > farther.tokens_per_s
     # the model pays the edge's prefill once per generation: its crossing is E·prefill / N further left
     paid = replace(x, edge_prefill_extra_s=0.04, output_tokens=64.0)
     moved_s = rtt_s - 4.0951 * 0.04 / 64

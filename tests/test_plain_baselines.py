@@ -25,7 +25,8 @@ def row(mode: str, pid: str, latency_s: float, edge_runtime: str | None = "torch
     base = dict(id=pid, mode=mode, dtype="float32", prompts="p", policy=None, k=None, entropy_threshold=None,
                 accept_threshold=None, verifier=None, status="ok", text="the cat sat on the mat.", tokens=[1, 2, 3],
                 new_tokens=8, latency_s=latency_s, ttft_s=0.1, tpot_s=0.01, num_draft_tokens=0, num_accepted_tokens=0,
-                cloud_calls=0, cycles=8, num_drafts=0, accepted_per_position=[], edge_s=0.0, cloud_s=0.0, overhead_s=0.0, punct_density=0.1, peak_rss_bytes=1,
+                cloud_calls=0, cycles=8, num_drafts=0, accepted_per_position=[], edge_s=0.0, cloud_s=0.0, overhead_s=0.0,
+                punct_density=0.1, peak_rss_bytes=1,
                 edge_runtime=None if mode == "cloud" else edge_runtime,
                 cloud_runtime=None if mode == "edge" else cloud_runtime)
     return {**base, **extra}

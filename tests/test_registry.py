@@ -13,7 +13,7 @@ from specdec.models.loading import resolve
 ALIASES = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 WHISPER = ("whisper-base", "whisper-base-dec2", "whisper-base-int8", "whisper-tiny.en", "whisper-tiny.en-int8")
 
-GOOD = """
+GOOD = f"""
 ["a"]
 upstream = "Org/A"
 family = "qwen2"
@@ -21,7 +21,7 @@ format = "gguf"
 gguf_file = "a.gguf"
 parts = ["pkg-part1==1.0", "pkg-part2==1.0"]
 size = 10
-sha256 = "%s"
+sha256 = "{'0' * 64}"
 dtype = "float32"
 license = "Apache-2.0"
 role = "edge"
@@ -34,12 +34,12 @@ format = "gguf"
 gguf_file = "b.gguf"
 parts = ["other==2.0"]
 size = 20
-sha256 = "%s"
+sha256 = "{'1' * 64}"
 dtype = "float32"
 license = "Apache-2.0"
 role = "cloud"
 partner = "a"
-""" % ("0" * 64, "1" * 64)
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -95,7 +95,7 @@ def test_malformed_entry_is_a_clear_error(tmp_path, edit, message):
     assert message in str(err.value)
 
 
-CT2 = """
+CT2 = f"""
 ["w"]
 upstream = "openai/whisper-base"
 family = "whisper"
@@ -103,22 +103,22 @@ format = "ct2"
 parts = ["w-part1==1.0", "w-part2==1.0"]
 join = ["w_part1/data/model.bin.part1", "w_part2/data/model.bin.part2"]
 size = 10
-sha256 = "%s"
+sha256 = "{'0' * 64}"
 dtype = "float16"
 license = "MIT"
 role = "cloud"
 partner = "w-dec2"
 
 ["w".files]
-"w_part1/data/config.json" = "%s"
-"w_part1/data/tokenizer.json" = "%s"
+"w_part1/data/config.json" = "{'1' * 64}"
+"w_part1/data/tokenizer.json" = "{'2' * 64}"
 
 ["w-dec2"]
 from = "w"
 derive = "dec2"
 role = "edge"
 partner = "w"
-""" % ("0" * 64, "1" * 64, "2" * 64)
+"""
 
 
 def test_ct2_and_derived_entries(tmp_path):

@@ -20,6 +20,7 @@ import time
 import pytest
 import torch
 from websockets.asyncio.server import serve
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from bench.cli import main
@@ -99,7 +100,7 @@ def still_serves(models, url: str) -> None:
 def refused(ws) -> tuple[dict, int | None]:
     """The error reply, then the close the server sends after it."""
     message = decode(ws.recv(timeout=10))
-    with pytest.raises(Exception):
+    with pytest.raises(ConnectionClosed):
         ws.recv(timeout=10)
     return message, ws.close_code
 
@@ -168,7 +169,8 @@ def test_a_run_records_the_loss_and_a_rerun_resumes(pair, prompts, tmp_path):
     spec = SpecConfig(k=3, entropy_threshold=0, policy="greedy")
     engine = Engine(mode="spec", edge=pair["edge"], cloud_url=url, dtype="float32", spec=spec,
                     decode=DecodeConfig(max_new_tokens=8), loader=loader, log=lambda m: None,
-                    deploy=DeployConfig(cloud_timeout_s=5, overlap=False))  # drafting ahead would make the forward count depend on timing
+                    # drafting ahead would make the forward count depend on timing
+                    deploy=DeployConfig(cloud_timeout_s=5, overlap=False))
     with pytest.raises(FailedSamples, match="2 of 4 samples failed, e.g. the cloud verifier at"):
         run(engine, str(prompts), out, progress=False)
     before = (out / "results.jsonl").read_bytes()
@@ -250,7 +252,7 @@ def test_oversized_message_closes_that_connection_only(models):
     with BackgroundServer(models["cloud"], ServeConfig(max_message_mb=0.01)) as url:
         ws = raw_client(url)
         ws.send(opening(prompt_ids=[1] * 20_000))  # ≈ 20 kB > 10 kB
-        with pytest.raises(Exception):
+        with pytest.raises(ConnectionClosed):
             ws.recv(timeout=10)
         assert ws.close_code == 1009  # "message too big"
         still_serves(models, url)

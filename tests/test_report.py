@@ -198,7 +198,8 @@ def test_bf16_greedy_drift_is_said_plainly(tmp_path):
     page = build_report(write_results(tmp_path / "r", bf16), tmp_path / "out").read_text(encoding="utf-8")
     assert "bf16 greedy drifts" in page
     # a quantized cloud's verify drifts from that cloud's own decoding whatever --dtype says, and is named
-    int8 = [{**r, "dtype": "bfloat16", "cloud_runtime": "torch-int8", **({"edge_runtime": "llamacpp"} if r["mode"] == "spec" else {})}
+    int8 = [{**r, "dtype": "bfloat16", "cloud_runtime": "torch-int8",
+             **({"edge_runtime": "llamacpp"} if r["mode"] == "spec" else {})}
             for r in rows]
     notes = precision_notes(summarize(int8))
     assert len(notes) == 1 and notes[0].startswith("torch-int8 cloud greedy drifts: 1 of 1 greedy spec points"), notes
@@ -307,20 +308,6 @@ def test_report_from_a_tiny_sweep(tiny_report, tiny_sweep, capsys):
     assert report_command(["report", str(tiny_sweep), "--out", str(embedded), "--embed"]) == 0
     assert capsys.readouterr().out.strip() == str(embedded / "index.html")
     assert re.findall(r'<img src="([^"]+)"', (embedded / "index.html").read_text())[0].startswith("data:image/png;base64,")
-
-
-@pytest.fixture(scope="session")
-def chromium():
-    """Headless Chromium; installed from Debian when missing (skipped only when apt is unavailable)."""
-    found = shutil.which("chromium")
-    if found is None:
-        if shutil.which("apt-get") is None:
-            pytest.skip("chromium is not installed and apt-get is unavailable to install it")
-        for command in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
-            done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-            assert done.returncode == 0, f"{' '.join(command)} failed: {done.stderr[-2000:]}"
-        found = shutil.which("chromium")
-    return found
 
 
 def run_chromium(chromium: str, profile_dir: Path, *args: str) -> subprocess.CompletedProcess:

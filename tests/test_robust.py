@@ -196,7 +196,8 @@ def test_a_bad_toml_setting_is_named_and_nothing_is_written(pair, prompts, tmp_p
 @pytest.mark.parametrize("command", ["run", "sweep"])
 def test_limit_below_one_is_refused(pair, prompts, tmp_path, capsys, command, limit):
     args = run_args if command == "run" else sweep_args
-    refused(args(pair, prompts, tmp_path / "o", f"--limit={limit}"), capsys, f"limit must be >= 1 (the first N prompts), got {limit}")
+    refused(args(pair, prompts, tmp_path / "o", f"--limit={limit}"), capsys,
+            f"limit must be >= 1 (the first N prompts), got {limit}")
     assert not (tmp_path / "o").exists()
 
 

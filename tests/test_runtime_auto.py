@@ -179,7 +179,8 @@ def test_the_sweep_chooses_from_this_machines_calibration_file_without_measuring
     monkeypatch.setattr(runtime_auto, "EDGE_CANDIDATES", ("llamacpp", "torch-int8", "torch"))
     entries = [{**e, "method": calibrate.METHOD, "block_vs_steps": 0.0 if e["runtime"] == "torch-int8t" else 0.4}
                for e in CALIBRATION["entries"]]
-    entries.append({**entry(EDGE, "torch-int8t", 60, 0.1), "method": calibrate.METHOD})  # the cloud's candidates, for either model
+    # the cloud's candidates, for either model
+    entries.append({**entry(EDGE, "torch-int8t", 60, 0.1), "method": calibrate.METHOD})
     path = calibrate.calibration_path(fingerprint()["machine_class"])
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({**CALIBRATION, "fingerprint": fingerprint(), "versions": calibrate.runtime_versions(),

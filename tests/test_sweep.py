@@ -231,7 +231,8 @@ def test_unreachable_cap_is_refused(pair, prompts, tmp_path, capsys):
 
 
 def test_config_points_dedupe_baselines():
-    config = SweepConfig.from_mapping({"edge": "e", "cloud": "c", "mode": ["edge", "cloud", "spec"], "k": [2, 4], "entropy_threshold": [0, 1]})
+    config = SweepConfig.from_mapping({"edge": "e", "cloud": "c", "mode": ["edge", "cloud", "spec"], "k": [2, 4],
+                                       "entropy_threshold": [0, 1]})
     modes = [p.mode for p in config.points()]
     assert modes.count("edge") == 1 and modes.count("cloud") == 1 and modes.count("spec") == 4
 

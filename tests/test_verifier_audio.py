@@ -50,7 +50,8 @@ def test_verifier_logits_follow_the_audio(setup, kind):
 
 def test_cached_verifier_sends_the_audio_once(setup):
     edge, cloud, _, prompts = setup
-    generation = speculative_decode(edge, cloud, prompts[0], SpecConfig(k=3, entropy_threshold=0, policy="greedy"), DecodeConfig(max_new_tokens=12))
+    generation = speculative_decode(edge, cloud, prompts[0], SpecConfig(k=3, entropy_threshold=0, policy="greedy"),
+                                    DecodeConfig(max_new_tokens=12))
     sent = [cycle.sent_features for cycle in generation.cycles if cycle.escalated]
     assert sent[0] and not any(sent[1:])
 
@@ -61,6 +62,7 @@ def test_spec_with_audio_reproduces_cloud_greedy(setup, kind):
     for prompt in prompts:
         expected = autoregressive_decode(cloud, prompt, DecodeConfig(max_new_tokens=16)).tokens
         generation = speculative_decode(
-            edge, cloud, prompt, SpecConfig(k=3, entropy_threshold=0, policy="greedy", verifier=kind), DecodeConfig(max_new_tokens=16)
+            edge, cloud, prompt, SpecConfig(k=3, entropy_threshold=0, policy="greedy", verifier=kind),
+            DecodeConfig(max_new_tokens=16),
         )
         assert generation.tokens == expected

@@ -146,7 +146,10 @@ def test_verifier_logits_follow_the_audio(setup, kind):
 
 def test_prompts_follow_generate():
     config, fe, wave = tiny_whisper().generation_config, feature_extractor(), random_waveform(1.0)
-    ids = lambda **kw: build_whisper_prompt(config, fe, wave, **kw).input_ids.tolist()  # noqa: E731
+
+    def ids(**kw) -> list[int]:
+        return build_whisper_prompt(config, fe, wave, **kw).input_ids.tolist()
+
     assert ids(language="en") == ids(language="English") == ids(language="<|en|>") == [SOT, EN, TRANSCRIBE, NO_TIMESTAMPS]
     assert ids(language="chinese", task="translate") == [SOT, ZH, TRANSLATE, NO_TIMESTAMPS]
     prompt = build_whisper_prompt(config, fe, torch.from_numpy(wave), language="zh")

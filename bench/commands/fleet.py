@@ -40,8 +40,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     counts, summary = run_fleet(config, spec, decode, args.out)
     print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())), file=sys.stderr, flush=True)
     if not summary.empty:
-        columns = ["cloud_runtime", "mode", "clients", "server_accepted_tokens_per_s", "edge_tokens_per_s_p50", "verify_latency_p50_s",
-                   "mean_batch_size", "cloud_busy_fraction"]
+        columns = ["cloud_runtime", "mode", "clients", "server_accepted_tokens_per_s", "edge_tokens_per_s_p50",
+                   "verify_latency_p50_s", "mean_batch_size", "cloud_busy_fraction"]
         print(summary[[c for c in columns if c in summary]].to_string(index=False, float_format=lambda v: f"{v:.3g}"),
               file=sys.stderr, flush=True)
     print(f"summary: {args.out / 'summary.csv'}", file=sys.stderr, flush=True)

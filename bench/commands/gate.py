@@ -84,7 +84,8 @@ def cmd_gate(args: argparse.Namespace, wrap=None) -> int:
     for note in environment_notes(baseline, current):
         print(f"note: environment differs from the baseline's ({note})")
     if (load := max(current["load_average_1min"])) > (os.cpu_count() or 1):
-        print(f"note: load average {load:.1f} on {os.cpu_count()} cores during the run: other processes may have moved the timing ratios")
+        print(f"note: load average {load:.1f} on {os.cpu_count()} cores during the run: "
+              "other processes may have moved the timing ratios")
     ok, line = verdict(checks)
     print(line)
     return 0 if ok else 1

@@ -39,7 +39,8 @@ def link_profile(args: argparse.Namespace) -> NetworkProfile:
     if args.preset:
         return profile(args.preset)
     if not all(custom):
-        raise ConfigError("a link needs --preset NAME, or all of --rtt, --up and --down (e.g. --rtt 50ms --up 5mbit --down 20mbit)")
+        raise ConfigError("a link needs --preset NAME, or all of --rtt, --up and --down "
+                          "(e.g. --rtt 50ms --up 5mbit --down 20mbit)")
     return profile(f"rtt={args.rtt},up={args.up},down={args.down}")
 
 

@@ -36,7 +36,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise InputError(f"--op-prompts must be >= 1, got {args.op_prompts}")
     if args.rate < 1:
         raise InputError(f"--rate must be >= 1 sample per second, got {args.rate}")
-    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
     engine, inputs = engine_from_args(args, log=say), inputs_from_args(args)  # validated before anything runs
     records = load_prompts(inputs.prompts)[: inputs.limit]
     out: Path = args.out

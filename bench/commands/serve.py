@@ -17,8 +17,9 @@ from specdec.remote.server_config import ServeConfig
 
 def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a cloud model as a verifier for edge clients (`run --cloud-url`)")
-    p.add_argument("--model", required=True, help="cloud model: registry alias or local directory (arch:PATH.json: a random-weight "
-                                                          "architecture, for timing with --follow-verdicts)")
+    p.add_argument("--model", required=True,
+                   help="cloud model: registry alias or local directory "
+                        "(arch:PATH.json: a random-weight architecture, for timing with --follow-verdicts)")
     p.add_argument("--host", default=ServeConfig.host, help="address to bind (default loopback; others need --token-file)")
     p.add_argument("--port", type=int, default=ServeConfig.port, help="TCP port; 0 picks a free one (printed)")
     p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16", help="the torch runtime's dtype")
@@ -51,7 +52,8 @@ def add_serve_parser(sub) -> None:
                    help="close a connection that holds no session after this many idle seconds")
     p.add_argument("--max-sessions-per-client", type=int, default=None,
                    help="open sessions per client address at most (default: --max-sessions)")
-    p.add_argument("--follow-verdicts", action="store_true", help=ServeConfig.__dataclass_fields__["follow_verdicts"].metadata["help"])
+    p.add_argument("--follow-verdicts", action="store_true",
+                   help=ServeConfig.__dataclass_fields__["follow_verdicts"].metadata["help"])
     p.add_argument("--max-batch", type=int, default=ServeConfig.max_batch,
                    help="verify requests of different sessions run as one forward, at most this many (1: unbatched)")
     p.add_argument("--batch-window-ms", type=float, default=ServeConfig.batch_window_ms,
@@ -82,6 +84,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:  # the address: taken, or not this machine's
         raise ConfigError(f"cannot serve on {args.host}:{args.port}: {e.strerror or e}; pick another --host or --port "
                           "(--port 0 picks a free one)") from None
-    print(f"stopped: {stats['sessions']} sessions, {stats['verifies']} verifies, {stats['generated']} generated, {stats['errors']} errors, "
-          f"{stats['refused']} refused", file=sys.stderr, flush=True)
+    print(f"stopped: {stats['sessions']} sessions, {stats['verifies']} verifies, {stats['generated']} generated, "
+          f"{stats['errors']} errors, {stats['refused']} refused", file=sys.stderr, flush=True)
     return 0

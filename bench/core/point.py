@@ -194,7 +194,8 @@ class Point:
             return f"{value:g}" if isinstance(value, float) else str(value)
 
         prompts = str(self.prompts)
-        parts = [str(self.mode), str(self.dtype), prompt_set_name(prompts) if prompts.startswith(SPEC_BENCH) else Path(prompts).stem]
+        prompts_name = prompt_set_name(prompts) if prompts.startswith(SPEC_BENCH) else Path(prompts).stem
+        parts = [str(self.mode), str(self.dtype), prompts_name]
         parts += [f"{short}{text(getattr(self, name))}" for name, short in LABELLED if shown(getattr(self, name))]
         named = {"mode", "dtype", "prompts", *(name for name, _ in LABELLED)}
         for axis in COLUMNS:

@@ -49,8 +49,9 @@ SPEC_BENCH_HELP = (f"spec-bench:PATH (every category) or spec-bench:PATH:CATEGOR
 class PromptInputs:
     """Which prompts a run reads (the harness's settings beside the engine's, specdec/core/config.py)."""
 
-    prompts: str = field(metadata={"help": "JSONL file, JSON manifest, a shipped set (zh-describe, zh-chat, "
-                                           "en-chat, code, edit-code, edit-text, audio-samples), or Spec-Bench's questions: " + SPEC_BENCH_HELP})
+    prompts: str = field(metadata={"help": "JSONL file, JSON manifest, a shipped set (zh-describe, zh-chat, en-chat, code, "
+                                           "edit-code, edit-text, audio-samples), or Spec-Bench's questions: "
+                                           + SPEC_BENCH_HELP})
     limit: int | None = field(default=None, metadata={"help": "only the first N prompts (of each set)"})
     max_audio_s: float = field(default=MAX_SECONDS, metadata={
         "help": "refuse longer audio clips, in seconds (capped by the model's own window)",
@@ -185,7 +186,8 @@ def _objects(path: Path):
         try:
             items = json.loads(text)
         except json.JSONDecodeError as e:
-            raise InputError(f"{path.name} is not valid JSON ({e.msg}, line {e.lineno}): fix it, or write JSONL as *.jsonl") from None
+            raise InputError(f"{path.name} is not valid JSON ({e.msg}, line {e.lineno}): "
+                             "fix it, or write JSONL as *.jsonl") from None
         if not isinstance(items, list):
             raise InputError(f"{path.name} must be a JSON array of objects, got {type(items).__name__}: wrap the records in [ ]")
         for number, item in enumerate(items, start=1):

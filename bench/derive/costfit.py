@@ -210,7 +210,8 @@ def plain_runtime_inputs(records: list[dict], point: dict) -> tuple[dict, dict]:
     step_s = _decode_per_token_s(plain, lambda r: r["latency_s"] - r["ttft_s"])
     forward_s = _decode_per_token_s(plain, lambda r: r["cloud_s"] - r["prefill_s"])
     prefill_s = float(np.mean([r["prefill_s"] for r in plain]))
-    return {**point, "cloud_runtime": runtimes[-1]}, {"plain_step_s": step_s, "cloud_prefill_extra_s": max(prefill_s - forward_s, 0.0)}
+    return ({**point, "cloud_runtime": runtimes[-1]},
+            {"plain_step_s": step_s, "cloud_prefill_extra_s": max(prefill_s - forward_s, 0.0)})
 
 
 def fit_inputs(records: list[dict], point: dict, cores_shared: bool | None = None) -> CostInputs:

@@ -193,7 +193,8 @@ class CostInputs:
         for tokens, seconds in self.verify_points:
             _positive("verify_points tokens", tokens)
             _positive("verify_points seconds", seconds)
-        if list(self.verify_points) != sorted(self.verify_points) or len({t for t, _ in self.verify_points}) != len(self.verify_points):
+        sizes = [t for t, _ in self.verify_points]
+        if list(self.verify_points) != sorted(self.verify_points) or len(set(sizes)) != len(sizes):
             raise ConfigError("verify_points must be (tokens, seconds) pairs in increasing order of tokens, one per size")
 
     def verify_s(self, tokens: float) -> float:

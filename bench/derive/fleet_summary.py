@@ -32,7 +32,10 @@ METRICS = ("server_accepted_tokens_per_s", "server_verified_tokens_per_s", "edge
 def read_fleet(out: Path) -> tuple[list[dict], list[dict], list[dict]]:
     """(records, finished levels, forwards) of a fleet folder."""
     out = Path(out)
-    read = lambda name: read_records(out / name, ("mode", "clients")) if (out / name).is_file() else []  # noqa: E731
+
+    def read(name: str) -> list[dict]:
+        return read_records(out / name, ("mode", "clients")) if (out / name).is_file() else []
+
     return read_records(out / "results.jsonl"), read(LEVELS), read(BATCHES)
 
 
@@ -62,7 +65,10 @@ def level_stats(level: dict, records: list[dict], batches: list[dict]) -> dict:
     rows = np.array([b["rows"] for b in batches], dtype=float)
     forward_s = sum(b["forward_s"] for b in batches)
     new_tokens = sum(r["new_tokens"] for r in ok)
-    quantile = lambda values, q: float(np.quantile(values, q)) if values.size else math.nan  # noqa: E731
+
+    def quantile(values: np.ndarray, q: float) -> float:
+        return float(np.quantile(values, q)) if values.size else math.nan
+
     return {
         "mode": level["mode"], "clients": level["clients"], "repeat": level["repeat"], "wall_s": wall,
         "cloud_runtime": level["cloud_runtime"],

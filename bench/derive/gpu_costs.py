@@ -33,7 +33,10 @@ FLEET_TARGET_CLIENTS, FLEET_TARGET_RATIO = 8, 2.0
 def spread(times_ms: list[float]) -> tuple[float, float, float]:
     """(median, p10, p90) of raw timings."""
     ordered = sorted(times_ms)
-    pick = lambda q: ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]  # noqa: E731
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
     return statistics.median(ordered), pick(0.1), pick(0.9)
 
 
@@ -92,7 +95,8 @@ def capacity(table) -> dict:
             "repeats": int(spec["repeats"]),
             "per_cloud_s_ratio": _ratio(spec["accepted_tokens_per_cloud_s"], cloud["accepted_tokens_per_cloud_s"]),
             "mean_batch_size": {"spec": _rounded(spec["mean_batch_size"]), "cloud": _rounded(cloud["mean_batch_size"])},
-            "cloud_busy_fraction": {"spec": _rounded(spec["cloud_busy_fraction"]), "cloud": _rounded(cloud["cloud_busy_fraction"])},
+            "cloud_busy_fraction": {"spec": _rounded(spec["cloud_busy_fraction"]),
+                                    "cloud": _rounded(cloud["cloud_busy_fraction"])},
             "server_disagreed": int(spec["replay_mismatches"]), "verifies": int(spec["verifies"]),
         }
     at_target = levels.get(FLEET_TARGET_CLIENTS, {}).get("spec_over_cloud")

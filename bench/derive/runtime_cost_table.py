@@ -38,7 +38,8 @@ def table(path: Path) -> str:
     for line in path.read_text().splitlines():
         row = json.loads(line)
         rows.setdefault((row["model"], row["runtime"], row["threads"]), []).append(row)
-    lines = ["model | runtime | threads | rounds | ms per token step | tok/s | " + " | ".join(f"k={n - 1} block (steps)" for n in BLOCKS),
+    lines = ["model | runtime | threads | rounds | ms per token step | tok/s | "
+             + " | ".join(f"k={n - 1} block (steps)" for n in BLOCKS),
              "--- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in BLOCKS)]
     for (model, runtime, threads), group in rows.items():
         step, low, high = spread(step_seconds(group))

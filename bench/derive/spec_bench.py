@@ -86,7 +86,7 @@ def spec_bench_table(rows: list[dict], summary: pd.DataFrame) -> pd.DataFrame:
     base_rows = {p: per_prompt[tuple(baselines[p][c] for c in COLUMNS)] for p in sets}
     decode_base = {p: per_prompt[fastest_decoding(frame, p)] for p in sets}
     table = []
-    for method, group in frame.groupby(METHOD, sort=False, dropna=False):
+    for method, _group in frame.groupby(METHOD, sort=False, dropna=False):
         point = dict(zip(METHOD, method))
         row = {"method": method_name(point), **point}
         pooled = ([], [], [], [])  # tokens, seconds, baseline tokens, baseline seconds: aligned by question

@@ -261,10 +261,12 @@ def _speedups(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
         beside = first(colocated(summary, point))
         if beside is not None:
             extra["speedup_vs_colocated"] = metrics.speedup(point["tokens_per_s"], beside["tokens_per_s"])
-        if point["mode"] == "spec" and cloud is not None and edge is not None and point["acceptance_rate"] == point["acceptance_rate"]:
+        if (point["mode"] == "spec" and cloud is not None and edge is not None
+                and point["acceptance_rate"] == point["acceptance_rate"]):  # not NaN
             c = metrics.cost_ratio(cloud["tokens_per_s"], edge["tokens_per_s"])
             theory = metrics.expected_speedup(point["acceptance_rate"], int(point["k"]), c)
-            extra.update(cost_ratio_c=c, theoretical_speedup=theory, speedup_efficiency=metrics.ratio(extra["speedup_vs_cloud"], theory))
+            extra.update(cost_ratio_c=c, theoretical_speedup=theory,
+                         speedup_efficiency=metrics.ratio(extra["speedup_vs_cloud"], theory))
         rows.append({**point.to_dict(), **extra})
     return pd.DataFrame(rows)
 

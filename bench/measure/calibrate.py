@@ -155,7 +155,8 @@ def model_stamp(model: str, runtime: str) -> str | None:
     if where.is_file():
         files = [where]
     else:
-        files = sorted(f for pattern in ("*.safetensors", "*.gguf", "*.bin") for f in where.glob(pattern)) if where.is_dir() else []
+        patterns = ("*.safetensors", "*.gguf", "*.bin")
+        files = sorted(f for pattern in patterns for f in where.glob(pattern)) if where.is_dir() else []
     if not files:
         return None
     listed = [(f.name, (s := f.stat()).st_size, s.st_mtime_ns) for f in files]

@@ -180,7 +180,8 @@ def _clean(value):
 def compare_gate_files(base_path: Path, current_path: Path) -> list[Row]:
     base, now = read_gate_file(base_path), read_gate_file(current_path)
     if base["suite"] != now["suite"]:
-        raise InputError(f"{base_path} is a {base['suite']!r} gate run and {current_path} a {now['suite']!r} one: compare like with like")
+        raise InputError(f"{base_path} is a {base['suite']!r} gate run and {current_path} a {now['suite']!r} one: "
+                         "compare like with like")
     suite = base["suite"]
     rows = [_row_from_check(suite, check) for check in gate_compare(base, now, TOLERANCES[suite])]
     for mode in base.get("tokens_per_s", {}):

@@ -93,7 +93,8 @@ class PeerSettings:
                 continue
             if name in ("sets", "cloud_runtimes"):
                 # a Spec-Bench set names its categories after a colon and commas: split on commas outside those
-                values[name] = tuple(_split_sets(text)) if name == "sets" else tuple(p.strip() for p in text.split(",") if p.strip())
+                parts = _split_sets(text) if name == "sets" else (p.strip() for p in text.split(",") if p.strip())
+                values[name] = tuple(parts)
                 continue
             try:
                 values[name] = int(text)

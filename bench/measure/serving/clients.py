@@ -85,7 +85,8 @@ def script_of(record: dict) -> Script:
                                      cycle["accepted"], cycle["extra_token"]))
             last_reply = cycle["t_reply_s"]
         done += cycle["accepted"] + (cycle["extra_token"] is not None)
-        rebuilt = cycle["draft_tokens"][: cycle["accepted"]] + ([cycle["extra_token"]] if cycle["extra_token"] is not None else [])
+        extra = [cycle["extra_token"]] if cycle["extra_token"] is not None else []
+        rebuilt = cycle["draft_tokens"][: cycle["accepted"]] + extra
         if tokens[done - len(rebuilt): done] != rebuilt:
             raise InputError(f"{where}: its trace does not rebuild its tokens; the record is damaged")
     if done != len(tokens) or not script.steps:

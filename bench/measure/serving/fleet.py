@@ -67,7 +67,8 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
             bar = services.enter_context(tqdm(total=sum(n * len(prompts) for _, n, _ in plan), desc="fleet",
                                               unit="generation", disable=not progress))
             url = config.cloud_url or services.enter_context(ServerProcess(
-                config.cloud, config.dtype, config.cloud_cores, "--runtime", config.cloud_runtime, "--device", config.cloud_device,
+                config.cloud, config.dtype, config.cloud_cores,
+                "--runtime", config.cloud_runtime, "--device", config.cloud_device,
                 "--max-batch", str(config.max_batch), "--batch-window-ms", str(config.batch_window_ms),
                 "--max-sessions", str(2 * max(config.clients) + 2), *(["--follow-verdicts"] if config.follow_verdicts else []),
                 "--kv-cache", config.kv_cache, "--cuda-graphs", config.cuda_graphs))

@@ -1,7 +1,7 @@
 """One real edge of `specbench fleet`: a process running the normal edge loop (`Engine` with a
-cloud URL) for its prompts, started by bench/measure/serving/fleet.py. It loads its model, generates once untimed, prints `{"ready": true}`,
-waits for `go` on stdin, then prints one JSON record per generation (the usual record plus the
-fleet's fields) and exits. Logs go to stderr."""
+cloud URL) for its prompts, started by bench/measure/serving/fleet.py. It loads its model,
+generates once untimed, prints `{"ready": true}`, waits for `go` on stdin, then prints one JSON
+record per generation (the usual record plus the fleet's fields) and exits. Logs go to stderr."""
 from __future__ import annotations
 
 import json

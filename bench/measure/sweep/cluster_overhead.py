@@ -43,7 +43,7 @@ def main(repeats: int = 5) -> None:
     ray.shutdown()
     for executor, values in seconds.items():
         print(f"{executor}: sweep wall s {' '.join(f'{s:.2f}' for s in values)}; median {statistics.median(values):.2f}")
-    per_point = [(r - l) / POINTS for r, l in zip(seconds["ray"], seconds["local"])]
+    per_point = [(ray_s - local_s) / POINTS for ray_s, local_s in zip(seconds["ray"], seconds["local"])]
     print(f"ray - local per point, paired per repeat (s): {' '.join(f'{d:+.3f}' for d in per_point)}; "
           f"median {statistics.median(per_point):+.3f}, range {min(per_point):+.3f} to {max(per_point):+.3f}")
 

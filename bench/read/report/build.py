@@ -46,9 +46,9 @@ THEORY_READ = (
     "Each dot is a spec point: across, the speed-up Leviathan et al.'s formula predicts from its acceptance rate, k "
     "and the edge/cloud cost ratio c; up, the speed-up measured. On the solid line the engine delivers what the "
     "acceptance promises. Below it, time goes somewhere the formula does not see (engine overhead outside the model "
-    "forwards, prefill, a cloud call dearer than c says): see the profile. Bars: the measured speed-up's 95 % interval. Above it is possible with a threshold > 0, "
-    "since confident blocks skip the cloud and the formula assumes every block is verified. Below the dotted line a "
-    "point is slower than cloud-only.")
+    "forwards, prefill, a cloud call dearer than c says): see the profile. Bars: the measured speed-up's 95 % interval. "
+    "Above it is possible with a threshold > 0, since confident blocks skip the cloud and the formula assumes every "
+    "block is verified. Below the dotted line a point is slower than cloud-only.")
 PER_POSITION_READ = (
     "For each spec point, the probability that the i-th token of a verified draft block was accepted: "
     "accepted_per_position[i] / verified blocks, as vLLM reports it. Position i is only reached if 1..i−1 were "

@@ -5,8 +5,9 @@ tokens per verify call τ its speculative rows reached): tokens emitted after th
 seconds after it. Each speculative way of decoding is a staircase from its record's trace, one step
 per cycle (width: the cycle's time to its verdict; height: the draft tokens kept plus the cloud's
 own token). The fastest plain decoding of the verifier's model on that category, on the same
-question, is a straight line at its mean rate (its records keep no per-token clock). A staircase above the plain line is ahead; steps of height 1
-that are wider than the plain line's time per token are blocks that cost more than they gave."""
+question, is a straight line at its mean rate (its records keep no per-token clock). A staircase
+above the plain line is ahead; steps of height 1 that are wider than the plain line's time per token
+are blocks that cost more than they gave."""
 from __future__ import annotations
 
 import math
@@ -28,9 +29,9 @@ READ = (
     "One typical question per category (the median by tokens per verify call), after its first token: every "
     "speculative way of decoding as a staircase, one step per cycle (across: the time to its verdict; up: the tokens it "
     "emitted, the kept draft plus the cloud's own token); the fastest plain decoding of the verifier's model on that "
-    "category on the same question as a dashed line at its mean rate. A staircase that stays left of the dashed line is faster. Steps of "
-    "height 1 wider than the plain line's time per token are blocks that cost more than they gave: where lookup finds "
-    "nothing to copy, each verify still costs about one step of the verifier's runtime.")
+    "category on the same question as a dashed line at its mean rate. A staircase that stays left of the dashed line "
+    "is faster. Steps of height 1 wider than the plain line's time per token are blocks that cost more than they "
+    "gave: where lookup finds nothing to copy, each verify still costs about one step of the verifier's runtime.")
 
 
 def staircase(trace: list[dict]) -> tuple[list[float], list[float]]:

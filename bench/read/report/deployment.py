@@ -4,8 +4,9 @@ Network time, modelled vs measured: per split point, the time its generations re
 link (waits minus the server's own time) against `bench.core.network`'s arithmetic for the same trace
 and preset.
 
-The timeline: for one prompt, a per-cycle Gantt chart of a sequential and an overlapped run side by side (edge drafting, edge drafting ahead, in flight, server queue, server
-compute, edge waiting). Built from the per-cycle clock the engine records (`t_start_s`,
+The timeline: for one prompt, a per-cycle Gantt chart of a sequential and an overlapped run side
+by side (edge drafting, edge drafting ahead, in flight, server queue, server compute, edge
+waiting). Built from the per-cycle clock the engine records (`t_start_s`,
 `t_sent_s`, `t_reply_s`, `edge_wait_s`) and the server's own times (`server_queue_s`, `cloud_s`).
 The edge cannot tell up from down inside a round trip: in-flight time is drawn half before and
 half after the server's share, and the caption says so."""

@@ -126,7 +126,7 @@ def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) 
             calls_ax.errorbar(points[CALLS], y, xerr=_interval(points, CALLS), fmt="none", ecolor="#868e96",
                               elinewidth=1.2, capsize=3, zorder=1)
         placed = points["deployment"].astype(str) if "deployment" in points else pd.Series("inproc", index=points.index)
-        for deployment, (marker, legend) in MARKERS.items():
+        for deployment, (marker, _legend) in MARKERS.items():
             at = (placed == deployment) | ((deployment == "inproc") & ~placed.isin(list(MARKERS)))
             if not at.any():
                 continue

@@ -170,11 +170,12 @@ def precision_notes(summary: pd.DataFrame) -> list[str]:
     drifted = torch_bf16[torch_bf16["chrf_vs_cloud"] < 100]
     if len(drifted):
         low, high = drifted["chrf_vs_cloud"].min(), drifted["chrf_vs_cloud"].max()
-        notes.append(f"bf16 greedy drifts: {len(drifted)} of {len(torch_bf16)} greedy spec points score chrF {low:.0f}–{high:.0f} "
-                     "against cloud-only, not 100. Greedy verification keeps exactly the cloud's argmax, but in bf16 a "
-                     "(k+1)-token verify forward and one-token decoding steps round differently, so a near-tie argmax can flip "
-                     "and the texts part from there. Exactness holds in fp32: spec greedy equals cloud-only token for token "
-                     "(tests/test_lossless.py); rerun with --dtype float32 to see it on these prompts.")
+        notes.append(f"bf16 greedy drifts: {len(drifted)} of {len(torch_bf16)} greedy spec points "
+                     f"score chrF {low:.0f}–{high:.0f} against cloud-only, not 100. Greedy verification keeps "
+                     "exactly the cloud's argmax, but in bf16 a (k+1)-token verify forward and one-token decoding "
+                     "steps round differently, so a near-tie argmax can flip and the texts part from there. Exactness "
+                     "holds in fp32: spec greedy equals cloud-only token for token (tests/test_lossless.py); rerun "
+                     "with --dtype float32 to see it on these prompts.")
     for name, why in QUANTIZED_DRIFT.items():
         points = greedy[runtime == name]
         drifted = points[points["chrf_vs_cloud"] < 100]

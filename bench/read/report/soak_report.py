@@ -39,7 +39,10 @@ def plot_soak(rows: list[dict], path: Path) -> Path:
     axes[1].plot(t, [s["fds"] for s in samples], label="open FDs", color="#4C72B0")
     axes[1].plot(t, [s["threads"] for s in samples], label="threads", color="#55A868")
     axes[1].legend(loc="upper left", fontsize=8)
-    live = lambda name: [s[name] if s[name] is not None else float("nan") for s in samples]  # noqa: E731
+
+    def live(name: str) -> list[float]:
+        return [s[name] if s[name] is not None else float("nan") for s in samples]
+
     axes[2].plot(t, live("sessions"), label="sessions", color="#4C72B0")
     axes[2].plot(t, live("connections"), label="connections", color="#DD8452")
     axes[2].legend(loc="upper left", fontsize=8)
