@@ -11,7 +11,8 @@ specbench's spec across runtimes (the model drafter and prompt lookup).
 Prompts from SPECBENCH_PEER_SETS (default `code,zh-describe,en-chat`; e.g.
 `spec-bench:../shared/spec-bench/question-dev.jsonl:summarization`), specbench's plain decoding and
 verifiers in SPECBENCH_PEER_RUNTIMES (default `llamacpp,torch-int8`): SPECBENCH_PEER_PROMPTS per set (default 3),
-SPECBENCH_PEER_TOKENS new tokens (default 48), SPECBENCH_PEER_THREADS (default 2). Raw per-prompt
+SPECBENCH_PEER_TOKENS new tokens (default 48), SPECBENCH_PEER_THREADS (default 2), the example's speculation types
+in SPECBENCH_PEER_LLAMA_SPEC (default `draft-simple`; its draft-free `ngram-simple`, `ngram-mod` too). Raw per-prompt
 timings go to SPECBENCH_PEER_JSONL (default runs/peer_runtimes.jsonl) as taken; a rerun overwrites it.
 The table goes to stdout and `extra_info`; nothing asserts a time.
 """
@@ -52,7 +53,8 @@ def test_real_peer_runtimes(benchmark):
         binary = None
         print(f"\nllama.cpp speculative left out: {e}")
     peers = build_peers(EDGE_ALIAS, CLOUD_ALIAS, str(ggufs[EDGE_ALIAS]), str(ggufs[CLOUD_ALIAS]), prompts, tokens,
-                        threads, binary, log=lambda m: None, cloud_runtimes=settings.cloud_runtimes)
+                        threads, binary, log=lambda m: None, cloud_runtimes=settings.cloud_runtimes,
+                        llama_spec_types=settings.llama_spec_types)
     timed = benchmark.pedantic(run_interleaved, args=(peers, len(prompts), sink, threads), rounds=1, iterations=1)
     text = table(timed, peers, tokens)
     benchmark.extra_info.update({"prompts": len(prompts), "max_new_tokens": tokens, "threads": threads,

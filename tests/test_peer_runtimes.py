@@ -94,6 +94,28 @@ def test_the_example_runs_greedy_with_the_same_threads_and_a_draft_type():
     assert (flags["--temp"], flags["--top-k"], flags["--spec-type"]) == ("0", "1", "draft-simple")
 
 
+@pytest.mark.parametrize("spec_type", ["ngram-simple", "ngram-mod"])
+def test_the_examples_draft_free_types_run_greedy_without_a_draft_model(spec_type):
+    command = speculative_command(Path("bin"), "t.gguf", None, "p", threads=2, max_new_tokens=48, spec_type=spec_type)
+    flags = dict(zip(command[1::2], command[2::2]))
+    assert "-md" not in command and "-td" not in command
+    assert (flags["-m"], flags["-t"], flags["--temp"], flags["--top-k"], flags["--spec-type"]) == (
+        "t.gguf", "2", "0", "1", spec_type)
+
+
+def test_the_examples_types_are_refused_in_one_line_where_they_do_not_fit():
+    with pytest.raises(ConfigError, match="llama.cpp's draft-simple needs a draft model: give --draft D.gguf"):
+        speculative_command(Path("bin"), "t.gguf", None, "p", threads=2, max_new_tokens=8)
+    with pytest.raises(ConfigError, match="llama.cpp's ngram-mod drafts from the context, not a draft model: drop --draft"):
+        speculative_command(Path("bin"), "t.gguf", "d.gguf", "p", threads=2, max_new_tokens=8, spec_type="ngram-mod")
+    with pytest.raises(ConfigError, match="unknown llama.cpp speculation type 'none': use one of draft-simple, "):
+        speculative_command(Path("bin"), "t.gguf", None, "p", threads=2, max_new_tokens=8, spec_type="none")
+    assert PeerSettings.from_env({"SPECBENCH_PEER_LLAMA_SPEC": "draft-simple, ngram-mod"}).llama_spec_types == (
+        "draft-simple", "ngram-mod")
+    with pytest.raises(ConfigError, match="SPECBENCH_PEER_LLAMA_SPEC names 'ngram-xl': use some of"):
+        PeerSettings.from_env({"SPECBENCH_PEER_LLAMA_SPEC": "ngram-xl"})
+
+
 @pytest.mark.subprocess  # runs the example's module as a child process
 @pytest.mark.parametrize("binary", [None, "no/such/llama-speculative-simple"])
 def test_a_missing_example_binary_is_one_line_naming_the_build(binary, tmp_path):

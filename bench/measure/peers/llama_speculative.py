@@ -4,6 +4,7 @@ built from the llama.cpp source that llama-cpp-python 0.3.36 vendors, run as a s
     python -m bench.measure.peers.llama_speculative build --out ~/llama-spec      # once: compiles llama.cpp again
     export SPECBENCH_LLAMA_SPECULATIVE=~/llama-spec/build/bin/llama-speculative-simple
     python -m bench.measure.peers.llama_speculative run --target T.gguf --draft D.gguf --prompt "..."  # one prompt
+    python -m bench.measure.peers.llama_speculative run --target T.gguf --spec-type ngram-mod --prompt "..."  # draft-free
 
 Why the example and not llama-cpp-python's draft-model hook (read in llama_cpp/llama.py, 0.3.36):
 `Llama(draft_model=...)` forces `logits_all=True` (`self._logits_all = logits_all if draft_model is None
@@ -52,7 +53,12 @@ BUILD_COMMAND = "python -m bench.measure.peers.llama_speculative build --out DIR
 # Its log is written by a thread; in 1 of 10 runs here the report's tail was cut short at exit:
 # such a run is run again (its time is its own report, so a rerun costs nothing in fairness).
 REPORT_ATTEMPTS = 3
-GREEDY_FLAGS = ("--temp", "0", "--top-k", "1", "--spec-type", "draft-simple")
+GREEDY_FLAGS = ("--temp", "0", "--top-k", "1")
+# The example's speculation types run here: a draft model (draft-simple), or the target's own context, no draft
+# model (common/speculative.cpp of the vendored llama.cpp: ngram-simple looks the last tokens up in the context,
+# ngram-mod keeps a hashed n-gram table across the generation). `none` is refused by the example itself ("failed
+# to initialize speculative decoding"): llama.cpp's plain decoding is llama-cpp-python's, a peer of its own.
+SPEC_TYPES = ("draft-simple", "ngram-simple", "ngram-mod")
 _REPORT = {
     "encoded": re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds"),
     "decoded": re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds"),
@@ -107,16 +113,24 @@ def parse_report(stdout: str, stderr: str, prompt_text: str) -> SpeculativeRepor
         drafted=int(found["n_drafted"][1]), accepted=int(found["n_accept"][1]))
 
 
-def speculative_command(binary: Path, target: str, draft: str, prompt_text: str, threads: int,
-                        max_new_tokens: int, n_ctx: int = 4096) -> list[str]:
-    return [str(binary), "-m", target, "-md", draft, "-p", prompt_text, "-n", str(max_new_tokens), "-c", str(n_ctx),
-            "-t", str(threads), "-td", str(threads), *GREEDY_FLAGS]  # its warm-up decode stays in the untimed load
+def speculative_command(binary: Path, target: str, draft: str | None, prompt_text: str, threads: int,
+                        max_new_tokens: int, n_ctx: int = 4096, spec_type: str = "draft-simple") -> list[str]:
+    """The example's command line: greedy, the same threads for target and draft, `spec_type` (SPEC_TYPES);
+    draft-simple takes the draft model, the n-gram types none."""
+    if spec_type not in SPEC_TYPES:
+        raise ConfigError(f"unknown llama.cpp speculation type {spec_type!r}: use one of {', '.join(SPEC_TYPES)}")
+    if (spec_type == "draft-simple") != (draft is not None):
+        raise ConfigError(f"llama.cpp's {spec_type} " + ("needs a draft model: give --draft D.gguf" if draft is None
+                          else "drafts from the context, not a draft model: drop --draft"))
+    drafting = ["-md", draft, "-td", str(threads)] if draft is not None else []
+    return [str(binary), "-m", target, *drafting, "-p", prompt_text, "-n", str(max_new_tokens), "-c", str(n_ctx),
+            "-t", str(threads), *GREEDY_FLAGS, "--spec-type", spec_type]  # its warm-up decode stays in the untimed load
 
 
-def run_speculative(binary: Path, target: str, draft: str, prompt_text: str, threads: int,
-                    max_new_tokens: int, timeout_s: float = 600) -> SpeculativeReport:
-    """One prompt through the example (a fresh process: both models loaded, timed by itself)."""
-    command = speculative_command(binary, target, draft, prompt_text, threads, max_new_tokens)
+def run_speculative(binary: Path, target: str, draft: str | None, prompt_text: str, threads: int,
+                    max_new_tokens: int, timeout_s: float = 600, spec_type: str = "draft-simple") -> SpeculativeReport:
+    """One prompt through the example (a fresh process: its models loaded, timed by itself)."""
+    command = speculative_command(binary, target, draft, prompt_text, threads, max_new_tokens, spec_type=spec_type)
     for attempt in range(REPORT_ATTEMPTS):
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
@@ -199,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     run_parser = commands.add_parser("run", help="one prompt, greedy; prints its report as JSON")
     run_parser.add_argument("--binary", help=f"the example's binary (default ${BINARY_ENV})")
     run_parser.add_argument("--target", required=True, help="the cloud's GGUF file")
-    run_parser.add_argument("--draft", required=True, help="the edge's GGUF file")
+    run_parser.add_argument("--draft", help="the edge's GGUF file (draft-simple only)")
+    run_parser.add_argument("--spec-type", choices=SPEC_TYPES, default="draft-simple",
+                            help="draft-simple (a draft model) or a draft-free type drafting from the context")
     run_parser.add_argument("--prompt", required=True, help="text as the model sees it (chat template applied)")
     run_parser.add_argument("--threads", type=_positive, default=2)
     run_parser.add_argument("--max-new-tokens", type=_positive, default=48)
@@ -210,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"built {binary}\nexport {BINARY_ENV}={binary}")
         else:
             binary = find_binary(args.binary)  # first: without it nothing else matters
-            report = run_speculative(binary, _gguf("--target", args.target), _gguf("--draft", args.draft), args.prompt,
-                                     args.threads, args.max_new_tokens)
+            draft = _gguf("--draft", args.draft) if args.draft is not None else None
+            report = run_speculative(binary, _gguf("--target", args.target), draft, args.prompt, args.threads,
+                                     args.max_new_tokens, spec_type=args.spec_type)
             print(json.dumps(asdict(report), ensure_ascii=False))
     except SpecdecError as e:  # one line, exit 2
         print(f"error: {e}", file=sys.stderr)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from bench.measure.peers.hf_assisted import Timed, paired, pooled_tokens_per_s
-from bench.measure.peers.llama_speculative import run_speculative
+from bench.measure.peers.llama_speculative import SPEC_TYPES, run_speculative
 from specdec.backends.base import RUNTIMES
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
@@ -30,7 +30,12 @@ from specdec.models.loading import LoadedModel, load_model
 
 LLAMA_CPP_PYTHON = "llama-cpp-python plain"
 LLAMA_PROMPT_LOOKUP = "llama-cpp-python prompt lookup (n-gram 2, 10 tokens)"  # LlamaPromptLookupDecoding's defaults
-LLAMA_SPECULATIVE = "llama.cpp speculative (n-max 3)"
+LLAMA_SPECULATIVE = "llama.cpp speculative (n-max 3)"  # draft-simple: the 0.5B drafting
+
+
+def llama_peer_name(spec_type: str) -> str:
+    """The peer name of llama.cpp's example under one speculation type (llama_speculative.SPEC_TYPES)."""
+    return LLAMA_SPECULATIVE if spec_type == "draft-simple" else f"llama.cpp {spec_type} (no draft model)"
 CLOUD_RUNTIMES = ("llamacpp", "torch-int8")  # SPECBENCH_PEER_RUNTIMES: specbench's plain decoding in each
 
 
@@ -60,15 +65,19 @@ class PeerSettings:
     sink: Path = Path("runs/peer_runtimes.jsonl")  # SPECBENCH_PEER_JSONL: raw timings, overwritten
     sets: tuple[str, ...] = ("code", "zh-describe", "en-chat")  # SPECBENCH_PEER_SETS, comma-separated prompt sets
     cloud_runtimes: tuple[str, ...] = CLOUD_RUNTIMES  # SPECBENCH_PEER_RUNTIMES, comma-separated
+    llama_spec_types: tuple[str, ...] = ("draft-simple",)  # SPECBENCH_PEER_LLAMA_SPEC: the example's types, comma-separated
 
     ENV = {"prompts_per_set": "SPECBENCH_PEER_PROMPTS", "max_new_tokens": "SPECBENCH_PEER_TOKENS",
            "threads": "SPECBENCH_PEER_THREADS", "sink": "SPECBENCH_PEER_JSONL", "sets": "SPECBENCH_PEER_SETS",
-           "cloud_runtimes": "SPECBENCH_PEER_RUNTIMES"}
+           "cloud_runtimes": "SPECBENCH_PEER_RUNTIMES", "llama_spec_types": "SPECBENCH_PEER_LLAMA_SPEC"}
 
     def __post_init__(self) -> None:
         if unknown := [r for r in self.cloud_runtimes if r not in RUNTIMES or "+" in r]:
             raise ConfigError(f"SPECBENCH_PEER_RUNTIMES names {unknown[0]!r}: use some of {', '.join(RUNTIMES)}, "
                               "e.g. SPECBENCH_PEER_RUNTIMES=llamacpp,torch-int8")
+        if unknown := [t for t in self.llama_spec_types if t not in SPEC_TYPES]:
+            raise ConfigError(f"SPECBENCH_PEER_LLAMA_SPEC names {unknown[0]!r}: use some of {', '.join(SPEC_TYPES)}, "
+                              "e.g. SPECBENCH_PEER_LLAMA_SPEC=draft-simple,ngram-simple,ngram-mod")
         if not self.sets or not self.cloud_runtimes:
             raise ConfigError("SPECBENCH_PEER_SETS and SPECBENCH_PEER_RUNTIMES need at least one name each, e.g. "
                               "SPECBENCH_PEER_SETS=spec-bench:question.jsonl:summarization")
@@ -91,7 +100,7 @@ class PeerSettings:
             if name == "sink":
                 values[name] = Path(text).expanduser()
                 continue
-            if name in ("sets", "cloud_runtimes"):
+            if name in ("sets", "cloud_runtimes", "llama_spec_types"):
                 # a Spec-Bench set names its categories after a colon and commas: split on commas outside those
                 parts = _split_sets(text) if name == "sets" else (p.strip() for p in text.split(",") if p.strip())
                 values[name] = tuple(parts)
@@ -167,7 +176,8 @@ def cached_loader(dtype: str, log: Callable[[str], object]) -> Callable[..., Loa
 
 def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts: list[tuple[str, str | None]],
                 max_new_tokens: int, threads: int, binary: Path | None, log=print,
-                cloud_runtimes: tuple[str, ...] = CLOUD_RUNTIMES) -> list[Peer]:
+                cloud_runtimes: tuple[str, ...] = CLOUD_RUNTIMES,
+                llama_spec_types: tuple[str, ...] = ("draft-simple",)) -> list[Peer]:
     """The peers of the runtime suite; `binary` None leaves llama.cpp's speculative decoding out."""
     loader = cached_loader("bfloat16", log)
     decode = DecodeConfig(max_new_tokens=max_new_tokens)
@@ -198,14 +208,15 @@ def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts:
             return Timed(name, i, tokens, time.perf_counter() - start,
                          text=tokenizer_model.tokenizer.decode(tokens, skip_special_tokens=True))
         peers.append(Peer(name, llamacpp_plain, run))
-    if binary is not None:
-        def run_example(i: int) -> Timed:
-            report = run_speculative(binary, cloud_gguf, edge_gguf, rendered[i], threads, max_new_tokens)
-            return Timed(LLAMA_SPECULATIVE, i, [], report.wall_s, text=report.text, counted=report.new_tokens,
+    for spec_type in llama_spec_types if binary is not None else ():
+        def run_example(i: int, spec_type=spec_type) -> Timed:
+            draft = edge_gguf if spec_type == "draft-simple" else None
+            report = run_speculative(binary, cloud_gguf, draft, rendered[i], threads, max_new_tokens, spec_type=spec_type)
+            return Timed(llama_peer_name(spec_type), i, [], report.wall_s, text=report.text, counted=report.new_tokens,
                          extra={"prompt_tokens": report.prompt_tokens, "same_prompt_tokens":
                                 report.prompt_tokens == encoded[i].input_ids.numel(), "encode_s": report.encode_s,
                                 "decode_s": report.decode_s, "drafted": report.drafted, "accepted": report.accepted})
-        peers.append(Peer(LLAMA_SPECULATIVE, llamacpp_plain, run_example))
+        peers.append(Peer(llama_peer_name(spec_type), llamacpp_plain, run_example))
     for edge_runtime, cloud_runtime, k, drafter in spec_peers(cloud_runtimes):
         spec = SpecConfig(k=k, entropy_threshold=0, policy="greedy", drafter=drafter)
         if drafter == "model":
