@@ -19,6 +19,7 @@ import threading
 import msgpack
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
@@ -230,6 +231,12 @@ def edge_against(fake: FuzzingServer, models, ready: bytes, verdict: bytes) -> s
         remote.close()
 
 
+# Half the client's handshakes get an honest ready, so its fuzzed verdicts are reached however many fields a ready
+# has (each field of a fuzzed one is changed with probability 1/2: a ready that grew a field passed less often, and
+# the quick run's verdicts were reached 3 times in 200).
+HONEST_READY = msgpack.packb(READY, use_bin_type=True)
+
+
 def fuzz_client(models, replies: int, first_seed: int) -> dict[str, int]:
     outcomes: dict[str, int] = {}
     with FuzzingServer() as fake:
@@ -237,7 +244,7 @@ def fuzz_client(models, replies: int, first_seed: int) -> dict[str, int]:
         while fake.sent < replies:
             @settings(max_examples=100, database=None, deadline=None, suppress_health_check=list(HealthCheck))
             @seed(first_seed + chunk)
-            @given(reply(READY), reply(VERDICT))
+            @given(st.just(HONEST_READY) | reply(READY), reply(VERDICT))
             def one(ready, verdict) -> None:
                 outcome = edge_against(fake, models, ready, verdict)
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
