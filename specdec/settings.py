@@ -64,6 +64,12 @@ def parse(kind: type[Setting], value: object, name: str) -> Setting:
         raise ConfigError(f"unknown {name} {value!r}: use one of {', '.join(kind)}") from None
 
 
+def parse_fields(config: object, **kinds: type[StrEnum]) -> None:
+    """Parse each named field of a frozen dataclass (`config`, in its __post_init__) into its enum, in place."""
+    for name, kind in kinds.items():
+        object.__setattr__(config, name, parse(kind, getattr(config, name), name))
+
+
 def choices(kind: type[StrEnum]) -> tuple[str, ...]:
     """The values of `kind` as the words a flag offers (argparse's choices, a config field's metadata)."""
     return tuple(member.value for member in kind)

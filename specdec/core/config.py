@@ -19,7 +19,7 @@ from specdec.core.drafters import DRAFTERS, describe_options, drafter_options
 from specdec.core.policies import POLICIES
 from specdec.core.verifier import VERIFIERS
 from specdec.errors import ConfigError
-from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, OnCloudLoss, choices, parse
+from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, OnCloudLoss, choices, parse_fields
 
 MODES = ("edge", "cloud", "spec")
 ROLES = {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}  # the models each mode loads
@@ -121,10 +121,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_types(self)
         check_choices(self)
-        for name, kind in (("kv_cache", KVCache), ("cuda_graphs", CudaGraphs), ("llamacpp_extra_buffers", ExtraBuffers)):
-            # Typed from here on: an enum member is still its word (`str` in the annotation, the records and the
-            # protocol), so the point's types and the flags built from these fields stay as they were.
-            object.__setattr__(self, name, parse(kind, getattr(self, name), name))
+        # Typed from here on: an enum member is still its word (`str` in the annotation, the records and the
+        # protocol), so the point's types and the flags built from these fields stay as they were.
+        parse_fields(self, kv_cache=KVCache, cuda_graphs=CudaGraphs, llamacpp_extra_buffers=ExtraBuffers)
         if self.remote_cloud and self.cloud_device != "cpu":
             raise ConfigError("--cloud-device chooses where a cloud loaded here runs; with --cloud-url the server's "
                               "model runs where that server was started (`specbench serve --device`): drop --cloud-device")
@@ -207,7 +206,7 @@ class DeployConfig:
     def __post_init__(self) -> None:
         check_types(self)
         check_choices(self)
-        object.__setattr__(self, "on_cloud_loss", parse(OnCloudLoss, self.on_cloud_loss, "on_cloud_loss"))
+        parse_fields(self, on_cloud_loss=OnCloudLoss)
         if self.overlap not in OVERLAP:
             raise ConfigError(f"overlap must be auto, true or false, got {self.overlap!r}")
         if not self.cloud_timeout_s > 0:

@@ -39,7 +39,7 @@ from specdec.core.trace import Counters, Cycle, Generation
 from specdec.core.two_runtime import Router, TwoRuntimeCloud
 from specdec.core.verdict import Verdict
 from specdec.errors import ConfigError
-from specdec.settings import OnCloudLoss, parse
+from specdec.settings import OnCloudLoss, parse_fields
 
 NO_CONSTRAINTS = Constraints()
 
@@ -58,7 +58,7 @@ class SpecOptions:
     history: History | None = None  # the engine's earlier requests' measurements (None: a fresh one)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "on_cloud_loss", parse(OnCloudLoss, self.on_cloud_loss, "on_cloud_loss"))
+        parse_fields(self, on_cloud_loss=OnCloudLoss)
 
 
 @torch.inference_mode()

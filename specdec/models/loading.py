@@ -29,7 +29,7 @@ from specdec.models import integrity, registry
 from specdec.models.architecture import NoTokenizer, build_architecture, is_architecture
 from specdec.models.convert_ct2 import CT2_FILES, ensure_whisper
 from specdec.models.derive import INT8, check_derivable, derive, needs_float32, split_name
-from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, parse
+from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, parse, parse_fields
 
 # Hub ids as the hub validates them: two names that start with a letter or digit.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
@@ -222,8 +222,7 @@ class LoadSettings:
             raise ModelError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if self.runtime not in LOADERS:
             raise ModelError(f"unknown runtime {self.runtime!r}: use one of {', '.join(RUNTIMES)}")
-        for name, kind in (("kv_cache", KVCache), ("cuda_graphs", CudaGraphs), ("extra_buffers", ExtraBuffers)):
-            object.__setattr__(self, name, parse(kind, getattr(self, name), name))
+        parse_fields(self, kv_cache=KVCache, cuda_graphs=CudaGraphs, extra_buffers=ExtraBuffers)
 
 
 Loader = Callable[[str, LoadSettings, Callable[[str], object]], LoadedModel]
