@@ -12,6 +12,7 @@ from bench.commands.fleet import add_fleet_parser, cmd_fleet
 from bench.commands.gate import add_gate_parser, cmd_gate
 from bench.commands.link import add_link_parser, cmd_link
 from bench.commands.models import add_models_parser, cmd_models
+from bench.commands.peers import add_peers_parser, cmd_peers
 from bench.commands.predict import add_predict_parser, cmd_predict
 from bench.commands.profile import add_profile_parser, cmd_profile
 from bench.commands.report import add_report_parser, cmd_report
@@ -37,12 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_link_parser(sub)
     add_fleet_parser(sub)
     add_models_parser(sub)
+    add_peers_parser(sub)
     add_predict_parser(sub)
     add_calibrate_parser(sub)
     return parser
 
 
-COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models, "report": cmd_report, "profile": cmd_profile,
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "models": cmd_models, "peers": cmd_peers, "report": cmd_report,
+            "profile": cmd_profile,
             "gate": cmd_gate, "compare": cmd_compare, "score": cmd_score,
             "serve": cmd_serve, "link": cmd_link, "fleet": cmd_fleet,
             "predict": cmd_predict, "calibrate": cmd_calibrate}

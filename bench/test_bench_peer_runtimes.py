@@ -12,9 +12,13 @@ Prompts from SPECBENCH_PEER_SETS (default `code,zh-describe,en-chat`; e.g.
 `spec-bench:../shared/spec-bench/question-dev.jsonl:summarization`), specbench's plain decoding and
 verifiers in SPECBENCH_PEER_RUNTIMES (default `llamacpp,torch-int8`): SPECBENCH_PEER_PROMPTS per set (default 3),
 SPECBENCH_PEER_TOKENS new tokens (default 48), SPECBENCH_PEER_THREADS (default 2), the example's speculation types
-in SPECBENCH_PEER_LLAMA_SPEC (default `draft-simple`; its draft-free `ngram-simple`, `ngram-mod` too). Raw per-prompt
-timings go to SPECBENCH_PEER_JSONL (default runs/peer_runtimes.jsonl) as taken; a rerun overwrites it.
-The table goes to stdout and `extra_info`; nothing asserts a time.
+in SPECBENCH_PEER_LLAMA_SPEC (default `draft-simple`; its draft-free `ngram-simple`, `ngram-mod` too, at their
+defaults, or `ngram-simple-short`, `ngram-mod-short`), llama-cpp-python's ways in SPECBENCH_PEER_LLAMA_PYTHON (default
+`plain,flash-off,lookup`), specbench's drafters in SPECBENCH_PEER_SPEC (default `model,prompt-lookup`; `auto` too),
+and the field's engines in SPECBENCH_PEER_EXTERNAL (default none; some of `onnxruntime-genai,openvino-genai,vllm`:
+the last two in venvs of their own, `specbench peers install NAME`, driven as workers in the same rotation).
+Raw per-prompt timings go to SPECBENCH_PEER_JSONL (default runs/peer_runtimes.jsonl) as taken; a rerun overwrites
+it; the workers' logs go beside it. The table goes to stdout and `extra_info`; nothing asserts a time.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ import pytest
 
 from bench.core.prompts import load_prompts
 from bench.measure.peers.llama_speculative import find_binary
-from bench.measure.peers.runtimes import PeerSettings, build_peers, run_interleaved, table
+from bench.measure.peers.peer_worker import WorkerError
+from bench.measure.peers.runtimes import PeerSettings, build_peers, idle_cpu, run_interleaved, table
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models.registry import gguf_path, is_fetched
@@ -52,12 +57,23 @@ def test_real_peer_runtimes(benchmark):
     except ConfigError as e:
         binary = None
         print(f"\nllama.cpp speculative left out: {e}")
-    peers = build_peers(EDGE_ALIAS, CLOUD_ALIAS, str(ggufs[EDGE_ALIAS]), str(ggufs[CLOUD_ALIAS]), prompts, tokens,
-                        threads, binary, log=lambda m: None, cloud_runtimes=settings.cloud_runtimes,
-                        llama_spec_types=settings.llama_spec_types)
-    timed = benchmark.pedantic(run_interleaved, args=(peers, len(prompts), sink, threads), rounds=1, iterations=1)
+    workers: list = []
+    try:
+        peers = build_peers(EDGE_ALIAS, CLOUD_ALIAS, str(ggufs[EDGE_ALIAS]), str(ggufs[CLOUD_ALIAS]), prompts, tokens,
+                            threads, binary, log=lambda m: None, cloud_runtimes=settings.cloud_runtimes,
+                            llama_spec_types=settings.llama_spec_types, llama_python=settings.llama_python,
+                            external=settings.external, spec_modes=settings.spec_modes, engines=settings.engines,
+                            workers=workers,
+                            logs=sink.parent)
+        print(f"\nidle peers' processes: {idle_cpu(workers)}")
+        timed = benchmark.pedantic(run_interleaved, args=(peers, len(prompts), sink, threads), rounds=1, iterations=1)
+    except (SpecdecError, WorkerError) as e:  # a peer not installed, a worker that died: one line, what ran is kept
+        pytest.exit(f"error: {e} (generations so far: {sink})", returncode=2)
+    finally:
+        for worker in workers:
+            worker.close()
     text = table(timed, peers, tokens)
     benchmark.extra_info.update({"prompts": len(prompts), "max_new_tokens": tokens, "threads": threads,
                                  "raw": str(sink), "table": text})
     print(f"\n{len(prompts)} prompts ({'; '.join(settings.sets)}) x {tokens} tokens, {threads} threads, greedy, interleaved; "
-          f"raw timings in {sink}; ratios paired per prompt (median [min-max]):\n{text}")
+          f"raw timings in {sink}; speed-ups pooled over the prompts, 95 % paired bootstrap intervals:\n{text}")

@@ -159,3 +159,30 @@ def test_changed_source_rebuilt_touched_source_reused(folder, tmp_path, monkeypa
     ensure_onnx(copy, log=messages.append)
     assert built == [copy] and "changed" in messages[0]
 
+
+
+def test_the_unedited_variant_feeds_onnxruntime_genais_own_generator(folder):
+    """The `genai-int4` conversion is the builder's graph as it is (no input the Generator cannot feed), cached like
+    the others, refused by the backend; onnxruntime-genai's own greedy generation on it (a peer,
+    bench/measure/peers/ort_genai.py), plain and with its n-gram decoding, equals the backend's greedy on the edited
+    graph of the same int4 weights (one token per forward)."""
+    import onnx
+
+    from bench.measure.peers.ort_genai import OrtGenai
+    from specdec.errors import ConfigError
+
+    out = ensure_onnx(folder, "genai-int4", **QUIET)
+    assert out == onnx_dir(folder, "genai-int4") and json.loads((out / MARKER).read_text())["recipe"]["variant"] == "genai-int4"
+    assert KEEP_INPUT not in {i.name for i in onnx.load(out / "model.onnx", load_external_data=False).graph.input}
+    with pytest.raises(ConfigError, match="load one of int4, int8"):
+        load_onnx(folder, variant="genai-int4", **QUIET)
+    backend = OnnxRuntimeBackend(onnx_dir(folder), pad_steps=True)
+    ids = _ids(5, 6).repeat(4)  # repeats: something for an n-gram to find
+    state, last = backend.prefill(Prompt(ids), ids, keep=1)
+    greedy = [int(last[-1].argmax())]
+    while len(greedy) < 12:
+        greedy.append(int(backend.forward(state, torch.tensor(greedy[-1:]))[-1].argmax()))
+    plain, first = OrtGenai(out, threads=1).generate(ids.tolist(), 12, frozenset())
+    ngram, _ = OrtGenai(out, threads=1, ngram=True).generate(ids.tolist(), 12, frozenset())
+    assert first is not None and first > 0
+    assert plain == greedy and ngram == greedy

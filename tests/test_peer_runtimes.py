@@ -4,6 +4,7 @@ report parses; a missing example binary is one line naming the build; HF assiste
 assistant equals greedy."""
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -13,8 +14,24 @@ import pytest
 import torch
 
 from bench.measure.peers.hf_assisted import Timed, hf_assisted
-from bench.measure.peers.llama_speculative import BINARY_ENV, BUILD_COMMAND, parse_report, speculative_command
-from bench.measure.peers.runtimes import PeerSettings, same_as_reference, spec_peers
+from bench.measure.peers.llama_speculative import (
+    BINARY_ENV,
+    BUILD_COMMAND,
+    SPEC_SETTINGS,
+    parse_report,
+    speculative_command,
+)
+from bench.measure.peers.runtimes import (
+    Peer,
+    PeerSettings,
+    external_peers,
+    fastest_plain,
+    llama_peer_name,
+    same_as_reference,
+    spec_peers,
+    speedups,
+    table,
+)
 from specdec.core.config import DecodeConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError, SpecdecError
@@ -126,6 +143,58 @@ def test_a_missing_example_binary_is_one_line_naming_the_build(binary, tmp_path)
                              "--draft", "d.gguf", "--prompt", "hi"], capture_output=True, text=True, env=env, timeout=120)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and BUILD_COMMAND in lines[0], lines
+
+
+@pytest.mark.parametrize("name", sorted(SPEC_SETTINGS))
+def test_the_examples_named_settings_pass_their_flags(name):
+    base, flags = SPEC_SETTINGS[name]
+    command = speculative_command(Path("bin"), "t.gguf", None, "p", threads=2, max_new_tokens=48, spec_type=name)
+    assert command[command.index("--spec-type") + 1] == base and command[-len(flags):] == list(flags)
+    assert all(flag.startswith(f"--spec-{base}-") for flag in flags[::2])  # the flags of its own type
+    assert " ".join(flags) in llama_peer_name(name)
+    assert PeerSettings.from_env({"SPECBENCH_PEER_LLAMA_SPEC": name}).llama_spec_types == (name,)
+
+
+def test_peer_settings_name_external_peers_llama_python_ways_and_drafters():
+    settings = PeerSettings.from_env({"SPECBENCH_PEER_EXTERNAL": "vllm, onnxruntime-genai",
+                                      "SPECBENCH_PEER_LLAMA_PYTHON": "plain", "SPECBENCH_PEER_SPEC": "prompt-lookup,auto"})
+    assert settings.external == ("vllm", "onnxruntime-genai") and settings.llama_python == ("plain",)
+    assert [drafter for *_, drafter in spec_peers(("vnni-int4",), settings.spec_modes)] == ["prompt-lookup", "auto"]
+    assert PeerSettings().external == () and PeerSettings().llama_python == ("plain", "flash-off", "lookup")
+    for variable, value in (("SPECBENCH_PEER_EXTERNAL", "sglang"), ("SPECBENCH_PEER_LLAMA_PYTHON", "fast"),
+                            ("SPECBENCH_PEER_SPEC", "eagle")):
+        with pytest.raises(ConfigError, match=rf"{variable} names '{value}': use some of .*e\.g\. {variable}="):
+            PeerSettings.from_env({variable: value})
+
+
+def test_an_external_peer_not_installed_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path))
+    monkeypatch.setattr("bench.measure.peers.runtimes.model_dir", lambda alias: tmp_path / alias)
+    with pytest.raises(ConfigError, match="run `specbench peers install vllm`"):
+        external_peers("vllm", "edge", "cloud", threads=2)
+
+
+def _timed(config: str, rates: list[float], ttft: float | None = 0.05, tokens: int = 10) -> list[Timed]:
+    return [Timed(config, i, list(range(tokens)), tokens / rate, extra={"ttft_s": ttft}) for i, rate in enumerate(rates)]
+
+
+def test_speedups_are_pooled_over_the_fastest_plain_with_a_paired_interval():
+    timed = (_timed("a plain", [10, 20, 10, 20]) + _timed("b plain", [12, 24, 12, 24]) + _timed("spec", [24, 48, 24, 48])
+             + _timed("text only", [12, 24, 12, 24], ttft=None))
+    peers = [Peer("a plain", None, lambda i: None, plain=True), Peer("b plain", None, lambda i: None, plain=True),
+             Peer("spec", "a plain", lambda i: None), Peer("text only", "a plain", lambda i: None)]
+    assert fastest_plain(timed, peers) == "b plain"  # the spec peer is faster, but not a plain decoding
+    point, low, high = speedups(timed, "spec", "b plain")
+    assert point == pytest.approx(2.0) and low == pytest.approx(2.0) and high == pytest.approx(2.0)  # same ratio each
+    point, low, high = speedups(timed, "spec", "a plain")
+    assert point == pytest.approx(2.4) and low <= point <= high
+    # after the first token: 9 tokens over (wall - 0.05 s); a peer that reports no first-token time is left out
+    after, _, _ = speedups(timed, "spec", "b plain", after_first=True)
+    assert after == pytest.approx(sum(10 / r - 0.05 for r in [12, 24, 12, 24]) / sum(10 / r - 0.05 for r in [24, 48, 24, 48]))
+    assert math.isnan(speedups(timed, "text only", "b plain", after_first=True)[0])
+    text = table(timed, peers, max_new_tokens=10)
+    assert "x fastest plain (b plain)" in text.splitlines()[0]
+    assert "| 2.00x [2.00-2.00] |" in text and "4/4 (a plain)" in text
 
 
 def test_text_peers_compare_by_prefix_past_the_budget():

@@ -18,7 +18,8 @@ local folder only (no hub: HF_HUB_OFFLINE and hf_token=false); a failed build's 
 folder as `.onnx-<variant>.builder.log`. After the builder, one edit of the graph (`keep_last_rows`): an
 input `num_logits_to_keep` [1] slices the final hidden states to their last rows before the output head,
 so a prefill computes the logits of the rows it keeps only (the builder's prune_lm_head keeps one row,
-which a verify block cannot use).
+which a verify block cannot use). The `genai-int4` variant skips that edit: the builder's own graph, which
+onnxruntime-genai's Generator can feed (a peer's, not a backend's).
 """
 from __future__ import annotations
 
@@ -45,7 +46,11 @@ BUILDER = "onnxruntime-genai==0.18.0"  # with onnxruntime 1.32.0, onnx 1.23.2, o
 VARIANTS = {
     "int4": ("int4", ("accuracy_level=4",)),
     "int8": ("int8", ("accuracy_level=4",)),
+    # the builder's output as it is, for onnxruntime-genai's own Generator (its n-gram speculation: a peer,
+    # bench/measure/peers/ort_genai.py), which cannot feed the edit's input; no specbench backend loads it
+    "genai-int4": ("int4", ("accuracy_level=4",)),
 }
+UNEDITED = frozenset({"genai-int4"})  # variants built without keep_last_rows
 DEFAULT_VARIANT = "int4"
 SOURCE_SUFFIXES = (".safetensors", ".json", ".jinja", ".txt", ".model", ".tiktoken")  # what the builder reads
 MARKER_VERSION = 2  # the graph edit and the marker's layout; bump when either changes (2: artifact.py's marker)
@@ -115,7 +120,8 @@ def _build(model_dir: Path, variant: str, tmp: Path) -> dict:
                          f"{_last_line(log_path)}): its log is {log_path}")
     log_path.unlink()
     shutil.rmtree(cache, ignore_errors=True)
-    keep_last_rows(tmp / "model.onnx")
+    if variant not in UNEDITED:
+        keep_last_rows(tmp / "model.onnx")
     return {"command": command[1:], "onnxruntime": artifact.package_version("onnxruntime")}
 
 
@@ -164,5 +170,8 @@ def load_onnx(model_dir: Path | str, log: Callable[[str], Any] = print, *, varia
               name: str = "", spin: bool = True, max_positions: int | None = None) -> OnnxRuntimeBackend:
     """The HF causal-LM folder `model_dir` in ONNX Runtime: its `variant` conversion (built on first
     use, ensure_onnx) loaded into an OnnxRuntimeBackend."""
+    if variant in UNEDITED:
+        raise ConfigError(f"the ONNX variant {variant!r} is onnxruntime-genai's own graph, without the input a verify "
+                          f"block needs: load one of {', '.join(sorted(set(VARIANTS) - UNEDITED))}")
     folder = ensure_onnx(model_dir, variant, log)
     return OnnxRuntimeBackend(folder, name=name or Path(model_dir).name, spin=spin, max_positions=max_positions)

@@ -59,6 +59,15 @@ GREEDY_FLAGS = ("--temp", "0", "--top-k", "1")
 # ngram-mod keeps a hashed n-gram table across the generation). `none` is refused by the example itself ("failed
 # to initialize speculative decoding"): llama.cpp's plain decoding is llama-cpp-python's, a peer of its own.
 SPEC_TYPES = ("draft-simple", "ngram-simple", "ngram-mod")
+# Named settings of the draft-free types, for text that repeats its context in short runs (a summary, a translation,
+# an edit). Their defaults (ngram-simple: a 12-token lookup, 48 drafted; ngram-mod: a 24-token match and at least 48
+# drafted, common/common.h) suit long verbatim repeats (code edits): on Spec-Bench's summaries and translations they
+# drafted nothing (docs/peers.md). Chosen on questions outside the measured ones (docs/peers.md, the tuning).
+SPEC_SETTINGS = {
+    "ngram-simple-short": ("ngram-simple", ("--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "4")),
+    "ngram-mod-short": ("ngram-mod", ("--spec-ngram-mod-n-match", "4", "--spec-ngram-mod-n-min", "1",
+                                      "--spec-ngram-mod-n-max", "4")),
+}
 _REPORT = {
     "encoded": re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds"),
     "decoded": re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds"),
@@ -115,16 +124,18 @@ def parse_report(stdout: str, stderr: str, prompt_text: str) -> SpeculativeRepor
 
 def speculative_command(binary: Path, target: str, draft: str | None, prompt_text: str, threads: int,
                         max_new_tokens: int, n_ctx: int = 4096, spec_type: str = "draft-simple") -> list[str]:
-    """The example's command line: greedy, the same threads for target and draft, `spec_type` (SPEC_TYPES);
-    draft-simple takes the draft model, the n-gram types none."""
+    """The example's command line: greedy, the same threads for target and draft, `spec_type` (SPEC_TYPES, or a
+    name of SPEC_SETTINGS: a type with its flags); draft-simple takes the draft model, the n-gram types none."""
+    spec_type, flags = SPEC_SETTINGS.get(spec_type, (spec_type, ()))
     if spec_type not in SPEC_TYPES:
-        raise ConfigError(f"unknown llama.cpp speculation type {spec_type!r}: use one of {', '.join(SPEC_TYPES)}")
+        raise ConfigError(f"unknown llama.cpp speculation type {spec_type!r}: use one of "
+                          f"{', '.join((*SPEC_TYPES, *SPEC_SETTINGS))}")
     if (spec_type == "draft-simple") != (draft is not None):
         raise ConfigError(f"llama.cpp's {spec_type} " + ("needs a draft model: give --draft D.gguf" if draft is None
                           else "drafts from the context, not a draft model: drop --draft"))
     drafting = ["-md", draft, "-td", str(threads)] if draft is not None else []
     return [str(binary), "-m", target, *drafting, "-p", prompt_text, "-n", str(max_new_tokens), "-c", str(n_ctx),
-            "-t", str(threads), *GREEDY_FLAGS, "--spec-type", spec_type]  # its warm-up decode stays in the untimed load
+            "-t", str(threads), *GREEDY_FLAGS, "--spec-type", spec_type, *flags]  # its warm-up decode stays in the untimed load
 
 
 def run_speculative(binary: Path, target: str, draft: str | None, prompt_text: str, threads: int,
@@ -214,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--binary", help=f"the example's binary (default ${BINARY_ENV})")
     run_parser.add_argument("--target", required=True, help="the cloud's GGUF file")
     run_parser.add_argument("--draft", help="the edge's GGUF file (draft-simple only)")
-    run_parser.add_argument("--spec-type", choices=SPEC_TYPES, default="draft-simple",
-                            help="draft-simple (a draft model) or a draft-free type drafting from the context")
+    run_parser.add_argument("--spec-type", choices=(*SPEC_TYPES, *SPEC_SETTINGS), default="draft-simple",
+                            help="draft-simple (a draft model) or a draft-free type drafting from the context (with "
+                                 "its defaults, or a named setting of it)")
     run_parser.add_argument("--prompt", required=True, help="text as the model sees it (chat template applied)")
     run_parser.add_argument("--threads", type=_positive, default=2)
     run_parser.add_argument("--max-new-tokens", type=_positive, default=48)

@@ -13,6 +13,8 @@ they are taken (a rerun starts afresh: it does not resume); ratios are paired pe
 from __future__ import annotations
 
 import json
+import math
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,22 +22,46 @@ from pathlib import Path
 
 import torch
 
-from bench.measure.peers.hf_assisted import Timed, paired, pooled_tokens_per_s
-from bench.measure.peers.llama_speculative import SPEC_TYPES, run_speculative
+from bench.derive.metrics import speedup_ci
+from bench.measure.peers import envs
+from bench.measure.peers.hf_assisted import Timed, pooled_tokens_per_s
+from bench.measure.peers.llama_speculative import SPEC_SETTINGS, SPEC_TYPES, run_speculative
+from bench.measure.peers.ort_genai import VARIANT, OrtGenai, ort_genai_name
+from bench.measure.peers.peer_worker import PeerWorker
 from specdec.backends.base import RUNTIMES
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
+from specdec.models.convert_onnx import ensure_onnx
 from specdec.models.loading import LoadedModel, load_model
+from specdec.models.registry import model_dir
 
 LLAMA_CPP_PYTHON = "llama-cpp-python plain"
 LLAMA_PROMPT_LOOKUP = "llama-cpp-python prompt lookup (n-gram 2, 10 tokens)"  # LlamaPromptLookupDecoding's defaults
 LLAMA_SPECULATIVE = "llama.cpp speculative (n-max 3)"  # draft-simple: the 0.5B drafting
 
 
+LLAMA_PYTHON = ("plain", "flash-off", "lookup")  # SPECBENCH_PEER_LLAMA_PYTHON: llama-cpp-python's ways run
+# SPECBENCH_PEER_EXTERNAL: the field's engines beside specbench. onnxruntime-genai runs in this environment (its pin
+# is the `onnx` extra's); vLLM and OpenVINO GenAI in venvs of their own (envs.py), driven as workers (peer_worker.py).
+EXTERNAL = ("onnxruntime-genai", "openvino-genai", "vllm")
+# Each worker's engines (its plain decoding first: the reference of the others), and those it loads unless
+# SPECBENCH_PEER_ENGINES names others. vLLM loads two by default: each of its engines held ~7 GB here (weights, KV
+# cache, its worker process), and a third ran this 24 GB machine out of memory (the kernel killed VLLM::Worker).
+WORKER_ENGINES = {"vllm": ("vllm", "vllm-ngram", "vllm-draft"),
+                  "openvino-genai": ("openvino-genai", "openvino-genai-lookup", "openvino-genai-draft")}
+DEFAULT_ENGINES = {"vllm": ("vllm", "vllm-draft"), "openvino-genai": WORKER_ENGINES["openvino-genai"]}
+
+
 def llama_peer_name(spec_type: str) -> str:
-    """The peer name of llama.cpp's example under one speculation type (llama_speculative.SPEC_TYPES)."""
-    return LLAMA_SPECULATIVE if spec_type == "draft-simple" else f"llama.cpp {spec_type} (no draft model)"
+    """The peer name of llama.cpp's example under one speculation type (llama_speculative.SPEC_TYPES, or a
+    named setting of one, llama_speculative.SPEC_SETTINGS)."""
+    if spec_type == "draft-simple":
+        return LLAMA_SPECULATIVE
+    if spec_type in SPEC_SETTINGS:
+        base, flags = SPEC_SETTINGS[spec_type]
+        return f"llama.cpp {base} {' '.join(flags)} (no draft model)"
+    return f"llama.cpp {spec_type} (no draft model, its defaults)"
 CLOUD_RUNTIMES = ("llamacpp", "torch-int8")  # SPECBENCH_PEER_RUNTIMES: specbench's plain decoding in each
 
 
@@ -43,15 +69,21 @@ def cloud_only(runtime: str) -> str:
     return f"specbench {runtime} cloud-only"
 
 
-def spec_peers(cloud_runtimes: tuple[str, ...]) -> list[tuple[str | None, str, int, str]]:
+def spec_peers(cloud_runtimes: tuple[str, ...], modes: tuple[str, ...] = ("model", "prompt-lookup")
+               ) -> list[tuple[str | None, str, int, str]]:
     """(edge runtime, cloud runtime, k, drafter) of specbench's speculative peers: greedy, every block
-    verified. The model drafter (the 0.5B) on the pairings measured since the runtimes began, and prompt
-    lookup verified in every cloud runtime asked."""
-    model = [("llamacpp", "torch-int8", 3), ("llamacpp", "torch-int8", 4), ("llamacpp", "llamacpp", 4),
-             ("torch-int8", "torch-int8", 4)]
-    found = [(edge, cloud, k, "model") for edge, cloud, k in model if cloud in cloud_runtimes]
-    found += [("llamacpp", cloud, 4, "model") for cloud in cloud_runtimes if cloud not in ("llamacpp", "torch-int8")]
-    return found + [(None, cloud, 4, "prompt-lookup") for cloud in cloud_runtimes]
+    verified. The model drafter (the 0.5B) on the pairings measured since the runtimes began, and the
+    draft-free drafters (prompt lookup, `auto`) verified in every cloud runtime asked."""
+    found = []
+    if "model" in modes:
+        model = [("llamacpp", "torch-int8", 3), ("llamacpp", "torch-int8", 4), ("llamacpp", "llamacpp", 4),
+                 ("torch-int8", "torch-int8", 4)]
+        found += [(edge, cloud, k, "model") for edge, cloud, k in model if cloud in cloud_runtimes]
+        found += [("llamacpp", cloud, 4, "model") for cloud in cloud_runtimes if cloud not in ("llamacpp", "torch-int8")]
+    for drafter in ("prompt-lookup", "auto"):
+        if drafter in modes:
+            found += [(None, cloud, 4, drafter) for cloud in cloud_runtimes]
+    return found
 
 
 @dataclass(frozen=True)
@@ -66,18 +98,34 @@ class PeerSettings:
     sets: tuple[str, ...] = ("code", "zh-describe", "en-chat")  # SPECBENCH_PEER_SETS, comma-separated prompt sets
     cloud_runtimes: tuple[str, ...] = CLOUD_RUNTIMES  # SPECBENCH_PEER_RUNTIMES, comma-separated
     llama_spec_types: tuple[str, ...] = ("draft-simple",)  # SPECBENCH_PEER_LLAMA_SPEC: the example's types, comma-separated
+    llama_python: tuple[str, ...] = LLAMA_PYTHON  # SPECBENCH_PEER_LLAMA_PYTHON: llama-cpp-python's ways, comma-separated
+    external: tuple[str, ...] = ()  # SPECBENCH_PEER_EXTERNAL: some of EXTERNAL, comma-separated
+    spec_modes: tuple[str, ...] = ("model", "prompt-lookup")  # SPECBENCH_PEER_SPEC: specbench's drafters, and `auto`
+    engines: tuple[str, ...] = ()  # SPECBENCH_PEER_ENGINES: the workers' engines (WORKER_ENGINES); () their defaults
 
     ENV = {"prompts_per_set": "SPECBENCH_PEER_PROMPTS", "max_new_tokens": "SPECBENCH_PEER_TOKENS",
            "threads": "SPECBENCH_PEER_THREADS", "sink": "SPECBENCH_PEER_JSONL", "sets": "SPECBENCH_PEER_SETS",
-           "cloud_runtimes": "SPECBENCH_PEER_RUNTIMES", "llama_spec_types": "SPECBENCH_PEER_LLAMA_SPEC"}
+           "cloud_runtimes": "SPECBENCH_PEER_RUNTIMES", "llama_spec_types": "SPECBENCH_PEER_LLAMA_SPEC",
+           "llama_python": "SPECBENCH_PEER_LLAMA_PYTHON", "external": "SPECBENCH_PEER_EXTERNAL",
+           "spec_modes": "SPECBENCH_PEER_SPEC", "engines": "SPECBENCH_PEER_ENGINES"}
+    LISTS = ("sets", "cloud_runtimes", "llama_spec_types", "llama_python", "external", "spec_modes", "engines")
 
     def __post_init__(self) -> None:
         if unknown := [r for r in self.cloud_runtimes if r not in RUNTIMES or "+" in r]:
             raise ConfigError(f"SPECBENCH_PEER_RUNTIMES names {unknown[0]!r}: use some of {', '.join(RUNTIMES)}, "
                               "e.g. SPECBENCH_PEER_RUNTIMES=llamacpp,torch-int8")
-        if unknown := [t for t in self.llama_spec_types if t not in SPEC_TYPES]:
-            raise ConfigError(f"SPECBENCH_PEER_LLAMA_SPEC names {unknown[0]!r}: use some of {', '.join(SPEC_TYPES)}, "
-                              "e.g. SPECBENCH_PEER_LLAMA_SPEC=draft-simple,ngram-simple,ngram-mod")
+        if unknown := [t for t in self.llama_spec_types if t not in SPEC_TYPES and t not in SPEC_SETTINGS]:
+            raise ConfigError(f"SPECBENCH_PEER_LLAMA_SPEC names {unknown[0]!r}: use some of "
+                              f"{', '.join((*SPEC_TYPES, *SPEC_SETTINGS))}, e.g. "
+                              "SPECBENCH_PEER_LLAMA_SPEC=draft-simple,ngram-simple,ngram-mod")
+        for variable, given, known in (("SPECBENCH_PEER_LLAMA_PYTHON", self.llama_python, LLAMA_PYTHON),
+                                       ("SPECBENCH_PEER_EXTERNAL", self.external, EXTERNAL),
+                                       ("SPECBENCH_PEER_SPEC", self.spec_modes, ("model", "prompt-lookup", "auto")),
+                                       ("SPECBENCH_PEER_ENGINES", self.engines,
+                                        tuple(e for names in WORKER_ENGINES.values() for e in names))):
+            if unknown := [name for name in given if name not in known]:
+                raise ConfigError(f"{variable} names {unknown[0]!r}: use some of {', '.join(known)}, e.g. "
+                                  f"{variable}={','.join(known[:2])}")
         if not self.sets or not self.cloud_runtimes:
             raise ConfigError("SPECBENCH_PEER_SETS and SPECBENCH_PEER_RUNTIMES need at least one name each, e.g. "
                               "SPECBENCH_PEER_SETS=spec-bench:question.jsonl:summarization")
@@ -100,7 +148,10 @@ class PeerSettings:
             if name == "sink":
                 values[name] = Path(text).expanduser()
                 continue
-            if name in ("sets", "cloud_runtimes", "llama_spec_types"):
+            if name in cls.LISTS and text == "none" and name in ("llama_python", "llama_spec_types", "spec_modes"):
+                values[name] = ()  # none of them
+                continue
+            if name in cls.LISTS:
                 # a Spec-Bench set names its categories after a colon and commas: split on commas outside those
                 parts = _split_sets(text) if name == "sets" else (p.strip() for p in text.split(",") if p.strip())
                 values[name] = tuple(parts)
@@ -147,13 +198,19 @@ class LlamaCppPython:
                                    verbose=False, draft_model=draft)
 
     def generate(self, ids: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> list[int]:
+        return self.generate_timed(ids, max_new_tokens, eos_ids)[0]
+
+    def generate_timed(self, ids: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> tuple[list[int], float | None]:
+        """(new token ids, time.perf_counter() when the first came)."""
         self.llm.reset()  # no prefix reuse from the previous prompt: the whole prompt is evaluated, as in every peer
-        tokens = []
+        tokens: list[int] = []
+        first = None
         for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            first = first or time.perf_counter()
             tokens.append(int(token))
             if token in eos_ids or len(tokens) == max_new_tokens:
                 break
-        return tokens
+        return tokens, first
 
 
 @dataclass(frozen=True)
@@ -161,6 +218,7 @@ class Peer:
     name: str
     reference: str | None  # the greedy decoding whose output this one should equal
     run: Callable[[int], Timed]  # prompt index -> its timed outcome
+    plain: bool = False  # a plain decoding: a candidate for "the fastest plain decoding" every ratio is over
 
 
 def cached_loader(dtype: str, log: Callable[[str], object]) -> Callable[..., LoadedModel]:
@@ -177,47 +235,65 @@ def cached_loader(dtype: str, log: Callable[[str], object]) -> Callable[..., Loa
 def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts: list[tuple[str, str | None]],
                 max_new_tokens: int, threads: int, binary: Path | None, log=print,
                 cloud_runtimes: tuple[str, ...] = CLOUD_RUNTIMES,
-                llama_spec_types: tuple[str, ...] = ("draft-simple",)) -> list[Peer]:
-    """The peers of the runtime suite; `binary` None leaves llama.cpp's speculative decoding out."""
+                llama_spec_types: tuple[str, ...] = ("draft-simple",), llama_python: tuple[str, ...] = LLAMA_PYTHON,
+                external: tuple[str, ...] = (), spec_modes: tuple[str, ...] = ("model", "prompt-lookup"),
+                engines: tuple[str, ...] = (), workers: list[PeerWorker] | None = None, logs: Path = Path("runs")) -> list[Peer]:
+    """The peers of the runtime suite; `binary` None leaves llama.cpp's speculative decoding out. The workers
+    started for `external` peers are appended to `workers` (the caller closes them)."""
+    workers = workers if workers is not None else []
+    # the peers in other processes first: a missing one is refused before any model of this process loads, and
+    # onnxruntime-genai's conversion (a builder child process of ~17 GB) runs before this process holds models
+    starters = {name: external_peers(name, edge, cloud, threads, engines) for name in external}
     loader = cached_loader("bfloat16", log)
     decode = DecodeConfig(max_new_tokens=max_new_tokens)
 
-    def engine_peer(name: str, reference: str | None, **settings) -> Peer:
+    def engine_peer(name: str, reference: str | None, plain: bool = False, **settings) -> Peer:
         engine = Engine(dtype="bfloat16", decode=decode, loader=loader, log=lambda m: None, **settings)
 
         def run(i: int) -> Timed:
             start = time.perf_counter()
             generation = engine.generate(*prompts[i])
-            return Timed(name, i, generation.tokens, time.perf_counter() - start, text=generation.text)
-        return Peer(name, reference, run)
+            return Timed(name, i, generation.tokens, time.perf_counter() - start, text=generation.text,
+                         extra={"ttft_s": generation.ttft_s})
+        return Peer(name, reference, run, plain)
 
-    peers = [engine_peer(cloud_only(runtime), None, mode="cloud", cloud=cloud, cloud_runtime=runtime)
+    peers = [engine_peer(cloud_only(runtime), None, True, mode="cloud", cloud=cloud, cloud_runtime=runtime)
              for runtime in cloud_runtimes]
     llamacpp_plain = cloud_only("llamacpp") if "llamacpp" in cloud_runtimes else None
+    # llama.cpp's speculation (llama-cpp-python's lookup, the example) against llama.cpp's own plain decoding
+    llama_reference = LLAMA_CPP_PYTHON if "plain" in llama_python else llamacpp_plain
     tokenizer_model = loader(cloud, "bfloat16", runtime="llamacpp")  # the GGUF entry's HF tokenizer, as the engine's
     encoded = [tokenizer_model.encode(text, system) for text, system in prompts]
+    ids = [[int(t) for t in e.input_ids.reshape(-1).tolist()] for e in encoded]
     rendered = [rendered_prompt(tokenizer_model.tokenizer, text, system) for text, system in prompts]
     eos_ids = tokenizer_model.eos_ids
-    for flash_attn, lookup in ((True, False), (False, False), (True, True)):
-        plain = LlamaCppPython(cloud_gguf, threads, flash_attn=flash_attn, prompt_lookup=lookup)
+
+    def decoded(tokens: list[int]) -> str:
+        return tokenizer_model.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    ways = {"plain": (True, False), "flash-off": (False, False), "lookup": (True, True)}
+    for way in llama_python:
+        flash_attn, lookup = ways[way]
+        llm = LlamaCppPython(cloud_gguf, threads, flash_attn=flash_attn, prompt_lookup=lookup)
         name = LLAMA_PROMPT_LOOKUP if lookup else LLAMA_CPP_PYTHON + ("" if flash_attn else " (flash attn off, its default)")
 
-        def run(i: int, plain=plain, name=name) -> Timed:
+        def run(i: int, llm=llm, name=name) -> Timed:
             start = time.perf_counter()
-            tokens = plain.generate(encoded[i].input_ids.tolist(), max_new_tokens, eos_ids)
-            return Timed(name, i, tokens, time.perf_counter() - start,
-                         text=tokenizer_model.tokenizer.decode(tokens, skip_special_tokens=True))
-        peers.append(Peer(name, llamacpp_plain, run))
+            tokens, first = llm.generate_timed(ids[i], max_new_tokens, eos_ids)
+            return Timed(name, i, tokens, time.perf_counter() - start, text=decoded(tokens),
+                         extra={"ttft_s": first - start if first else None})
+        peers.append(Peer(name, llama_reference if lookup else llamacpp_plain, run, plain=not lookup))
     for spec_type in llama_spec_types if binary is not None else ():
         def run_example(i: int, spec_type=spec_type) -> Timed:
             draft = edge_gguf if spec_type == "draft-simple" else None
             report = run_speculative(binary, cloud_gguf, draft, rendered[i], threads, max_new_tokens, spec_type=spec_type)
             return Timed(llama_peer_name(spec_type), i, [], report.wall_s, text=report.text, counted=report.new_tokens,
                          extra={"prompt_tokens": report.prompt_tokens, "same_prompt_tokens":
-                                report.prompt_tokens == encoded[i].input_ids.numel(), "encode_s": report.encode_s,
+                                report.prompt_tokens == len(ids[i]), "encode_s": report.encode_s,
+                                "ttft_s": report.encode_s,  # its report parts prompt and decoding at the first token
                                 "decode_s": report.decode_s, "drafted": report.drafted, "accepted": report.accepted})
-        peers.append(Peer(llama_peer_name(spec_type), llamacpp_plain, run_example))
-    for edge_runtime, cloud_runtime, k, drafter in spec_peers(cloud_runtimes):
+        peers.append(Peer(llama_peer_name(spec_type), llama_reference, run_example))
+    for edge_runtime, cloud_runtime, k, drafter in spec_peers(cloud_runtimes, spec_modes):
         spec = SpecConfig(k=k, entropy_threshold=0, policy="greedy", drafter=drafter)
         if drafter == "model":
             peers.append(engine_peer(f"specbench {edge_runtime} -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
@@ -227,7 +303,86 @@ def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts:
             peers.append(engine_peer(f"specbench {drafter} -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
                                      mode="spec", edge=edge, cloud=cloud, edge_runtime="llamacpp",
                                      cloud_runtime=cloud_runtime, spec=spec))
+    for start in starters.values():
+        peers += start(ids, max_new_tokens, eos_ids, decoded, workers, logs)
     return peers
+
+
+SETTLE_S = 0.3  # after a worker's generation, before the next peer's: longer than OpenMP's 200 ms default block time
+
+
+def idle_cpu(workers: list[PeerWorker], seconds: float = 2.0) -> str:
+    """The cores the workers' process trees use while they wait (should be ~0: an idle peer that spins takes the
+    cores from whoever runs), as one line for the suite's output."""
+    if not workers:
+        return "none"
+    import psutil
+
+    def cpu(worker: PeerWorker) -> float:
+        try:
+            tree = [psutil.Process(worker.process.pid)]
+            tree += tree[0].children(recursive=True)
+            return sum(sum(p.cpu_times()[:2]) for p in tree)
+        except psutil.Error:
+            return math.nan
+    before = [cpu(w) for w in workers]
+    time.sleep(seconds)
+    return ", ".join(f"{w.name} {(cpu(w) - b) / seconds:.2f} cores" for w, b in zip(workers, before, strict=True))
+
+
+def external_peers(name: str, edge: str, cloud: str, threads: int, engines: tuple[str, ...] = ()
+                   ) -> Callable[..., list[Peer]]:
+    """Check that the peer `name` (EXTERNAL) can run here, now (a missing venv or extra is one ConfigError), and
+    return what starts it once the prompts are encoded: (ids, max_new_tokens, eos_ids, decode, workers, logs)
+    -> its Peers, the first its plain decoding and the reference of the others."""
+    if name == "onnxruntime-genai":
+        folder = ensure_onnx(model_dir(cloud), VARIANT, log=print)
+
+        def start_ort(ids, max_new_tokens, eos_ids, decode, workers, logs) -> list[Peer]:
+            found: list[Peer] = []
+            plain = OrtGenai(folder, threads)
+            for ngram in (False, True):
+                engine = OrtGenai(folder, threads, ngram=True, model=plain.model) if ngram else plain
+                label = ort_genai_name(ngram)
+
+                def run(i: int, engine=engine, label=label) -> Timed:
+                    start = time.perf_counter()
+                    tokens, first = engine.generate(ids[i], max_new_tokens, eos_ids)
+                    return Timed(label, i, tokens, time.perf_counter() - start, text=decode(tokens),
+                                 extra={"ttft_s": first})
+                found.append(Peer(ort_genai_name(ngram), None if not ngram else ort_genai_name(False), run,
+                                  plain=not ngram))
+            return found
+        return start_ort
+    if name not in ("vllm", "openvino-genai"):
+        raise ConfigError(f"unknown external peer {name!r}: use some of {', '.join(EXTERNAL)}")
+    python = envs.peer_python(name)  # not installed: one line naming `specbench peers install NAME`
+    script = Path(__file__).with_name("vllm_cpu.py" if name == "vllm" else "openvino_genai_peer.py")
+    asked = [e for e in WORKER_ENGINES[name] if e in engines] if any(e in WORKER_ENGINES[name] for e in engines) \
+        else list(DEFAULT_ENGINES[name])
+    engines = (WORKER_ENGINES[name][0], *(e for e in asked if e != WORKER_ENGINES[name][0]))  # its plain, first
+    command = [str(python), str(script), "--worker", "--model", str(model_dir(cloud)), "--draft", str(model_dir(edge)),
+               "--engines", ",".join(engines), "--k", "4"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": ""}
+    if name == "vllm":  # both cores to its OpenMP threads (its default keeps one for the scheduler), a small KV cache
+        env.update(VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE="1")
+    else:
+        command += ["--threads", str(threads)]
+
+    def start_worker(ids, max_new_tokens, eos_ids, decode, workers, logs) -> list[Peer]:
+        worker = PeerWorker(name, command, logs / f"peer-{name}.log", env=env)
+        workers.append(worker)
+        found = []
+        for engine in worker.engines:
+            def run(i: int, engine=engine) -> Timed:
+                reply = worker.generate(engine, ids[i], max_new_tokens)
+                time.sleep(SETTLE_S)  # its threads' spin-wait after the work ends (OpenMP, TBB) is over before the next
+                tokens = reply["tokens"]
+                return Timed(engine, i, tokens, reply["seconds"], text=decode(tokens),
+                             extra={"ttft_s": reply.get("ttft_s"), "version": worker.versions})
+            found.append(Peer(engine, None if engine == engines[0] else engines[0], run, plain=engine == engines[0]))
+        return found
+    return start_worker
 
 
 def rendered_prompt(tokenizer, text: str, system: str | None) -> str:
@@ -272,25 +427,58 @@ def same_as_reference(timed: list[Timed], config: str, reference: str, max_new_t
     return same, len(mine)
 
 
+def speedups(timed: list[Timed], config: str, reference: str, after_first: bool = False) -> tuple[float, float, float]:
+    """Pooled tok/s of `config` over `reference`'s on the prompts both ran, and its 95 % paired bootstrap interval
+    (bench.derive.metrics.speedup_ci). `after_first`: the tokens after the first over the time after it (a peer
+    that reports no first-token time is left out: NaN)."""
+    mine = {t.prompt: t for t in timed if t.config == config}
+    base = {t.prompt: t for t in timed if t.config == reference}
+    rows = [(mine[p], base[p]) for p in sorted(mine) if p in base]
+
+    def parts(t: Timed) -> tuple[float, float]:
+        if not after_first:
+            return float(t.new_tokens), t.wall_s
+        first = t.extra.get("ttft_s")
+        if first is None or t.new_tokens < 2 or t.wall_s <= first:
+            return math.nan, math.nan
+        return float(t.new_tokens - 1), t.wall_s - first
+
+    columns = [[parts(m)[0] for m, _ in rows], [parts(m)[1] for m, _ in rows],
+               [parts(b)[0] for _, b in rows], [parts(b)[1] for _, b in rows]]
+    keep = [i for i in range(len(rows)) if all(math.isfinite(c[i]) for c in columns)]
+    if not keep:
+        return math.nan, math.nan, math.nan
+    kept = [[c[i] for i in keep] for c in columns]
+    point = (sum(kept[0]) / sum(kept[1])) / (sum(kept[2]) / sum(kept[3]))
+    low, high = speedup_ci(*kept)
+    return point, low, high
+
+
+def fastest_plain(timed: list[Timed], peers: list[Peer]) -> str:
+    """The plain decoding (of every runtime and peer run) with the most tokens per second, pooled over prompts."""
+    return max((p.name for p in peers if p.plain), key=lambda n: pooled_tokens_per_s(timed, n))
+
+
+def _cell(point: float, low: float, high: float) -> str:
+    if math.isnan(point):
+        return "-"
+    return f"{point:.2f}x" + ("" if math.isnan(low) else f" [{low:.2f}-{high:.2f}]")
+
+
 def table(timed: list[Timed], peers: list[Peer], max_new_tokens: int) -> str:
-    """Pooled tok/s; paired per-prompt ratios against the fastest plain decoding, llama-cpp-python's and
-    llama.cpp's speculative decoding; whether the output equals the same cloud's greedy."""
-    names = [p.name for p in peers]
-    plain = [n for n in names if n.endswith(" cloud-only") or n.startswith(LLAMA_CPP_PYTHON)]
-    fastest = max(plain, key=lambda n: pooled_tokens_per_s(timed, n))
-    references = [(f"vs fastest plain ({fastest})", fastest), ("vs llama-cpp-python", LLAMA_CPP_PYTHON)]
-    if LLAMA_SPECULATIVE in names:
-        references.append(("vs llama.cpp speculative", LLAMA_SPECULATIVE))
-    lines = [" | ".join(["config", "tok/s", *(label for label, _ in references), "same as greedy"])]
+    """Pooled tok/s; speed-ups over the fastest plain decoding, end to end and after the first token, and over the
+    peer's own plain decoding, each with its 95 % paired bootstrap interval; whether the output equals that plain
+    decoding's (is its speculation lossless?)."""
+    fastest = fastest_plain(timed, peers)
+    lines = [" | ".join(["config", "tok/s", f"x fastest plain ({fastest}) [95%]", "after the first token [95%]",
+                         "x its own plain [95%]", "same tokens as its own plain"])]
     for peer in peers:
-        cells = [peer.name, f"{pooled_tokens_per_s(timed, peer.name):.2f}"]
-        for _, reference in references:
-            r = paired(timed, peer.name, reference)
-            cells.append(f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]")
+        cells = [peer.name, f"{pooled_tokens_per_s(timed, peer.name):.2f}",
+                 _cell(*speedups(timed, peer.name, fastest)), _cell(*speedups(timed, peer.name, fastest, after_first=True))]
         if peer.reference:
             same, n = same_as_reference(timed, peer.name, peer.reference, max_new_tokens)
-            cells.append(f"{same}/{n} ({peer.reference})")
+            cells += [_cell(*speedups(timed, peer.name, peer.reference)), f"{same}/{n} ({peer.reference})"]
         else:
-            cells.append("(reference)")
+            cells += ["1", "(its own plain)" if peer.plain else "(reference)"]
         lines.append(" | ".join(cells))
     return "\n".join(lines)
