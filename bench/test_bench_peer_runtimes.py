@@ -65,7 +65,7 @@ def test_real_peer_runtimes(benchmark):
                             external=settings.external, spec_modes=settings.spec_modes, engines=settings.engines,
                             workers=workers,
                             logs=sink.parent)
-        print(f"\nidle peers' processes: {idle_cpu(workers)}")
+        print(f"\nidle peers' processes, paused between their turns: {idle_cpu(workers)}")
         timed = benchmark.pedantic(run_interleaved, args=(peers, len(prompts), sink, threads), rounds=1, iterations=1)
     except (SpecdecError, WorkerError) as e:  # a peer not installed, a worker that died: one line, what ran is kept
         pytest.exit(f"error: {e} (generations so far: {sink})", returncode=2)

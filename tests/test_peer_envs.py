@@ -8,13 +8,16 @@ import io
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench.cli import main
 from bench.measure.peers import envs, peer_worker
 from bench.measure.peers.peer_worker import PeerWorker, WorkerError
+from bench.measure.peers.runtimes import idle_cpu
 from specdec.errors import ConfigError
 
 PEERS = Path(envs.__file__).parent
@@ -144,6 +147,15 @@ def test_a_worker_in_another_process_generates_and_its_prints_stay_off_the_proto
         with pytest.raises(WorkerError, match="names an engine"):
             worker.generate("minus-one", [1], 1)
         assert worker.generate("plus-one", [7], 4)["tokens"] == [8]  # still serving after an error
+        worker.pause()  # stopped between turns (SIGSTOP to its group), resumed by the next request
+        process = psutil.Process(worker.process.pid)
+        for _ in range(100):  # the signal is delivered asynchronously: a bounded wait for it to land
+            if process.status() == psutil.STATUS_STOPPED:
+                break
+            time.sleep(0.02)
+        assert worker.paused and process.status() == psutil.STATUS_STOPPED
+        assert worker.generate("plus-one", [2], 1)["tokens"] == [3] and not worker.paused
+        assert idle_cpu([worker], seconds=0.2).startswith("fake ")
         with pytest.raises(WorkerError) as died:
             worker.generate("plus-one", [1], 99)  # the engine kills its process
         assert "exited with 7" in str(died.value) and "fake.log" in str(died.value)

@@ -1,26 +1,32 @@
 """The peers of the runtimes on one GGUF pair: plain decoding as llama-cpp-python ships it, its prompt
 lookup (`LlamaPromptLookupDecoding`, the draft-free speculation it ships), specbench's plain decoding
 through each cloud runtime asked, llama.cpp's own speculative decoding (the example binary,
-llama_speculative.py) and specbench's lossless speculative configurations across runtimes (the model
-drafter and prompt lookup), interleaved prompt by prompt in a rotating order so machine drift hits every
-peer alike.
+llama_speculative.py: a draft model, or its draft-free n-gram types), specbench's lossless speculative
+configurations across runtimes (the model drafter, prompt lookup, `auto`), and the field's engines
+(`external`): onnxruntime-genai's Generator in this process, vLLM's CPU engine and OpenVINO GenAI in
+venvs of their own as workers (peer_worker.py). All interleaved prompt by prompt in a rotating order so
+machine drift hits every peer alike.
 
 Every peer gets the same chat-templated prompt (the ids specbench encodes; the example gets their text
 and its token count is checked against them), greedy, the same threads, and is timed from the prompt's
-first forward to its last token, model load excluded. Raw per-prompt timings go to a JSONL file as
-they are taken (a rerun starts afresh: it does not resume); ratios are paired per prompt afterwards.
+first forward to its last token, model load excluded; where a peer reports it, the first token's time
+too (the prompt and decoding parts apart). Raw per-prompt timings go to a JSONL file as they are taken
+(a rerun starts afresh: it does not resume). Speed-ups are pooled over prompts (tokens over seconds)
+against the fastest plain decoding of any peer, with 95 % paired bootstrap intervals.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from bench.derive.metrics import speedup_ci
 from bench.measure.peers import envs
@@ -308,9 +314,6 @@ def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts:
     return peers
 
 
-SETTLE_S = 0.3  # after a worker's generation, before the next peer's: longer than OpenMP's 200 ms default block time
-
-
 def idle_cpu(workers: list[PeerWorker], seconds: float = 2.0) -> str:
     """The cores the workers' process trees use while they wait (should be ~0: an idle peer that spins takes the
     cores from whoever runs), as one line for the suite's output."""
@@ -372,11 +375,13 @@ def external_peers(name: str, edge: str, cloud: str, threads: int, engines: tupl
     def start_worker(ids, max_new_tokens, eos_ids, decode, workers, logs) -> list[Peer]:
         worker = PeerWorker(name, command, logs / f"peer-{name}.log", env=env)
         workers.append(worker)
+        print(f"\npeer {name} idle, before it is paused: {idle_cpu([worker])}")
+        worker.pause()
         found = []
         for engine in worker.engines:
             def run(i: int, engine=engine) -> Timed:
                 reply = worker.generate(engine, ids[i], max_new_tokens)
-                time.sleep(SETTLE_S)  # its threads' spin-wait after the work ends (OpenMP, TBB) is over before the next
+                worker.pause()  # stopped until its next turn: its threads' spin-wait or polling takes no core
                 tokens = reply["tokens"]
                 return Timed(engine, i, tokens, reply["seconds"], text=decode(tokens),
                              extra={"ttft_s": reply.get("ttft_s"), "version": worker.versions})
@@ -399,10 +404,13 @@ def run_interleaved(peers: list[Peer], n_prompts: int, sink: Path, threads: int)
         peer.run(0)
     timed = []
     sink.parent.mkdir(parents=True, exist_ok=True)
-    with sink.open("w") as out:
+    bar = tqdm(total=n_prompts * len(peers), desc="peers", unit="generation", file=sys.stderr)
+    with sink.open("w") as out, bar:
         for i in range(n_prompts):
             for peer in peers[i % len(peers):] + peers[: i % len(peers)]:
+                bar.set_postfix_str(f"prompt {i + 1}/{n_prompts}, {peer.name[:40]}")
                 result = peer.run(i)
+                bar.update()
                 timed.append(result)
                 out.write(json.dumps({"config": result.config, "prompt": i, "threads": threads, "wall_s": result.wall_s,
                                       "new_tokens": result.new_tokens, "tokens": result.tokens, "text": result.text,
