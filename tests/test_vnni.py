@@ -159,6 +159,24 @@ def test_greedy_spec_verified_in_vnni_is_its_own_plain_decoding(pair, plain, run
         assert {"correction", "bonus"} <= {c.extra_kind for g in generations for c in g.cycles}
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_bandwidth_read_reads_every_line_once(ops, threads):
+    """stream_read's interleaved streams and the lines past them cover the buffer: one marked line anywhere (first,
+    inside a stream, the tail past the streams, last) shows in the result, and two copies of it cancel (XOR)."""
+    lines = 8 * 5 * threads + 3  # streams of 5 lines per thread and a tail of 3
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for line in (0, 7, lines // 2, lines - 2, lines - 1):
+            buffer = torch.zeros(lines * 8, dtype=torch.int64)
+            buffer[line * 8:(line + 1) * 8] = torch.arange(1, 9)
+            assert ops.stream_read(buffer) == 36, line
+            buffer[(line + 1) % lines * 8:((line + 1) % lines + 1) * 8] = torch.arange(1, 9)
+            assert ops.stream_read(buffer) in (0, 72), line  # cancelled in one thread's lanes, or summed across two
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_a_cpu_without_vnni_is_one_line():
     with pytest.raises(KernelError, match=r"^the vnni runtimes need avx512_vnni, which this CPU lacks: use runtime "
                                           r"onnx-int4 or llamacpp$"):

@@ -4,8 +4,9 @@ measured here:
 
   bandwidth   memory read GB/s with every core this process may use: the best of a few warm passes over a
               buffer of at least 1 GiB and 6x the last-level cache, read both by torch's `sum` and, where the
-              vnni kernels run, by a 64-byte-load stream (what the weight streams do); the best of all, since
-              nothing reads faster than memory, so no step can beat the floor it sets
+              vnni kernels run, by 8 interleaved 64-byte-load streams a thread (a weight pass reads many rows
+              at once; one stream a thread read below a step); the best of all, since nothing reads faster
+              than memory, so no step can beat the floor it sets
   per entry   per model x runtime: a token step and the k+1-token blocks (k + 1 = 2..9) after a 128-token
               cache, `--rounds` rounds (bench/measure/runtime_costs.py's `time_round`), and the bytes a
               step must read, whose time at that bandwidth is the step's floor
@@ -179,9 +180,11 @@ def _write(path: Path, data: dict) -> None:
 def measure_bandwidth(threads: int | None = None) -> float:
     """Memory read bandwidth, GB/s, with every core this process may use (`threads` only if more): a buffer of
     `bandwidth_bytes()` read BANDWIDTH_REPEATS times after one warm pass (pages touched, the kernel chosen), by
-    torch's `sum` and, where the vnni kernels run, by their 64-byte stream; the fastest pass of all, since nothing
-    makes a read faster than memory. (A `sum` at the calibration's 2 threads read 29.4 GB/s on the AMD EPYC of
-    2026-11-28, below what llama.cpp's step streamed: a floor that a step beats is not a floor.)"""
+    torch's `sum` and, where the vnni kernels run, by their 64-byte loads in 8 streams a thread; the fastest pass of
+    all, since nothing makes a read faster than memory: a floor that a step beats is not a floor. (A `sum` at the
+    calibration's 2 threads read 29.4 GB/s on the AMD EPYC of 2026-11-28, below what llama.cpp's step streamed; one
+    stream a thread read 25.7 GB/s on the Xeon that day, under the 27.2 GB/s vnni-int8's step streamed; 8 read
+    30.5.)"""
     cores = max(threads or 1, len(os.sched_getaffinity(0)))
     readers = [lambda buffer: buffer.sum()]
     try:
