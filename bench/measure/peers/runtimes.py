@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from bench.derive.metrics import speedup_ci
+from bench.derive.metrics import speedup, speedup_ci
 from bench.measure.peers import envs
 from bench.measure.peers.hf_assisted import Timed, pooled_tokens_per_s
 from bench.measure.peers.llama_speculative import SPEC_SETTINGS, SPEC_TYPES, run_speculative
@@ -457,7 +457,7 @@ def speedups(timed: list[Timed], config: str, reference: str, after_first: bool 
     if not keep:
         return math.nan, math.nan, math.nan
     kept = [[c[i] for i in keep] for c in columns]
-    point = (sum(kept[0]) / sum(kept[1])) / (sum(kept[2]) / sum(kept[3]))
+    point = speedup(sum(kept[0]) / sum(kept[1]), sum(kept[2]) / sum(kept[3]))
     low, high = speedup_ci(*kept)
     return point, low, high
 
