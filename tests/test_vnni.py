@@ -160,21 +160,27 @@ def test_greedy_spec_verified_in_vnni_is_its_own_plain_decoding(pair, plain, run
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_the_bandwidth_read_reads_every_line_once(ops, threads):
+@pytest.mark.parametrize("streams", [1, 3, 8])
+def test_the_bandwidth_read_reads_every_line_once(ops, threads, streams):
     """stream_read's interleaved streams and the lines past them cover the buffer: one marked line anywhere (first,
     inside a stream, the tail past the streams, last) shows in the result, and two copies of it cancel (XOR)."""
-    lines = 8 * 5 * threads + 3  # streams of 5 lines per thread and a tail of 3
+    lines = 8 * 5 * threads + 3  # a share of 40 lines a thread (5 to 40 a stream) and 3 more
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         for line in (0, 7, lines // 2, lines - 2, lines - 1):
             buffer = torch.zeros(lines * 8, dtype=torch.int64)
             buffer[line * 8:(line + 1) * 8] = torch.arange(1, 9)
-            assert ops.stream_read(buffer) == 36, line
+            assert ops.stream_read(buffer, streams) == 36, line
             buffer[(line + 1) % lines * 8:((line + 1) % lines + 1) * 8] = torch.arange(1, 9)
-            assert ops.stream_read(buffer) in (0, 72), line  # cancelled in one thread's lanes, or summed across two
+            assert ops.stream_read(buffer, streams) in (0, 72), line  # cancelled in one thread's lanes, or summed in two
     finally:
         torch.set_num_threads(previous)
+
+
+def test_the_bandwidth_read_refuses_no_streams(ops):
+    with pytest.raises(RuntimeError, match="at least one stream"):
+        ops.stream_read(torch.zeros(8, dtype=torch.int64), 0)
 
 
 def test_a_cpu_without_vnni_is_one_line():

@@ -4,8 +4,8 @@ measured here:
 
   bandwidth   memory read GB/s with every core this process may use: the best of a few warm passes over a
               buffer of at least 1 GiB and 6x the last-level cache, read both by torch's `sum` and, where the
-              vnni kernels run, by 8 interleaved 64-byte-load streams a thread (a weight pass reads many rows
-              at once; one stream a thread read below a step); the best of all, since nothing reads faster
+              vnni kernels run, by 1 to 16 interleaved 64-byte-load streams a thread (a weight pass reads many
+              rows at once; one stream a thread read below a step); the best of all, since nothing reads faster
               than memory, so no step can beat the floor it sets
   per entry   per model x runtime: a token step and the k+1-token blocks (k + 1 = 2..9) after a 128-token
               cache, `--rounds` rounds (bench/measure/runtime_costs.py's `time_round`), and the bytes a
@@ -24,6 +24,7 @@ measures everything again.
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -55,6 +56,7 @@ PREFILL = 800  # tokens of a timed prompt: about a Spec-Bench RAG question's, wh
 TORCH_DTYPE = "bfloat16"  # runtime torch: the engine's CPU default (torch-int8 computes in float32 whatever it is)
 BANDWIDTH_BYTES = 1 << 30  # >= 1 GiB: far past any last-level cache (this machine reports 260 MiB of L3)
 BANDWIDTH_REPEATS = 5
+READ_STREAMS = (1, 2, 4, 8, 16)  # streams a thread for the kernels' read: the fastest count varies by processor
 # The packages whose version a runtime's timings depend on, and their distributions' names.
 RUNTIME_PACKAGES = {"llamacpp": ("llama_cpp",), "onnx-int4": ("onnxruntime", "onnxruntime_genai"),
                     "onnx-int8": ("onnxruntime", "onnxruntime_genai"), "openvino-int8": ("openvino", "nncf"),
@@ -180,15 +182,16 @@ def _write(path: Path, data: dict) -> None:
 def measure_bandwidth(threads: int | None = None) -> float:
     """Memory read bandwidth, GB/s, with every core this process may use (`threads` only if more): a buffer of
     `bandwidth_bytes()` read BANDWIDTH_REPEATS times after one warm pass (pages touched, the kernel chosen), by
-    torch's `sum` and, where the vnni kernels run, by their 64-byte loads in 8 streams a thread; the fastest pass of
-    all, since nothing makes a read faster than memory: a floor that a step beats is not a floor. (A `sum` at the
-    calibration's 2 threads read 29.4 GB/s on the AMD EPYC of 2026-11-28, below what llama.cpp's step streamed; one
-    stream a thread read 25.7 GB/s on the Xeon that day, under the 27.2 GB/s vnni-int8's step streamed; 8 read
-    30.5.)"""
+    torch's `sum` and, where the vnni kernels run, by their 64-byte loads in READ_STREAMS streams a thread; the
+    fastest pass of all, since nothing makes a read faster than memory: a floor that a step beats is not a floor. (A
+    `sum` at the calibration's 2 threads read 29.4 GB/s on the AMD EPYC of 2026-11-28, below what llama.cpp's step
+    streamed; one stream a thread read 25.7 GB/s on the Xeon that day, under the 27.2 GB/s vnni-int8's step streamed;
+    8 read 30.5-32, 16 29.6, 64 23.7.)"""
     cores = max(threads or 1, len(os.sched_getaffinity(0)))
-    readers = [lambda buffer: buffer.sum()]
+    readers: list[Callable] = [lambda buffer: buffer.sum()]
     try:
-        readers.append(kernels().stream_read)
+        stream_read = kernels().stream_read
+        readers += [functools.partial(stream_read, streams=count) for count in READ_STREAMS]
     except KernelError:  # no VNNI here: torch's sum alone
         pass
     previous = torch.get_num_threads()

@@ -415,28 +415,28 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor cache_k, torch::
 }
 
 // Reads `buffer` once with every thread of the pool, 64 bytes a load, and returns an XOR of what it read so the loads
-// cannot be dropped: the calibration's memory read bandwidth. Each thread reads its share as READ_STREAMS interleaved
+// cannot be dropped: the calibration's memory read bandwidth. Each thread reads its share as `streams` interleaved
 // streams, as a weight pass reads many rows at once: one stream a thread left memory idle (25.7 GB/s on the Xeon of
-// 2026-11-28, below the 27.2 GB/s the int8 step streamed); 4 to 16 streams read 30 GB/s there.
-constexpr int64_t READ_STREAMS = 8;
-
-int64_t stream_read(const torch::Tensor& buffer) {
+// 2026-11-28, below the 27.2 GB/s the int8 step streamed); 8 streams read 30.5-32 GB/s there, 64 only 23.7. Which
+// count is fastest depends on the processor's prefetchers, so the calibration tries several.
+int64_t stream_read(const torch::Tensor& buffer, int64_t streams) {
   TORCH_CHECK(buffer.is_contiguous() && buffer.nbytes() % 64 == 0, "stream_read takes a contiguous multiple of 64 bytes");
+  TORCH_CHECK(streams >= 1, "stream_read reads at least one stream a thread");
   const char* base = static_cast<const char*>(buffer.data_ptr());
   const int64_t lines = buffer.nbytes() / 64;
   const int64_t threads = at::get_num_threads();
   std::vector<int64_t> partial(threads, 0);
   at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t l0 = lines * t / threads, l1 = lines * (t + 1) / threads, per = (l1 - l0) / READ_STREAMS;
+      const int64_t l0 = lines * t / threads, l1 = lines * (t + 1) / threads, per = (l1 - l0) / streams;
       __m512i acc = _mm512_setzero_si512();
       for (int64_t i = 0; i < per; ++i)
-        for (int64_t s = 0; s < READ_STREAMS; ++s) {
+        for (int64_t s = 0; s < streams; ++s) {
           const char* line = base + (l0 + s * per + i) * 64;
           _mm_prefetch(line + PREFETCH, _MM_HINT_T0);
           acc = _mm512_xor_si512(acc, _mm512_loadu_si512(line));
         }
-      for (int64_t l = l0 + READ_STREAMS * per; l < l1; ++l) acc = _mm512_xor_si512(acc, _mm512_loadu_si512(base + l * 64));
+      for (int64_t l = l0 + streams * per; l < l1; ++l) acc = _mm512_xor_si512(acc, _mm512_loadu_si512(base + l * 64));
       partial[t] ^= _mm512_reduce_add_epi64(acc);
     }
   });
@@ -446,7 +446,8 @@ int64_t stream_read(const torch::Tensor& buffer) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("stream_read", &stream_read, "read a buffer with every thread (memory bandwidth)");
+  m.def("stream_read", &stream_read, "read a buffer with every thread, in `streams` streams each (memory bandwidth)",
+        py::arg("buffer"), py::arg("streams"));
   m.def("linear_int8", &linear_int8, "x W^T with int8 weights and per-row int8 activations (exact int32 products)");
   m.def("linear_int4", &linear_int4, "x W^T with int4 weights in groups and per-row int8 activations");
   m.def("rms_norm", &rms_norm, "RMSNorm per row");
