@@ -5,7 +5,7 @@ project's.
     specbench peers list                    # what each peer is, whether it is installed, how big
     specbench peers install vllm            # python -m venv + pip install of the pins below, then the size
 
-A peer's scripts (vllm_cpu.py, openvino_genai.py) import nothing of specbench's: they run with the peer's own Python
+A peer's scripts (vllm_cpu.py, openvino_genai_peer.py) import nothing of specbench's: they run with the peer's own Python
 (`peer_python(name)`) and speak JSON lines on stdin/stdout (bench/measure/peers/worker.py). A peer that is not
 installed is one ConfigError naming the install command.
 

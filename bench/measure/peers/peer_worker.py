@@ -1,6 +1,6 @@
 """A peer that lives in another Python, driven one generation at a time: JSON lines on its stdin and stdout.
 
-A peer's script (vllm_cpu.py, openvino_genai.py) runs with its own venv's Python (bench/measure/peers/envs.py) and
+A peer's script (vllm_cpu.py, openvino_genai_peer.py) runs with its own venv's Python (bench/measure/peers/envs.py) and
 imports this file as a sibling (`import peer_worker`): nothing here imports specbench, so it loads there too. The
 suite (bench/measure/peers/runtimes.py) starts the script with `--worker`, and `PeerWorker` sends it one request
 per generation, so its engines take their turn in the same rotation as specbench's own points, on the same cores,

@@ -451,14 +451,13 @@ def speedups(timed: list[Timed], config: str, reference: str, after_first: bool 
             return math.nan, math.nan
         return float(t.new_tokens - 1), t.wall_s - first
 
-    columns = [[parts(m)[0] for m, _ in rows], [parts(m)[1] for m, _ in rows],
-               [parts(b)[0] for _, b in rows], [parts(b)[1] for _, b in rows]]
-    keep = [i for i in range(len(rows)) if all(math.isfinite(c[i]) for c in columns)]
-    if not keep:
+    kept = [(*parts(m), *parts(b)) for m, b in rows]
+    kept = [row for row in kept if all(math.isfinite(v) for v in row)]
+    if not kept:
         return math.nan, math.nan, math.nan
-    kept = [[c[i] for i in keep] for c in columns]
-    point = speedup(sum(kept[0]) / sum(kept[1]), sum(kept[2]) / sum(kept[3]))
-    low, high = speedup_ci(*kept)
+    tokens, seconds, base_tokens, base_seconds = (list(column) for column in zip(*kept, strict=True))
+    point = speedup(sum(tokens) / sum(seconds), sum(base_tokens) / sum(base_seconds))
+    low, high = speedup_ci(tokens, seconds, base_tokens, base_seconds)
     return point, low, high
 
 
