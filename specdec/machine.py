@@ -23,7 +23,7 @@ from pathlib import Path
 # /proc/cpuinfo flags that select kernels in torch (oneDNN), llama.cpp (ggml) or ONNX/OpenVINO,
 # in the order they are reported.
 KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-                "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "amx_fp16", "avx10", "asimd", "sve", "i8mm")
+                "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "amx_fp16", "avx10", "asimd", "asimddp", "sve", "i8mm")
 
 
 @lru_cache(maxsize=1)

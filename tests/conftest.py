@@ -42,7 +42,7 @@ def prompts(tmp_path_factory):
 
 
 # Three short texts, and each cloud runtime's own greedy decoding of them on the tiny cloud (once per module): what
-# greedy speculation verified in that runtime must reproduce (tests/test_converted_runtimes.py, tests/test_vnni.py).
+# greedy speculation verified in that runtime must reproduce (tests/test_converted_runtimes.py, tests/test_packed.py).
 PLAIN_TEXTS = ("hello world", "what is one two", "say three")
 
 

@@ -36,7 +36,7 @@ def backend_classes() -> list[type]:
 
 def test_every_runtime_subclasses_the_declared_interface():
     classes = backend_classes()
-    assert {"HFCausalBackend", "StaticCausalBackend", "SlotCausalBackend", "VnniBackend", "WhisperBackend"} <= {
+    assert {"HFCausalBackend", "StaticCausalBackend", "SlotCausalBackend", "PackedBackend", "WhisperBackend"} <= {
         c.__name__ for c in classes}
     assert [c.__name__ for c in classes if not issubclass(c, Backend)] == []
     for name in DECLARED:

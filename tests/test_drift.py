@@ -22,8 +22,8 @@ def test_the_reference_against_itself_drifts_by_nothing(pair, prompts):
 @pytest.mark.skipif(bool(missing_flags()), reason="the vnni kernels need AVX-512 VNNI")
 def test_a_quantized_runtimes_drift_is_written(pair, prompts, tmp_path):
     out = tmp_path / "drift.json"
-    assert main(["--model", pair["cloud"], "--runtimes", "vnni-int4", "--prompts", prompts, "--limit", "2",
+    assert main(["--model", pair["cloud"], "--runtimes", "kernels-int4", "--prompts", prompts, "--limit", "2",
                  "--tokens", "8", "--threads", "1", "--out", str(out)]) == 0
-    entry = json.loads(out.read_text())["runtimes"]["vnni-int4"]
+    entry = json.loads(out.read_text())["runtimes"]["kernels-int4"]
     assert 0 < entry["max_abs_diff_over_max_logit"] < 1 and 0 < entry["argmax_agree"] <= entry["rows"] == 16
     assert all(0 <= n <= 8 for n in entry["common_prefix_tokens"])

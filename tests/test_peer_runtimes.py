@@ -159,7 +159,7 @@ def test_peer_settings_name_external_peers_llama_python_ways_and_drafters():
     settings = PeerSettings.from_env({"SPECBENCH_PEER_EXTERNAL": "vllm, onnxruntime-genai",
                                       "SPECBENCH_PEER_LLAMA_PYTHON": "plain", "SPECBENCH_PEER_SPEC": "prompt-lookup,auto"})
     assert settings.external == ("vllm", "onnxruntime-genai") and settings.llama_python == ("plain",)
-    assert [drafter for *_, drafter in spec_peers(("vnni-int4",), settings.spec_modes)] == ["prompt-lookup", "auto"]
+    assert [drafter for *_, drafter in spec_peers(("kernels-int4",), settings.spec_modes)] == ["prompt-lookup", "auto"]
     assert PeerSettings().external == () and PeerSettings().llama_python == ("plain", "flash-off", "lookup")
     for variable, value in (("SPECBENCH_PEER_EXTERNAL", "sglang"), ("SPECBENCH_PEER_LLAMA_PYTHON", "fast"),
                             ("SPECBENCH_PEER_SPEC", "eagle")):

@@ -64,12 +64,12 @@ def test_edge_mode_memory_is_the_edge_models_alone(tmp_path):
     assert rows[0]["peak_rss_bytes"] < cloud_weights  # loading the cloud alone would exceed this
 
 
-def test_greedy_spec_verified_in_vnni_is_its_own_plain_decoding_on_the_real_pair(tmp_path):
-    """The 1.5B in vnni-int4 (blocks are its steps bit for bit): greedy speculation verified there, the 0.5B drafting in
-    vnni-int4 too, emits the runtime's own plain decoding token for token, on 3 code prompts x 48 tokens."""
-    common = ["--prompts", "code", "--limit", 3, "--max-new-tokens", 48, "--cloud-runtime", "vnni-int4"]
+def test_greedy_spec_verified_in_the_kernels_is_its_own_plain_decoding_on_the_real_pair(tmp_path):
+    """The 1.5B in kernels-int4 (blocks are its steps bit for bit): greedy speculation verified there, the 0.5B drafting in
+    kernels-int4 too, emits the runtime's own plain decoding token for token, on 3 code prompts x 48 tokens."""
+    common = ["--prompts", "code", "--limit", 3, "--max-new-tokens", 48, "--cloud-runtime", "kernels-int4"]
     cloud = specbench(tmp_path, "cloud", "--mode", "cloud", "--cloud", CLOUD, *common)
-    spec = specbench(tmp_path, "spec", "--mode", "spec", "--edge", EDGE, "--edge-runtime", "vnni-int4", "--cloud", CLOUD,
+    spec = specbench(tmp_path, "spec", "--mode", "spec", "--edge", EDGE, "--edge-runtime", "kernels-int4", "--cloud", CLOUD,
                      "--policy", "greedy", "--entropy-threshold", 0, "--k", 4, *common)
     assert [s["tokens"] for s in spec] == [c["tokens"] for c in cloud]
     assert sum(s["num_draft_tokens"] - s["num_accepted_tokens"] for s in spec) > 0  # corrections ran
@@ -79,12 +79,12 @@ def test_greedy_spec_verified_in_vnni_is_its_own_plain_decoding_on_the_real_pair
 def test_no_calibrated_step_beats_the_floor_its_bandwidth_sets():
     """The floor is the bytes a step reads over the measured read bandwidth: a step below it would mean the bandwidth
     reading is low (the AMD EPYC of 2026-11-28 read 29.4 GB/s with a 2-thread sum, and llama.cpp's step beat the
-    floor that set). vnni-int8 streams the most bytes a step closest to memory's speed, llama.cpp the file."""
+    floor that set). kernels-int8 streams the most bytes a step closest to memory's speed, llama.cpp the file."""
     from bench.derive.calibration import entry_of
     from bench.measure.calibrate import measure_bandwidth, measure_isolated
 
     bandwidth = measure_bandwidth(2)  # as a calibration measures it; its file is left as it is
-    for runtime in ("vnni-int8", "llamacpp"):
+    for runtime in ("kernels-int8", "llamacpp"):
         entry = entry_of(measure_isolated(CLOUD, runtime, threads=2, rounds=1), bandwidth)
         assert entry["error"] is None, entry["error"]
         assert entry["step_ms"] >= entry["floor_ms"], (runtime, entry["step_ms"], entry["floor_ms"], bandwidth)

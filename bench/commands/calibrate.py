@@ -15,8 +15,10 @@ from pathlib import Path
 
 from bench.derive.calibration import read_calibration, table
 from bench.measure.calibrate import DEFAULT_RUNTIMES, ROUNDS, calibration, calibration_path, default_models
+from specdec.backends.base import canonical_runtime, check_runtime
 from specdec.backends.devices import check_device
 from specdec.errors import ConfigError
+from specdec.kernels import KernelError
 from specdec.machine import fingerprint
 
 
@@ -56,6 +58,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
         if not models or not runtimes:
             raise ConfigError("--models and --runtimes need at least one name each")
+        for runtime in runtimes:  # a runtime this machine cannot run is named with its reason, before anything runs
+            try:
+                check_runtime(canonical_runtime(runtime), "--runtimes")
+            except KernelError as e:  # a package's refusal names the flag already
+                raise ConfigError(f"--runtimes {runtime}: {e}") from e
         here = fingerprint()
         data = calibration(models, runtimes, args.threads or here["cores"], force=args.force, rounds=args.rounds)
         print(f"calibration: {calibration_path(here['machine_class'])}", file=sys.stderr)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.backends.base import BATCH_INVARIANT_RUNTIMES
+from specdec.backends.base import batch_invariant
 from specdec.errors import ConfigError
 
 PLAIN_MARGIN = 1.25  # a runtime whose step is within 25 % of the fastest is also timed as plain decoding
@@ -70,9 +70,9 @@ def fastest_plain(calibration: dict, model: str, candidates: tuple[str, ...], ro
 
 def block_equals_steps(entry: dict) -> bool:
     """The runtime's block rows are its steps' logits exactly: measured by the calibration (`block_vs_steps`
-    == 0), or, for an entry measured before that, the runtime's design (BATCH_INVARIANT_RUNTIMES)."""
+    == 0), or, for an entry measured before that, the runtime's design on this CPU (base.batch_invariant)."""
     measured = entry.get("block_vs_steps")
-    return entry["runtime"] in BATCH_INVARIANT_RUNTIMES if measured is None else measured == 0.0
+    return batch_invariant(entry["runtime"]) if measured is None else measured == 0.0
 
 
 def cheapest_verifier(calibration: dict, model: str, candidates: tuple[str, ...], ks: tuple[int, ...],

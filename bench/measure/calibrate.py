@@ -40,9 +40,9 @@ from tqdm import tqdm
 from bench.derive.calibration import SCHEMA, entry_of, read_calibration
 from bench.measure.launch import WorkerProcess, bind_to_parent, death_line
 from bench.measure.runtime_costs import context_ids, prefilled, time_round
-from specdec.backends.base import RUNTIMES, Prompt
+from specdec.backends.base import RUNTIMES, Prompt, canonical_runtime
 from specdec.errors import ConfigError, SpecdecError
-from specdec.kernels import KernelError, kernels, source_digest
+from specdec.kernels import KernelError, chosen_path, kernels, source_digest
 from specdec.machine import fingerprint
 from specdec.models import registry
 from specdec.models.derive import split_name
@@ -60,8 +60,8 @@ READ_STREAMS = (1, 2, 4, 8, 16)  # streams a thread for the kernels' read: the f
 # The packages whose version a runtime's timings depend on, and their distributions' names.
 RUNTIME_PACKAGES = {"llamacpp": ("llama_cpp",), "onnx-int4": ("onnxruntime", "onnxruntime_genai"),
                     "onnx-int8": ("onnxruntime", "onnxruntime_genai"), "openvino-int8": ("openvino", "nncf"),
-                    "vnni-int8": ("torch", "transformers", "vnni_kernels"),
-                    "vnni-int4": ("torch", "transformers", "vnni_kernels")}  # every torch-* runtime: torch, transformers
+                    "kernels-int8": ("torch", "transformers", "kernels"),
+                    "kernels-int4": ("torch", "transformers", "kernels")}  # every torch-* runtime: torch, transformers
 DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "llama_cpp": "llama_cpp_python",
                  "onnxruntime": "onnxruntime", "onnxruntime_genai": "onnxruntime-genai", "openvino": "openvino",
                  "nncf": "nncf"}
@@ -90,7 +90,10 @@ def runtime_versions() -> dict[str, str | None]:
             found[package] = metadata.version(distribution)
         except metadata.PackageNotFoundError:
             found[package] = None
-    found["vnni_kernels"] = source_digest()  # our own kernels: their source is their version
+    try:  # our own kernels: the path this CPU runs and its source are their version
+        found["kernels"] = f"{chosen_path()} {source_digest()}"
+    except KernelError:
+        found["kernels"] = None  # no path here: like a package not installed
     return found
 
 
@@ -104,6 +107,7 @@ def calibration(models: list[str], runtimes: list[str], threads: int, progress: 
     """This machine's calibration file (bench/derive/calibration.py's schema) holding an entry for every
     model x runtime at `threads`: measured now where the file has none, or a stale one; the rest kept.
     ConfigError (one line) for an unknown runtime or a damaged file (unless `force`)."""
+    runtimes = [canonical_runtime(r) for r in runtimes]
     if unknown := [r for r in runtimes if r not in RUNTIMES]:
         raise ConfigError(f"unknown runtime {unknown[0]!r}: use one of {', '.join(RUNTIMES)}")
     if threads < 1 or rounds < 1:
@@ -185,7 +189,7 @@ def measure_bandwidth(threads: int | None = None) -> float:
     torch's `sum` and, where the vnni kernels run, by their 64-byte loads in READ_STREAMS streams a thread; the
     fastest pass of all, since nothing makes a read faster than memory: a floor that a step beats is not a floor. (A
     `sum` at the calibration's 2 threads read 29.4 GB/s on the AMD EPYC of 2026-11-28, below what llama.cpp's step
-    streamed; one stream a thread read 25.7 GB/s on the Xeon that day, under the 27.2 GB/s vnni-int8's step streamed;
+    streamed; one stream a thread read 25.7 GB/s on the Xeon that day, under the 27.2 GB/s kernels-int8's step streamed;
     8 read 30.5-32, 16 29.6, 64 23.7.)"""
     cores = max(threads or 1, len(os.sched_getaffinity(0)))
     readers: list[Callable] = [lambda buffer: buffer.sum()]

@@ -1,6 +1,6 @@
 """How far a runtime's logits and greedy text move from the model in torch float32 on the same weights.
 
-    python -m bench.measure.drift --model qwen2.5-coder-1.5b --runtimes vnni-int8,vnni-int4 --prompts code \
+    python -m bench.measure.drift --model qwen2.5-coder-1.5b --runtimes kernels-int8,kernels-int4 --prompts code \
         --limit 3 --tokens 32 --out runs/drift.json
 
 Per prompt, torch float32 decodes `--tokens` greedy tokens (the reference continuation). Each runtime then
@@ -71,7 +71,7 @@ def measure(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--runtimes", default="vnni-int8,vnni-int4")
+    parser.add_argument("--runtimes", default="kernels-int8,kernels-int4")
     parser.add_argument("--prompts", default="code")
     parser.add_argument("--limit", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32)

@@ -21,10 +21,10 @@ AUTO = "auto"
 AUTO_FIELDS = ("edge_runtime", "cloud_runtime", "plain_runtimes")
 # What `auto` chooses among, where installed: torch bf16 is measured too (on an AMX machine its blocks are
 # flat), torch-int8t is the batch-invariant verifier lossless points need.
-CANDIDATES = ("llamacpp", "torch-int8", "torch-int8t", "torch", "onnx-int4", "onnx-int8", "openvino-int8", "vnni-int8",
-              "vnni-int4")
+CANDIDATES = ("llamacpp", "torch-int8", "torch-int8t", "torch", "onnx-int4", "onnx-int8", "openvino-int8", "kernels-int8",
+              "kernels-int4")
 # A drafter's text need not match anything (no int8t); the vnni kernels serve the edge as well as the cloud.
-EDGE_CANDIDATES = ("llamacpp", "torch-int8", "torch", "onnx-int4", "vnni-int4", "vnni-int8")
+EDGE_CANDIDATES = ("llamacpp", "torch-int8", "torch", "onnx-int4", "kernels-int4", "kernels-int8")
 
 
 def has_auto(values: dict) -> bool:

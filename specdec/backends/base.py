@@ -20,6 +20,7 @@ import torch
 
 from specdec.errors import ConfigError, InputError, ModelError
 from specdec.kernels import check_cpu, missing_flags
+from specdec.machine import _cpuinfo
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a backend runs in, by name
 
@@ -30,16 +31,28 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a backen
 # activations) and run in ONNX Runtime (onnxrt.py), a one-token step padded to two rows so steps are blocks' rows.
 # openvino-int8: the model converted to an OpenVINO IR (int8 weights by nncf, activations quantized per row at
 # run time, attention one query row at a time so blocks are steps' rows bit for bit), on OpenVINO's CPU plugin.
-# vnni-int8 / vnni-int4: the model's folder packed at load for specbench's own AVX-512 VNNI kernels (vnni.py,
-# specdec/kernels/): int8 or int4 weights, int8 activations per row, exact int32 products, attention one query row
-# at a time, so a block costs about one step and its rows are steps' logits bit for bit.
-RUNTIMES = ("torch", "torch-int8", "torch-int8t", "llamacpp", "onnx-int4", "onnx-int8", "openvino-int8", "vnni-int8",
-            "vnni-int4")
+# kernels-int8 / kernels-int4 (once vnni-int8 / vnni-int4, still accepted): the model's folder packed at load for
+# specbench's own kernels (packed.py, specdec/kernels/: AVX-512 VNNI, AVX-VNNI, AVX2 or NEON, one reference): int8
+# or int4 weights, int8 activations per row, exact int32 products, attention one query row at a time, so a block
+# costs about one step and its rows are steps' logits bit for bit, the same bits on every processor.
+RUNTIMES = ("torch", "torch-int8", "torch-int8t", "llamacpp", "onnx-int4", "onnx-int8", "openvino-int8", "kernels-int8",
+            "kernels-int4")
 # Runtimes whose k+1-row block computes, row for row, the logits of k+1 one-token steps (bit for bit:
 # tests/test_int8_batch.py), so greedy speculation verified there reproduces that runtime's own plain
 # decoding token for token. torch-int8 is not one: one activation scale over all rows of a block. calibrate
 # measures it too.
-BATCH_INVARIANT_RUNTIMES = ("torch-int8t", "onnx-int4", "onnx-int8", "openvino-int8", "vnni-int8", "vnni-int4")
+BATCH_INVARIANT_RUNTIMES = ("torch-int8t", "onnx-int4", "onnx-int8", "openvino-int8", "kernels-int8", "kernels-int4")
+# A runtime exact by design on one instruction set only: OpenVINO's CPU plugin keeps a block's rows equal to its steps
+# on its AVX-512 kernels, not on AVX2 (the calibration measured block_vs_steps 3.5e-5 on an AVX2-only AMD EPYC,
+# 2026-11-29). Where a calibration measured it, its figure decides (bench/derive/runtime_choice.py).
+EXACT_ONLY_WITH = {"openvino-int8": "avx512f"}
+
+
+def batch_invariant(runtime: str, flags: frozenset[str] | None = None) -> bool:
+    """`runtime`'s blocks are its steps bit for bit by design on this CPU (or one reporting `flags`)."""
+    needed = EXACT_ONLY_WITH.get(runtime)
+    flags = _cpuinfo()[1] if flags is None else flags
+    return runtime in BATCH_INVARIANT_RUNTIMES and (needed is None or needed in flags)
 # The cloud held in two runtimes, PLAIN+BLOCKS: plain steps in the first, draft blocks in the second
 # (specdec/core/cloud.py TwoRuntimeCloud; spec mode in process only).
 RUNTIME_PAIRS = tuple(f"{plain}+{blocks}" for plain in RUNTIMES for blocks in RUNTIMES if plain != blocks)
@@ -64,25 +77,33 @@ RUNTIME_PACKAGES = {"llamacpp": RuntimePackage("llama_cpp", "llama-cpp-python", 
                     "onnx-int8": RuntimePackage("onnxruntime_genai", "onnxruntime-genai", ONNX_EXTRA)}
 
 
+RUNTIME_ALIASES = {"vnni-int8": "kernels-int8", "vnni-int4": "kernels-int4"}  # old names, still accepted
+
+
+def canonical_runtime(runtime: str) -> str:
+    """A runtime (or PLAIN+BLOCKS pair) with every old name replaced by today's: `vnni-int4` -> `kernels-int4`."""
+    return "+".join(RUNTIME_ALIASES.get(part, part) for part in runtime.split("+"))
+
+
 def runtime_parts(runtime: str) -> tuple[str, ...]:
     """`llamacpp+torch-int8` -> ("llamacpp", "torch-int8"): (plain steps', blocks') runtimes; one runtime -> (it,)."""
     return tuple(runtime.split("+"))
 
 
-VNNI_RUNTIMES = ("vnni-int8", "vnni-int4")  # need the CPU's AVX-512 VNNI (specdec/kernels/__init__.py), no package
+KERNEL_RUNTIMES = ("kernels-int8", "kernels-int4")  # need one of the kernels' vector paths (specdec/kernels), no package
 
 
 def runtime_installed(runtime: str) -> bool:
-    """Every part of `runtime` can run in this install (its extra's package is there, or for the vnni runtimes the
-    instruction sets their kernels need), checked without importing it (llama_cpp loads its shared library on import)."""
+    """Every part of `runtime` can run in this install (its extra's package is there, or for the kernels runtimes an
+    instruction set one of their paths needs), checked without importing it (llama_cpp loads its shared library on import)."""
     return all((part not in RUNTIME_PACKAGES or importlib.util.find_spec(RUNTIME_PACKAGES[part].module) is not None)
-               and (part not in VNNI_RUNTIMES or not missing_flags()) for part in runtime_parts(runtime))
+               and (part not in KERNEL_RUNTIMES or not missing_flags()) for part in runtime_parts(runtime))
 
 
 def check_runtime(runtime: str, flag: str = "runtime") -> None:
     """The runtime's package is installed (or its CPU can run it), or one line naming the fix."""
     for part in runtime_parts(runtime):
-        if part in VNNI_RUNTIMES:
+        if part in KERNEL_RUNTIMES:
             check_cpu()
         package = RUNTIME_PACKAGES.get(part)
         if package is not None and not runtime_installed(part):
@@ -158,7 +179,7 @@ class Backend:
         eos_ids         end-of-sequence ids of its own (a GGUF's, a converted folder's), beside the tokenizer's
         processors      logits processors its decoding rule needs (Whisper's suppression)
         streamed_bytes  bytes a one-token step reads, where the runtime knows; None: count the torch model's
-        memory_bytes    bytes it holds, where it has no torch model (llama.cpp, vnni)
+        memory_bytes    bytes it holds, where it has no torch model (llama.cpp, the kernels)
         extra_buffers   llama.cpp's repacked weight buffers in use; None for every other runtime
         model           the torch model, where there is one
     """

@@ -12,7 +12,7 @@ import types
 import typing
 from dataclasses import dataclass, field, fields
 
-from specdec.backends.base import DTYPES, RUNTIME_PAIRS, RUNTIMES, check_runtime, runtime_parts
+from specdec.backends.base import DTYPES, RUNTIME_PAIRS, RUNTIMES, canonical_runtime, check_runtime, runtime_parts
 from specdec.backends.devices import CUDA_GRAPHS, DEVICE_NAMES, KV_CACHES, check_device
 from specdec.core.block_length import SCHEDULES, parse_stop
 from specdec.core.drafters import DRAFTERS, describe_options, drafter_options
@@ -88,8 +88,8 @@ class EngineConfig:
         "help": "what runs the edge: torch (in --dtype), torch-int8 (dynamic int8 Linear layers, float32 "
                 "activations), torch-int8t (int8 with activations quantized per token: a block's logits are its "
                 "steps') or llamacpp (the registry's GGUF file as shipped, or a .gguf path), onnx-int4/onnx-int8/openvino-int8 "
-                "(converted on first use), vnni-int8/vnni-int4 (specbench's own AVX-512 VNNI kernels: int8 or int4 "
-                "weights, blocks cost about a step and are its steps bit for bit)", "choices": RUNTIMES})
+                "(converted on first use), kernels-int8/kernels-int4 (specbench's own kernels on AVX-512 VNNI, AVX-VNNI, "
+                "AVX2 or NEON: int8 or int4 weights, blocks cost about a step and are its steps bit for bit)", "choices": RUNTIMES})
     cloud_runtime: str = field(default="torch", metadata={
         "help": "what runs the cloud loaded here, as --edge-runtime; spec mode: also "
                 "PLAIN+BLOCKS (e.g. llamacpp+torch-int8), the model held in both, plain steps in the first, blocks in the "
@@ -120,6 +120,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        for role in ("edge_runtime", "cloud_runtime"):  # an old runtime name is today's
+            object.__setattr__(self, role, canonical_runtime(getattr(self, role)))
         check_choices(self)
         # Typed from here on: an enum member is still its word (`str` in the annotation, the records and the
         # protocol), so the point's types and the flags built from these fields stay as they were.

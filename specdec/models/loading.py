@@ -19,7 +19,7 @@ from typing import Any, cast
 import torch
 from safetensors import SafetensorError
 
-from specdec.backends.base import DTYPES, RUNTIMES, Backend, Prompt, check_runtime
+from specdec.backends.base import DTYPES, RUNTIMES, Backend, Prompt, canonical_runtime, check_runtime
 from specdec.backends.devices import check_device, steps_of
 from specdec.backends.llamacpp import LlamaCppBackend  # imports llama_cpp only when it builds one
 from specdec.backends.llamacpp_probe import CACHE_FILE
@@ -218,6 +218,8 @@ class LoadSettings:
     sessions: int | None = None  # a server's: its static cache holds that many sequences (static_slots.py)
 
     def __post_init__(self) -> None:
+        if self.runtime is not None:  # an old runtime name is today's
+            object.__setattr__(self, "runtime", canonical_runtime(self.runtime))
         if self.dtype not in DTYPES:
             raise ModelError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if self.runtime not in LOADERS:
@@ -351,11 +353,11 @@ def load_architecture(name: str, settings: LoadSettings) -> LoadedModel:
 
 
 # Runtimes that load the model's folder their own way: a conversion made on first use and kept beside it
-# (specdec/models/convert_onnx.py, convert_openvino.py), or weights packed at load (vnni: pack_vnni.py):
+# (specdec/models/convert_onnx.py, convert_openvino.py), or weights packed at load (vnni: pack_kernels.py):
 # runtime -> (the loader's module, its function, its settings).
 CONVERTED = {
-    "vnni-int8": ("specdec.models.pack_vnni", "load_vnni", {"weights": "int8"}),
-    "vnni-int4": ("specdec.models.pack_vnni", "load_vnni", {"weights": "int4"}),
+    "kernels-int8": ("specdec.models.pack_kernels", "load_packed", {"weights": "int8"}),
+    "kernels-int4": ("specdec.models.pack_kernels", "load_packed", {"weights": "int4"}),
     "onnx-int4": ("specdec.models.convert_onnx", "load_onnx", {"variant": "int4"}),
     "onnx-int8": ("specdec.models.convert_onnx", "load_onnx", {"variant": "int8"}),
     "openvino-int8": ("specdec.models.convert_openvino", "load_openvino", {"weights": "int8"}),

@@ -23,7 +23,7 @@ from bench.core.point import AXES, DEPLOYMENTS, FIELDS, RUNTIME_OF, SETTING_TYPE
 from bench.core.prompts import PromptInputs, canonical_prompts, expand_prompt_sets, rejoin_categories
 from bench.measure.caps import EdgeCaps
 from bench.measure.runtime_auto import has_auto
-from specdec.backends.base import RUNTIMES, runtime_parts
+from specdec.backends.base import RUNTIMES, canonical_runtime, runtime_parts
 from specdec.backends.devices import KV_CACHES
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
 from specdec.core.drafters import DRAFTS_AHEAD, WEIGHS_RUNTIMES
@@ -237,6 +237,8 @@ class SweepConfig(RunSettings):
                     raise ConfigError(f"{source}: {key} must be a list of {kind}, got {list(value)}") from None
             elif isinstance(value, list) and typing.get_origin(_HINTS.get(key)) is tuple:
                 value = tuple(value)  # a TOML list for a list-valued setting (plain_runtimes)
+            if key in ("edge_runtime", "cloud_runtime", "plain_runtimes"):  # an old runtime name is today's
+                value = tuple(canonical_runtime(v) for v in value) if isinstance(value, tuple) else value
             values[key] = value
         for key in ("edge", "cloud", "token_file"):  # one folder, one name (see bench/core/folder.py)
             if isinstance(values.get(key), str):

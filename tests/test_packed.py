@@ -1,8 +1,9 @@
-"""Runtimes vnni-int8 and vnni-int4 (specdec/backends/vnni.py on specdec/kernels/vnni.cpp): each kernel is the
+"""Runtimes kernels-int8 and kernels-int4 (specdec/backends/packed.py on specdec/kernels/, this CPU's path): each kernel is the
 arithmetic it claims (against a float64 reference of the same quantized numbers) and gives a row the same bits alone
 or beside others; a model's (k+1)-token blocks, prefills and other sessions' batched rows are its one-token steps bit
 for bit; greedy speculation verified there is that runtime's own plain decoding token for token; and what it cannot
-run (a CPU without VNNI, no compiler, another architecture) is one line naming the fix."""
+run (a CPU without any vector path, a forced path it lacks, no compiler, another architecture) is one line naming the
+fix. tests/test_kernels.py holds every path to the reference, bit for bit."""
 from __future__ import annotations
 
 import subprocess
@@ -16,11 +17,11 @@ from specdec.backends.base import Prompt
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ModelError
-from specdec.kernels import KernelError, check_cpu, missing_flags
+from specdec.kernels import KernelError, chosen_path, missing_flags
 from tests.conftest import PLAIN_TEXTS
 from tests.tiny import random_prompt, tiny_causal
 
-pytestmark = pytest.mark.skipif(bool(missing_flags()), reason=f"this CPU lacks {missing_flags()} (the refusal is tested)")
+pytestmark = pytest.mark.skipif(bool(missing_flags()), reason=f"{missing_flags()} (the refusal is tested)")
 QUIET = dict(log=lambda message: None)
 WEIGHTS = ["int8", "int4"]
 
@@ -98,14 +99,14 @@ def test_attention_writes_the_cache_and_matches_causal_sdpa_with_grouped_heads(o
 @pytest.fixture(scope="module")
 def models():
     """(arch, weights) -> (the float model, its vnni backend)."""
-    from specdec.backends.vnni import VnniBackend
+    from specdec.backends.packed import PackedBackend
 
     found = {}
 
     def of(arch: str, weights: str):
         if (arch, weights) not in found:
             model = tiny_causal(arch)
-            found[arch, weights] = model, VnniBackend.from_model(model, weights)
+            found[arch, weights] = model, PackedBackend.from_model(model, weights)
         return found[arch, weights]
     return of
 
@@ -143,7 +144,7 @@ def test_sessions_batched_in_one_forward_get_their_own_logits_bit_for_bit(models
     assert [s.length for s in states] == [8, 13, 23, 10]
 
 
-@pytest.mark.parametrize("runtime", ["vnni-int8", "vnni-int4"])
+@pytest.mark.parametrize("runtime", ["kernels-int8", "kernels-int4"])
 @pytest.mark.parametrize("drafter", ["model", "prompt-lookup"])
 def test_greedy_spec_verified_in_vnni_is_its_own_plain_decoding(pair, plain, runtime, drafter):
     """Every path ran with the model drafter (corrections and bonuses); the edge also runs in vnni (the kernels serve
@@ -183,23 +184,45 @@ def test_the_bandwidth_read_refuses_no_streams(ops):
         ops.stream_read(torch.zeros(8, dtype=torch.int64), 0)
 
 
-def test_a_cpu_without_vnni_is_one_line():
-    with pytest.raises(KernelError, match=r"^the vnni runtimes need avx512_vnni, which this CPU lacks: use runtime "
-                                          r"onnx-int4 or llamacpp$"):
-        check_cpu(frozenset({"avx512f", "avx512bw", "avx512vl", "f16c"}))
+NO_PATH = ("the kernels runtimes need AVX2 (with FMA and F16C), AVX-512 VNNI or ARM NEON with dotprod, which this CPU "
+           "lacks: use runtime onnx-int4 or llamacpp (SPECBENCH_KERNELS=reference runs them exactly, slowly)")
+
+
+def test_a_cpu_without_any_vector_path_is_one_line(monkeypatch):
+    monkeypatch.delenv("SPECBENCH_KERNELS", raising=False)
+    with pytest.raises(KernelError) as caught:
+        chosen_path(frozenset({"sse4_2", "avx", "f16c"}), "x86_64")  # AVX without AVX2: a Sandy Bridge
+    assert str(caught.value) == NO_PATH
+    assert chosen_path(frozenset({"avx2", "fma", "f16c"}), "x86_64") == "avx2"
+    assert chosen_path(frozenset({"avx2", "fma", "f16c", "avx_vnni"}), "x86_64") == "avx-vnni"
+    assert chosen_path(frozenset({"fp", "asimd", "asimddp"}), "aarch64") == "neon"
+    with pytest.raises(KernelError):  # ARMv8.0 NEON without dotprod
+        chosen_path(frozenset({"fp", "asimd"}), "aarch64")
+
+
+def test_a_forced_path_is_checked_against_the_cpu_in_one_line(monkeypatch):
+    monkeypatch.setenv("SPECBENCH_KERNELS", "neon")
+    with pytest.raises(KernelError, match=r"^SPECBENCH_KERNELS=neon needs NEON with dotprod, which this CPU lacks: "
+                                          r"unset it or use one of avx2, reference$"):
+        chosen_path(frozenset({"avx2", "fma", "f16c"}), "x86_64")
+    monkeypatch.setenv("SPECBENCH_KERNELS", "avx3")
+    with pytest.raises(KernelError, match=r"^unknown SPECBENCH_KERNELS='avx3': use one of avx512-vnni, avx-vnni, "
+                                          r"avx2, neon, reference, or unset it$"):
+        chosen_path(frozenset({"avx2", "fma", "f16c"}), "x86_64")
+    monkeypatch.setenv("SPECBENCH_KERNELS", "reference")
+    assert chosen_path(frozenset({"sse4_2"}), "x86_64") == "reference"
 
 
 @pytest.mark.subprocess
-def test_choosing_vnni_on_a_cpu_without_it_is_one_line_before_anything_loads(pair, prompts, tmp_path):
+def test_choosing_the_kernels_on_a_cpu_without_a_path_is_one_line_before_anything_loads(pair, prompts, tmp_path):
     code = ("import sys, specdec.kernels as k\n"
-            "k.missing_flags = lambda flags=None: ['avx512_vnni']  # as on a CPU without VNNI\n"
+            "k._cpuinfo = lambda: ('an old CPU', frozenset({'sse4_2'}))  # as on a CPU without AVX2\n"
             "from bench.cli import main; sys.exit(main(sys.argv[1:]))")
     run = ["run", "--mode", "cloud", "--cloud", pair["cloud"], "--prompts", prompts, "--dtype", "float32",
-           "--max-new-tokens", "3", "--limit", "1", "--cloud-runtime", "vnni-int4", "--out", str(tmp_path / "a")]
+           "--max-new-tokens", "3", "--limit", "1", "--cloud-runtime", "kernels-int4", "--out", str(tmp_path / "a")]
     result = subprocess.run([sys.executable, "-c", code, *run], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines() == [
-        "error: the vnni runtimes need avx512_vnni, which this CPU lacks: use runtime onnx-int4 or llamacpp"]
+    assert result.stderr.strip().splitlines() == [f"error: {NO_PATH}"]
 
 
 @pytest.mark.subprocess
@@ -209,17 +232,17 @@ def test_no_compiler_to_build_the_kernels_is_one_line(tmp_path):
     env = {**__import__("os").environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "CXX": "no-such-c++"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode != 0
-    assert ("KernelError: the vnni runtimes build their kernels once with a C++ compiler, and 'no-such-c++' is not on "
+    assert ("KernelError: the kernels runtimes build their kernels once with a C++ compiler, and 'no-such-c++' is not on "
             "PATH: install one (apt-get install g++) or set CXX, or use runtime onnx-int4 or llamacpp") in result.stderr
     assert not list((tmp_path / "ext").rglob("*.so"))
 
 
 def test_another_architecture_is_one_line():
-    from specdec.backends.vnni import VnniBackend
+    from specdec.backends.packed import PackedBackend
 
-    with pytest.raises(ModelError, match=r"^runtime vnni runs qwen2, llama decoders, not 'gemma3_text': use runtime "
+    with pytest.raises(ModelError, match=r"^runtime kernels-int8/kernels-int4 runs qwen2, llama decoders, not 'gemma3_text': use runtime "
                                          r"torch-int8t or onnx-int4$"):
-        VnniBackend.from_model(tiny_causal("gemma3"), "int8")
+        PackedBackend.from_model(tiny_causal("gemma3"), "int8")
 
 
 @pytest.mark.server
@@ -227,11 +250,11 @@ def test_greedy_spec_through_a_vnni_server_is_its_plain_decoding(pair, plain):
     from specdec.models.loading import load_model
     from specdec.remote.background import BackgroundServer
 
-    cloud = load_model(pair["cloud"], "float32", runtime="vnni-int4", **QUIET)
+    cloud = load_model(pair["cloud"], "float32", runtime="kernels-int4", **QUIET)
     with BackgroundServer(cloud) as url:
         spec = Engine(mode="spec", edge=pair["edge"], cloud_url=url, dtype="float32",
                       decode=DecodeConfig(max_new_tokens=16), spec=SpecConfig(k=3, entropy_threshold=0, policy="greedy"),
                       **QUIET)
         tokens = [spec.generate(text).tokens for text in PLAIN_TEXTS]
         spec.close()
-    assert tokens == plain("vnni-int4")
+    assert tokens == plain("kernels-int4")

@@ -1,10 +1,11 @@
-"""Runtimes vnni-int8 and vnni-int4: a Llama/Qwen2-style decoder on specbench's own AVX-512 VNNI kernels
-(specdec/kernels/vnni.cpp), whose verify blocks cost about one step and compute, bit for bit, the logits of the
-steps they stand for.
+"""Runtimes kernels-int8 and kernels-int4 (formerly vnni-int8 / vnni-int4): a Llama/Qwen2-style decoder on
+specbench's own exact kernels (specdec/kernels/: one scalar reference, one vector path per instruction set, chosen
+for this CPU), whose verify blocks cost about one step and compute, bit for bit, the logits of the steps they stand
+for, the same bits on every processor.
 
 The model's folder is loaded in float32 and packed once (specdec/kernels/pack.py): q/k/v as one Linear, gate and up
-as one, every decoder Linear int8 per output column (vnni-int8) or int4 in groups of 32 with fp16 scales
-(vnni-int4: Q4_0's format, half the bytes); the output head is int8 in both (a tied head is the embedding
+as one, every decoder Linear int8 per output column (kernels-int8) or int4 in groups of 32 with fp16 scales
+(kernels-int4: Q4_0's format, half the bytes); the output head is int8 in both (a tied head is the embedding
 quantized; the embedding itself stays float32, a step reads one row of it). A forward is
 
     x = embed[ids]                                                   [n, hidden]
@@ -14,7 +15,7 @@ quantized; the embedding itself stays float32, a step reads one row of it). A fo
 
 Why blocks are steps: every activation row is quantized with its own scale and multiplied in exact int32; each
 norm, each attention row (one query over exactly the keys a step at its position attends) and each elementwise
-op is computed by one code path that depends on that row alone (vnni.cpp's header). Rows of other sessions in
+op is computed by one code path that depends on that row alone (specdec/kernels/csrc/kernels.h). Rows of other sessions in
 `forward_batch` share the Linears' calls and change nothing either.
 
 The state: a [layers, 2, capacity, kv_heads, head_dim] float32 cache per sequence; a block writes its keys and
@@ -49,7 +50,7 @@ class Layer:
 
 
 @dataclass
-class VnniState:
+class PackedState:
     length: int  # token positions held
     kv: torch.Tensor | None = None  # [layers, 2, capacity, kv_heads, head_dim]
 
@@ -57,12 +58,12 @@ class VnniState:
 def check_model(config) -> None:
     """The decoders this runtime computes, or one line naming what it cannot."""
     if config.model_type not in MODEL_TYPES:
-        raise ModelError(f"runtime vnni runs {', '.join(MODEL_TYPES)} decoders, not {config.model_type!r}: use runtime "
+        raise ModelError(f"runtime kernels-int8/kernels-int4 runs {', '.join(MODEL_TYPES)} decoders, not {config.model_type!r}: use runtime "
                          "torch-int8t or onnx-int4")
     if getattr(config, "hidden_act", "silu") != "silu":
-        raise ModelError(f"runtime vnni computes SiLU MLPs, this model's act is {config.hidden_act!r}: use runtime torch")
+        raise ModelError(f"runtime kernels-int8/kernels-int4 computes SiLU MLPs, this model's act is {config.hidden_act!r}: use runtime torch")
     if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-        raise ModelError("runtime vnni attends to every cached position; this model uses a sliding window: use runtime "
+        raise ModelError("runtime kernels-int8/kernels-int4 attends to every cached position; this model uses a sliding window: use runtime "
                          "torch")
 
 
@@ -75,14 +76,15 @@ def _linear(linears: list, weights: str) -> PackedLinear:
     return pack.int4(weight, bias) if weights == "int4" else pack.int8(weight, bias)
 
 
-class VnniBackend(Backend):
-    """A causal LM packed for the vnni kernels; build with `from_model` (specdec/models/pack_vnni.py loads a folder)."""
+class PackedBackend(Backend):
+    """A causal LM packed for specbench's kernels; build with `from_model` (specdec/models/pack_kernels.py loads a folder)."""
 
     accepts_audio = False
     batchable = True  # forward_batch: rows of several states in one pass
 
     def __init__(self, name: str, weights: str, layers: list[Layer], embed: torch.Tensor, norm: torch.Tensor,
-                 head: PackedLinear, rotary: tuple[torch.Tensor, torch.Tensor], shape: dict) -> None:
+                 head: PackedLinear, rotary: tuple[torch.Tensor, torch.Tensor], shape: dict,
+                 path: str | None = None) -> None:
         self.name, self.weights, self.layers, self.embed, self.norm, self.head = name, weights, layers, embed, norm, head
         self.cos, self.sin = rotary
         self.heads, self.kv_heads, self.head_dim = shape["heads"], shape["kv_heads"], shape["head_dim"]
@@ -91,16 +93,18 @@ class VnniBackend(Backend):
         self.max_positions: int = self.cos.shape[0]
         self.device = torch.device("cpu")
         self.eos_ids: frozenset[int] = frozenset()  # the loader adds the folder's generation config's
-        self.ops = kernels()
+        self.ops = kernels(path)  # the instruction-set path: this CPU's best unless named (specdec/kernels)
+        self.kernel_path: str = self.ops.path
 
     @classmethod
-    def from_model(cls, model, weights: str = "int8", name: str = "") -> VnniBackend:
-        """Pack a loaded transformers `*ForCausalLM` (any float dtype; read as float32)."""
+    def from_model(cls, model, weights: str = "int8", name: str = "", path: str | None = None) -> PackedBackend:
+        """Pack a loaded transformers `*ForCausalLM` (any float dtype; read as float32) for the kernels' `path`
+        (default: the one chosen for this CPU)."""
         if weights not in WEIGHTS:
-            raise ModelError(f"unknown vnni weights {weights!r}: use one of {', '.join(WEIGHTS)}")
+            raise ModelError(f"unknown kernels weights {weights!r}: use one of {', '.join(WEIGHTS)}")
         config = model.config
         check_model(config)
-        kernels()  # refuse on this CPU before packing for it
+        kernels(path)  # refuse on this CPU before packing for it
         decoder = model.model
         layers = []
         for block in decoder.layers:
@@ -120,7 +124,7 @@ class VnniBackend(Backend):
         head = model.get_output_embeddings().weight.detach()
         return cls(name or config.name_or_path, weights, layers, decoder.embed_tokens.weight.detach().float().clone(),
                    decoder.norm.weight.detach().float().clone(), pack.int8(head),
-                   (cos[0].float().contiguous(), sin[0].float().contiguous()), shape)
+                   (cos[0].float().contiguous(), sin[0].float().contiguous()), shape, path)
 
     @property
     def streamed_bytes(self) -> int:  # type: ignore[override]  # Backend's default, computed here; callers only read it
@@ -143,25 +147,25 @@ class VnniBackend(Backend):
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
-        refuse_features(prompt, self.name, f"vnni-{self.weights}")
-        state = VnniState(0)
+        refuse_features(prompt, self.name, f"kernels-{self.weights}")
+        state = PackedState(0)
         if token_ids.numel() == 0:
             return state, None
         return state, self._rows([state], [token_ids], [keep])[0]
 
-    def forward(self, state: VnniState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor | None:
+    def forward(self, state: PackedState, token_ids: torch.Tensor, keep: int | None = None) -> torch.Tensor | None:
         return self._rows([state], [token_ids], [kept_rows(token_ids, keep)])[0]
 
-    def forward_batch(self, states: list[VnniState], blocks: list[torch.Tensor],
+    def forward_batch(self, states: list[PackedState], blocks: list[torch.Tensor],
                       keeps: list[int]) -> list[torch.Tensor | None]:
         """Each state's block in one pass over the weights: [keep_b, V] each, as `forward` gives it, bit for bit."""
         return self._rows(states, blocks, keeps)
 
     # --- internals ----------------------------------------------------------------------
-    def _reserve(self, state: VnniState, needed: int) -> torch.Tensor:
+    def _reserve(self, state: PackedState, needed: int) -> torch.Tensor:
         """The state's cache, grown first where it holds fewer than `needed` positions."""
         if needed > self.max_positions:
-            raise InputError(f"{needed} positions exceed {self.name!r}'s {self.max_positions} in runtime vnni: shorten "
+            raise InputError(f"{needed} positions exceed {self.name!r}'s {self.max_positions} in runtime kernels-{self.weights}: shorten "
                              "the prompt or --max-new-tokens")
         if state.kv is not None and needed <= state.kv.shape[2]:
             return state.kv
@@ -170,7 +174,7 @@ class VnniBackend(Backend):
                     else grown(state.kv, capacity, 2, state.length))
         return state.kv
 
-    def _rows(self, states: list[VnniState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor | None]:
+    def _rows(self, states: list[PackedState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor | None]:
         """Every state's block in one pass; each block's last `keep` logits [keep, V] (None where keep is 0)."""
         ops, sizes = self.ops, [block.numel() for block in blocks]
         caches = [self._reserve(state, state.length + n) for state, n in zip(states, sizes)]

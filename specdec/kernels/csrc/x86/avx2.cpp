@@ -1,0 +1,360 @@
+// The 256-bit x86 paths: AVX2 + FMA + F16C (AMD Zen 2/3, CPUs or VMs without AVX-512), and, built with
+// SPECBENCH_AVX_VNNI, AVX-VNNI (Intel's client CPUs since Alder Lake: the 256-bit vpdpbusd without AVX-512; built
+// for a CPU with AVX-512 VNNI instead, the same instruction in its EVEX encoding, so that CPU runs and tests this path).
+// kernels.h defines every number; this file reproduces reference.cpp bit for bit. kernels.h's 16 lanes are two ymm
+// here (lanes 0-7, 8-15), so every row reduction folds exactly as on AVX-512.
+//
+// int8 without VNNI: vpmaddubsw multiplies unsigned by signed bytes into saturating int16 pairs, so it takes |q| as
+// the unsigned side and sign(w, q) as the signed one (llama.cpp's trick, ggml-cpu's mul_sum_us8_pairs_float): both
+// within 0..127 in magnitude, a pair is at most 2 * 127 * 127 = 32258 and never saturates; vpmaddwd against ones
+// widens to int32. The packed w + 128 becomes w with one XOR of 0x80. int4 needs no trick: a nibble (0..15) times q
+// fits, and a whole group of 32 (16 products an int16 lane, at most 16 * 15 * 127 = 30480) sums in int16 before
+// one vpmaddwd. With AVX-VNNI, vpdpbusd does each in one instruction on w + 128 (less 128 sum q, as AVX-512 does).
+#include "../kernels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace specbench {
+namespace path {
+
+#ifdef SPECBENCH_AVX_VNNI
+const char* const NAME = "avx-vnni";
+#else
+const char* const NAME = "avx2";
+#endif
+
+namespace {
+
+constexpr int MAX_TILE = 4;  // activation rows per pass: 4 rows x 2 ymm accumulators of one 16-column block
+constexpr int64_t PREFETCH = 4096;
+
+struct Lanes16 {  // kernels.h's 16 lanes
+  __m256 lo, hi;
+};
+
+// Lanes i with i < remaining on (all-ones int32), the rest off.
+inline __m256i lane_mask(int64_t remaining) {
+  const int32_t r = int32_t(std::max<int64_t>(0, std::min<int64_t>(8, remaining)));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+inline __m256 load(const float* p, int64_t remaining) {  // zeros past `remaining`
+  return remaining >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lane_mask(remaining));
+}
+
+inline void store(float* p, __m256 v, int64_t remaining) {
+  if (remaining >= 8)
+    _mm256_storeu_ps(p, v);
+  else if (remaining > 0)
+    _mm256_maskstore_ps(p, lane_mask(remaining), v);
+}
+
+inline float fold(Lanes16 v) {  // kernels.h's sum16
+  alignas(32) float lane[16];
+  _mm256_store_ps(lane, v.lo);
+  _mm256_store_ps(lane + 8, v.hi);
+  return sum16(lane);
+}
+
+inline float max8(__m256 v) {  // exact in any order
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// exp_ref for 8 values.
+inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(EXP_HI)), _mm256_set1_ps(EXP_LO));
+  const __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(LN2_HI), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(LN2_LO), x);
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_set1_ps(EXP_P0);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P1));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P2));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P3));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P4));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P5));
+  y = _mm256_add_ps(_mm256_fmadd_ps(y, z, x), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_cvtps_epi32(fx), a = _mm256_srai_epi32(e, 1), b = _mm256_sub_epi32(e, a);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 pa = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(a, bias), 23));
+  const __m256 pb = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(b, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(y, pa), pb);  // scale_pow2
+}
+
+// y = (t * x_scale + bias) + residual for 8 columns, `remaining` of them real.
+inline void epilogue(__m256 t, float x_scale, const float* bias, const float* residual, float* y, int64_t remaining) {
+  t = _mm256_mul_ps(t, _mm256_set1_ps(x_scale));
+  if (bias) t = _mm256_add_ps(t, load(bias, remaining));
+  if (residual) t = _mm256_add_ps(t, load(residual, remaining));
+  store(y, t, remaining);
+}
+
+#if defined(SPECBENCH_AVX_VNNI) && defined(__AVXVNNI__)
+inline __m256i dot_u8s8(__m256i acc, __m256i w_u8, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, w_u8, x); }
+#elif defined(SPECBENCH_AVX_VNNI)  // the same instruction, EVEX-encoded: an AVX-512 VNNI CPU runs this path too
+inline __m256i dot_u8s8(__m256i acc, __m256i w_u8, __m256i x) { return _mm256_dpbusd_epi32(acc, w_u8, x); }
+#endif
+
+// T activation rows x one 16-column block (two ymm of int32 a row).
+template <int T>
+void tile_int8(const Rows& rows, int64_t m0, const Linear& w, const float* residual, float* y, int64_t nb) {
+  __m256i acc[T][2];
+  const int32_t* x[T];
+  const uint8_t* block = w.weight + nb * COLS * w.Kp;
+  for (int r = 0; r < T; ++r) {
+    acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    x[r] = reinterpret_cast<const int32_t*>(rows.q + (m0 + r) * rows.Kp);
+  }
+#ifndef SPECBENCH_AVX_VNNI
+  const __m256i flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);
+#endif
+  const int64_t chunks = rows.Kp / 4;
+  for (int64_t c = 0; c < chunks; ++c) {
+    _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
+    __m256i wv[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64)),
+                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64 + 32))};
+#ifdef SPECBENCH_AVX_VNNI
+    for (int r = 0; r < T; ++r) {
+      const __m256i xr = _mm256_set1_epi32(x[r][c]);
+      for (int h = 0; h < 2; ++h) acc[r][h] = dot_u8s8(acc[r][h], wv[h], xr);
+    }
+#else
+    wv[0] = _mm256_xor_si256(wv[0], flip);  // w + 128 -> w
+    wv[1] = _mm256_xor_si256(wv[1], flip);
+    for (int r = 0; r < T; ++r) {
+      const __m256i xr = _mm256_set1_epi32(x[r][c]), magnitude = _mm256_sign_epi8(xr, xr);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(wv[h], xr));
+        acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+#endif
+  }
+  const int64_t n0 = nb * COLS;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n = n0 + 8 * h, remaining = w.N - n;
+    if (remaining <= 0) break;
+    const __m256 scale = load(w.col_scale + n, remaining);
+    for (int r = 0; r < T; ++r) {
+      const int64_t m = m0 + r;
+#ifdef SPECBENCH_AVX_VNNI
+      const __m256i exact = _mm256_sub_epi32(acc[r][h], _mm256_set1_epi32(128 * rows.sums[m]));
+#else
+      const __m256i exact = acc[r][h];
+#endif
+      epilogue(_mm256_mul_ps(_mm256_cvtepi32_ps(exact), scale), rows.scale[m], w.bias ? w.bias + n : nullptr,
+               residual ? residual + m * w.N + n : nullptr, y + m * w.N + n, remaining);
+    }
+  }
+}
+
+template <int T>
+void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* residual, float* y, int64_t nb) {
+  __m256 total[T][2];
+  const int32_t* x[T];
+  const uint8_t* block = w.weight + nb * COLS * w.Kp / 2;
+  const uint16_t* group_scale = w.group_scale + nb * COLS * rows.groups;
+  for (int r = 0; r < T; ++r) {
+    total[r][0] = total[r][1] = _mm256_setzero_ps();
+    x[r] = reinterpret_cast<const int32_t*>(rows.q + (m0 + r) * rows.Kp);
+  }
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const int64_t per_group = w.group / 8;  // 64-byte chunks (8 k each) in a group
+#ifndef SPECBENCH_AVX_VNNI
+  const __m256i ones = _mm256_set1_epi16(1);
+  const bool short_group = w.group <= 32;  // int16 sums of a whole group cannot overflow (header)
+#endif
+  for (int64_t g = 0; g < rows.groups; ++g) {
+    __m256i acc[T][2];
+    for (int r = 0; r < T; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
+      __m256i lo[2], hi[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64 + 32 * h));
+        lo[h] = _mm256_and_si256(v, low);
+        hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
+      for (int r = 0; r < T; ++r) {
+        const __m256i xlo = _mm256_set1_epi32(x[r][2 * c]), xhi = _mm256_set1_epi32(x[r][2 * c + 1]);
+        for (int h = 0; h < 2; ++h) {
+#ifdef SPECBENCH_AVX_VNNI
+          acc[r][h] = dot_u8s8(dot_u8s8(acc[r][h], lo[h], xlo), hi[h], xhi);
+#else
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xlo), _mm256_maddubs_epi16(hi[h], xhi));
+          acc[r][h] = short_group ? _mm256_add_epi16(acc[r][h], pairs)
+                                  : _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs, ones));
+#endif
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group_scale + g * COLS + 8 * h)));
+      for (int r = 0; r < T; ++r) {
+#ifdef SPECBENCH_AVX_VNNI
+        const __m256i dot = acc[r][h];
+#else
+        const __m256i dot = short_group ? _mm256_madd_epi16(acc[r][h], ones) : acc[r][h];
+#endif
+        const __m256i exact = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * rows.sums[(m0 + r) * rows.groups + g]));
+        total[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, total[r][h]);
+      }
+    }
+  }
+  const int64_t n0 = nb * COLS;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n = n0 + 8 * h, remaining = w.N - n;
+    if (remaining <= 0) break;
+    for (int r = 0; r < T; ++r) {
+      const int64_t m = m0 + r;
+      epilogue(total[r][h], rows.scale[m], w.bias ? w.bias + n : nullptr, residual ? residual + m * w.N + n : nullptr,
+               y + m * w.N + n, remaining);
+    }
+  }
+}
+
+template <typename Tile>
+void over_rows(int64_t M, Tile tile) {
+  for (int64_t m0 = 0; m0 < M; m0 += MAX_TILE) {
+    switch (std::min<int64_t>(MAX_TILE, M - m0)) {
+      case 1: tile(std::integral_constant<int, 1>{}, m0); break;
+      case 2: tile(std::integral_constant<int, 2>{}, m0); break;
+      case 3: tile(std::integral_constant<int, 3>{}, m0); break;
+      default: tile(std::integral_constant<int, 4>{}, m0); break;
+    }
+  }
+}
+
+}  // namespace
+
+void quantize_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t Kp, int64_t group, int8_t* q,
+                   float* scale, int32_t* sums) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  alignas(32) int32_t rounded[8];
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* row = x + m * K;
+    __m256 peak = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) peak = _mm256_max_ps(peak, _mm256_andnot_ps(sign, load(row + k, K - k)));
+    const float amax = max8(peak);
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    scale[m] = amax / 127.0f;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    int8_t* qm = q + m * Kp;
+    for (int64_t k = 0; k < Kp; k += 8) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(rounded),
+                         _mm256_cvtps_epi32(_mm256_mul_ps(load(row + k, K - k), vinv)));  // nearest, ties to even
+      for (int i = 0; i < 8 && k + i < Kp; ++i) qm[k + i] = int8_t(rounded[i]);
+    }
+    group_sums(qm, Kp, group, sums + m * (Kp / group));
+  }
+}
+
+void linear_int8(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int64_t nb1, const float* residual,
+                 float* y) {
+  for (int64_t nb = nb0; nb < nb1; ++nb)
+    over_rows(M, [&](auto tile, int64_t m0) { tile_int8<decltype(tile)::value>(rows, m0, w, residual, y, nb); });
+}
+
+void linear_int4(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int64_t nb1, const float* residual,
+                 float* y) {
+  for (int64_t nb = nb0; nb < nb1; ++nb)
+    over_rows(M, [&](auto tile, int64_t m0) { tile_int4<decltype(tile)::value>(rows, m0, w, residual, y, nb); });
+}
+
+void rms_norm(const float* x, const float* weight, float eps, int64_t m0, int64_t m1, int64_t K, float* y) {
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* row = x + m * K;
+    Lanes16 acc{_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t k = 0; k < K; k += 16) {
+      const __m256 lo = load(row + k, K - k), hi = load(row + k + 8, K - k - 8);
+      acc.lo = _mm256_fmadd_ps(lo, lo, acc.lo);
+      acc.hi = _mm256_fmadd_ps(hi, hi, acc.hi);
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / std::sqrt(fold(acc) / float(K) + eps));
+    for (int64_t k = 0; k < K; k += 8)
+      store(y + m * K + k, _mm256_mul_ps(load(weight + k, K - k), _mm256_mul_ps(load(row + k, K - k), inv)), K - k);
+  }
+}
+
+void silu_mul(const float* gate_up, int64_t m0, int64_t m1, int64_t I, float* y) {
+  for (int64_t m = m0; m < m1; ++m)
+    for (int64_t i = 0; i < I; i += 8) {
+      const __m256 gate = load(gate_up + m * 2 * I + i, I - i), up = load(gate_up + m * 2 * I + I + i, I - i);
+      const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gate));
+      const __m256 silu = _mm256_div_ps(gate, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+      store(y + m * I + i, _mm256_mul_ps(silu, up), I - i);
+    }
+}
+
+void attention(const Attention& a, int64_t t0, int64_t t1) {
+  const int64_t groups = a.heads / a.kv_heads, D = a.D, vecs = D / 8;
+  std::vector<float> scores;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t m = t / a.heads, h = t % a.heads, kvh = h / groups, length = a.start + m + 1;
+    const float* q = a.rq + (m * a.heads + h) * D;
+    scores.resize((length + 15) / 16 * 16);
+    for (int64_t j = 0; j < length; ++j) {
+      const float* k = a.keys + (j * a.kv_heads + kvh) * D;
+      Lanes16 acc{_mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int64_t i = 0; i < D; i += 16) {
+        acc.lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), acc.lo);
+        acc.hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), acc.hi);
+      }
+      scores[j] = fold(acc) * a.scaling;
+    }
+    float top = -INFINITY;
+    for (int64_t j = 0; j < length; ++j) top = std::max(top, scores[j]);
+    const __m256 vtop = _mm256_set1_ps(top);
+    Lanes16 sum{_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t j = 0; j < length; j += 16) {
+      const __m256 lo = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(&scores[j]), vtop)),
+                                      _mm256_castsi256_ps(lane_mask(length - j)));
+      const __m256 hi = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(&scores[j + 8]), vtop)),
+                                      _mm256_castsi256_ps(lane_mask(length - j - 8)));
+      _mm256_storeu_ps(&scores[j], lo);
+      _mm256_storeu_ps(&scores[j + 8], hi);
+      sum.lo = _mm256_add_ps(sum.lo, lo);
+      sum.hi = _mm256_add_ps(sum.hi, hi);
+    }
+    const __m256 norm = _mm256_set1_ps(1.0f / fold(sum));
+    __m256 acc[32];  // D <= 256, checked by the caller
+    for (int64_t i = 0; i < vecs; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < length; ++j) {
+      const __m256 weight = _mm256_set1_ps(scores[j]);
+      const float* v = a.values + (j * a.kv_heads + kvh) * D;
+      for (int64_t i = 0; i < vecs; ++i) acc[i] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + 8 * i), acc[i]);
+    }
+    for (int64_t i = 0; i < vecs; ++i) _mm256_storeu_ps(a.out + (m * a.heads + h) * D + 8 * i, _mm256_mul_ps(acc[i], norm));
+  }
+}
+
+int64_t stream_read(const char* base, int64_t l0, int64_t l1, int64_t streams) {
+  const int64_t per = (l1 - l0) / streams;
+  __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+  auto read = [&](const char* line) {
+    lo = _mm256_xor_si256(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line)));
+    hi = _mm256_xor_si256(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32)));
+  };
+  for (int64_t i = 0; i < per; ++i)
+    for (int64_t s = 0; s < streams; ++s) {
+      const char* line = base + (l0 + s * per + i) * 64;
+      _mm_prefetch(line + PREFETCH, _MM_HINT_T0);
+      read(line);
+    }
+  for (int64_t l = l0 + streams * per; l < l1; ++l) read(base + l * 64);
+  alignas(32) int64_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), lo);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes + 4), hi);
+  uint64_t total = 0;
+  for (int64_t v : lanes) total += uint64_t(v);
+  return int64_t(total);
+}
+
+}  // namespace path
+}  // namespace specbench
