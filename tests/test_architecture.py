@@ -28,9 +28,10 @@ LAYERS = {
     "settings": (("specdec.settings",), ("errors",)),
     # The machine's fingerprint: nothing of specdec's; bench's records, compare and calibrate read it.
     "machine": (("specdec.machine",), ()),
-    # specbench's own CPU kernels (vnni.cpp), built once per machine class: what they need of the CPU is machine's.
+    # specbench's own CPU kernels (kernels/csrc/, a path per instruction set), built once per path and machine class:
+    # what they need of the CPU is machine's.
     "kernels": (("specdec.kernels",), ("errors", "settings", "machine")),
-    # llamacpp_probe.py keeps its verdicts per machine class; vnni.py runs on the kernels.
+    # llamacpp_probe.py keeps its verdicts per machine class; packed.py runs on the kernels.
     "backends": (("specdec.backends",), ("errors", "settings", "machine", "kernels")),
     # The loop and what it needs: the folder specdec/core/ is the layer.
     "core": (("specdec.core",), ("errors", "settings", "backends")),

@@ -71,7 +71,7 @@ def test_a_calibration_writes_the_schema_and_a_second_call_measures_nothing(pair
     assert list(data)[: len(FIELDS)] == list(FIELDS) and data["schema"] == 1 and data["threads"] == 1
     assert data["fingerprint"] == fingerprint() and data["bandwidth_gbs"] > 0
     assert set(data["versions"]) == {"torch", "transformers", "llama_cpp", "onnxruntime", "onnxruntime_genai", "openvino", "nncf",
-                                     "vnni_kernels"}
+                                     "kernels"}
     int8, int8t, llama = data["entries"]
     # measured, not assumed: int8t's blocks are its steps exactly; dynamic int8's move with the block's rows
     assert int8t["block_vs_steps"] == 0.0 and int8t["method"] == calibrate.METHOD

@@ -19,7 +19,7 @@ def test_the_reference_against_itself_drifts_by_nothing(pair, prompts):
     assert entry["common_prefix_tokens"] == [8, 8]
 
 
-@pytest.mark.skipif(bool(missing_flags()), reason="the vnni kernels need AVX-512 VNNI")
+@pytest.mark.skipif(bool(missing_flags()), reason=" ".join(missing_flags()))
 def test_a_quantized_runtimes_drift_is_written(pair, prompts, tmp_path):
     out = tmp_path / "drift.json"
     assert main(["--model", pair["cloud"], "--runtimes", "kernels-int4", "--prompts", prompts, "--limit", "2",

@@ -240,7 +240,7 @@ def test_no_compiler_to_build_the_kernels_is_one_line(tmp_path):
 def test_another_architecture_is_one_line():
     from specdec.backends.packed import PackedBackend
 
-    with pytest.raises(ModelError, match=r"^runtime kernels-int8/kernels-int4 runs qwen2, llama decoders, not 'gemma3_text': use runtime "
+    with pytest.raises(ModelError, match=r"^runtime kernels runs qwen2, llama decoders, not 'gemma3_text': use runtime "
                                          r"torch-int8t or onnx-int4$"):
         PackedBackend.from_model(tiny_causal("gemma3"), "int8")
 

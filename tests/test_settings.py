@@ -16,7 +16,7 @@ from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, OnCloudLoss, Ser
 
 ROOT = Path(__file__).parent.parent
 # The modules of one runtime: core may import backends' shared modules (base, devices), never these.
-RUNTIME_MODULES = ("llamacpp", "llamacpp_probe", "onnxrt", "openvino", "vnni", "whisper", "omni_thinker",
+RUNTIME_MODULES = ("llamacpp", "llamacpp_probe", "onnxrt", "openvino", "packed", "whisper", "omni_thinker",
                    "static_cache", "static_slots", "cuda_graphs")
 
 

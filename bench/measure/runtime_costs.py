@@ -12,11 +12,14 @@ is derived from them afterwards: ms per token step (median over rounds, p10-p90)
 block's cost in token steps for k = 1..8 (the ratio taken within a round, median and spread).
 torch runs in `--dtype` (bf16 by default, the engine's CPU default); torch-int8 is dynamic int8
 Linear layers in fp32 (`@int8`); llamacpp runs the registry's GGUF file as shipped (Q4_K_M).
+`kernels-int4:avx2` is kernels-int4 on one instruction-set path of the kernels (SPECBENCH_KERNELS while it
+loads): the paths of one CPU timed interleaved, e.g. `--runtimes kernels-int4:avx512-vnni,kernels-int4:avx2`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -72,6 +75,21 @@ def time_round(backend, state, ids: torch.Tensor, context: int) -> dict:
     return {"step_s": steps, "block_s": {str(n): s for n, s in blocks.items()}}
 
 
+def _load(model: str, runtime: str, dtype: str):
+    """`runtime`, or `RUNTIME:PATH` for the kernels on one instruction-set path."""
+    name, _, path = runtime.partition(":")
+    before = os.environ.get("SPECBENCH_KERNELS")
+    if path:
+        os.environ["SPECBENCH_KERNELS"] = path
+    try:
+        return load_model(model, dtype, log=lambda m: print(m, file=sys.stderr), runtime=name)
+    finally:
+        if before is None:
+            os.environ.pop("SPECBENCH_KERNELS", None)
+        else:
+            os.environ["SPECBENCH_KERNELS"] = before
+
+
 @torch.inference_mode()
 def measure(args: argparse.Namespace) -> Path:
     out = Path(args.out)
@@ -86,7 +104,7 @@ def measure(args: argparse.Namespace) -> Path:
     loaded, states = {}, {}
     for model, runtime, _ in configs:
         if (model, runtime) not in loaded:
-            lm = load_model(model, args.dtype, log=lambda m: print(m, file=sys.stderr), runtime=runtime)
+            lm = _load(model, runtime, args.dtype)
             ids, state = prefilled(lm, args.context)
             loaded[(model, runtime)], states[(model, runtime)] = (lm, ids), state
     todo = [(r, c) for r in range(args.rounds) for c in range(len(configs)) if (*configs[c], r) not in done]

@@ -58,12 +58,12 @@ class PackedState:
 def check_model(config) -> None:
     """The decoders this runtime computes, or one line naming what it cannot."""
     if config.model_type not in MODEL_TYPES:
-        raise ModelError(f"runtime kernels-int8/kernels-int4 runs {', '.join(MODEL_TYPES)} decoders, not {config.model_type!r}: use runtime "
+        raise ModelError(f"runtime kernels runs {', '.join(MODEL_TYPES)} decoders, not {config.model_type!r}: use runtime "
                          "torch-int8t or onnx-int4")
     if getattr(config, "hidden_act", "silu") != "silu":
-        raise ModelError(f"runtime kernels-int8/kernels-int4 computes SiLU MLPs, this model's act is {config.hidden_act!r}: use runtime torch")
+        raise ModelError(f"runtime kernels computes SiLU MLPs, this model's act is {config.hidden_act!r}: use runtime torch")
     if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-        raise ModelError("runtime kernels-int8/kernels-int4 attends to every cached position; this model uses a sliding window: use runtime "
+        raise ModelError("runtime kernels attends to every cached position; this model uses a sliding window: use runtime "
                          "torch")
 
 
@@ -165,7 +165,7 @@ class PackedBackend(Backend):
     def _reserve(self, state: PackedState, needed: int) -> torch.Tensor:
         """The state's cache, grown first where it holds fewer than `needed` positions."""
         if needed > self.max_positions:
-            raise InputError(f"{needed} positions exceed {self.name!r}'s {self.max_positions} in runtime kernels-{self.weights}: shorten "
+            raise InputError(f"{needed} positions exceed {self.name!r}'s {self.max_positions} in kernels-{self.weights}: shorten "
                              "the prompt or --max-new-tokens")
         if state.kv is not None and needed <= state.kv.shape[2]:
             return state.kv

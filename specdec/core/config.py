@@ -88,8 +88,9 @@ class EngineConfig:
         "help": "what runs the edge: torch (in --dtype), torch-int8 (dynamic int8 Linear layers, float32 "
                 "activations), torch-int8t (int8 with activations quantized per token: a block's logits are its "
                 "steps') or llamacpp (the registry's GGUF file as shipped, or a .gguf path), onnx-int4/onnx-int8/openvino-int8 "
-                "(converted on first use), kernels-int8/kernels-int4 (specbench's own kernels on AVX-512 VNNI, AVX-VNNI, "
-                "AVX2 or NEON: int8 or int4 weights, blocks cost about a step and are its steps bit for bit)", "choices": RUNTIMES})
+                "(converted on first use), kernels-int8/kernels-int4 (specbench's own kernels on AVX-512 VNNI, "
+                "AVX-VNNI, AVX2 or NEON: int8 or int4 weights, blocks cost about a step and are its steps bit for "
+                "bit)", "choices": RUNTIMES})
     cloud_runtime: str = field(default="torch", metadata={
         "help": "what runs the cloud loaded here, as --edge-runtime; spec mode: also "
                 "PLAIN+BLOCKS (e.g. llamacpp+torch-int8), the model held in both, plain steps in the first, blocks in the "

@@ -29,7 +29,7 @@ import platform
 import shutil
 import threading
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from specdec.errors import ModelError
@@ -163,7 +163,7 @@ def kernels(path: str | None = None):
     return _build(path or chosen_path())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _build(name: str):
     if name not in runnable_paths():
         raise KernelError(f"kernel path {name} needs {PATHS[name].cpus}, which this CPU lacks: use one of "

@@ -154,7 +154,9 @@ void tile_int8(const Rows& rows, int64_t m0, const Linear& w, const float* resid
   }
 }
 
-template <int T>
+// SHORT: a group of at most 32 k, summed in int16 lanes before one vpmaddwd (a template argument, so the innermost
+// loop holds no branch).
+template <int T, bool SHORT>
 void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* residual, float* y, int64_t nb) {
   __m256 total[T][2];
   const int32_t* x[T];
@@ -168,7 +170,6 @@ void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* resid
   const int64_t per_group = w.group / 8;  // 64-byte chunks (8 k each) in a group
 #ifndef SPECBENCH_AVX_VNNI
   const __m256i ones = _mm256_set1_epi16(1);
-  const bool short_group = w.group <= 32;  // int16 sums of a whole group cannot overflow (header)
 #endif
   for (int64_t g = 0; g < rows.groups; ++g) {
     __m256i acc[T][2];
@@ -188,8 +189,8 @@ void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* resid
           acc[r][h] = dot_u8s8(dot_u8s8(acc[r][h], lo[h], xlo), hi[h], xhi);
 #else
           const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xlo), _mm256_maddubs_epi16(hi[h], xhi));
-          acc[r][h] = short_group ? _mm256_add_epi16(acc[r][h], pairs)
-                                  : _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs, ones));
+          acc[r][h] = SHORT ? _mm256_add_epi16(acc[r][h], pairs)
+                            : _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs, ones));
 #endif
         }
       }
@@ -200,7 +201,7 @@ void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* resid
 #ifdef SPECBENCH_AVX_VNNI
         const __m256i dot = acc[r][h];
 #else
-        const __m256i dot = short_group ? _mm256_madd_epi16(acc[r][h], ones) : acc[r][h];
+        const __m256i dot = SHORT ? _mm256_madd_epi16(acc[r][h], ones) : acc[r][h];
 #endif
         const __m256i exact = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * rows.sums[(m0 + r) * rows.groups + g]));
         total[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, total[r][h]);
@@ -264,7 +265,12 @@ void linear_int8(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int6
 void linear_int4(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int64_t nb1, const float* residual,
                  float* y) {
   for (int64_t nb = nb0; nb < nb1; ++nb)
-    over_rows(M, [&](auto tile, int64_t m0) { tile_int4<decltype(tile)::value>(rows, m0, w, residual, y, nb); });
+    over_rows(M, [&](auto tile, int64_t m0) {
+      if (w.group <= 32)  // int16 sums of a whole group cannot overflow (header)
+        tile_int4<decltype(tile)::value, true>(rows, m0, w, residual, y, nb);
+      else
+        tile_int4<decltype(tile)::value, false>(rows, m0, w, residual, y, nb);
+    });
 }
 
 void rms_norm(const float* x, const float* weight, float eps, int64_t m0, int64_t m1, int64_t K, float* y) {
