@@ -73,7 +73,10 @@ def test_the_main_jobs_config_resolves_from_a_calibration_without_measuring():
     calibrate, calls = given(CALIBRATION)
     chooser = AutoRuntimes(calibration=calibrate, progress=False)
     config = SweepConfig.from_toml("default", choose_runtimes=chooser)
-    assert [c[0] for c in calls] == [(EDGE,), (CLOUD,)] and "torch-int8t" not in calls[0][1]
+    # each model: the runtimes that need no conversion first, then those whose floor leaves them a role
+    assert [c[0] for c in calls] == [(EDGE,), (EDGE,), (CLOUD,), (CLOUD,)]
+    assert "torch-int8t" not in calls[0][1] + calls[1][1] and set(calls[0][1]) <= {"llamacpp", "torch-int8",
+                                                                                  "kernels-int4", "kernels-int8"}
     assert config.cloud_runtime == ("torch-int8t",)
     assert config.edge_runtime == ("llamacpp",)
     assert config.plain_runtimes == ("llamacpp", "torch-int8", "torch-int8t")
@@ -94,6 +97,31 @@ def test_the_main_jobs_config_resolves_from_a_calibration_without_measuring():
     assert {(p.k, p.entropy_threshold, p.policy) for p in free} == {(4, 0.0, "greedy")}
     labels = [p.label() for p in points]
     assert len(set(labels)) == len(labels)  # every point is told apart by its label
+
+
+def test_a_runtime_whose_floor_loses_every_role_is_neither_converted_nor_measured(monkeypatch):
+    """The runtimes that load in seconds are measured first; a converted or slow one is measured only where the step
+    its weights' bytes allow at the measured bandwidth (a lower bound) could still win a role, and the choice says which
+    were left out and why."""
+    from bench.measure import runtime_auto
+
+    first = {**CALIBRATION, "bandwidth_gbs": 34.0, "entries": [
+        {**entry(CLOUD, "llamacpp", 36, 0.9), "weight_bytes": 10**9},
+        {**entry(CLOUD, "kernels-int4", 33, 0.1), "weight_bytes": 9 * 10**8, "block_vs_steps": 0.0},
+        {**entry(EDGE, "llamacpp", 20, 0.9), "weight_bytes": 4 * 10**8}]}
+    calibrate, calls = given(first)
+    monkeypatch.setattr(runtime_auto, "installed", lambda candidates: candidates)
+    chooser = AutoRuntimes(calibration=calibrate, progress=False)
+    resolved = chooser({"edge": EDGE, "cloud": CLOUD, "edge_runtime": "auto", "cloud_runtime": "auto",
+                        "plain_runtimes": "auto", "k": [4], "policy": ["greedy"], "edge_cores": 2})
+    measured_later = set(calls[3][1])  # the cloud's second call
+    # params <= 9e8 B * 8 / 4 bits = 1.8e9: an int8 runtime reads >= 1.8 GB a step, 53 ms at 34 GB/s, above
+    # 1.25 x 33 ms (plain) and kernels-int4's exact 5-token block (33 x 1.4 = 46 ms); an int4 one 26 ms, below both
+    assert "onnx-int4" in measured_later
+    assert not measured_later & {"onnx-int8", "openvino-int8", "torch-int8t", "torch"}
+    assert resolved["cloud_runtime"] == ("kernels-int4",)
+    cloud = next(c for c in chooser.choices if c.role == "cloud")
+    assert "not measured: " in cloud.reason and "onnx-int8: its floor (53 ms a step" in cloud.reason
 
 
 def test_auto_needs_the_chooser_and_stands_alone(tmp_path):

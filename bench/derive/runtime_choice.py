@@ -96,6 +96,43 @@ def cheapest_verifier(calibration: dict, model: str, candidates: tuple[str, ...]
                                                   f"{_figures(entries, cost)}")
 
 
+# Bits a runtime reads per weight, at least (scales and the embedding left out): with the model's parameter count and
+# the measured bandwidth, the step no runtime can beat (its floor), known before the runtime is converted or loaded.
+WEIGHT_BITS = {"torch": 16, "torch-int8": 8, "torch-int8t": 8, "onnx-int8": 8, "openvino-int8": 8, "kernels-int8": 8,
+               "onnx-int4": 4, "kernels-int4": 4, "llamacpp": 4}
+
+
+def parameters_at_most(entries: dict[str, dict]) -> float:
+    """The model's parameters, over-counted by none of the measured entries: min of weight_bytes * 8 / bits."""
+    return min(e["weight_bytes"] * 8 / WEIGHT_BITS.get(r, 4) for r, e in entries.items() if e.get("weight_bytes"))
+
+
+def cannot_win(runtime: str, floor_ms: float, entries: dict[str, dict], ks: tuple[int, ...],
+               policies: tuple[str, ...], roles: tuple[str, ...]) -> str | None:
+    """Why `runtime`, whose step reads at least `floor_ms` of weights, can win none of `roles` (plain, cloud, edge)
+    against the measured `entries` (a block costs at least a step, a step at least its floor), or None where it might.
+    A lower bound against measurements: nothing about the runtime is predicted."""
+    best_step = min(e["step_ms"] for e in entries.values())
+    if "plain" in roles and floor_ms <= PLAIN_MARGIN * best_step:
+        return None
+    if "edge" in roles and floor_ms <= best_step:
+        return None
+    if "cloud" in roles:
+        exact = {r: e for r, e in entries.items() if block_equals_steps(e)}
+        pool: dict[str, dict] | None = entries
+        if any(p in LOSSLESS_POLICIES for p in policies):  # the verifier must be exact where one is
+            if not exact:
+                pool = {} if batch_invariant(runtime) else entries  # an exact one would win outright
+            else:
+                pool = exact if batch_invariant(runtime) else None
+        if pool == {}:
+            return None
+        if pool and floor_ms <= min(sum(block_ms(e, k) for k in ks) / len(ks) for e in pool.values()):
+            return None
+    return (f"its floor ({floor_ms:.0f} ms a step at the measured bandwidth) is above what {', '.join(sorted(entries))} "
+            "measured for every role it could take")
+
+
 def verify_cost_ms(entry: dict) -> tuple[float, float]:
     """A verify forward of m tokens as A + B·m ms (the cost model's verify line, bench/derive/costmodel.py),
     least squares over the calibration's block curve: t(m) = step_ms * block_steps(m), m = 1..9. B may come

@@ -9,9 +9,17 @@ bench/derive/runtime_choice.py holds the rules), so the defaults of one machine 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
-from bench.derive.runtime_choice import RuntimeChoice, cheapest_verifier, fastest_plain
+from bench.derive.runtime_choice import (
+    WEIGHT_BITS,
+    RuntimeChoice,
+    cannot_win,
+    cheapest_verifier,
+    fastest_plain,
+    parameters_at_most,
+    usable,
+)
 from bench.measure.calibrate import calibration
 from specdec.backends.base import runtime_installed
 from specdec.errors import ConfigError
@@ -23,8 +31,12 @@ AUTO_FIELDS = ("edge_runtime", "cloud_runtime", "plain_runtimes")
 # flat), torch-int8t is the batch-invariant verifier lossless points need.
 CANDIDATES = ("llamacpp", "torch-int8", "torch-int8t", "torch", "onnx-int4", "onnx-int8", "openvino-int8", "kernels-int8",
               "kernels-int4")
-# A drafter's text need not match anything (no int8t); the vnni kernels serve the edge as well as the cloud.
+# A drafter's text need not match anything (no int8t); the kernels serve the edge as well as the cloud.
 EDGE_CANDIDATES = ("llamacpp", "torch-int8", "torch", "onnx-int4", "kernels-int4", "kernels-int8")
+# Measured first, on every machine: nothing to convert, loaded in seconds, and among them the fastest plain decoding
+# and the cheapest exact block wherever the kernels run. The rest (conversions of minutes, slow torch runtimes) is
+# measured only where its floor says it could still win a role (runtime_choice.cannot_win).
+FIRST = ("llamacpp", "torch-int8", "kernels-int4", "kernels-int8")
 
 
 def has_auto(values: dict) -> bool:
@@ -53,6 +65,29 @@ class AutoRuntimes:
         self.choices: list[RuntimeChoice] = []
         self.measured: dict | None = None
         self.threads: int | None = None
+        self.skipped: dict[str, list[str]] = {}  # model -> "runtime: why it was not measured"
+
+    def calibrate_promising(self, model: str, candidates: tuple[str, ...], threads: int, ks: tuple[int, ...],
+                            policies: tuple[str, ...], roles: tuple[str, ...]) -> dict:
+        """`model`'s calibration: FIRST measured, then each other candidate unless its floor rules it out of every
+        role against what FIRST measured (the reason kept in `skipped`, for the record and the report)."""
+        first = tuple(r for r in candidates if r in FIRST)
+        data = self.calibrate([model], list(first), threads) if first else None
+        try:
+            entries = usable(data, model, first, threads) if data else {}
+        except ConfigError:
+            entries = {}
+        rest, skipped = [], self.skipped.setdefault(model, [])
+        for runtime in (r for r in candidates if r not in first):
+            why = None
+            if entries and data and data.get("bandwidth_gbs"):
+                floor_ms = parameters_at_most(entries) * WEIGHT_BITS.get(runtime, 4) / 8 / (data["bandwidth_gbs"] * 1e6)
+                why = cannot_win(runtime, floor_ms, entries, ks, policies, roles)
+            if why is None:
+                rest.append(runtime)
+            else:
+                skipped.append(f"{runtime}: {why}")
+        return self.calibrate([model], rest, threads) if rest or data is None else data
 
     def calibrate(self, models: list[str], runtimes: list[str], threads: int) -> dict:
         if self._calibration is not None:
@@ -72,27 +107,37 @@ class AutoRuntimes:
         if not cloud or (edge_auto and not edge):
             raise ConfigError("auto runtimes are chosen per model from the calibration: set cloud (and edge) = MODEL")
         threads = self.threads = int(values.get("edge_cores") or len(os.sched_getaffinity(0)))
-        if edge_auto:  # the edge's candidates only: a drafter needs no batch-invariant runtime
-            self.calibrate([edge], list(installed(EDGE_CANDIDATES)), threads)
-        self.measured = self.calibrate([cloud], list(installed(CANDIDATES)), threads)  # the file, both models
         tables = [values, *(row for row in _as_tuple(values.get("rows")) if isinstance(row, dict))]  # the grid's and rows'
         ks = tuple(dict.fromkeys(int(k) for t in tables for k in _as_tuple(t.get("k")))) or (4,)
         policies = tuple(dict.fromkeys(str(p) for t in tables for p in _as_tuple(t.get("policy")))) or ("threshold",)
+        if edge_auto:  # the edge's candidates only: a drafter needs no batch-invariant runtime
+            self.calibrate_promising(edge, installed(EDGE_CANDIDATES), threads, ks, policies, ("edge",))
+        roles = tuple(role for role, name in (("cloud", "cloud_runtime"), ("plain", "plain_runtimes"))
+                      if AUTO in _as_tuple(values.get(name)))
+        self.measured = self.calibrate_promising(cloud, installed(CANDIDATES), threads, ks, policies,
+                                                 roles)  # the file, both models
         resolved = dict(values)
         if AUTO in _as_tuple(values.get("cloud_runtime")):
             choice = cheapest_verifier(self.measured, cloud, installed(CANDIDATES), ks, policies, int(threads))
             resolved["cloud_runtime"] = choice.runtimes
-            self.choices.append(choice)
+            self.choices.append(self._with_skipped(choice))
         if AUTO in _as_tuple(values.get("plain_runtimes")):
             choice = fastest_plain(self.measured, cloud, installed(CANDIDATES), threads=int(threads))
             resolved["plain_runtimes"] = choice.runtimes
-            self.choices.append(choice)
+            self.choices.append(self._with_skipped(choice))
         if edge_auto:
             choice = fastest_plain(self.measured, edge, installed(EDGE_CANDIDATES), role="edge", margin=1.0,
                                    threads=int(threads))
             resolved["edge_runtime"] = choice.runtimes[:1]
-            self.choices.append(choice)
+            self.choices.append(self._with_skipped(choice))
         return resolved
+
+    def _with_skipped(self, choice: RuntimeChoice) -> RuntimeChoice:
+        """The choice, its reason naming the candidates not measured for its model and why."""
+        skipped = self.skipped.get(choice.model)
+        if not skipped:
+            return choice
+        return replace(choice, reason=f"{choice.reason}; not measured: {'; '.join(skipped)}")
 
     def record(self) -> dict:
         """What DIR/machine.json keeps: the machine, its calibration's figures and the choices made from them."""

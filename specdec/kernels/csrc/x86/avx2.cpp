@@ -28,7 +28,7 @@ const char* const NAME = "avx2";
 
 namespace {
 
-constexpr int MAX_TILE = 4;  // activation rows per pass: 4 rows x 2 ymm accumulators of one 16-column block
+constexpr int MAX_TILE = 6;  // activation rows per pass over one 8-column half: 6 ymm accumulators
 constexpr int64_t PREFETCH = 4096;
 
 struct Lanes16 {  // kernels.h's 16 lanes
@@ -101,69 +101,64 @@ inline __m256i dot_u8s8(__m256i acc, __m256i w_u8, __m256i x) { return _mm256_dp
 inline __m256i dot_u8s8(__m256i acc, __m256i w_u8, __m256i x) { return _mm256_dpbusd_epi32(acc, w_u8, x); }
 #endif
 
-// T activation rows x one 16-column block (two ymm of int32 a row).
+// T activation rows x one 8-column half (h) of a 16-column block: T integer accumulators, the half's weights and the
+// row's broadcast fit AVX2's 16 registers, so nothing spills in the innermost loop (with both halves at once GCC
+// spilled accumulators every chunk). The other half's pass finds the block's lines in L1.
 template <int T>
-void tile_int8(const Rows& rows, int64_t m0, const Linear& w, const float* residual, float* y, int64_t nb) {
-  __m256i acc[T][2];
+void tile_int8(const Rows& rows, const int8_t* magnitudes, int64_t m0, const Linear& w, const float* residual, float* y,
+               int64_t nb, int h) {
+  __m256i acc[T];
   const int32_t* x[T];
-  const uint8_t* block = w.weight + nb * COLS * w.Kp;
+  const int32_t* mag[T];  // |q|, the unsigned side of vpmaddubsw (unused with VNNI)
+  const uint8_t* block = w.weight + nb * COLS * w.Kp + 32 * h;
   for (int r = 0; r < T; ++r) {
-    acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    acc[r] = _mm256_setzero_si256();
     x[r] = reinterpret_cast<const int32_t*>(rows.q + (m0 + r) * rows.Kp);
+    mag[r] = reinterpret_cast<const int32_t*>(magnitudes + (m0 + r) * rows.Kp);
   }
 #ifndef SPECBENCH_AVX_VNNI
   const __m256i flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);
 #endif
   const int64_t chunks = rows.Kp / 4;
   for (int64_t c = 0; c < chunks; ++c) {
-    _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
-    __m256i wv[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64)),
-                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64 + 32))};
+    if (h == 0) _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64));
 #ifdef SPECBENCH_AVX_VNNI
+    for (int r = 0; r < T; ++r) acc[r] = dot_u8s8(acc[r], wv, _mm256_set1_epi32(x[r][c]));
+#else
+    const __m256i ws = _mm256_xor_si256(wv, flip);  // w + 128 -> w
     for (int r = 0; r < T; ++r) {
       const __m256i xr = _mm256_set1_epi32(x[r][c]);
-      for (int h = 0; h < 2; ++h) acc[r][h] = dot_u8s8(acc[r][h], wv[h], xr);
-    }
-#else
-    wv[0] = _mm256_xor_si256(wv[0], flip);  // w + 128 -> w
-    wv[1] = _mm256_xor_si256(wv[1], flip);
-    for (int r = 0; r < T; ++r) {
-      const __m256i xr = _mm256_set1_epi32(x[r][c]), magnitude = _mm256_sign_epi8(xr, xr);
-      for (int h = 0; h < 2; ++h) {
-        const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(wv[h], xr));
-        acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs, ones));
-      }
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi32(mag[r][c]), _mm256_sign_epi8(ws, xr));
+      acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
     }
 #endif
   }
-  const int64_t n0 = nb * COLS;
-  for (int h = 0; h < 2; ++h) {
-    const int64_t n = n0 + 8 * h, remaining = w.N - n;
-    if (remaining <= 0) break;
-    const __m256 scale = load(w.col_scale + n, remaining);
-    for (int r = 0; r < T; ++r) {
-      const int64_t m = m0 + r;
+  const int64_t n = nb * COLS + 8 * h, remaining = w.N - n;
+  if (remaining <= 0) return;
+  const __m256 scale = load(w.col_scale + n, remaining);
+  for (int r = 0; r < T; ++r) {
+    const int64_t m = m0 + r;
 #ifdef SPECBENCH_AVX_VNNI
-      const __m256i exact = _mm256_sub_epi32(acc[r][h], _mm256_set1_epi32(128 * rows.sums[m]));
+    const __m256i exact = _mm256_sub_epi32(acc[r], _mm256_set1_epi32(128 * rows.sums[m]));
 #else
-      const __m256i exact = acc[r][h];
+    const __m256i exact = acc[r];
 #endif
-      epilogue(_mm256_mul_ps(_mm256_cvtepi32_ps(exact), scale), rows.scale[m], w.bias ? w.bias + n : nullptr,
-               residual ? residual + m * w.N + n : nullptr, y + m * w.N + n, remaining);
-    }
+    epilogue(_mm256_mul_ps(_mm256_cvtepi32_ps(exact), scale), rows.scale[m], w.bias ? w.bias + n : nullptr,
+             residual ? residual + m * w.N + n : nullptr, y + m * w.N + n, remaining);
   }
 }
 
 // SHORT: a group of at most 32 k, summed in int16 lanes before one vpmaddwd (a template argument, so the innermost
-// loop holds no branch).
+// loop holds no branch). One 8-column half a pass, as tile_int8.
 template <int T, bool SHORT>
-void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* residual, float* y, int64_t nb) {
-  __m256 total[T][2];
+void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* residual, float* y, int64_t nb, int h) {
+  __m256 total[T];
   const int32_t* x[T];
-  const uint8_t* block = w.weight + nb * COLS * w.Kp / 2;
-  const uint16_t* group_scale = w.group_scale + nb * COLS * rows.groups;
+  const uint8_t* block = w.weight + nb * COLS * w.Kp / 2 + 32 * h;
+  const uint16_t* group_scale = w.group_scale + nb * COLS * rows.groups + 8 * h;
   for (int r = 0; r < T; ++r) {
-    total[r][0] = total[r][1] = _mm256_setzero_ps();
+    total[r] = _mm256_setzero_ps();
     x[r] = reinterpret_cast<const int32_t*>(rows.q + (m0 + r) * rows.Kp);
   }
   const __m256i low = _mm256_set1_epi8(0x0F);
@@ -172,51 +167,39 @@ void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* resid
   const __m256i ones = _mm256_set1_epi16(1);
 #endif
   for (int64_t g = 0; g < rows.groups; ++g) {
-    __m256i acc[T][2];
-    for (int r = 0; r < T; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    __m256i acc[T];
+    for (int r = 0; r < T; ++r) acc[r] = _mm256_setzero_si256();
     for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
-      _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
-      __m256i lo[2], hi[2];
-      for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64 + 32 * h));
-        lo[h] = _mm256_and_si256(v, low);
-        hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-      }
+      if (h == 0) _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64));
+      const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
       for (int r = 0; r < T; ++r) {
         const __m256i xlo = _mm256_set1_epi32(x[r][2 * c]), xhi = _mm256_set1_epi32(x[r][2 * c + 1]);
-        for (int h = 0; h < 2; ++h) {
 #ifdef SPECBENCH_AVX_VNNI
-          acc[r][h] = dot_u8s8(dot_u8s8(acc[r][h], lo[h], xlo), hi[h], xhi);
+        acc[r] = dot_u8s8(dot_u8s8(acc[r], lo, xlo), hi, xhi);
 #else
-          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xlo), _mm256_maddubs_epi16(hi[h], xhi));
-          acc[r][h] = SHORT ? _mm256_add_epi16(acc[r][h], pairs)
-                            : _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs, ones));
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+        acc[r] = SHORT ? _mm256_add_epi16(acc[r], pairs) : _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
 #endif
-        }
       }
     }
-    for (int h = 0; h < 2; ++h) {
-      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group_scale + g * COLS + 8 * h)));
-      for (int r = 0; r < T; ++r) {
+    const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group_scale + g * COLS)));
+    for (int r = 0; r < T; ++r) {
 #ifdef SPECBENCH_AVX_VNNI
-        const __m256i dot = acc[r][h];
+      const __m256i dot = acc[r];
 #else
-        const __m256i dot = SHORT ? _mm256_madd_epi16(acc[r][h], ones) : acc[r][h];
+      const __m256i dot = SHORT ? _mm256_madd_epi16(acc[r], ones) : acc[r];
 #endif
-        const __m256i exact = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * rows.sums[(m0 + r) * rows.groups + g]));
-        total[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, total[r][h]);
-      }
+      const __m256i exact = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * rows.sums[(m0 + r) * rows.groups + g]));
+      total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, total[r]);
     }
   }
-  const int64_t n0 = nb * COLS;
-  for (int h = 0; h < 2; ++h) {
-    const int64_t n = n0 + 8 * h, remaining = w.N - n;
-    if (remaining <= 0) break;
-    for (int r = 0; r < T; ++r) {
-      const int64_t m = m0 + r;
-      epilogue(total[r][h], rows.scale[m], w.bias ? w.bias + n : nullptr, residual ? residual + m * w.N + n : nullptr,
-               y + m * w.N + n, remaining);
-    }
+  const int64_t n = nb * COLS + 8 * h, remaining = w.N - n;
+  if (remaining <= 0) return;
+  for (int r = 0; r < T; ++r) {
+    const int64_t m = m0 + r;
+    epilogue(total[r], rows.scale[m], w.bias ? w.bias + n : nullptr, residual ? residual + m * w.N + n : nullptr,
+             y + m * w.N + n, remaining);
   }
 }
 
@@ -227,7 +210,9 @@ void over_rows(int64_t M, Tile tile) {
       case 1: tile(std::integral_constant<int, 1>{}, m0); break;
       case 2: tile(std::integral_constant<int, 2>{}, m0); break;
       case 3: tile(std::integral_constant<int, 3>{}, m0); break;
-      default: tile(std::integral_constant<int, 4>{}, m0); break;
+      case 4: tile(std::integral_constant<int, 4>{}, m0); break;
+      case 5: tile(std::integral_constant<int, 5>{}, m0); break;
+      default: tile(std::integral_constant<int, 6>{}, m0); break;
     }
   }
 }
@@ -258,19 +243,28 @@ void quantize_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t Kp
 
 void linear_int8(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int64_t nb1, const float* residual,
                  float* y) {
+  std::vector<int8_t> magnitudes;
+#ifndef SPECBENCH_AVX_VNNI
+  magnitudes.resize(M * rows.Kp);  // |q| once a call, not once a row and chunk
+  for (int64_t i = 0; i < M * rows.Kp; ++i) magnitudes[i] = int8_t(std::abs(int32_t(rows.q[i])));
+#endif
   for (int64_t nb = nb0; nb < nb1; ++nb)
-    over_rows(M, [&](auto tile, int64_t m0) { tile_int8<decltype(tile)::value>(rows, m0, w, residual, y, nb); });
+    for (int h = 0; h < 2; ++h)
+      over_rows(M, [&](auto tile, int64_t m0) {
+        tile_int8<decltype(tile)::value>(rows, magnitudes.data(), m0, w, residual, y, nb, h);
+      });
 }
 
 void linear_int4(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int64_t nb1, const float* residual,
                  float* y) {
   for (int64_t nb = nb0; nb < nb1; ++nb)
-    over_rows(M, [&](auto tile, int64_t m0) {
-      if (w.group <= 32)  // int16 sums of a whole group cannot overflow (header)
-        tile_int4<decltype(tile)::value, true>(rows, m0, w, residual, y, nb);
-      else
-        tile_int4<decltype(tile)::value, false>(rows, m0, w, residual, y, nb);
-    });
+    for (int h = 0; h < 2; ++h)
+      over_rows(M, [&](auto tile, int64_t m0) {
+        if (w.group <= 32)  // int16 sums of a whole group cannot overflow (header)
+          tile_int4<decltype(tile)::value, true>(rows, m0, w, residual, y, nb, h);
+        else
+          tile_int4<decltype(tile)::value, false>(rows, m0, w, residual, y, nb, h);
+      });
 }
 
 void rms_norm(const float* x, const float* weight, float eps, int64_t m0, int64_t m1, int64_t K, float* y) {
