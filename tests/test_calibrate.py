@@ -286,3 +286,19 @@ def test_the_gate_judges_timing_against_a_baseline_of_its_own_machine_class():
     other = {**base, "environment": {"fingerprint": {**fingerprint(), "machine_class": "feedfacecafe"}}}
     (check,) = [c for c in gate_verdict.compare(other, slower, tolerance) if c.kind == "timing"]
     assert not check.judged and check.ok and gate_verdict.verdict([check])[0]
+
+
+def test_calibrating_a_runtime_this_cpu_cannot_run_names_it_and_why(home, monkeypatch, capsys):
+    """`specbench calibrate --runtimes kernels-int4` (or its old name) on a CPU without any of the kernels' paths: one
+    line naming the runtime and the reason, exit 2, nothing measured, not the cached table printed as if it were."""
+    import specdec.kernels as kernels_module
+
+    monkeypatch.delenv("SPECBENCH_KERNELS", raising=False)
+    monkeypatch.setattr(kernels_module, "_cpuinfo", lambda: ("an old CPU", frozenset({"sse4_2"})))
+    monkeypatch.setattr(calibrate, "measure_isolated", lambda *a, **k: pytest.fail("measured"))
+    for name in ("kernels-int4", "vnni-int4"):
+        assert main(["calibrate", "--runtimes", name]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: --runtimes {name}: the kernels runtimes need AVX2 (with FMA and F16C), AVX-512 VNNI or "
+                       "ARM NEON with dotprod, which this CPU lacks: use runtime onnx-int4 or llamacpp "
+                       "(SPECBENCH_KERNELS=reference runs them exactly, slowly)"]
