@@ -35,9 +35,11 @@
 // |q| and sign(w, q), NEON's sdot on w), so each path is free to tile rows and columns its own way.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace specbench {
 
@@ -140,6 +142,22 @@ inline void group_sums(const int8_t* q, int64_t Kp, int64_t group, int32_t* sums
     for (int64_t k = g * group; k < (g + 1) * group; ++k) s += q[k];
     sums[g] = s;
   }
+}
+
+// `f` called with std::integral_constant<int, n> for 1 <= n <= N: a tile's row count as a compile-time constant.
+template <int N, typename F>
+void with_rows(int64_t n, F f) {
+  if constexpr (N > 1) {
+    if (n < N) return with_rows<N - 1>(n, f);
+  }
+  f(std::integral_constant<int, N>{});
+}
+
+// Rows 0 .. M in tiles of at most MAX, `tile(rows, m0)` with rows a compile-time constant (a path's register budget).
+template <int MAX, typename Tile>
+void over_rows(int64_t M, Tile tile) {
+  for (int64_t m0 = 0; m0 < M; m0 += MAX)
+    with_rows<MAX>(std::min<int64_t>(MAX, M - m0), [&](auto rows) { tile(rows, m0); });
 }
 
 // --- what each path implements (namespace specbench::reference in reference.cpp, specbench::path elsewhere) --------

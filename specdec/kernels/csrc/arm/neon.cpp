@@ -147,18 +147,6 @@ void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* resid
   }
 }
 
-template <typename Tile>
-void over_rows(int64_t M, Tile tile) {
-  for (int64_t m0 = 0; m0 < M; m0 += MAX_TILE) {
-    switch (std::min<int64_t>(MAX_TILE, M - m0)) {
-      case 1: tile(std::integral_constant<int, 1>{}, m0); break;
-      case 2: tile(std::integral_constant<int, 2>{}, m0); break;
-      case 3: tile(std::integral_constant<int, 3>{}, m0); break;
-      default: tile(std::integral_constant<int, 4>{}, m0); break;
-    }
-  }
-}
-
 }  // namespace
 
 void quantize_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t Kp, int64_t group, int8_t* q,
@@ -183,13 +171,13 @@ void quantize_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t Kp
 void linear_int8(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int64_t nb1, const float* residual,
                  float* y) {
   for (int64_t nb = nb0; nb < nb1; ++nb)
-    over_rows(M, [&](auto tile, int64_t m0) { tile_int8<decltype(tile)::value>(rows, m0, w, residual, y, nb); });
+    over_rows<MAX_TILE>(M, [&](auto tile, int64_t m0) { tile_int8<decltype(tile)::value>(rows, m0, w, residual, y, nb); });
 }
 
 void linear_int4(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int64_t nb1, const float* residual,
                  float* y) {
   for (int64_t nb = nb0; nb < nb1; ++nb)
-    over_rows(M, [&](auto tile, int64_t m0) { tile_int4<decltype(tile)::value>(rows, m0, w, residual, y, nb); });
+    over_rows<MAX_TILE>(M, [&](auto tile, int64_t m0) { tile_int4<decltype(tile)::value>(rows, m0, w, residual, y, nb); });
 }
 
 void rms_norm(const float* x, const float* weight, float eps, int64_t m0, int64_t m1, int64_t K, float* y) {
