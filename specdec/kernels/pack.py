@@ -1,4 +1,4 @@
-"""Weights packed once, at load, in the layouts vnni.cpp streams (its header draws them).
+"""Weights packed once, at load, in the layouts every kernel path streams (csrc/kernels.h states them).
 
     int8(W)            symmetric per output column: s = max|W[n]| / 127, q = round(W / s) in [-127, 127],
                        stored q + 128 as [N/16][K/4][16][4] bytes
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-COLS = 16  # vnni.cpp's COLS
+COLS = 16  # csrc/kernels.h's COLS
 INT4_GROUP = 32  # llama.cpp's Q4_0 block: fp16 scale per 32 weights
 
 
