@@ -78,10 +78,12 @@ class AutoRuntimes:
         except ConfigError:
             entries = {}
         rest, skipped = [], self.skipped.setdefault(model, [])
+        bandwidth_gbs = data.get("bandwidth_gbs") if data else None
+        parameters = parameters_at_most(entries) if entries and bandwidth_gbs else None
         for runtime in (r for r in candidates if r not in first):
             why = None
-            if entries and data and data.get("bandwidth_gbs"):
-                floor_ms = parameters_at_most(entries) * WEIGHT_BITS.get(runtime, 4) / 8 / (data["bandwidth_gbs"] * 1e6)
+            if parameters is not None and bandwidth_gbs:
+                floor_ms = parameters * WEIGHT_BITS.get(runtime, 4) / 8 / (bandwidth_gbs * 1e6)
                 why = cannot_win(runtime, floor_ms, entries, ks, policies, roles)
             if why is None:
                 rest.append(runtime)

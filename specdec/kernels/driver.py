@@ -61,7 +61,7 @@ def run(path: str, workdir: Path | None = None, timeout_s: float = 600) -> subpr
             _compile([chain.compiler, *COMMON_FLAGS, *flags, *define, "-c", str(CSRC / source), "-o", str(obj)])
             objects.append(str(obj))
         binary = out / f"driver-{path}"
-        _compile([chain.compiler, *objects, "-static" if chain.runner else "-O3", "-o", str(binary)])
+        _compile([chain.compiler, *objects, *(["-static"] if chain.runner else []), "-o", str(binary)])
         return subprocess.run([*chain.runner, str(binary)], capture_output=True, text=True, timeout=timeout_s)
 
 
