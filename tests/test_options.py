@@ -110,3 +110,19 @@ def test_a_switch_takes_both_spellings_in_run_and_sweep(tmp_path):
     (switch,) = [o for o in run_options() if o.name == "overlap"]
     assert (switch.argv(False), switch.argv(True), switch.argv("auto")) == (["--no-overlap"], ["--overlap"], [])
     assert parse([*sweep, "--overlap", "auto,true,false"]).overlap == ["auto", "true", "false"]
+
+
+def test_a_runtimes_old_name_is_todays_on_every_flag_and_a_wrong_one_is_refused(capsys, tmp_path):
+    """`vnni-int4` (the kernels runtimes' name before they ran on every instruction set) still parses, as
+    `kernels-int4`, in run and sweep, alone or in a PLAIN+BLOCKS pair; an unknown name stays argparse's error."""
+    parse = build_parser().parse_args
+    base = ["run", "--mode", "cloud", "--cloud", "c", "--prompts", "p", "--out", "o"]
+    assert parse([*base, "--cloud-runtime", "vnni-int4"]).cloud_runtime == "kernels-int4"
+    assert parse([*base, "--cloud-runtime", "llamacpp+vnni-int8"]).cloud_runtime == "llamacpp+kernels-int8"
+    assert parse([*base, "--edge-runtime", "vnni-int4"]).edge_runtime == "kernels-int4"
+    sweep = sweep_from_args(parse(["sweep", "--edge", "e", "--cloud", "c", "--out", str(tmp_path), "--mode", "cloud",
+                                   "--cloud-runtime", "vnni-int4,llamacpp"]))
+    assert sweep.cloud_runtime == ("kernels-int4", "llamacpp")
+    with pytest.raises(SystemExit) as refused:
+        parse([*base, "--cloud-runtime", "vnni-int9"])
+    assert refused.value.code == 2 and "invalid choice: 'vnni-int9'" in capsys.readouterr().err

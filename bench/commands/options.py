@@ -96,6 +96,12 @@ class Option:
         return [self.flags[0], str(value)]
 
 
+def _then(first: Callable[[str], Any], second: Callable[[Any], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        return second(first(text))
+    return parse
+
+
 def _value_type(hint: Any) -> type:
     """The type of one value: `int` -> int, `float | None` -> float, `tuple[int, ...]` -> int."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
@@ -128,7 +134,10 @@ def field_options(cls: type) -> list[Option]:
         elif kind is bool:  # one switch, both spellings: `--overlap` and `--no-overlap`
             options.append(Option(f.name, _flags(f, source), "switch", None, default, False, help_text, None))
         else:
-            parse = _comma_list(PARSERS[kind]) if typing.get_origin(hints[f.name]) is tuple else PARSERS[kind]
+            parse = PARSERS[kind]
+            if canonical := source.metadata.get("canonical"):  # an old name is today's before choices are checked
+                parse = _then(parse, canonical)
+            parse = _comma_list(parse) if typing.get_origin(hints[f.name]) is tuple else parse
             options.append(Option(f.name, _flags(f, source), "store", parse, default, required, help_text, choices))
     return options
 
@@ -160,7 +169,10 @@ def sweep_options() -> list[Option]:
         elif kind is bool:
             options.append(Option(f.name, _flags(f, source), "switch", None, None, False, help_text, None))
         else:
-            parse = _comma_list(PARSERS[kind]) if typing.get_origin(hints[f.name]) is tuple else PARSERS[kind]
+            parse = PARSERS[kind]
+            if canonical := source.metadata.get("canonical"):  # an old name is today's before choices are checked
+                parse = _then(parse, canonical)
+            parse = _comma_list(parse) if typing.get_origin(hints[f.name]) is tuple else parse
             options.append(Option(f.name, _flags(f, source), "store", parse, None, False, help_text, choices))
     return options
 

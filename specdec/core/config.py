@@ -90,11 +90,11 @@ class EngineConfig:
                 "steps') or llamacpp (the registry's GGUF file as shipped, or a .gguf path), onnx-int4/onnx-int8/openvino-int8 "
                 "(converted on first use), kernels-int8/kernels-int4 (specbench's own kernels on AVX-512 VNNI, "
                 "AVX-VNNI, AVX2 or NEON: int8 or int4 weights, blocks cost about a step and are its steps bit for "
-                "bit)", "choices": RUNTIMES})
+                "bit)", "choices": RUNTIMES, "canonical": canonical_runtime})
     cloud_runtime: str = field(default="torch", metadata={
         "help": "what runs the cloud loaded here, as --edge-runtime; spec mode: also "
                 "PLAIN+BLOCKS (e.g. llamacpp+torch-int8), the model held in both, plain steps in the first, blocks in the "
-                "second", "choices": RUNTIMES + RUNTIME_PAIRS})
+                "second", "choices": RUNTIMES + RUNTIME_PAIRS, "canonical": canonical_runtime})
     constraints: str = field(default="none", metadata={"help": "decoding profile (zh: one short Chinese sentence)",
                                                         "choices": CONSTRAINT_PROFILES})
     chat_template: bool = field(default=True, metadata={"help": "wrap the prompt in the tokenizer's chat template, "
