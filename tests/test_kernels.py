@@ -84,9 +84,10 @@ def test_norm_activation_and_attention_equal_the_reference_bit_for_bit(reference
         gate_up = torch.randn(rows, 2 * width) * 8
         gate_up[0, :4] = torch.tensor([-95.0, 120.0, -87.5, 104.0])[: min(4, width)]  # exp's clamps
         assert torch.equal(path_ops.silu_mul(gate_up), reference.silu_mul(gate_up))
-    for heads, kv_heads, dim in ((4, 2, 16), (2, 1, 64), (2, 2, 128)):
+    # rows past one task's tile (kernels.h's ATTENTION_ROWS) and keys past one block of 16; the 1.5B's 12/2 heads
+    for heads, kv_heads, dim in ((4, 2, 16), (2, 1, 64), (2, 2, 128), (12, 2, 128)):
         cos, sin = torch.randn(64, dim), torch.randn(64, dim)
-        for start, rows in ((0, 1), (0, 7), (13, 1), (20, 9)):
+        for start, rows in ((0, 1), (0, 7), (13, 1), (20, 9), (0, 17), (30, 20)):
             qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim)
             outs = []
             for ops in (path_ops, reference):

@@ -107,11 +107,12 @@ void attention_case(int64_t M, int64_t start, int64_t heads, int64_t kv_heads, i
   const int64_t positions = start + M;
   std::vector<float> rq = normal(M * heads * D, 2.0f), keys = normal(positions * kv_heads * D, 2.0f),
                      values = normal(positions * kv_heads * D), yr(M * heads * D), yp(M * heads * D);
-  const Attention ar{rq.data(), keys.data(), values.data(), yr.data(), start, heads, kv_heads, D, 0.125f};
+  const Attention ar{rq.data(), keys.data(), values.data(), yr.data(), M, start, heads, kv_heads, D, 0.125f};
   Attention ap = ar;
   ap.out = yp.data();
-  reference::attention(ar, 0, M * heads);
-  path::attention(ap, 0, M * heads);
+  const int64_t tasks = attention_tasks(ar);
+  reference::attention(ar, 0, tasks);
+  for (int64_t t = tasks - 1; t >= 0; --t) path::attention(ap, t, t + 1);  // any split, any order
   check("attention M=" + std::to_string(M) + " start=" + std::to_string(start) + " heads=" + std::to_string(heads) +
             "/" + std::to_string(kv_heads) + " D=" + std::to_string(D),
         yr.data(), yp.data(), 4 * M * heads * D);
@@ -126,10 +127,11 @@ int main() {
     for (int64_t K : {1, 7, 15, 31, 33, 47, 64, 100, 1000}) linear_case(int4, 11, 48, K);  // K mod 32 in 1..15 too
   for (bool int4 : {false, true}) linear_case(int4, 5, 300, 96);
   for (int64_t M : {1, 2, 5}) for (int64_t K : {8, 16, 37, 64, 200}) elementwise_case(M, K);
-  for (int64_t M : {1, 3, 9})
+  for (int64_t M : {1, 3, 9, 17})
     for (int64_t start : {0, 5, 17, 40}) {
       attention_case(M, start, 4, 2, 16);
       attention_case(M, start, 2, 1, 64);
+      attention_case(M, start, 12, 2, 128);  // the 1.5B's heads
     }
   attention_case(2, 3, 2, 2, 256);
   std::vector<uint64_t> buffer(8 * 53);

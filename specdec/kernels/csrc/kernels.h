@@ -60,14 +60,42 @@ struct Linear {  // one packed Linear: int8 (scale float [N]) or int4 (scale fp1
   int64_t N, Kp, group;  // group = Kp for int8
 };
 
-struct Attention {  // one layer's attention of a block at positions start .. start + M - 1
+struct Attention {  // one layer's attention of a block of M rows at positions start .. start + M - 1
   const float* rq;  // [M, H, D] rotated queries
   const float* keys;  // [capacity, Hkv, D], rotated
   const float* values;
   float* out;  // [M, H, D]
-  int64_t start, heads, kv_heads, D;
+  int64_t M, start, heads, kv_heads, D;
   float scaling;
 };
+
+// Attention's unit of work: the query heads sharing one key-value head, for up to ATTENTION_ROWS consecutive rows,
+// so a path reads each key and value once for all of them (a prefill's rows and the heads of a group re-read the same
+// keys). Task t is row tile t / kv_heads and key-value head t % kv_heads. Each (row, head) is still computed alone,
+// in the order the definition above fixes, so the tiling changes no bit.
+constexpr int64_t ATTENTION_ROWS = 8;
+
+struct AttentionTask {
+  int64_t kv_head, m0, m1;  // rows m0 .. m1
+};
+
+inline int64_t attention_tasks(const Attention& a) { return (a.M + ATTENTION_ROWS - 1) / ATTENTION_ROWS * a.kv_heads; }
+
+inline AttentionTask attention_task(const Attention& a, int64_t t) {
+  const int64_t m0 = t / a.kv_heads * ATTENTION_ROWS;
+  return {t % a.kv_heads, m0, std::min(a.M, m0 + ATTENTION_ROWS)};
+}
+
+// f(row, head) for every (row, head) of tasks t0 .. t1: a path that computes attention one pair at a time.
+template <typename F>
+void for_each_row_head(const Attention& a, int64_t t0, int64_t t1, F f) {
+  const int64_t groups = a.heads / a.kv_heads;
+  for (int64_t t = t0; t < t1; ++t) {
+    const AttentionTask task = attention_task(a, t);
+    for (int64_t m = task.m0; m < task.m1; ++m)
+      for (int64_t h = task.kv_head * groups; h < (task.kv_head + 1) * groups; ++h) f(m, h);
+  }
+}
 
 // --- shared scalar definitions (every path includes them; -ffp-contract=off keeps each op rounded alone) ------------
 
@@ -174,7 +202,7 @@ void over_rows(int64_t M, Tile tile) {
                    float* y);                                                                                       \
   void rms_norm(const float* x, const float* weight, float eps, int64_t m0, int64_t m1, int64_t K, float* y);     \
   void silu_mul(const float* gate_up, int64_t m0, int64_t m1, int64_t I, float* y);                               \
-  /* attention of tasks t0 .. t1, task t = row t / heads, head t % heads */                                        \
+  /* attention of tasks t0 .. t1 (attention_task above) */                                                       \
   void attention(const Attention& a, int64_t t0, int64_t t1);                                                      \
   /* XOR of lines l0 .. l1 (64 bytes each) read as `streams` interleaved streams; the 8 int64 lanes summed */       \
   int64_t stream_read(const char* base, int64_t l0, int64_t l1, int64_t streams);                                  \

@@ -118,7 +118,7 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   return y;
 }
 
-// Causal attention of a block at positions start .. start+M-1 over a layer's cache, one query row at a time.
+// Causal attention of a block at positions start .. start+M-1 over a layer's cache, each (row, head) computed alone.
 // qkv [M, (H + 2 Hkv) D]: each row's q, k, v (biases added). The block's keys (rotated) and values are written into
 // cache_k / cache_v [capacity, Hkv, D] at rows start..start+M-1; row m then attends to cache rows 0..start+m.
 // cos / sin [positions, D]. Returns [M, H D].
@@ -149,8 +149,14 @@ torch::Tensor attention(const torch::Tensor& qkv, torch::Tensor cache_k, torch::
     }
   });
   auto out = torch::empty({M, heads * D}, qkv.options());
-  const specbench::Attention a{rq, kc, vc, out.data_ptr<float>(), start, heads, kv_heads, D, float(scaling)};
-  at::parallel_for(0, M * heads, 1, [&](int64_t t0, int64_t t1) { impl::attention(a, t0, t1); });
+  const specbench::Attention a{rq, kc, vc, out.data_ptr<float>(), M, start, heads, kv_heads, D, float(scaling)};
+  // Tasks dealt round-robin: a prefill's later rows attend to more keys, so contiguous ranges would leave the thread
+  // with the first rows idle for most of the call. Task t is row tile t / kv_heads, key-value head t % kv_heads.
+  const int64_t tasks = specbench::attention_tasks(a), threads = std::min<int64_t>(at::get_num_threads(), tasks);
+  at::parallel_for(0, threads, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t t = i; t < tasks; t += threads) impl::attention(a, t, t + 1);
+  });
   return out;
 }
 
@@ -182,5 +188,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_int4", &linear_int4, "x W^T with int4 weights in groups and per-row int8 activations");
   m.def("rms_norm", &rms_norm, "RMSNorm per row");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
-  m.def("attention", &attention, "causal attention of a block over a layer's cache, one query row at a time");
+  m.def("attention", &attention, "causal attention of a block over a layer's cache, each (row, head) computed alone");
 }

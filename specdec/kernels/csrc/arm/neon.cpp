@@ -207,8 +207,8 @@ void silu_mul(const float* gate_up, int64_t m0, int64_t m1, int64_t I, float* y)
 void attention(const Attention& a, int64_t t0, int64_t t1) {
   const int64_t groups = a.heads / a.kv_heads, D = a.D, vecs = D / 4;
   std::vector<float> scores;
-  for (int64_t t = t0; t < t1; ++t) {
-    const int64_t m = t / a.heads, h = t % a.heads, kvh = h / groups, length = a.start + m + 1;
+  for_each_row_head(a, t0, t1, [&](int64_t m, int64_t h) {
+    const int64_t kvh = h / groups, length = a.start + m + 1;
     const float* q = a.rq + (m * a.heads + h) * D;
     scores.assign((length + 15) / 16 * 16, 0.0f);
     for (int64_t j = 0; j < length; ++j) {
@@ -242,7 +242,7 @@ void attention(const Attention& a, int64_t t0, int64_t t1) {
       for (int64_t i = 0; i < vecs; ++i) acc[i] = vfmaq_n_f32(acc[i], vld1q_f32(v + 4 * i), scores[j]);
     }
     for (int64_t i = 0; i < vecs; ++i) vst1q_f32(a.out + (m * a.heads + h) * D + 4 * i, vmulq_f32(acc[i], norm));
-  }
+  });
 }
 
 int64_t stream_read(const char* base, int64_t l0, int64_t l1, int64_t streams) {

@@ -314,6 +314,117 @@ void narrow_int4(const Rows& rows, int64_t m0, const Linear& w, const float* res
   }
 }
 
+
+// kernels.h's sum16 of 8 keys' 16 lanes at once (lo[i], hi[i]: lanes 0-7 and 8-15 of key i): lane i of the result is
+// sum16 of key i, each pair added as sum16 adds it ((l, l + 8), (l, l + 4), (l, l + 2), (0, 1)); shuffles only move
+// lanes, so every sum is bit for bit the scalar fold's.
+inline __m256 fold8(const __m256* t) {  // t[i] = hi[i] + lo[i]: sum16's first step, done by the caller
+  __m256 u[4], w[2];
+  for (int i = 0; i < 4; ++i)  // u: keys i (lanes 0-3) and i + 4 (lanes 4-7)
+    u[i] = _mm256_add_ps(_mm256_permute2f128_ps(t[i], t[i + 4], 0x31), _mm256_permute2f128_ps(t[i], t[i + 4], 0x20));
+  for (int i = 0; i < 2; ++i)  // w: per 128-bit half (u0 + u2, u1 + u3) of u[i]'s key, then of u[i + 2]'s
+    w[i] = _mm256_add_ps(_mm256_shuffle_ps(u[i], u[i + 2], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(u[i], u[i + 2], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 out = _mm256_add_ps(_mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm256_permute_ps(out, _MM_SHUFFLE(3, 1, 2, 0));  // keys leave as 0 2 1 3 | 4 6 5 7
+}
+
+// One query of D against n <= 8 consecutive keys (key i at keys + i * stride): lane i its sum16 dot product, lanes
+// past n 0. Four keys at a time so their 8 accumulators and the query's two vectors fit the 16 ymm.
+inline __m256 dots8(const float* q, const float* keys, int64_t stride, int64_t n, int64_t D) {
+  __m256 t[8];
+  for (int half = 0; half < 2; ++half) {
+    Lanes16 acc[4];
+    for (int i = 0; i < 4; ++i) acc[i] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    const int keys_here = int(std::max<int64_t>(0, std::min<int64_t>(4, n - 4 * half)));
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m256 qlo = _mm256_loadu_ps(q + d), qhi = _mm256_loadu_ps(q + d + 8);
+      for (int i = 0; i < 4; ++i)
+        if (i < keys_here) {
+          const float* k = keys + (4 * half + i) * stride + d;
+          acc[i].lo = _mm256_fmadd_ps(qlo, _mm256_loadu_ps(k), acc[i].lo);
+          acc[i].hi = _mm256_fmadd_ps(qhi, _mm256_loadu_ps(k + 8), acc[i].hi);
+        }
+    }
+    for (int i = 0; i < 4; ++i) t[4 * half + i] = _mm256_add_ps(acc[i].hi, acc[i].lo);
+  }
+  return fold8(t);
+}
+
+// NP (row, head) pairs' weighted sums over values 0 .. length - 1, 16 of D's columns: out = (sum_j e_j v_j, fma in
+// j order) * norm. Two 8-column vectors a value row, loaded once for the NP pairs.
+template <int NP>
+void weighted_sums16(const float* const* e, const float* norm, const float* values, int64_t stride, int64_t length,
+                     float* const* out) {
+  __m256 lo[NP], hi[NP];
+  for (int p = 0; p < NP; ++p) lo[p] = hi[p] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < length; ++j) {
+    const __m256 vlo = _mm256_loadu_ps(values + j * stride), vhi = _mm256_loadu_ps(values + j * stride + 8);
+    for (int p = 0; p < NP; ++p) {
+      const __m256 weight = _mm256_broadcast_ss(e[p] + j);
+      lo[p] = _mm256_fmadd_ps(weight, vlo, lo[p]);
+      hi[p] = _mm256_fmadd_ps(weight, vhi, hi[p]);
+    }
+  }
+  for (int p = 0; p < NP; ++p) {
+    _mm256_storeu_ps(out[p], _mm256_mul_ps(lo[p], _mm256_set1_ps(norm[p])));
+    _mm256_storeu_ps(out[p] + 8, _mm256_mul_ps(hi[p], _mm256_set1_ps(norm[p])));
+  }
+}
+
+// One task (kernels.h's attention_task): the group's heads for up to ATTENTION_ROWS rows. Scores 8 keys at a time,
+// each block of keys read once for every row and head of the task; then each pair's softmax; then the weighted sums.
+void attend(const Attention& a, const AttentionTask& task, std::vector<float>& scratch) {
+  constexpr int PAIRS = 4;  // weighted_sums16: 8 accumulators and 4 weights in the 16 ymm
+  const int64_t groups = a.heads / a.kv_heads, D = a.D, stride = a.kv_heads * D;
+  const int64_t longest = a.start + task.m1, width = (longest + 15) / 16 * 16, pairs = (task.m1 - task.m0) * groups;
+  scratch.resize(pairs * (width + 1));
+  float* norms = scratch.data() + pairs * width;
+  auto scores = [&](int64_t m, int64_t g) { return scratch.data() + ((m - task.m0) * groups + g) * width; };
+  auto query = [&](int64_t m, int64_t g) { return a.rq + (m * a.heads + task.kv_head * groups + g) * D; };
+  const float* keys = a.keys + task.kv_head * D;
+  const __m256 scaling = _mm256_set1_ps(a.scaling);
+  for (int64_t j = 0; j < longest; j += 8)
+    for (int64_t m = std::max(task.m0, j - a.start); m < task.m1; ++m) {  // rows whose keys reach j
+      const int64_t n = std::min<int64_t>(8, a.start + m + 1 - j);
+      for (int64_t g = 0; g < groups; ++g)
+        _mm256_storeu_ps(scores(m, g) + j, _mm256_mul_ps(dots8(query(m, g), keys + j * stride, stride, n, D), scaling));
+    }
+  for (int64_t m = task.m0; m < task.m1; ++m) {
+    const int64_t length = a.start + m + 1;
+    for (int64_t g = 0; g < groups; ++g) {
+      float* s = scores(m, g);
+      float top = -INFINITY;
+      for (int64_t j = 0; j < length; ++j) top = std::max(top, s[j]);
+      const __m256 vtop = _mm256_set1_ps(top);
+      Lanes16 sum{_mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int64_t j = 0; j < length; j += 16) {
+        const __m256 lo = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vtop)),
+                                        _mm256_castsi256_ps(lane_mask(length - j)));
+        const __m256 hi = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), vtop)),
+                                        _mm256_castsi256_ps(lane_mask(length - j - 8)));
+        _mm256_storeu_ps(s + j, lo);
+        _mm256_storeu_ps(s + j + 8, hi);
+        sum.lo = _mm256_add_ps(sum.lo, lo);
+        sum.hi = _mm256_add_ps(sum.hi, hi);
+      }
+      norms[(m - task.m0) * groups + g] = 1.0f / fold(sum);
+    }
+    for (int64_t g0 = 0; g0 < groups; g0 += PAIRS)
+      with_rows<PAIRS>(std::min<int64_t>(PAIRS, groups - g0), [&](auto np) {
+        constexpr int NP = decltype(np)::value;
+        const float* e[NP];
+        for (int p = 0; p < NP; ++p) e[p] = scores(m, g0 + p);
+        for (int64_t d = 0; d < D; d += 16) {
+          float* out[NP];
+          for (int p = 0; p < NP; ++p) out[p] = a.out + (m * a.heads + task.kv_head * groups + g0 + p) * D + d;
+          weighted_sums16<NP>(e, norms + (m - task.m0) * groups + g0, a.values + task.kv_head * D + d, stride, length,
+                              out);
+        }
+      });
+  }
+}
 }  // namespace
 
 void quantize_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t Kp, int64_t group, int8_t* q,
@@ -407,45 +518,8 @@ void silu_mul(const float* gate_up, int64_t m0, int64_t m1, int64_t I, float* y)
 }
 
 void attention(const Attention& a, int64_t t0, int64_t t1) {
-  const int64_t groups = a.heads / a.kv_heads, D = a.D, vecs = D / 8;
-  std::vector<float> scores;
-  for (int64_t t = t0; t < t1; ++t) {
-    const int64_t m = t / a.heads, h = t % a.heads, kvh = h / groups, length = a.start + m + 1;
-    const float* q = a.rq + (m * a.heads + h) * D;
-    scores.resize((length + 15) / 16 * 16);
-    for (int64_t j = 0; j < length; ++j) {
-      const float* k = a.keys + (j * a.kv_heads + kvh) * D;
-      Lanes16 acc{_mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int64_t i = 0; i < D; i += 16) {
-        acc.lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), acc.lo);
-        acc.hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), acc.hi);
-      }
-      scores[j] = fold(acc) * a.scaling;
-    }
-    float top = -INFINITY;
-    for (int64_t j = 0; j < length; ++j) top = std::max(top, scores[j]);
-    const __m256 vtop = _mm256_set1_ps(top);
-    Lanes16 sum{_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t j = 0; j < length; j += 16) {
-      const __m256 lo = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(&scores[j]), vtop)),
-                                      _mm256_castsi256_ps(lane_mask(length - j)));
-      const __m256 hi = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(&scores[j + 8]), vtop)),
-                                      _mm256_castsi256_ps(lane_mask(length - j - 8)));
-      _mm256_storeu_ps(&scores[j], lo);
-      _mm256_storeu_ps(&scores[j + 8], hi);
-      sum.lo = _mm256_add_ps(sum.lo, lo);
-      sum.hi = _mm256_add_ps(sum.hi, hi);
-    }
-    const __m256 norm = _mm256_set1_ps(1.0f / fold(sum));
-    __m256 acc[32];  // D <= 256, checked by the caller
-    for (int64_t i = 0; i < vecs; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < length; ++j) {
-      const __m256 weight = _mm256_set1_ps(scores[j]);
-      const float* v = a.values + (j * a.kv_heads + kvh) * D;
-      for (int64_t i = 0; i < vecs; ++i) acc[i] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + 8 * i), acc[i]);
-    }
-    for (int64_t i = 0; i < vecs; ++i) _mm256_storeu_ps(a.out + (m * a.heads + h) * D + 8 * i, _mm256_mul_ps(acc[i], norm));
-  }
+  std::vector<float> scratch;
+  for (int64_t t = t0; t < t1; ++t) attend(a, attention_task(a, t), scratch);
 }
 
 int64_t stream_read(const char* base, int64_t l0, int64_t l1, int64_t streams) {

@@ -109,9 +109,11 @@ void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* resid
   const __m512i low = _mm512_set1_epi8(0x0F);
   const int64_t per_group = w.group / 8;  // 64-byte chunks (8 k each) in a group
   for (int64_t g = 0; g < rows.groups; ++g) {
-    __m512i acc[T][B];
-    for (int r = 0; r < T; ++r)
-      for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_si512();
+    __m512i acc[T][B];  // from -8 sum q: vpdpbusd on w + 8 then sums w q exactly
+    for (int r = 0; r < T; ++r) {
+      const __m512i offset = _mm512_set1_epi32(-8 * rows.sums[(m0 + r) * rows.groups + g]);
+      for (int b = 0; b < B; ++b) acc[r][b] = offset;
+    }
     for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
       __m512i lo[B], hi[B];
       for (int b = 0; b < B; ++b) {
@@ -131,8 +133,7 @@ void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* resid
     for (int b = 0; b < B; ++b) {
       const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_scale[b] + g * COLS)));
       for (int r = 0; r < T; ++r) {
-        __m512i exact = _mm512_sub_epi32(acc[r][b], _mm512_set1_epi32(8 * rows.sums[(m0 + r) * rows.groups + g]));
-        total[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, total[r][b]);
+        total[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][b]), scale, total[r][b]);
       }
     }
   }
@@ -147,6 +148,110 @@ void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* resid
   }
 }
 
+
+// kernels.h's sum16 of 16 lane vectors at once: lane i of the result is sum16(acc[i]), each pair added as sum16 adds
+// it ((l, l + 8), (l, l + 4), (l, l + 2), (0, 1)); the shuffles only move lanes, so every sum is bit for bit the scalar
+// fold's. Lanes leave the network in the order 0 2 1 3 8 10 9 11 4 6 5 7 12 14 13 15 (its own inverse).
+inline __m512 fold16(const __m512* acc) {
+  __m512 t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)  // t: lanes 0-7 key i, 8-15 key i + 8
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[i], acc[i + 8], _MM_SHUFFLE(3, 2, 3, 2)),
+                         _mm512_shuffle_f32x4(acc[i], acc[i + 8], _MM_SHUFFLE(1, 0, 1, 0)));
+  for (int i = 0; i < 4; ++i)  // u: 4-lane chunks keys i, i + 8, i + 4, i + 12
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[i], t[i + 4], _MM_SHUFFLE(3, 1, 3, 1)),
+                         _mm512_shuffle_f32x4(t[i], t[i + 4], _MM_SHUFFLE(2, 0, 2, 0)));
+  for (int i = 0; i < 2; ++i)  // w: per chunk (u0 + u2, u1 + u3) of u[i]'s key, then of u[i + 2]'s
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[i], u[i + 2], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u[i], u[i + 2], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 out = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15), out);
+}
+
+// One query (V vectors of 16) against n <= 16 consecutive keys, key i at keys + i * stride: lane i its sum16 dot
+// product (lanes past n: 0).
+template <int V>
+inline __m512 dots16(const float* q, const float* keys, int64_t stride, int64_t n) {
+  __m512 qv[V], acc[16];
+  for (int v = 0; v < V; ++v) qv[v] = _mm512_loadu_ps(q + 16 * v);
+  for (int i = 0; i < 16; ++i) {
+    acc[i] = _mm512_setzero_ps();
+    if (i < n)
+      for (int v = 0; v < V; ++v) acc[i] = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(keys + i * stride + 16 * v), acc[i]);
+  }
+  return fold16(acc);
+}
+
+// NP (row, head) pairs' weighted sums of values 0 .. length - 1: out = (sum_j e_j v_j, fma in j order) * norm. Each
+// value vector is loaded once for the NP pairs (NP * V accumulators in registers).
+template <int V, int NP>
+void weighted_sums(const float* const* e, const float* norm, const float* values, int64_t stride, int64_t length,
+                   float* const* out) {
+  __m512 acc[NP][V];
+  for (int p = 0; p < NP; ++p)
+    for (int v = 0; v < V; ++v) acc[p][v] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < length; ++j) {
+    __m512 weight[NP];
+    for (int p = 0; p < NP; ++p) weight[p] = _mm512_set1_ps(e[p][j]);
+    const float* row = values + j * stride;
+    for (int v = 0; v < V; ++v) {
+      const __m512 value = _mm512_loadu_ps(row + 16 * v);
+      for (int p = 0; p < NP; ++p) acc[p][v] = _mm512_fmadd_ps(weight[p], value, acc[p][v]);
+    }
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(out[p] + 16 * v, _mm512_mul_ps(acc[p][v], _mm512_set1_ps(norm[p])));
+}
+
+// One task (kernels.h's attention_task): the group's heads for up to ATTENTION_ROWS rows. Scores 16 keys at a time,
+// each block of keys read once for every row and head of the task; then each pair's softmax; then the weighted sums,
+// each value read once for several heads of a row.
+template <int V>
+void attend(const Attention& a, const AttentionTask& task, std::vector<float>& scratch) {
+  constexpr int PAIRS = std::max(1, std::min(8, 24 / V));  // weighted_sums' accumulators within 32 zmm
+  const int64_t groups = a.heads / a.kv_heads, D = a.D, stride = a.kv_heads * D;
+  const int64_t longest = a.start + task.m1, width = (longest + 15) / 16 * 16, pairs = (task.m1 - task.m0) * groups;
+  scratch.resize(pairs * (width + 1));
+  float* norms = scratch.data() + pairs * width;
+  auto scores = [&](int64_t m, int64_t g) { return scratch.data() + ((m - task.m0) * groups + g) * width; };
+  auto query = [&](int64_t m, int64_t g) { return a.rq + (m * a.heads + task.kv_head * groups + g) * D; };
+  const float* keys = a.keys + task.kv_head * D;
+  const __m512 scaling = _mm512_set1_ps(a.scaling);
+  for (int64_t j = 0; j < longest; j += 16)
+    for (int64_t m = std::max(task.m0, j - a.start); m < task.m1; ++m) {  // rows whose keys reach j
+      const int64_t n = std::min<int64_t>(16, a.start + m + 1 - j);
+      for (int64_t g = 0; g < groups; ++g)
+        _mm512_storeu_ps(scores(m, g) + j, _mm512_mul_ps(dots16<V>(query(m, g), keys + j * stride, stride, n), scaling));
+    }
+  for (int64_t m = task.m0; m < task.m1; ++m) {
+    const int64_t length = a.start + m + 1;
+    for (int64_t g = 0; g < groups; ++g) {
+      float* s = scores(m, g);
+      __m512 peak = _mm512_set1_ps(-INFINITY);
+      for (int64_t j = 0; j < length; j += 16)
+        peak = _mm512_mask_max_ps(peak, tail_mask(length - j), peak, _mm512_loadu_ps(s + j));
+      const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t j = 0; j < length; j += 16) {
+        const __m512 e = _mm512_maskz_mov_ps(tail_mask(length - j), exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), top)));
+        _mm512_storeu_ps(s + j, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      norms[(m - task.m0) * groups + g] = 1.0f / fold(sum);
+    }
+    for (int64_t g0 = 0; g0 < groups; g0 += PAIRS)
+      with_rows<PAIRS>(std::min<int64_t>(PAIRS, groups - g0), [&](auto np) {
+        constexpr int NP = decltype(np)::value;
+        const float* e[NP];
+        float* out[NP];
+        for (int p = 0; p < NP; ++p) {
+          e[p] = scores(m, g0 + p);
+          out[p] = a.out + (m * a.heads + task.kv_head * groups + g0 + p) * D;
+        }
+        weighted_sums<V, NP>(e, norms + (m - task.m0) * groups + g0, a.values + task.kv_head * D, stride, length, out);
+      });
+  }
+}
 }  // namespace
 
 void quantize_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t Kp, int64_t group, int8_t* q,
@@ -220,40 +325,10 @@ void silu_mul(const float* gate_up, int64_t m0, int64_t m1, int64_t I, float* y)
 }
 
 void attention(const Attention& a, int64_t t0, int64_t t1) {
-  const int64_t groups = a.heads / a.kv_heads, D = a.D, vecs = D / 16;
-  std::vector<float> scores;
-  for (int64_t t = t0; t < t1; ++t) {
-    const int64_t m = t / a.heads, h = t % a.heads, kvh = h / groups, length = a.start + m + 1;
-    const float* q = a.rq + (m * a.heads + h) * D;
-    scores.resize((length + 15) / 16 * 16);
-    for (int64_t j = 0; j < length; ++j) {
-      const float* k = a.keys + (j * a.kv_heads + kvh) * D;
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t i = 0; i < vecs; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * i), _mm512_loadu_ps(k + 16 * i), acc);
-      scores[j] = fold(acc) * a.scaling;
-    }
-    __m512 peak = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < length; j += 16)
-      peak = _mm512_mask_max_ps(peak, tail_mask(length - j), peak, _mm512_loadu_ps(&scores[j]));
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < length; j += 16) {
-      const __mmask16 mask = tail_mask(length - j);
-      __m512 e = _mm512_maskz_mov_ps(mask, exp512(_mm512_sub_ps(_mm512_loadu_ps(&scores[j]), top)));
-      _mm512_storeu_ps(&scores[j], e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    const float norm = 1.0f / fold(sum);
-    __m512 acc[16];  // D <= 256, checked by the caller
-    for (int64_t i = 0; i < vecs; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < length; ++j) {
-      const __m512 weight = _mm512_set1_ps(scores[j]);
-      const float* v = a.values + (j * a.kv_heads + kvh) * D;
-      for (int64_t i = 0; i < vecs; ++i) acc[i] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(v + 16 * i), acc[i]);
-    }
-    for (int64_t i = 0; i < vecs; ++i)
-      _mm512_storeu_ps(a.out + (m * a.heads + h) * D + 16 * i, _mm512_mul_ps(acc[i], _mm512_set1_ps(norm)));
-  }
+  std::vector<float> scratch;
+  with_rows<16>(a.D / 16, [&](auto vecs) {  // D <= 256, checked by the caller
+    for (int64_t t = t0; t < t1; ++t) attend<decltype(vecs)::value>(a, attention_task(a, t), scratch);
+  });
 }
 
 int64_t stream_read(const char* base, int64_t l0, int64_t l1, int64_t streams) {
