@@ -61,6 +61,23 @@ def test_a_lossless_grid_gets_a_batch_invariant_verifier_and_a_lossy_one_the_che
     assert fallback.runtimes == ("torch-int8",) and "not the verifier's own text" in fallback.reason
 
 
+def test_the_choice_says_how_fast_its_runtime_prefills_and_which_prefills_fastest():
+    rates = {"llamacpp": 90.0, "torch-int8": 200.0, "torch-int8t": 60.0}  # tokens/s of an 800-token prompt
+    timed = {**CALIBRATION, "entries": [{**e, "prefill_tokens": 800, "prefill_s": [800 / rates[e["runtime"]]] * 3}
+                                        if e["model"] == CLOUD and e["runtime"] in rates else e
+                                        for e in CALIBRATION["entries"]]}
+    candidates = ("llamacpp", "torch-int8", "torch-int8t", "torch")
+    plain = fastest_plain(timed, CLOUD, candidates)
+    assert plain.reason.endswith("first token: llamacpp prefills a 800-token prompt at 90 tok/s (fastest: torch-int8 "
+                                 "200 tok/s)")
+    verifier = cheapest_verifier(timed, CLOUD, candidates, (4,), ("greedy",))  # exact: int8t, whose prefill is slowest
+    assert verifier.runtimes == ("torch-int8t",) and "torch-int8t prefills a 800-token prompt at 60 tok/s (fastest: " \
+        "torch-int8 200 tok/s)" in verifier.reason
+    lossy = cheapest_verifier(timed, CLOUD, candidates, (4,), ("threshold",))
+    assert lossy.reason.endswith("torch-int8 prefills a 800-token prompt at 200 tok/s, the fastest measured")
+    assert "first token" not in fastest_plain(CALIBRATION, CLOUD, candidates).reason  # none measured: nothing said
+
+
 def test_a_runtime_that_crashed_in_calibration_is_never_chosen():
     crashed = {**CALIBRATION, "entries": [entry(CLOUD, "llamacpp", 10, 0.1, error="a native crash (SIGSEGV)"),
                                           entry(CLOUD, "torch-int8", 107, 0.1)]}

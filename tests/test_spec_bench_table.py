@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import statistics
 
 import pandas as pd
 import pytest
@@ -104,6 +105,30 @@ def test_the_decoding_cells_leave_the_prompts_prefill_out():
     assert lookup["overall_decode_speedup"] == pytest.approx(7.0)
     assert table.loc["cloud-only in torch-int8", "summarization_decode_speedup"] == pytest.approx(1.0)
     assert table.loc["cloud-only in llamacpp", "summarization_decode_speedup"] == pytest.approx(0.5)
+
+
+def test_each_category_carries_its_median_first_token_with_an_interval(tmp_path):
+    """Summarization's prompts are long: 2.0-2.4 s before the first token in int8, 4.0-4.8 s in llama.cpp; qa's 0.1 s."""
+    records = []
+    for qid, ttft in ((1, 2.0), (2, 2.2), (3, 2.4)):
+        records += [record("cloud", "summarization", qid, 3.0, ttft_s=ttft, cloud_runtime="torch-int8"),
+                    record("cloud", "summarization", qid, 6.0, ttft_s=2 * ttft, cloud_runtime="llamacpp"),
+                    record("cloud", "qa", qid, 1.0, ttft_s=0.1, cloud_runtime="torch-int8")]
+    table = spec_bench_table(records, summarize(records)).set_index("method")
+    int8, llama = table.loc["cloud-only in torch-int8"], table.loc["cloud-only in llamacpp"]
+    assert int8["summarization_ttft_s"] == pytest.approx(2.2) and llama["summarization_ttft_s"] == pytest.approx(4.4)
+    assert 2.0 <= int8["summarization_ttft_ci_low"] <= 2.2 <= int8["summarization_ttft_ci_high"] <= 2.4
+    assert int8["qa_ttft_s"] == pytest.approx(0.1) and llama["qa_ttft_s"] != llama["qa_ttft_s"]  # no qa: NaN
+    assert int8["overall_ttft_s"] == pytest.approx(statistics.median([2.0, 2.2, 2.4, 0.1, 0.1, 0.1]))
+    summary = summarize(records).set_index("cloud_runtime")
+    point = summary[summary["prompts"] == SB + "summarization"].loc["llamacpp"]
+    assert point["ttft_p50_s"] == pytest.approx(4.4) and 4.0 <= point["ttft_p50_s_ci_low"] <= 4.4 <= point["ttft_p50_s_ci_high"]
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    text = html.unescape(" ".join(build_report(folder, tmp_path / "report").read_text(encoding="utf-8").split()))
+    assert "The first token:" in text and "4.40 s [" in text  # the Spec-Bench table's first-token cells
+    assert "first token p50 s" in text  # and the point table's column
 
 
 def cycle(accepted: int, extra: int | None, t_reply_s: float) -> dict:

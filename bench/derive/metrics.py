@@ -162,6 +162,11 @@ def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[fl
     return bootstrap_ci((values,), np.mean, confidence)
 
 
+def median_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Interval of the median over prompts (time to the first token)."""
+    return bootstrap_ci((values,), np.median, confidence)
+
+
 def ratio_of_medians_ci(current: Sequence[float], baseline: Sequence[float],
                         one_sided: float = CONFIDENCE) -> tuple[float, float]:
     """(lower, upper) bounds of median(current) / median(baseline), two independent samples (a gate's

@@ -10,10 +10,15 @@ never from another machine's numbers: pure functions of the calibration file's `
             qualify, so the lossless text is the verifier's own (none here: the cheapest, said so)
     edge    the drafter's runtime:                           argmin_r step_ms(r) of the edge model
 
-A choice carries its reason (the figures it was made from), for the sweep's log and the report's header.
+A choice carries its reason (the figures it was made from), for the sweep's log and the report's header. The plain
+and cloud reasons also say how fast the chosen runtime prefills the calibration's prompt and which runtime prefills
+it fastest: a generation's first token comes from the prompt's prefill in the verifier's own runtime (its cache is
+what the verify blocks continue, so a faster runtime's prefill would change the text), and on a CPU a long prompt's
+prefill is most of the time to it.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from specdec.backends.base import batch_invariant
@@ -59,13 +64,32 @@ def _figures(entries: dict[str, dict], value) -> str:
     return ", ".join(f"{r} {value(e):.0f} ms" for r, e in sorted(entries.items(), key=lambda kv: value(kv[1])))
 
 
+def prefill_rate(entry: dict) -> float | None:
+    """Tokens/s of the calibration's prompt prefill (the median round); None where the entry has none."""
+    seconds, tokens = entry.get("prefill_s"), entry.get("prefill_tokens")
+    return tokens / statistics.median(seconds) if seconds and tokens else None
+
+
+def first_token_note(entries: dict[str, dict], chosen: str) -> str:
+    """`; first token: kernels-int4 prefills 171 tok/s (fastest: torch-int8 177 tok/s)`, or "" where the chosen
+    runtime's entry has no prefill measured."""
+    rates = {r: rate for r, e in entries.items() if (rate := prefill_rate(e)) is not None}
+    if chosen not in rates:
+        return ""
+    fastest = max(rates, key=lambda r: rates[r])
+    tokens = entries[chosen]["prefill_tokens"]
+    return (f"; first token: {chosen} prefills a {tokens}-token prompt at {rates[chosen]:.0f} tok/s"
+            + (", the fastest measured" if fastest == chosen else f" (fastest: {fastest} {rates[fastest]:.0f} tok/s)"))
+
+
 def fastest_plain(calibration: dict, model: str, candidates: tuple[str, ...], role: str = "plain",
                   margin: float = PLAIN_MARGIN, threads: int | None = None) -> RuntimeChoice:
     entries = usable(calibration, model, candidates, threads)
     best = min(entries.values(), key=lambda e: e["step_ms"])
     close = sorted((r for r, e in entries.items() if e["step_ms"] <= margin * best["step_ms"]),
                    key=lambda r: entries[r]["step_ms"])
-    return RuntimeChoice(role, model, tuple(close), f"a token step: {_figures(entries, lambda e: e['step_ms'])}")
+    note = first_token_note(entries, close[0]) if role == "plain" else ""
+    return RuntimeChoice(role, model, tuple(close), f"a token step: {_figures(entries, lambda e: e['step_ms'])}{note}")
 
 
 def block_equals_steps(entry: dict) -> bool:
@@ -77,7 +101,7 @@ def block_equals_steps(entry: dict) -> bool:
 
 def cheapest_verifier(calibration: dict, model: str, candidates: tuple[str, ...], ks: tuple[int, ...],
                       policies: tuple[str, ...], threads: int | None = None) -> RuntimeChoice:
-    entries = usable(calibration, model, candidates, threads)
+    entries = everything = usable(calibration, model, candidates, threads)
     lossless = any(p in LOSSLESS_POLICIES for p in policies)
     why = ""
     if lossless:
@@ -93,7 +117,7 @@ def cheapest_verifier(calibration: dict, model: str, candidates: tuple[str, ...]
 
     best = min(entries, key=lambda r: cost(entries[r]))
     return RuntimeChoice("cloud", model, (best,), f"{why}a verify block at k = {', '.join(map(str, ks))}: "
-                                                  f"{_figures(entries, cost)}")
+                                                  f"{_figures(entries, cost)}{first_token_note(everything, best)}")
 
 
 # Bits a runtime reads per weight, at least (scales and the embedding left out): with the model's parameter count and

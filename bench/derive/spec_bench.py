@@ -20,7 +20,9 @@ against ~4 s for 128 tokens), so the same cell is also given after the first tok
     decoding speed-up = (tokens after the first cycle / seconds after the first token)
                         over the same for the plain decoding whose decoding is fastest on that category
 
-which is what a drafter can change; the end-to-end cell is what a user waits for."""
+which is what a drafter can change; the end-to-end cell is what a user waits for. Each category also carries
+the first token's time (`{category}_ttft_s`: the median over questions, with its 95 % bootstrap interval), what
+the prompt's prefill costs in the runtime that made it."""
 from __future__ import annotations
 
 import math
@@ -97,7 +99,8 @@ def spec_bench_table(rows: list[dict], summary: pd.DataFrame) -> pd.DataFrame:
             name = prompt_set_name(prompts)
             if mine is None:
                 row.update({f"{name}_{column}": math.nan for column in ("speedup", "ci_low", "ci_high", "tau",
-                                                                       "decode_speedup", "decode_ci_low", "decode_ci_high")})
+                                                                       "decode_speedup", "decode_ci_low", "decode_ci_high",
+                                                                       *FIRST_TOKEN)})
                 continue
             columns = _aligned(mine, base_rows[prompts], "new_tokens", "latency_s")
             decode_columns = _aligned(mine, decode_base[prompts], "decode_tokens", "decode_s")
@@ -106,8 +109,10 @@ def spec_bench_table(rows: list[dict], summary: pd.DataFrame) -> pd.DataFrame:
             answered.append(mine)
             row.update(_cell(name, columns, mine, point["mode"]))
             row.update(_cell(f"{name}_decode", decode_columns, None, point["mode"]))
+            row.update(_first_token(name, mine))
         row.update(_cell(OVERALL, pooled, pd.concat(answered) if answered else None, point["mode"]))
         row.update(_cell(f"{OVERALL}_decode", pooled_decode, None, point["mode"]))
+        row.update(_first_token(OVERALL, pd.concat(answered) if answered else None))
         table.append(row)
     return pd.DataFrame(table).sort_values(f"{OVERALL}_speedup", ascending=False, ignore_index=True)
 
@@ -116,6 +121,18 @@ def _aligned(mine: pd.DataFrame, base: pd.DataFrame, tokens: str, seconds: str) 
     """(tokens, seconds, baseline tokens, baseline seconds) over the questions both answered, in one order."""
     both = mine.index.intersection(base.index)
     return mine.loc[both, tokens], mine.loc[both, seconds], base.loc[both, tokens], base.loc[both, seconds]
+
+
+FIRST_TOKEN = ("ttft_s", "ttft_ci_low", "ttft_ci_high")
+
+
+def _first_token(name: str, mine: pd.DataFrame | None) -> dict:
+    """The median time to the first token over the questions and its 95 % interval."""
+    if mine is None or mine.empty:
+        return {f"{name}_{column}": math.nan for column in FIRST_TOKEN}
+    seconds = mine["ttft_s"].astype(float)
+    low, high = metrics.median_ci(seconds)
+    return {f"{name}_ttft_s": float(seconds.median()), f"{name}_ttft_ci_low": low, f"{name}_ttft_ci_high": high}
 
 
 def _cell(name: str, columns, mine: pd.DataFrame | None, mode: str) -> dict:
@@ -139,6 +156,15 @@ def fastest_per_category(table: pd.DataFrame) -> dict[str, str]:
     """Per category: the fastest way found (plain decoding included), by its speed-up."""
     return {c: table.loc[table[f"{c}_speedup"].astype(float).idxmax(), "method"]
             for c in categories(table) if table[f"{c}_speedup"].notna().any()}
+
+
+def first_token_text(row, category: str) -> str:
+    """`4.53 s [4.12–4.90]`: the median first token and its interval; `–` where the row has none."""
+    seconds = row.get(f"{category}_ttft_s", math.nan)
+    if seconds != seconds:
+        return "–"
+    low, high = row[f"{category}_ttft_ci_low"], row[f"{category}_ttft_ci_high"]
+    return f"{seconds:.2f} s" + (f" [{low:.2f}–{high:.2f}]" if low == low else "")
 
 
 def cell_text(row, category: str, decoding: bool = False) -> str:

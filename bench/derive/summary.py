@@ -281,7 +281,9 @@ INTERVALS = {
     "cloud_calls_per_token": ("pooled", ("cloud_calls", "new_tokens")),
     "chrf_vs_cloud": ("mean", ("chrf_vs_cloud",)),
     "token_match_vs_cloud": ("mean", ("token_match_vs_cloud",)),
+    "ttft_p50_s": ("median", ("ttft_s",)),
 }
+INTERVAL_OF_KIND = {"pooled": metrics.pooled_ratio_ci, "mean": metrics.mean_ci, "median": metrics.median_ci}
 # metric -> its baseline: the cloud-only or edge-only point of the same runtime, the fastest cloud-only, the
 # fastest plain decoding of either model, or (a split point's) co-located speculation on the cloud's cores
 SPEEDUPS = {"speedup_vs_cloud": "cloud", "speedup_vs_edge": "edge", "speedup_vs_fastest_cloud": "fastest_cloud",
@@ -314,7 +316,7 @@ def _intervals(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
             low, high = float("nan"), float("nan")
             if all(c in rows for c in needed) and point[metric] == point[metric]:
                 values = [rows[c].astype(float) for c in needed]
-                low, high = metrics.pooled_ratio_ci(*values) if kind == "pooled" else metrics.mean_ci(*values)
+                low, high = INTERVAL_OF_KIND[kind](*values)
             columns[ci_columns(metric)[0]].append(low)
             columns[ci_columns(metric)[1]].append(high)
         for metric, mode in SPEEDUPS.items():

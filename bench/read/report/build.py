@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.core.prompts import SPEC_BENCH
-from bench.derive.spec_bench import categories, cell_text, fastest_per_category, spec_bench_table
+from bench.derive.spec_bench import categories, cell_text, fastest_per_category, first_token_text, spec_bench_table
 from bench.derive.summary import load_rows
 from bench.read.report import cycles, deployment, fleet_report, page, pairings, paymap, plots, soak_report
 from bench.read.report.inputs import ReportInputs, load_inputs
@@ -138,8 +138,11 @@ def spec_bench_block(rows: list[dict], summary: pd.DataFrame, out: Path) -> dict
         cells = {c: [cell_text(row, c, decoding) for _, row in table.iterrows()] for c in categories(table)}
         return page.table_html(pd.DataFrame({"way of decoding": table["method"], **cells}), "points")
 
+    first_tokens = {c: [first_token_text(row, c) for _, row in table.iterrows()] for c in categories(table)}
+    first_token_html = page.table_html(pd.DataFrame({"way of decoding": table["method"], **first_tokens}), "points")
     fastest = "; ".join(f"{c}: {m}" for c, m in fastest_per_category(table).items())
-    return {"html": shown(False), "decoding_html": shown(True), "fastest": fastest, "csv": "spec_bench.csv"}
+    return {"html": shown(False), "decoding_html": shown(True), "first_token_html": first_token_html,
+            "fastest": fastest, "csv": "spec_bench.csv"}
 
 
 def build_report(results_dir: Path, out: Path | None = None, profile: Path | None = None,

@@ -25,6 +25,7 @@ POINT_COLUMNS = (
     ("latency_p99_s", "p99 s", "{:.3f}"),
     ("latency_with_network_p50_s", "p50 s + net", "{:.3f}"),
     ("tokens_per_s", "tok/s", "{:.1f}"),
+    ("ttft_p50_s", "first token p50 s", "{:.2f}"),  # with its 95 % interval: the prompt's prefill, mostly
     ("speedup_vs_cloud", "× cloud", "{:.2f}"),
     ("speedup_vs_edge", "× edge", "{:.2f}"),
     ("speedup_vs_fastest_cloud", "× fastest cloud", "{:.2f}"),
@@ -44,6 +45,9 @@ POINT_COLUMNS = (
 )
 
 
+INTERVAL_SHOWN = ("ttft_p50_s",)  # columns whose cell carries its 95 % interval
+
+
 def fmt(value, pattern: str) -> str:
     """A number for a table cell; blank for missing (NaN / None) values."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -60,6 +64,8 @@ def point_table(summary: pd.DataFrame, labels: pd.Series, on_front: pd.DataFrame
             continue
         values = summary[column] / GIB if column == "peak_rss_bytes" else summary[column]
         cells = [fmt(v, pattern) for v in values]
+        if column in INTERVAL_SHOWN:
+            cells = [cell + _interval(row, column, pattern) if cell else cell for cell, (_, row) in zip(cells, summary.iterrows())]
         if any(cells):  # a column no point has (no baseline, no reference) is left out
             table[header] = cells
     table["Pareto-optimal on"] = [", ".join(c for c in on_front.columns if on_front.at[i, c]) for i in summary.index]
