@@ -18,7 +18,8 @@ from bench.cli import main
 from bench.commands import gate as gate_command
 from bench.core.records import Node, environment, node_info
 from bench.derive import gate_verdict
-from bench.derive.calibration import ENTRY_FIELDS, FIELDS, read_calibration
+from bench.derive.calibration import ENTRY_FIELDS, FIELDS, entry_of, read_calibration
+from bench.derive.calibration import table as calibration_table
 from bench.measure import calibrate
 from specdec.backends.base import Backend
 from specdec.errors import ConfigError
@@ -82,6 +83,8 @@ def test_a_calibration_writes_the_schema_and_a_second_call_measures_nothing(pair
     assert int8["step_ms_p10"] <= int8["step_ms"] <= int8["step_ms_p90"] and len(int8["rounds"]) == 2
     assert int8["floor_ms"] == pytest.approx(int8["weight_bytes"] / (data["bandwidth_gbs"] * 1e9) * 1e3, rel=1e-3)
     assert llama["runtime"] == "llamacpp" and llama["step_ms"] is None and "\n" not in llama["error"]
+    assert data["compute_gmacs"] is None or data["compute_gmacs"] > 0  # None: no kernel path on this CPU
+    assert int8["prefill_tokens_per_s"] > 0 and int8["prompt_macs_per_token"] == calibrate.prompt_macs_per_token(pair["cloud"])
     assert "GGUF" in llama["error"] or "llama-cpp-python" in llama["error"]
 
     written = path.read_text()
@@ -110,6 +113,25 @@ def test_a_native_crash_is_the_entrys_error_and_the_calibration_goes_on(home, mo
     crashed, measured = calibrate.calibration(["m"], ["llamacpp", "torch"], threads=1, progress=False)["entries"]
     assert (crashed["error"], crashed["step_ms"]) == ("a native crash (SIGSEGV)", None)
     assert measured["runtime"] == "torch" and measured["error"] is None and fake.calls == [("m", "torch")]
+
+
+def test_a_prompt_tokens_multiply_adds_are_its_decoder_linears_and_the_table_shows_the_roof(tmp_path):
+    torch.manual_seed(0)
+    for arch in ("llama", "qwen2"):
+        model = tiny_causal(arch)
+        model.save_pretrained(tmp_path / arch)
+        linears = sum(m.weight.numel() for name, m in model.named_modules()
+                      if isinstance(m, torch.nn.Linear) and ".layers." in name)  # the head is the last row's only
+        assert calibrate.prompt_macs_per_token(str(tmp_path / arch)) == linears
+    assert calibrate.prompt_macs_per_token(str(tmp_path / "nowhere")) is None
+    measured = {**FakeMeasure()("m", "kernels-int4", 2, 1), "prefill_tokens": 800, "prefill_s": [4.0, 5.0, 4.5],
+                "prompt_macs_per_token": 10**9}
+    data = {"fingerprint": fingerprint(), "bandwidth_gbs": 20.0, "compute_gmacs": 300.0,
+            "entries": [entry_of(measured, 20.0)]}
+    lines = calibration_table(data).splitlines()
+    assert "int8 multiply-adds 300 G/s" in lines[0] and lines[1].endswith("| prefill tok/s | prefill roof tok/s")
+    assert lines[3].endswith("| 178 | 300")  # 800 tokens in the median 4.5 s; 300 G/s over 1 G a token
+    assert calibration_table({**data, "compute_gmacs": None}).splitlines()[3].endswith("| 178 | -")
 
 
 def test_the_floor_counts_what_a_step_reads():

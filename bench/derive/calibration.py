@@ -4,7 +4,8 @@ measured on one machine class, $SPECBENCH_HOME/calibration/<machine_class>.json.
     {"schema": 1, "fingerprint": specdec.machine.fingerprint(), "bandwidth_gbs": 20.1,
      "versions": {"torch": ..., "transformers": ..., "llama_cpp": ... or null}, "created": ISO date, "threads": 2,
      "entries": [{"model", "runtime", "threads", "step_ms", "step_ms_p10", "step_ms_p90",
-                  "block_steps": {"1": 1.0, ..., "9": ...}, "weight_bytes", "floor_ms", "error", ...}]}
+                  "block_steps": {"1": 1.0, ..., "9": ...}, "weight_bytes", "floor_ms", "error", ...}],
+     "compute_gmacs": 330.5 or null}
 
 An entry per (model, runtime, threads). `step_ms`: a token step after a 128-token cache, the median over
 rounds of each round's median step (p10-p90 over rounds); `block_steps[n]`: an n-token block (k + 1 = n)
@@ -12,7 +13,11 @@ in token steps, the ratio taken within each round, median over rounds (n = 1 is 
 `weight_bytes`: what a step must read (bench/measure/calibrate.py's `streamed_weight_bytes`);
 `floor_ms` = weight_bytes / bandwidth, the step no kernel can beat on this machine's memory. An entry
 whose runtime failed holds `error` (one line) and None for its timings. Besides these, an entry keeps
-`dtype`, `model_stamp` and its raw `rounds` (step_s, block_s), so every number re-derives from the file.
+`dtype`, `model_stamp` and its raw `rounds` (step_s, block_s), so every number re-derives from the file, and
+the prompt's: `prefill_s` (an 800-token prompt, each round) and `prompt_macs_per_token` (the model's decoder
+Linears). `compute_gmacs`, where a kernel path runs: the kernels' int8 multiply-adds a second with weights in
+cache, so `compute_gmacs / prompt_macs_per_token` is the prompt rate a prefill on them cannot beat (its roof,
+beside the step's floor; absent from files written before it).
 """
 from __future__ import annotations
 
@@ -50,7 +55,7 @@ def entry_of(measured: dict, bandwidth_gbs: float) -> dict:
             "method": measured.get("method"), "block_vs_steps": measured.get("block_vs_steps"),
             "prefill_tokens_per_s": (_shown(measured["prefill_tokens"] / statistics.median(measured["prefill_s"]))
                                      if measured.get("prefill_s") else None),
-            "prefill_s": measured.get("prefill_s")}
+            "prefill_s": measured.get("prefill_s"), "prompt_macs_per_token": measured.get("prompt_macs_per_token")}
 
 
 def _shown(value: float) -> float:
@@ -119,15 +124,24 @@ def _number(value) -> bool:
 
 
 # --- showing ---------------------------------------------------------------------------------
+def prefill_roof(data: dict, entry: dict) -> str:
+    """The prompt rate the measured int8 multiply-add rate allows this entry's model (its Linears' multiply-adds a
+    token; attention's few per cent left out), or "-" where either is unknown."""
+    compute, macs = data.get("compute_gmacs"), entry.get("prompt_macs_per_token")
+    return f"{compute * 1e9 / macs:.0f}" if compute and macs else "-"
+
+
 def table(data: dict) -> str:
     """The machine line, then one row per entry: step ms [p10-p90], floor ms, step/floor, blocks in steps, the
     5-token block (a k = 4 verify) in steps of the model's fastest plain decoding here (which one: named under the
     table), block vs steps, and the prompt rate."""
-    lines = [f"machine: {describe(data['fingerprint'])}; memory read {data['bandwidth_gbs']:.1f} GB/s",
+    compute = data.get("compute_gmacs")
+    lines = [f"machine: {describe(data['fingerprint'])}; memory read {data['bandwidth_gbs']:.1f} GB/s"
+             + (f"; int8 multiply-adds {compute:.0f} G/s (the kernels' Linear, weights in cache)" if compute else ""),
              "runtime | model | threads | step ms [p10-p90] | floor ms | step/floor | "
              + " | ".join(f"k+1={n} (steps)" for n in SHOWN_BLOCKS)
-             + " | k+1=5 (fastest steps) | block vs steps max |Δlogit| | prefill tok/s",
-             "--- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in SHOWN_BLOCKS) + " | --- | --- | ---"]
+             + " | k+1=5 (fastest steps) | block vs steps max |Δlogit| | prefill tok/s | prefill roof tok/s",
+             "--- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in SHOWN_BLOCKS) + " | --- | --- | --- | ---"]
     fastest: dict[tuple, dict] = {}  # (model, threads) -> its entry with the fastest step
     for e in data["entries"]:
         key = (e["model"], e["threads"])
@@ -146,7 +160,7 @@ def table(data: dict) -> str:
         lines.append(f"{head} | {e['step_ms']:.1f} [{e['step_ms_p10']:.1f}-{e['step_ms_p90']:.1f}] | {e['floor_ms']:.1f} | "
                      f"{e['step_ms'] / e['floor_ms'] if e['floor_ms'] else math.inf:.2f} | {blocks} | {in_fastest} | "
                      f"{'-' if e.get('block_vs_steps') is None else format(e['block_vs_steps'], '.3g')} | "
-                     f"{'-' if prefill is None else format(prefill, '.0f')}")
+                     f"{'-' if prefill is None else format(prefill, '.0f')} | {prefill_roof(data, e)}")
     named = sorted({(m, t, e["runtime"], e["step_ms"]) for (m, t), e in fastest.items()})
     lines += [f"fastest plain decoding of {m} at {t} threads: {r}, {ms:.1f} ms a token" for m, t, r, ms in named]
     return "\n".join(lines)

@@ -7,9 +7,13 @@ measured here:
               vnni kernels run, by 1 to 16 interleaved 64-byte-load streams a thread (a weight pass reads many
               rows at once; one stream a thread read below a step); the best of all, since nothing reads faster
               than memory, so no step can beat the floor it sets
+  compute     int8 multiply-adds a second of the kernels' Linear (this CPU's path) on 64 rows whose weights stay
+              in cache, the best of a few calls: what a prefill computed by these kernels cannot beat, the prompt
+              rate's roof beside the step's floor (absent where no kernel path runs)
   per entry   per model x runtime: a token step and the k+1-token blocks (k + 1 = 2..9) after a 128-token
               cache, `--rounds` rounds (bench/measure/runtime_costs.py's `time_round`), and the bytes a
-              step must read, whose time at that bandwidth is the step's floor
+              step must read, whose time at that bandwidth is the step's floor; an 800-token prompt's prefill,
+              and the model's multiply-adds a prompt token (its decoder's Linears: the head runs for the last row)
 
 Each (model, runtime) is measured in its own spawned process (bench/measure/launch.py's WorkerProcess), so
 a runtime that cannot load, raises or crashes natively (llama.cpp's AMX kernels on GCC 12: docs/runtimes.md)
@@ -123,13 +127,15 @@ def calibration(models: list[str], runtimes: list[str], threads: int, progress: 
     if data is not None and not todo and len(kept) == len(data["entries"]):
         return data
     bandwidth = data["bandwidth_gbs"] if data else measure_bandwidth(threads)
+    compute = measure_compute(threads)  # a second at most, and the kernels' version may have changed: anew
     data = {"schema": SCHEMA, "fingerprint": here, "bandwidth_gbs": bandwidth, "versions": versions,
-            "created": _now(), "threads": threads, "entries": kept}
+            "created": _now(), "threads": threads, "entries": kept, "compute_gmacs": compute}
     _write(path, data)
     with tqdm(todo, desc="calibrating", unit="entry", disable=not progress) as bar:
         for model, runtime in bar:
             bar.set_postfix_str(f"{model} in {runtime}")
-            measured = {**measure_isolated(model, runtime, threads, rounds), "model_stamp": model_stamp(model, runtime)}
+            measured = {**measure_isolated(model, runtime, threads, rounds), "model_stamp": model_stamp(model, runtime),
+                        "prompt_macs_per_token": prompt_macs_per_token(model)}
             data["entries"].append(entry_of(measured, bandwidth))
             _write(path, data)  # each entry as it is measured: an interrupted calibration keeps it
     return data
@@ -212,6 +218,54 @@ def measure_bandwidth(threads: int | None = None) -> float:
     finally:
         torch.set_num_threads(previous)
     return round(buffer.numel() * 4 / min(passes) / 1e9, 2)
+
+
+COMPUTE_SHAPE = (64, 2048, 1536)  # rows, out, in: the 1.5B's q/k/v, 3 MB of int8 weights (cache-resident)
+COMPUTE_REPEATS = 20
+
+
+def measure_compute(threads: int | None = None) -> float | None:
+    """int8 multiply-adds a second (G) of the kernels' Linear on this CPU's path, with every core this process may
+    use: COMPUTE_SHAPE, weights in cache, the fastest of COMPUTE_REPEATS calls (what a prefill computed by these
+    kernels cannot beat). None where no kernel path runs here."""
+    try:
+        ops = kernels()
+    except KernelError:
+        return None
+    from specdec.kernels import pack
+
+    rows, out, inner = COMPUTE_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    packed = pack.int8(torch.randn(out, inner, generator=generator) * 0.02)
+    x = torch.randn(rows, inner, generator=generator)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(threads or 1, len(os.sched_getaffinity(0))))
+    try:
+        calls = []
+        for _ in range(COMPUTE_REPEATS + 1):
+            start = time.perf_counter()
+            ops.linear_int8(x, packed.weight, packed.scale, None, None, out, inner)
+            calls.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(previous)
+    return round(rows * out * inner / min(calls[1:]) / 1e9, 1)
+
+
+def prompt_macs_per_token(model: str) -> int | None:
+    """Multiply-adds of a prompt token in `model`'s decoder Linears (q, k, v, o, gate, up, down; the head runs for
+    the last row only), from its config; None where the config is not found here or is not a Llama-style decoder."""
+    try:
+        from transformers import AutoConfig
+
+        base, _ = split_name(registry.expand(model))
+        config = AutoConfig.from_pretrained(registry.model_dir(base) if registry.is_alias(base) else base)
+        hidden, heads, layers = config.hidden_size, config.num_attention_heads, config.num_hidden_layers
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        attention = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+        return int(layers * (attention + 3 * hidden * config.intermediate_size))
+    except (SpecdecError, OSError, ValueError, AttributeError, TypeError):
+        return None
 
 
 def bandwidth_bytes() -> int:
