@@ -147,6 +147,106 @@ void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* resid
   }
 }
 
+// kernels.h's sum16 of 4 keys at once (acc[i]: key i's 16 lanes, four registers): lane i of the result is sum16 of
+// key i, each pair added as sum16 adds it; the permutes only move lanes, so every sum is the scalar fold's bit for bit.
+inline float32x4_t fold4(const float32x4_t (*acc)[4]) {
+  float32x4_t pairs[4];
+  for (int i = 0; i < 4; ++i) {
+    // (l, l + 8) then (l, l + 4): lanes 0-3 of u are sum16's u[0..3]
+    const float32x4_t u = vaddq_f32(vaddq_f32(acc[i][3], acc[i][1]), vaddq_f32(acc[i][2], acc[i][0]));
+    pairs[i] = vaddq_f32(u, vextq_f32(u, u, 2));  // (u0 + u2, u1 + u3, u2 + u0, u3 + u1)
+  }
+  // (u0 + u2) + (u1 + u3) per key: lanes k0 k0 k1 k1 | k2 k2 k3 k3, then every other one
+  return vuzp1q_f32(vpaddq_f32(pairs[0], pairs[1]), vpaddq_f32(pairs[2], pairs[3]));
+}
+
+// One query of D against n <= 4 consecutive keys (key i at keys + i * stride): lane i its sum16 dot product (0 past n).
+inline float32x4_t dots4(const float* q, const float* keys, int64_t stride, int64_t n, int64_t D) {
+  float32x4_t acc[4][4];
+  for (int i = 0; i < 4; ++i)
+    for (int l = 0; l < 4; ++l) acc[i][l] = vdupq_n_f32(0.0f);
+  for (int64_t d = 0; d < D; d += 16) {
+    float32x4_t qv[4];
+    for (int l = 0; l < 4; ++l) qv[l] = vld1q_f32(q + d + 4 * l);
+    for (int i = 0; i < 4; ++i)
+      if (i < n)
+        for (int l = 0; l < 4; ++l) acc[i][l] = vfmaq_f32(acc[i][l], qv[l], vld1q_f32(keys + i * stride + d + 4 * l));
+  }
+  return fold4(acc);
+}
+
+// NP (row, head) pairs' weighted sums over values 0 .. length - 1, 16 of D's columns: (sum_j e_j v_j, fma in j
+// order) * norm, each value's four vectors loaded once for the NP pairs.
+template <int NP>
+void weighted_sums16(const float* const* e, const float* norm, const float* values, int64_t stride, int64_t length,
+                     float* const* out) {
+  float32x4_t acc[NP][4];
+  for (int p = 0; p < NP; ++p)
+    for (int l = 0; l < 4; ++l) acc[p][l] = vdupq_n_f32(0.0f);
+  for (int64_t j = 0; j < length; ++j) {
+    float32x4_t v[4];
+    for (int l = 0; l < 4; ++l) v[l] = vld1q_f32(values + j * stride + 4 * l);
+    for (int p = 0; p < NP; ++p)
+      for (int l = 0; l < 4; ++l) acc[p][l] = vfmaq_n_f32(acc[p][l], v[l], e[p][j]);
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int l = 0; l < 4; ++l) vst1q_f32(out[p] + 4 * l, vmulq_n_f32(acc[p][l], norm[p]));
+}
+
+// One task (kernels.h's attention_task): the group's heads for up to ATTENTION_ROWS rows. Scores 4 keys at a time,
+// each block of keys read once for every row and head of the task; then each pair's softmax; then the weighted sums.
+void attend(const Attention& a, const AttentionTask& task, std::vector<float>& scratch) {
+  constexpr int PAIRS = 4;  // weighted_sums16: 16 accumulators, 4 values
+  const int64_t groups = a.heads / a.kv_heads, D = a.D, stride = a.kv_heads * D;
+  const int64_t longest = a.start + task.m1, width = (longest + 15) / 16 * 16, pairs = (task.m1 - task.m0) * groups;
+  scratch.assign(pairs * (width + 1), 0.0f);
+  float* norms = scratch.data() + pairs * width;
+  auto scores = [&](int64_t m, int64_t g) { return scratch.data() + ((m - task.m0) * groups + g) * width; };
+  auto query = [&](int64_t m, int64_t g) { return a.rq + (m * a.heads + task.kv_head * groups + g) * D; };
+  const float* keys = a.keys + task.kv_head * D;
+  for (int64_t j = 0; j < longest; j += 4)
+    for (int64_t m = std::max(task.m0, j - a.start); m < task.m1; ++m) {  // rows whose keys reach j
+      const int64_t n = std::min<int64_t>(4, a.start + m + 1 - j);
+      for (int64_t g = 0; g < groups; ++g)
+        vst1q_f32(scores(m, g) + j, vmulq_n_f32(dots4(query(m, g), keys + j * stride, stride, n, D), a.scaling));
+    }
+  for (int64_t m = task.m0; m < task.m1; ++m) {
+    const int64_t length = a.start + m + 1;
+    for (int64_t g = 0; g < groups; ++g) {
+      float* s = scores(m, g);
+      float top = -INFINITY;
+      for (int64_t j = 0; j < length; ++j) top = std::max(top, s[j]);
+      float32x4_t sum[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+      for (int64_t j = 0; j < length; j += 16)
+        for (int l = 0; l < 4; ++l) {
+          const int64_t at = j + 4 * l;
+          if (at >= length) break;  // lanes past the row add nothing (as a masked zero would)
+          float32x4_t e = exp4(vsubq_f32(vld1q_f32(s + at), vdupq_n_f32(top)));
+          if (length - at < 4) {
+            static const uint32_t iota[4] = {0, 1, 2, 3};
+            const uint32x4_t keep = vcltq_u32(vld1q_u32(iota), vdupq_n_u32(uint32_t(length - at)));
+            e = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(e), keep));
+          }
+          vst1q_f32(s + at, e);
+          sum[l] = vaddq_f32(sum[l], e);
+        }
+      norms[(m - task.m0) * groups + g] = 1.0f / fold(sum);
+    }
+    for (int64_t g0 = 0; g0 < groups; g0 += PAIRS)
+      with_rows<PAIRS>(std::min<int64_t>(PAIRS, groups - g0), [&](auto np) {
+        constexpr int NP = decltype(np)::value;
+        const float* e[NP];
+        for (int p = 0; p < NP; ++p) e[p] = scores(m, g0 + p);
+        for (int64_t d = 0; d < D; d += 16) {
+          float* out[NP];
+          for (int p = 0; p < NP; ++p) out[p] = a.out + (m * a.heads + task.kv_head * groups + g0 + p) * D + d;
+          weighted_sums16<NP>(e, norms + (m - task.m0) * groups + g0, a.values + task.kv_head * D + d, stride, length,
+                              out);
+        }
+      });
+  }
+}
+
 }  // namespace
 
 void quantize_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t Kp, int64_t group, int8_t* q,
@@ -205,44 +305,8 @@ void silu_mul(const float* gate_up, int64_t m0, int64_t m1, int64_t I, float* y)
 }
 
 void attention(const Attention& a, int64_t t0, int64_t t1) {
-  const int64_t groups = a.heads / a.kv_heads, D = a.D, vecs = D / 4;
-  std::vector<float> scores;
-  for_each_row_head(a, t0, t1, [&](int64_t m, int64_t h) {
-    const int64_t kvh = h / groups, length = a.start + m + 1;
-    const float* q = a.rq + (m * a.heads + h) * D;
-    scores.assign((length + 15) / 16 * 16, 0.0f);
-    for (int64_t j = 0; j < length; ++j) {
-      const float* k = a.keys + (j * a.kv_heads + kvh) * D;
-      float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
-      for (int64_t i = 0; i < D; i += 16)
-        for (int l = 0; l < 4; ++l) acc[l] = vfmaq_f32(acc[l], vld1q_f32(q + i + 4 * l), vld1q_f32(k + i + 4 * l));
-      scores[j] = fold(acc) * a.scaling;
-    }
-    float top = -INFINITY;
-    for (int64_t j = 0; j < length; ++j) top = std::max(top, scores[j]);
-    float32x4_t sum[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
-    for (int64_t j = 0; j < length; j += 16)
-      for (int l = 0; l < 4; ++l) {
-        const int64_t at = j + 4 * l;
-        if (at >= length) break;  // lanes past the row add nothing (as a masked zero would)
-        float32x4_t e = exp4(vsubq_f32(vld1q_f32(&scores[at]), vdupq_n_f32(top)));
-        if (length - at < 4) {
-          static const uint32_t iota[4] = {0, 1, 2, 3};
-          const uint32x4_t keep = vcltq_u32(vld1q_u32(iota), vdupq_n_u32(uint32_t(length - at)));
-          e = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(e), keep));
-        }
-        vst1q_f32(&scores[at], e);
-        sum[l] = vaddq_f32(sum[l], e);
-      }
-    const float32x4_t norm = vdupq_n_f32(1.0f / fold(sum));
-    float32x4_t acc[64];  // D <= 256, checked by the caller
-    for (int64_t i = 0; i < vecs; ++i) acc[i] = vdupq_n_f32(0.0f);
-    for (int64_t j = 0; j < length; ++j) {
-      const float* v = a.values + (j * a.kv_heads + kvh) * D;
-      for (int64_t i = 0; i < vecs; ++i) acc[i] = vfmaq_n_f32(acc[i], vld1q_f32(v + 4 * i), scores[j]);
-    }
-    for (int64_t i = 0; i < vecs; ++i) vst1q_f32(a.out + (m * a.heads + h) * D + 4 * i, vmulq_f32(acc[i], norm));
-  });
+  std::vector<float> scratch;
+  for (int64_t t = t0; t < t1; ++t) attend(a, attention_task(a, t), scratch);
 }
 
 int64_t stream_read(const char* base, int64_t l0, int64_t l1, int64_t streams) {
