@@ -26,6 +26,7 @@ from bench.measure.peers.runtimes import (
     PeerSettings,
     external_peers,
     fastest_plain,
+    first_token,
     llama_peer_name,
     same_as_reference,
     spec_peers,
@@ -195,6 +196,11 @@ def test_speedups_are_pooled_over_the_fastest_plain_with_a_paired_interval():
     text = table(timed, peers, max_new_tokens=10)
     assert "x fastest plain (b plain)" in text.splitlines()[0]
     assert "| 2.00x [2.00-2.00] |" in text and "4/4 (a plain)" in text
+    assert "first token, median [95%]" in text.splitlines()[0] and "| 0.05 s [0.05-0.05] |" in text
+    assert text.splitlines()[4].split(" | ")[4] == "-"  # "text only" reports no first token
+    slow = _timed("slow", [10, 10, 10], ttft=None)
+    slow = [Timed(t.config, t.prompt, t.tokens, t.wall_s, extra={"ttft_s": s}) for t, s in zip(slow, (1.0, 3.0, 2.0))]
+    assert first_token(slow, "slow")[0] == 2.0 and 1.0 <= first_token(slow, "slow")[1] <= 2.0 <= first_token(slow, "slow")[2]
 
 
 def test_text_peers_compare_by_prefix_past_the_budget():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from bench.derive.metrics import speedup, speedup_ci
+from bench.derive.metrics import median_ci, speedup, speedup_ci
 from bench.measure.peers import envs
 from bench.measure.peers.hf_assisted import Timed, pooled_tokens_per_s
 from bench.measure.peers.llama_speculative import SPEC_SETTINGS, SPEC_TYPES, run_speculative
@@ -466,6 +467,22 @@ def fastest_plain(timed: list[Timed], peers: list[Peer]) -> str:
     return max((p.name for p in peers if p.plain), key=lambda n: pooled_tokens_per_s(timed, n))
 
 
+def first_token(timed: list[Timed], config: str) -> tuple[float, float, float]:
+    """The median seconds to `config`'s first token over its prompts and its 95 % bootstrap interval (NaN where
+    the peer reports none)."""
+    seconds = [float(t.extra["ttft_s"]) for t in timed if t.config == config and t.extra.get("ttft_s") is not None]
+    if not seconds:
+        return math.nan, math.nan, math.nan
+    low, high = median_ci(seconds)
+    return statistics.median(seconds), low, high
+
+
+def _seconds(point: float, low: float, high: float) -> str:
+    if math.isnan(point):
+        return "-"
+    return f"{point:.2f} s" + ("" if math.isnan(low) else f" [{low:.2f}-{high:.2f}]")
+
+
 def _cell(point: float, low: float, high: float) -> str:
     if math.isnan(point):
         return "-"
@@ -478,10 +495,11 @@ def table(timed: list[Timed], peers: list[Peer], max_new_tokens: int) -> str:
     decoding's (is its speculation lossless?)."""
     fastest = fastest_plain(timed, peers)
     lines = [" | ".join(["config", "tok/s", f"x fastest plain ({fastest}) [95%]", "after the first token [95%]",
-                         "x its own plain [95%]", "same tokens as its own plain"])]
+                         "first token, median [95%]", "x its own plain [95%]", "same tokens as its own plain"])]
     for peer in peers:
         cells = [peer.name, f"{pooled_tokens_per_s(timed, peer.name):.2f}",
-                 _cell(*speedups(timed, peer.name, fastest)), _cell(*speedups(timed, peer.name, fastest, after_first=True))]
+                 _cell(*speedups(timed, peer.name, fastest)), _cell(*speedups(timed, peer.name, fastest, after_first=True)),
+                 _seconds(*first_token(timed, peer.name))]
         if peer.reference:
             same, n = same_as_reference(timed, peer.name, peer.reference, max_new_tokens)
             cells += [_cell(*speedups(timed, peer.name, peer.reference)), f"{same}/{n} ({peer.reference})"]
