@@ -65,7 +65,8 @@ def point_table(summary: pd.DataFrame, labels: pd.Series, on_front: pd.DataFrame
         values = summary[column] / GIB if column == "peak_rss_bytes" else summary[column]
         cells = [fmt(v, pattern) for v in values]
         if column in INTERVAL_SHOWN:
-            cells = [cell + _interval(row, column, pattern) if cell else cell for cell, (_, row) in zip(cells, summary.iterrows())]
+            rows = (row for _, row in summary.iterrows())
+            cells = [cell + _interval(row, column, pattern) if cell else cell for cell, row in zip(cells, rows)]
         if any(cells):  # a column no point has (no baseline, no reference) is left out
             table[header] = cells
     table["Pareto-optimal on"] = [", ".join(c for c in on_front.columns if on_front.at[i, c]) for i in summary.index]
