@@ -15,6 +15,7 @@ from bench.derive.spec_bench import fastest_per_category, spec_bench_table
 from bench.derive.summary import summarize
 from bench.read.report import build_report
 from bench.read.report.cycles import panels, plot_cycles
+from specdec.machine import fingerprint
 
 SB = "spec-bench:/q.jsonl:"
 
@@ -126,9 +127,18 @@ def test_each_category_carries_its_median_first_token_with_an_interval(tmp_path)
     folder = tmp_path / "results"
     folder.mkdir()
     (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    entry = {"model": "m", "runtime": "torch-int8", "threads": 2, "step_ms": 70.0, "floor_ms": 30.0, "error": None,
+             "block_steps": {"2": 1.1, "5": 1.2, "9": 1.5}, "prefill_tokens_per_s": 189.4}
+    reason = "a token step: torch-int8 70 ms; first token: torch-int8 prefills a 800-token prompt at 189 tok/s"
+    (folder / "machine.json").write_text(json.dumps({"fingerprint": fingerprint(), "bandwidth_gbs": 30.0,
+                                                     "calibration": [entry], "choices": [
+                                                         {"role": "plain", "model": "m", "runtimes": ["torch-int8"],
+                                                          "reason": reason}]}), encoding="utf-8")
     text = html.unescape(" ".join(build_report(folder, tmp_path / "report").read_text(encoding="utf-8").split()))
     assert "The first token:" in text and "4.40 s [" in text  # the Spec-Bench table's first-token cells
     assert "first token p50 s" in text  # and the point table's column
+    assert reason in text and "prefill tok/s" in text and ">189<" in " ".join(build_report(  # the header's calibration
+        folder, tmp_path / "report").read_text(encoding="utf-8").split())
 
 
 def cycle(accepted: int, extra: int | None, t_reply_s: float) -> dict:

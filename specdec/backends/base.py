@@ -33,7 +33,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a backen
 # run time, attention one query row at a time so blocks are steps' rows bit for bit), on OpenVINO's CPU plugin.
 # kernels-int8 / kernels-int4 (once vnni-int8 / vnni-int4, still accepted): the model's folder packed at load for
 # specbench's own kernels (packed.py, specdec/kernels/: AVX-512 VNNI, AVX-VNNI, AVX2 or NEON, one reference): int8
-# or int4 weights, int8 activations per row, exact int32 products, attention one query row at a time, so a block
+# or int4 weights, int8 activations per row, exact int32 products, each attention row computed alone, so a block
 # costs about one step and its rows are steps' logits bit for bit, the same bits on every processor.
 RUNTIMES = ("torch", "torch-int8", "torch-int8t", "llamacpp", "onnx-int4", "onnx-int8", "openvino-int8", "kernels-int8",
             "kernels-int4")

@@ -94,7 +94,8 @@ def machine_block(inputs: ReportInputs) -> dict | None:
     rows = [{"model": e["model"], "runtime": e["runtime"], "threads": e.get("threads"),
              "step ms": round(e["step_ms"], 1), "floor ms": round(e["floor_ms"], 1) if e.get("floor_ms") else None,
              "step / floor": round(e["step_ms"] / e["floor_ms"], 2) if e.get("floor_ms") else None,
-             **{f"{n}-token block (steps)": e["block_steps"].get(str(n)) for n in (2, 5, 9)}}
+             **{f"{n}-token block (steps)": e["block_steps"].get(str(n)) for n in (2, 5, 9)},
+             "prefill tok/s": round(e["prefill_tokens_per_s"]) if e.get("prefill_tokens_per_s") else None}
             for e in machine.get("calibration", []) if not e.get("error") and e.get("step_ms")]
     rows += [{"model": e["model"], "runtime": e["runtime"], "step ms": None, "floor ms": None,
               "step / floor": f"failed: {e['error']}"} for e in machine.get("calibration", []) if e.get("error")]
