@@ -46,7 +46,7 @@ from bench.measure.launch import WorkerProcess, bind_to_parent, death_line
 from bench.measure.runtime_costs import context_ids, prefilled, time_round
 from specdec.backends.base import RUNTIMES, Prompt, canonical_runtime
 from specdec.errors import ConfigError, SpecdecError
-from specdec.kernels import KernelError, chosen_path, kernels, source_digest
+from specdec.kernels import KernelError, chosen_path, kernels, pack, source_digest
 from specdec.machine import fingerprint
 from specdec.models import registry
 from specdec.models.derive import split_name
@@ -232,8 +232,6 @@ def measure_compute(threads: int | None = None) -> float | None:
         ops = kernels()
     except KernelError:
         return None
-    from specdec.kernels import pack
-
     rows, out, inner = COMPUTE_SHAPE
     generator = torch.Generator().manual_seed(0)
     packed = pack.int8(torch.randn(out, inner, generator=generator) * 0.02)
