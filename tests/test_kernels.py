@@ -149,11 +149,26 @@ def test_each_x86_path_passes_the_torch_free_driver():
         assert result.stdout.strip().endswith(", 0 failed"), result.stdout[-500:]
 
 
+def test_the_driver_fails_on_sources_that_do_not_build_and_skips_a_missing_tool(monkeypatch, capsys):
+    def broken(path, **_):
+        raise driver.BuildFailed("compiling the kernel driver failed (kernels.h:1: error: x): c++ ...")
+
+    def absent(path, **_):
+        raise KernelError("testing the neon path here needs qemu-aarch64: apt-get install g++-aarch64-linux-gnu qemu-user")
+
+    monkeypatch.setattr(driver, "run", broken)
+    assert driver.main(["avx2"]) == 1 and capsys.readouterr().out.startswith("avx2: failed: compiling")
+    monkeypatch.setattr(driver, "run", absent)
+    assert driver.main(["neon"]) == 0 and capsys.readouterr().out.startswith("neon: skipped: testing the neon path")
+
+
 def test_the_neon_path_equals_the_reference_under_emulation():
     """NEON with dotprod, built with Debian's cross compiler and run under qemu-aarch64: every kernel bit for bit.
     CI installs both (.ci/run) and sets SPECBENCH_REQUIRE_CROSS=1, so a missing toolchain fails there."""
     try:
         result = driver.run("neon", timeout_s=300)
+    except driver.BuildFailed:
+        raise  # the sources, not the machine: never a skip
     except KernelError as e:
         if os.environ.get("SPECBENCH_REQUIRE_CROSS"):
             raise

@@ -69,11 +69,15 @@ def _here() -> tuple[frozenset[str], str]:
     return _cpuinfo()[1], platform.machine()
 
 
+class BuildFailed(KernelError):
+    """The driver did not compile: a fault in the sources, not a missing tool (main counts it as a failure)."""
+
+
 def _compile(command: list[str]) -> None:
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
         lines = [line for line in result.stderr.splitlines() if "error" in line] or result.stderr.splitlines()[-1:]
-        raise KernelError(f"compiling the kernel driver failed ({(lines or ['?'])[0].strip()[:200]}): {' '.join(command)}")
+        raise BuildFailed(f"compiling the kernel driver failed ({(lines or ['?'])[0].strip()[:200]}): {' '.join(command)}")
 
 
 def main(argv: list[str]) -> int:
@@ -82,7 +86,11 @@ def main(argv: list[str]) -> int:
     for path in paths:
         try:
             result = run(path)
-        except KernelError as e:
+        except BuildFailed as e:
+            print(f"{path}: failed: {e}")
+            failed += 1
+            continue
+        except KernelError as e:  # a CPU or a toolchain this machine lacks
             print(f"{path}: skipped: {e}")
             continue
         print(result.stdout.strip().splitlines()[-1] if result.stdout.strip() else f"{path}: no output")

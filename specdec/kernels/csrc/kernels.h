@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace specbench {
 
@@ -186,6 +187,73 @@ template <int MAX, typename Tile>
 void over_rows(int64_t M, Tile tile) {
   for (int64_t m0 = 0; m0 < M; m0 += MAX)
     with_rows<MAX>(std::min<int64_t>(MAX, M - m0), [&](auto rows) { tile(rows, m0); });
+}
+
+// A task's working memory and addresses: each (row, head) pair's scores over the task's keys (a row of `width`
+// floats, the longest row's keys rounded up to 16) and its softmax's norm; the pair's query and output rows.
+class TaskScores {
+ public:
+  TaskScores(const Attention& a, const AttentionTask& task, std::vector<float>& scratch)
+      : a_(a), task_(task), groups_(a.heads / a.kv_heads), width_((a.start + task.m1 + 15) / 16 * 16) {
+    const int64_t pairs = (task.m1 - task.m0) * groups_;
+    scratch.resize(pairs * (width_ + 1));  // no clearing: a score past its row's length is stored, never used
+    scores_ = scratch.data();
+    norms_ = scores_ + pairs * width_;
+  }
+  int64_t groups() const { return groups_; }
+  int64_t stride() const { return a_.kv_heads * a_.D; }  // floats from one position's key (value) to the next's
+  const float* keys() const { return a_.keys + task_.kv_head * a_.D; }
+  const float* values() const { return a_.values + task_.kv_head * a_.D; }
+  const float* query(int64_t m, int64_t g) const { return a_.rq + (m * a_.heads + task_.kv_head * groups_ + g) * a_.D; }
+  float* out(int64_t m, int64_t g) const { return a_.out + (m * a_.heads + task_.kv_head * groups_ + g) * a_.D; }
+  float* scores(int64_t m, int64_t g) const { return scores_ + ((m - task_.m0) * groups_ + g) * width_; }
+  float* norms(int64_t m, int64_t g) const { return norms_ + (m - task_.m0) * groups_ + g; }
+
+ private:
+  const Attention& a_;
+  AttentionTask task_;
+  int64_t groups_, width_;
+  float *scores_, *norms_;
+};
+
+// The steps of a task every vector path takes. Scores BLOCK keys at a time for every row and head whose keys reach
+// them, so each block of keys is read once for them all: `score(scores + j, query, keys + j * stride, n)` stores n <=
+// BLOCK scaled scores (zeros past n). Then each pair's softmax: `softmax(scores, length)` turns its scores into
+// weights and returns 1 / their sum. Then the weighted sums, up to `pairs` heads of a row at a time:
+// `sums(view, row, first head, heads, length)`. Each pair's arithmetic is its own, in the definition's order.
+template <int64_t BLOCK, typename Score, typename Softmax, typename Sums>
+void attend_task(const Attention& a, const AttentionTask& task, std::vector<float>& scratch, int64_t pairs,
+                 Score score, Softmax softmax, Sums sums) {
+  const TaskScores view(a, task, scratch);
+  for (int64_t j = 0; j < a.start + task.m1; j += BLOCK)
+    for (int64_t m = std::max(task.m0, j - a.start); m < task.m1; ++m) {  // rows whose keys reach j
+      const int64_t n = std::min<int64_t>(BLOCK, a.start + m + 1 - j);
+      for (int64_t g = 0; g < view.groups(); ++g)
+        score(view.scores(m, g) + j, view.query(m, g), view.keys() + j * view.stride(), n);
+    }
+  for (int64_t m = task.m0; m < task.m1; ++m) {
+    const int64_t length = a.start + m + 1;
+    for (int64_t g = 0; g < view.groups(); ++g) *view.norms(m, g) = softmax(view.scores(m, g), length);
+    for (int64_t g0 = 0; g0 < view.groups(); g0 += pairs) sums(view, m, g0, std::min(pairs, view.groups() - g0), length);
+  }
+}
+
+// attend_task's `sums` for a path whose registers hold 16 of a pair's columns, not its whole row: for each 16
+// columns of D, `sums16(np, weights, norms, values, out)` with np a compile-time count of heads (at most PAIRS).
+template <int PAIRS, typename Sums16>
+auto by_16_columns(int64_t D, Sums16 sums16) {
+  return [=](const TaskScores& view, int64_t m, int64_t g0, int64_t count, int64_t length) {
+    with_rows<PAIRS>(count, [&](auto np) {
+      constexpr int NP = decltype(np)::value;
+      const float* e[NP];
+      for (int p = 0; p < NP; ++p) e[p] = view.scores(m, g0 + p);
+      for (int64_t d = 0; d < D; d += 16) {
+        float* out[NP];
+        for (int p = 0; p < NP; ++p) out[p] = view.out(m, g0 + p) + d;
+        sums16(np, e, view.norms(m, g0), view.values() + d, length, out);
+      }
+    });
+  };
 }
 
 // --- what each path implements (namespace specbench::reference in reference.cpp, specbench::path elsewhere) --------

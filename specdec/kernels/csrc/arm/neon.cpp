@@ -193,60 +193,42 @@ void weighted_sums16(const float* const* e, const float* norm, const float* valu
     for (int l = 0; l < 4; ++l) vst1q_f32(out[p] + 4 * l, vmulq_n_f32(acc[p][l], norm[p]));
 }
 
-// One task (kernels.h's attention_task): the group's heads for up to ATTENTION_ROWS rows. Scores 4 keys at a time,
-// each block of keys read once for every row and head of the task; then each pair's softmax; then the weighted sums.
-void attend(const Attention& a, const AttentionTask& task, std::vector<float>& scratch) {
-  constexpr int PAIRS = 4;  // weighted_sums16: 16 accumulators, 4 values
-  const int64_t groups = a.heads / a.kv_heads, D = a.D, stride = a.kv_heads * D;
-  const int64_t longest = a.start + task.m1, width = (longest + 15) / 16 * 16, pairs = (task.m1 - task.m0) * groups;
-  scratch.assign(pairs * (width + 1), 0.0f);
-  float* norms = scratch.data() + pairs * width;
-  auto scores = [&](int64_t m, int64_t g) { return scratch.data() + ((m - task.m0) * groups + g) * width; };
-  auto query = [&](int64_t m, int64_t g) { return a.rq + (m * a.heads + task.kv_head * groups + g) * D; };
-  const float* keys = a.keys + task.kv_head * D;
-  for (int64_t j = 0; j < longest; j += 4)
-    for (int64_t m = std::max(task.m0, j - a.start); m < task.m1; ++m) {  // rows whose keys reach j
-      const int64_t n = std::min<int64_t>(4, a.start + m + 1 - j);
-      for (int64_t g = 0; g < groups; ++g)
-        vst1q_f32(scores(m, g) + j, vmulq_n_f32(dots4(query(m, g), keys + j * stride, stride, n, D), a.scaling));
+// kernels.h's softmax of one (row, head)'s scores 0 .. length - 1, in place; returns 1 / the sum of the weights.
+inline float softmax16(float* s, int64_t length) {
+  float top = -INFINITY;
+  for (int64_t j = 0; j < length; ++j) top = std::max(top, s[j]);  // exact in any order
+  float32x4_t sum[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+  for (int64_t j = 0; j < length; j += 16)
+    for (int l = 0; l < 4; ++l) {
+      const int64_t at = j + 4 * l;
+      if (at >= length) break;  // lanes past the row add nothing (as a masked zero would)
+      float32x4_t e = exp4(vsubq_f32(vld1q_f32(s + at), vdupq_n_f32(top)));
+      if (length - at < 4) {
+        static const uint32_t iota[4] = {0, 1, 2, 3};
+        const uint32x4_t keep = vcltq_u32(vld1q_u32(iota), vdupq_n_u32(uint32_t(length - at)));
+        e = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(e), keep));
+      }
+      vst1q_f32(s + at, e);
+      sum[l] = vaddq_f32(sum[l], e);
     }
-  for (int64_t m = task.m0; m < task.m1; ++m) {
-    const int64_t length = a.start + m + 1;
-    for (int64_t g = 0; g < groups; ++g) {
-      float* s = scores(m, g);
-      float top = -INFINITY;
-      for (int64_t j = 0; j < length; ++j) top = std::max(top, s[j]);
-      float32x4_t sum[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
-      for (int64_t j = 0; j < length; j += 16)
-        for (int l = 0; l < 4; ++l) {
-          const int64_t at = j + 4 * l;
-          if (at >= length) break;  // lanes past the row add nothing (as a masked zero would)
-          float32x4_t e = exp4(vsubq_f32(vld1q_f32(s + at), vdupq_n_f32(top)));
-          if (length - at < 4) {
-            static const uint32_t iota[4] = {0, 1, 2, 3};
-            const uint32x4_t keep = vcltq_u32(vld1q_u32(iota), vdupq_n_u32(uint32_t(length - at)));
-            e = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(e), keep));
-          }
-          vst1q_f32(s + at, e);
-          sum[l] = vaddq_f32(sum[l], e);
-        }
-      norms[(m - task.m0) * groups + g] = 1.0f / fold(sum);
-    }
-    for (int64_t g0 = 0; g0 < groups; g0 += PAIRS)
-      with_rows<PAIRS>(std::min<int64_t>(PAIRS, groups - g0), [&](auto np) {
-        constexpr int NP = decltype(np)::value;
-        const float* e[NP];
-        for (int p = 0; p < NP; ++p) e[p] = scores(m, g0 + p);
-        for (int64_t d = 0; d < D; d += 16) {
-          float* out[NP];
-          for (int p = 0; p < NP; ++p) out[p] = a.out + (m * a.heads + task.kv_head * groups + g0 + p) * D + d;
-          weighted_sums16<NP>(e, norms + (m - task.m0) * groups + g0, a.values + task.kv_head * D + d, stride, length,
-                              out);
-        }
-      });
-  }
+  return 1.0f / fold(sum);
 }
 
+// One task (kernels.h's attend_task): scores 4 keys at a time; each value's 16 columns read once for up to 4 heads.
+void attend(const Attention& a, const AttentionTask& task, std::vector<float>& scratch) {
+  constexpr int PAIRS = 4;  // weighted_sums16: 16 accumulators, 4 values
+  const int64_t stride = a.kv_heads * a.D, D = a.D;
+  attend_task<4>(
+      a, task, scratch, PAIRS,
+      [&](float* s, const float* q, const float* keys, int64_t n) {
+        vst1q_f32(s, vmulq_n_f32(dots4(q, keys, stride, n, D), a.scaling));
+      },
+      softmax16,
+      by_16_columns<PAIRS>(D, [stride](auto np, const float* const* e, const float* norms, const float* values,
+                                       int64_t length, float* const* out) {
+        weighted_sums16<decltype(np)::value>(e, norms, values, stride, length, out);
+      }));
+}
 }  // namespace
 
 void quantize_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t Kp, int64_t group, int8_t* q,

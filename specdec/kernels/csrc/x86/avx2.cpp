@@ -373,57 +373,40 @@ void weighted_sums16(const float* const* e, const float* norm, const float* valu
   }
 }
 
-// One task (kernels.h's attention_task): the group's heads for up to ATTENTION_ROWS rows. Scores 8 keys at a time,
-// each block of keys read once for every row and head of the task; then each pair's softmax; then the weighted sums.
+// kernels.h's softmax of one (row, head)'s scores 0 .. length - 1, in place; returns 1 / the sum of the weights.
+inline float softmax16(float* s, int64_t length) {
+  float top = -INFINITY;
+  for (int64_t j = 0; j < length; ++j) top = std::max(top, s[j]);  // exact in any order
+  const __m256 vtop = _mm256_set1_ps(top);
+  Lanes16 sum{_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t j = 0; j < length; j += 16) {
+    const __m256 lo = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vtop)),
+                                    _mm256_castsi256_ps(lane_mask(length - j)));
+    const __m256 hi = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), vtop)),
+                                    _mm256_castsi256_ps(lane_mask(length - j - 8)));
+    _mm256_storeu_ps(s + j, lo);
+    _mm256_storeu_ps(s + j + 8, hi);
+    sum.lo = _mm256_add_ps(sum.lo, lo);
+    sum.hi = _mm256_add_ps(sum.hi, hi);
+  }
+  return 1.0f / fold(sum);
+}
+
+// One task (kernels.h's attend_task): scores 8 keys at a time; each value's 16 columns read once for up to 4 heads.
 void attend(const Attention& a, const AttentionTask& task, std::vector<float>& scratch) {
   constexpr int PAIRS = 4;  // weighted_sums16: 8 accumulators and 4 weights in the 16 ymm
-  const int64_t groups = a.heads / a.kv_heads, D = a.D, stride = a.kv_heads * D;
-  const int64_t longest = a.start + task.m1, width = (longest + 15) / 16 * 16, pairs = (task.m1 - task.m0) * groups;
-  scratch.resize(pairs * (width + 1));
-  float* norms = scratch.data() + pairs * width;
-  auto scores = [&](int64_t m, int64_t g) { return scratch.data() + ((m - task.m0) * groups + g) * width; };
-  auto query = [&](int64_t m, int64_t g) { return a.rq + (m * a.heads + task.kv_head * groups + g) * D; };
-  const float* keys = a.keys + task.kv_head * D;
   const __m256 scaling = _mm256_set1_ps(a.scaling);
-  for (int64_t j = 0; j < longest; j += 8)
-    for (int64_t m = std::max(task.m0, j - a.start); m < task.m1; ++m) {  // rows whose keys reach j
-      const int64_t n = std::min<int64_t>(8, a.start + m + 1 - j);
-      for (int64_t g = 0; g < groups; ++g)
-        _mm256_storeu_ps(scores(m, g) + j, _mm256_mul_ps(dots8(query(m, g), keys + j * stride, stride, n, D), scaling));
-    }
-  for (int64_t m = task.m0; m < task.m1; ++m) {
-    const int64_t length = a.start + m + 1;
-    for (int64_t g = 0; g < groups; ++g) {
-      float* s = scores(m, g);
-      float top = -INFINITY;
-      for (int64_t j = 0; j < length; ++j) top = std::max(top, s[j]);
-      const __m256 vtop = _mm256_set1_ps(top);
-      Lanes16 sum{_mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int64_t j = 0; j < length; j += 16) {
-        const __m256 lo = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vtop)),
-                                        _mm256_castsi256_ps(lane_mask(length - j)));
-        const __m256 hi = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), vtop)),
-                                        _mm256_castsi256_ps(lane_mask(length - j - 8)));
-        _mm256_storeu_ps(s + j, lo);
-        _mm256_storeu_ps(s + j + 8, hi);
-        sum.lo = _mm256_add_ps(sum.lo, lo);
-        sum.hi = _mm256_add_ps(sum.hi, hi);
-      }
-      norms[(m - task.m0) * groups + g] = 1.0f / fold(sum);
-    }
-    for (int64_t g0 = 0; g0 < groups; g0 += PAIRS)
-      with_rows<PAIRS>(std::min<int64_t>(PAIRS, groups - g0), [&](auto np) {
-        constexpr int NP = decltype(np)::value;
-        const float* e[NP];
-        for (int p = 0; p < NP; ++p) e[p] = scores(m, g0 + p);
-        for (int64_t d = 0; d < D; d += 16) {
-          float* out[NP];
-          for (int p = 0; p < NP; ++p) out[p] = a.out + (m * a.heads + task.kv_head * groups + g0 + p) * D + d;
-          weighted_sums16<NP>(e, norms + (m - task.m0) * groups + g0, a.values + task.kv_head * D + d, stride, length,
-                              out);
-        }
-      });
-  }
+  const int64_t stride = a.kv_heads * a.D, D = a.D;
+  attend_task<8>(
+      a, task, scratch, PAIRS,
+      [&](float* s, const float* q, const float* keys, int64_t n) {
+        _mm256_storeu_ps(s, _mm256_mul_ps(dots8(q, keys, stride, n, D), scaling));
+      },
+      softmax16,
+      by_16_columns<PAIRS>(D, [stride](auto np, const float* const* e, const float* norms, const float* values,
+                                       int64_t length, float* const* out) {
+        weighted_sums16<decltype(np)::value>(e, norms, values, stride, length, out);
+      }));
 }
 }  // namespace
 

@@ -207,54 +207,44 @@ void weighted_sums(const float* const* e, const float* norm, const float* values
     for (int v = 0; v < V; ++v) _mm512_storeu_ps(out[p] + 16 * v, _mm512_mul_ps(acc[p][v], _mm512_set1_ps(norm[p])));
 }
 
-// One task (kernels.h's attention_task): the group's heads for up to ATTENTION_ROWS rows. Scores 16 keys at a time,
-// each block of keys read once for every row and head of the task; then each pair's softmax; then the weighted sums,
-// each value read once for several heads of a row.
+// kernels.h's softmax of one (row, head)'s scores 0 .. length - 1, in place; returns 1 / the sum of the weights.
+inline float softmax16(float* s, int64_t length) {
+  __m512 peak = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < length; j += 16) peak = _mm512_mask_max_ps(peak, tail_mask(length - j), peak, _mm512_loadu_ps(s + j));
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < length; j += 16) {
+    const __m512 e = _mm512_maskz_mov_ps(tail_mask(length - j), exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), top)));
+    _mm512_storeu_ps(s + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return 1.0f / fold(sum);
+}
+
+// One task (kernels.h's attend_task): scores 16 keys at a time; each value read once for up to PAIRS heads of a row.
 template <int V>
 void attend(const Attention& a, const AttentionTask& task, std::vector<float>& scratch) {
   constexpr int PAIRS = std::max(1, std::min(8, 24 / V));  // weighted_sums' accumulators within 32 zmm
-  const int64_t groups = a.heads / a.kv_heads, D = a.D, stride = a.kv_heads * D;
-  const int64_t longest = a.start + task.m1, width = (longest + 15) / 16 * 16, pairs = (task.m1 - task.m0) * groups;
-  scratch.resize(pairs * (width + 1));
-  float* norms = scratch.data() + pairs * width;
-  auto scores = [&](int64_t m, int64_t g) { return scratch.data() + ((m - task.m0) * groups + g) * width; };
-  auto query = [&](int64_t m, int64_t g) { return a.rq + (m * a.heads + task.kv_head * groups + g) * D; };
-  const float* keys = a.keys + task.kv_head * D;
   const __m512 scaling = _mm512_set1_ps(a.scaling);
-  for (int64_t j = 0; j < longest; j += 16)
-    for (int64_t m = std::max(task.m0, j - a.start); m < task.m1; ++m) {  // rows whose keys reach j
-      const int64_t n = std::min<int64_t>(16, a.start + m + 1 - j);
-      for (int64_t g = 0; g < groups; ++g)
-        _mm512_storeu_ps(scores(m, g) + j, _mm512_mul_ps(dots16<V>(query(m, g), keys + j * stride, stride, n), scaling));
-    }
-  for (int64_t m = task.m0; m < task.m1; ++m) {
-    const int64_t length = a.start + m + 1;
-    for (int64_t g = 0; g < groups; ++g) {
-      float* s = scores(m, g);
-      __m512 peak = _mm512_set1_ps(-INFINITY);
-      for (int64_t j = 0; j < length; j += 16)
-        peak = _mm512_mask_max_ps(peak, tail_mask(length - j), peak, _mm512_loadu_ps(s + j));
-      const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
-      __m512 sum = _mm512_setzero_ps();
-      for (int64_t j = 0; j < length; j += 16) {
-        const __m512 e = _mm512_maskz_mov_ps(tail_mask(length - j), exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), top)));
-        _mm512_storeu_ps(s + j, e);
-        sum = _mm512_add_ps(sum, e);
-      }
-      norms[(m - task.m0) * groups + g] = 1.0f / fold(sum);
-    }
-    for (int64_t g0 = 0; g0 < groups; g0 += PAIRS)
-      with_rows<PAIRS>(std::min<int64_t>(PAIRS, groups - g0), [&](auto np) {
-        constexpr int NP = decltype(np)::value;
-        const float* e[NP];
-        float* out[NP];
-        for (int p = 0; p < NP; ++p) {
-          e[p] = scores(m, g0 + p);
-          out[p] = a.out + (m * a.heads + task.kv_head * groups + g0 + p) * D;
-        }
-        weighted_sums<V, NP>(e, norms + (m - task.m0) * groups + g0, a.values + task.kv_head * D, stride, length, out);
+  const int64_t stride = a.kv_heads * a.D;
+  attend_task<16>(
+      a, task, scratch, PAIRS,
+      [&](float* s, const float* q, const float* keys, int64_t n) {
+        _mm512_storeu_ps(s, _mm512_mul_ps(dots16<V>(q, keys, stride, n), scaling));
+      },
+      softmax16,
+      [&](const TaskScores& view, int64_t m, int64_t g0, int64_t count, int64_t length) {
+        with_rows<PAIRS>(count, [&](auto np) {
+          constexpr int NP = decltype(np)::value;
+          const float* e[NP];
+          float* out[NP];
+          for (int p = 0; p < NP; ++p) {
+            e[p] = view.scores(m, g0 + p);
+            out[p] = view.out(m, g0 + p);
+          }
+          weighted_sums<V, NP>(e, view.norms(m, g0), view.values(), stride, length, out);
+        });
       });
-  }
 }
 }  // namespace
 
