@@ -27,6 +27,7 @@ from bench.measure.peers.runtimes import (
     external_peers,
     fastest_plain,
     first_token,
+    first_token_ratio,
     llama_peer_name,
     same_as_reference,
     spec_peers,
@@ -201,6 +202,9 @@ def test_speedups_are_pooled_over_the_fastest_plain_with_a_paired_interval():
     slow = _timed("slow", [10, 10, 10], ttft=None)
     slow = [Timed(t.config, t.prompt, t.tokens, t.wall_s, extra={"ttft_s": s}) for t, s in zip(slow, (1.0, 3.0, 2.0))]
     assert first_token(slow, "slow")[0] == 2.0 and 1.0 <= first_token(slow, "slow")[1] <= 2.0 <= first_token(slow, "slow")[2]
+    fast = [Timed("fast", t.prompt, t.tokens, t.wall_s, extra={"ttft_s": s}) for t, s in zip(slow, (0.5, 1.5, 1.0))]
+    assert first_token_ratio(fast + slow, "fast", "slow") == (pytest.approx(0.5), pytest.approx(0.5), pytest.approx(0.5))
+    assert math.isnan(first_token_ratio(timed, "text only", "b plain")[0])  # no first token reported
 
 
 def test_text_peers_compare_by_prefix_past_the_budget():

@@ -477,6 +477,18 @@ def first_token(timed: list[Timed], config: str) -> tuple[float, float, float]:
     return statistics.median(seconds), low, high
 
 
+def first_token_ratio(timed: list[Timed], config: str, reference: str) -> tuple[float, float, float]:
+    """`config`'s first token over `reference`'s, per prompt both ran and reported: the median ratio and its 95 %
+    bootstrap interval (below 1: sooner)."""
+    mine = {t.prompt: t.extra.get("ttft_s") for t in timed if t.config == config}
+    base = {t.prompt: t.extra.get("ttft_s") for t in timed if t.config == reference}
+    ratios = [mine[p] / base[p] for p in sorted(mine) if mine[p] and base.get(p)]
+    if not ratios:
+        return math.nan, math.nan, math.nan
+    low, high = median_ci(ratios)
+    return statistics.median(ratios), low, high
+
+
 def _seconds(point: float, low: float, high: float) -> str:
     if math.isnan(point):
         return "-"
@@ -495,11 +507,12 @@ def table(timed: list[Timed], peers: list[Peer], max_new_tokens: int) -> str:
     decoding's (is its speculation lossless?)."""
     fastest = fastest_plain(timed, peers)
     lines = [" | ".join(["config", "tok/s", f"x fastest plain ({fastest}) [95%]", "after the first token [95%]",
-                         "first token, median [95%]", "x its own plain [95%]", "same tokens as its own plain"])]
+                         "first token, median [95%]", "first token / the fastest plain's, per prompt [95%]",
+                         "x its own plain [95%]", "same tokens as its own plain"])]
     for peer in peers:
         cells = [peer.name, f"{pooled_tokens_per_s(timed, peer.name):.2f}",
                  _cell(*speedups(timed, peer.name, fastest)), _cell(*speedups(timed, peer.name, fastest, after_first=True)),
-                 _seconds(*first_token(timed, peer.name))]
+                 _seconds(*first_token(timed, peer.name)), _cell(*first_token_ratio(timed, peer.name, fastest))]
         if peer.reference:
             same, n = same_as_reference(timed, peer.name, peer.reference, max_new_tokens)
             cells += [_cell(*speedups(timed, peer.name, peer.reference)), f"{same}/{n} ({peer.reference})"]
