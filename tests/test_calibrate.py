@@ -20,6 +20,7 @@ from bench.core.records import Node, environment, node_info
 from bench.derive import gate_verdict
 from bench.derive.calibration import ENTRY_FIELDS, FIELDS, entry_of, read_calibration
 from bench.derive.calibration import table as calibration_table
+from bench.derive.runtime_choice import first_token_note
 from bench.measure import calibrate
 from specdec.backends.base import Backend
 from specdec.errors import ConfigError
@@ -132,6 +133,9 @@ def test_a_prompt_tokens_multiply_adds_are_its_decoder_linears_and_the_table_sho
     assert "int8 multiply-adds 300 G/s" in lines[0] and lines[1].endswith("| prefill tok/s | prefill roof tok/s")
     assert lines[3].endswith("| 178 | 300")  # 800 tokens in the median 4.5 s; 300 G/s over 1 G a token
     assert calibration_table({**data, "compute_gmacs": None}).splitlines()[3].endswith("| 178 | -")
+    # what the runtime choice says of the first token, from an entry as the calibration writes it
+    assert first_token_note({"kernels-int4": data["entries"][0]}, "kernels-int4") == (
+        "; first token: kernels-int4 prefills the calibration's 800-token prompt at 178 tok/s, the fastest measured")
 
 
 def test_the_floor_counts_what_a_step_reads():

@@ -129,7 +129,7 @@ def test_each_category_carries_its_median_first_token_with_an_interval(tmp_path)
     (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     entry = {"model": "m", "runtime": "torch-int8", "threads": 2, "step_ms": 70.0, "floor_ms": 30.0, "error": None,
              "block_steps": {"2": 1.1, "5": 1.2, "9": 1.5}, "prefill_tokens_per_s": 189.4}
-    reason = "a token step: torch-int8 70 ms; first token: torch-int8 prefills a 800-token prompt at 189 tok/s"
+    reason = "a token step: torch-int8 70 ms; first token: torch-int8 prefills the calibration's 800-token prompt at 189 tok/s"
     (folder / "machine.json").write_text(json.dumps({"fingerprint": fingerprint(), "bandwidth_gbs": 30.0,
                                                      "calibration": [entry], "choices": [
                                                          {"role": "plain", "model": "m", "runtimes": ["torch-int8"],

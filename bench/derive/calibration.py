@@ -55,7 +55,8 @@ def entry_of(measured: dict, bandwidth_gbs: float) -> dict:
             "method": measured.get("method"), "block_vs_steps": measured.get("block_vs_steps"),
             "prefill_tokens_per_s": (_shown(measured["prefill_tokens"] / statistics.median(measured["prefill_s"]))
                                      if measured.get("prefill_s") else None),
-            "prefill_s": measured.get("prefill_s"), "prompt_macs_per_token": measured.get("prompt_macs_per_token")}
+            "prefill_s": measured.get("prefill_s"), "prefill_tokens": measured.get("prefill_tokens"),
+            "prompt_macs_per_token": measured.get("prompt_macs_per_token")}
 
 
 def _shown(value: float) -> float:

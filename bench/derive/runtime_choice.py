@@ -18,7 +18,6 @@ prefill is most of the time to it.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 from specdec.backends.base import batch_invariant
@@ -65,20 +64,22 @@ def _figures(entries: dict[str, dict], value) -> str:
 
 
 def prefill_rate(entry: dict) -> float | None:
-    """Tokens/s of the calibration's prompt prefill (the median round); None where the entry has none."""
-    seconds, tokens = entry.get("prefill_s"), entry.get("prefill_tokens")
-    return tokens / statistics.median(seconds) if seconds and tokens else None
+    """Tokens/s of the calibration's prompt prefill (its `prefill_tokens_per_s`: the median round); None where the
+    entry has none."""
+    return entry.get("prefill_tokens_per_s")
 
 
 def first_token_note(entries: dict[str, dict], chosen: str) -> str:
-    """`; first token: kernels-int4 prefills 171 tok/s (fastest: torch-int8 177 tok/s)`, or "" where the chosen
+    """`; first token: kernels-int4 prefills the calibration's 800-token prompt at 155 tok/s (fastest: torch-int8 189
+    tok/s)`, or "" where the chosen
     runtime's entry has no prefill measured."""
     rates = {r: rate for r, e in entries.items() if (rate := prefill_rate(e)) is not None}
     if chosen not in rates:
         return ""
     fastest = max(rates, key=lambda r: rates[r])
-    tokens = entries[chosen]["prefill_tokens"]
-    return (f"; first token: {chosen} prefills a {tokens}-token prompt at {rates[chosen]:.0f} tok/s"
+    tokens = entries[chosen].get("prefill_tokens")  # absent from files written before it
+    prompt = f"the calibration's {tokens}-token prompt" if tokens else "the calibration's prompt"
+    return (f"; first token: {chosen} prefills {prompt} at {rates[chosen]:.0f} tok/s"
             + (", the fastest measured" if fastest == chosen else f" (fastest: {fastest} {rates[fastest]:.0f} tok/s)"))
 
 
