@@ -83,8 +83,13 @@ def test_no_calibrated_step_beats_the_floor_its_bandwidth_sets():
     from bench.derive.calibration import entry_of
     from bench.measure.calibrate import measure_bandwidth, measure_isolated
 
-    bandwidth = measure_bandwidth(2)  # as a calibration measures it; its file is left as it is
     for runtime in ("kernels-int8", "llamacpp"):
-        entry = entry_of(measure_isolated(CLOUD, runtime, threads=2, rounds=1), bandwidth)
+        # read as a calibration reads it (its file left as it is), just before and just after the step is timed: a
+        # VM's speed drifts by a third over seconds (the AMD EPYC of 2026-11-29 read 31 GB/s, then stepped at 40), and
+        # the floor is the best the memory did around the step, not at another moment
+        before = measure_bandwidth(2)
+        measured = measure_isolated(CLOUD, runtime, threads=2, rounds=1)
+        bandwidth = max(before, measure_bandwidth(2))
+        entry = entry_of(measured, bandwidth)
         assert entry["error"] is None, entry["error"]
         assert entry["step_ms"] >= entry["floor_ms"], (runtime, entry["step_ms"], entry["floor_ms"], bandwidth)
