@@ -63,17 +63,11 @@ def _figures(entries: dict[str, dict], value) -> str:
     return ", ".join(f"{r} {value(e):.0f} ms" for r, e in sorted(entries.items(), key=lambda kv: value(kv[1])))
 
 
-def prefill_rate(entry: dict) -> float | None:
-    """Tokens/s of the calibration's prompt prefill (its `prefill_tokens_per_s`: the median round); None where the
-    entry has none."""
-    return entry.get("prefill_tokens_per_s")
-
-
 def first_token_note(entries: dict[str, dict], chosen: str) -> str:
     """`; first token: kernels-int4 prefills the calibration's 800-token prompt at 155 tok/s (fastest: torch-int8 189
-    tok/s)`, or "" where the chosen
-    runtime's entry has no prefill measured."""
-    rates = {r: rate for r, e in entries.items() if (rate := prefill_rate(e)) is not None}
+    tok/s)`, or "" where the chosen runtime's entry has no prefill measured (`prefill_tokens_per_s`, the median
+    round's rate)."""
+    rates = {r: e["prefill_tokens_per_s"] for r, e in entries.items() if e.get("prefill_tokens_per_s") is not None}
     if chosen not in rates:
         return ""
     fastest = max(rates, key=lambda r: rates[r])

@@ -87,7 +87,7 @@ inline AttentionTask attention_task(const Attention& a, int64_t t) {
   return {t % a.kv_heads, m0, std::min(a.M, m0 + ATTENTION_ROWS)};
 }
 
-// f(row, head) for every (row, head) of tasks t0 .. t1: a path that computes attention one pair at a time.
+// f(row, head) for every (row, head) of tasks t0 .. t1: the reference computes attention one pair at a time.
 template <typename F>
 void for_each_row_head(const Attention& a, int64_t t0, int64_t t1, F f) {
   const int64_t groups = a.heads / a.kv_heads;

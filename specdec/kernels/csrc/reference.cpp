@@ -97,35 +97,31 @@ void silu_mul(const float* gate_up, int64_t m0, int64_t m1, int64_t I, float* y)
 void attention(const Attention& a, int64_t t0, int64_t t1) {
   const int64_t groups = a.heads / a.kv_heads, D = a.D;
   std::vector<float> scores;
-  for (int64_t t = t0; t < t1; ++t) {
-    const AttentionTask task = attention_task(a, t);
-    for (int64_t m = task.m0; m < task.m1; ++m)
-      for (int64_t h = task.kv_head * groups; h < (task.kv_head + 1) * groups; ++h) {
-        const int64_t kvh = task.kv_head, length = a.start + m + 1;
-        const float* q = a.rq + (m * a.heads + h) * D;
-        scores.resize(length);
-        for (int64_t j = 0; j < length; ++j) {
-          const float* k = a.keys + (j * a.kv_heads + kvh) * D;
-          float lane[16] = {};
-          for (int64_t i = 0; i < D; ++i) lane[i % 16] = std::fma(q[i], k[i], lane[i % 16]);
-          scores[j] = sum16(lane) * a.scaling;
-        }
-        float top = -INFINITY;
-        for (int64_t j = 0; j < length; ++j) top = std::max(top, scores[j]);
-        float lane[16] = {};
-        for (int64_t j = 0; j < length; ++j) {
-          scores[j] = exp_ref(scores[j] - top);
-          lane[j % 16] = lane[j % 16] + scores[j];
-        }
-        const float norm = 1.0f / sum16(lane);
-        float* out = a.out + (m * a.heads + h) * D;
-        for (int64_t i = 0; i < D; ++i) {
-          float acc = 0.0f;
-          for (int64_t j = 0; j < length; ++j) acc = std::fma(scores[j], a.values[(j * a.kv_heads + kvh) * D + i], acc);
-          out[i] = acc * norm;
-        }
-      }
-  }
+  for_each_row_head(a, t0, t1, [&](int64_t m, int64_t h) {
+    const int64_t kvh = h / groups, length = a.start + m + 1;
+    const float* q = a.rq + (m * a.heads + h) * D;
+    scores.resize(length);
+    for (int64_t j = 0; j < length; ++j) {
+      const float* k = a.keys + (j * a.kv_heads + kvh) * D;
+      float lane[16] = {};
+      for (int64_t i = 0; i < D; ++i) lane[i % 16] = std::fma(q[i], k[i], lane[i % 16]);
+      scores[j] = sum16(lane) * a.scaling;
+    }
+    float top = -INFINITY;
+    for (int64_t j = 0; j < length; ++j) top = std::max(top, scores[j]);
+    float lane[16] = {};
+    for (int64_t j = 0; j < length; ++j) {
+      scores[j] = exp_ref(scores[j] - top);
+      lane[j % 16] = lane[j % 16] + scores[j];
+    }
+    const float norm = 1.0f / sum16(lane);
+    float* out = a.out + (m * a.heads + h) * D;
+    for (int64_t i = 0; i < D; ++i) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < length; ++j) acc = std::fma(scores[j], a.values[(j * a.kv_heads + kvh) * D + i], acc);
+      out[i] = acc * norm;
+    }
+  });
 }
 
 int64_t stream_read(const char* base, int64_t l0, int64_t l1, int64_t streams) {
