@@ -11,7 +11,8 @@ An entry per (model, runtime, threads). `step_ms`: a token step after a 128-toke
 rounds of each round's median step (p10-p90 over rounds); `block_steps[n]`: an n-token block (k + 1 = n)
 in token steps, the ratio taken within each round, median over rounds (n = 1 is the step itself);
 `weight_bytes`: what a step must read (bench/measure/calibrate.py's `streamed_weight_bytes`);
-`floor_ms` = weight_bytes / bandwidth, the step no kernel can beat on this machine's memory. An entry
+`floor_ms` = weight_bytes / bandwidth, the step no kernel can beat on this machine's memory, at the best of the
+file's `bandwidth_gbs` and the entry's own (read around its rounds, in its process; absent from older files). An entry
 whose runtime failed holds `error` (one line) and None for its timings. Besides these, an entry keeps
 `dtype`, `model_stamp` and its raw `rounds` (step_s, block_s), so every number re-derives from the file, and
 the prompt's: `prefill_s` (an 800-token prompt, each round) and `prompt_macs_per_token` (the model's decoder
@@ -46,6 +47,7 @@ def entry_of(measured: dict, bandwidth_gbs: float) -> dict:
                 "weight_bytes": measured.get("weight_bytes"), "floor_ms": None, "error": measured["error"],
                 "dtype": measured.get("dtype"), "model_stamp": measured.get("model_stamp"), "rounds": []}
     rounds = measured["rounds"]
+    bandwidth_gbs = max(bandwidth_gbs, measured.get("bandwidth_gbs") or 0)  # the memory's best, at start or around the step
     step, low, high = spread(step_seconds(rounds))
     blocks = {"1": 1.0, **{str(n): _shown(statistics.median(ratios)) for n, ratios in block_steps(rounds).items()}}
     return {**entry, "step_ms": _shown(step * 1e3), "step_ms_p10": _shown(low * 1e3), "step_ms_p90": _shown(high * 1e3),
@@ -56,7 +58,7 @@ def entry_of(measured: dict, bandwidth_gbs: float) -> dict:
             "prefill_tokens_per_s": (_shown(measured["prefill_tokens"] / statistics.median(measured["prefill_s"]))
                                      if measured.get("prefill_s") else None),
             "prefill_s": measured.get("prefill_s"), "prefill_tokens": measured.get("prefill_tokens"),
-            "prompt_macs_per_token": measured.get("prompt_macs_per_token")}
+            "prompt_macs_per_token": measured.get("prompt_macs_per_token"), "bandwidth_gbs": measured.get("bandwidth_gbs")}
 
 
 def _shown(value: float) -> float:

@@ -6,7 +6,8 @@ measured here:
               buffer of at least 1 GiB and 6x the last-level cache, read both by torch's `sum` and, where the
               vnni kernels run, by 1 to 16 interleaved 64-byte-load streams a thread (a weight pass reads many
               rows at once; one stream a thread read below a step); the best of all, since nothing reads faster
-              than memory, so no step can beat the floor it sets
+              than memory, so no step can beat the floor it sets; read again around each entry's rounds, in its
+              process (a VM's memory drifts by a third over seconds), and an entry's floor set by the best reading
   compute     int8 multiply-adds a second of the kernels' Linear (this CPU's path) on 64 rows whose weights stay
               in cache, the best of a few calls: what a prefill computed by these kernels cannot beat, the prompt
               rate's roof beside the step's floor (absent where no kernel path runs)
@@ -134,7 +135,7 @@ def calibration(models: list[str], runtimes: list[str], threads: int, progress: 
     with tqdm(todo, desc="calibrating", unit="entry", disable=not progress) as bar:
         for model, runtime in bar:
             bar.set_postfix_str(f"{model} in {runtime}")
-            measured = {**measure_isolated(model, runtime, threads, rounds), "model_stamp": model_stamp(model, runtime),
+            measured = {**measure_isolated(model, runtime, threads, rounds, bandwidth_bytes()), "model_stamp": model_stamp(model, runtime),
                         "prompt_macs_per_token": prompt_macs_per_token(model)}
             data["entries"].append(entry_of(measured, bandwidth))
             _write(path, data)  # each entry as it is measured: an interrupted calibration keeps it
@@ -189,9 +190,9 @@ def _write(path: Path, data: dict) -> None:
 
 
 # --- measuring -------------------------------------------------------------------------------
-def measure_bandwidth(threads: int | None = None) -> float:
+def measure_bandwidth(threads: int | None = None, size: int | None = None) -> float:
     """Memory read bandwidth, GB/s, with every core this process may use (`threads` only if more): a buffer of
-    `bandwidth_bytes()` read BANDWIDTH_REPEATS times after one warm pass (pages touched, the kernel chosen), by
+    `size` bytes (`bandwidth_bytes()` when None) read BANDWIDTH_REPEATS times after one warm pass (pages touched, the kernel chosen), by
     torch's `sum` and, where the vnni kernels run, by their 64-byte loads in READ_STREAMS streams a thread; the
     fastest pass of all, since nothing makes a read faster than memory: a floor that a step beats is not a floor. (A
     `sum` at the calibration's 2 threads read 29.4 GB/s on the AMD EPYC of 2026-11-28, below what llama.cpp's step
@@ -207,7 +208,7 @@ def measure_bandwidth(threads: int | None = None) -> float:
     previous = torch.get_num_threads()
     torch.set_num_threads(cores)
     try:
-        buffer = torch.ones(bandwidth_bytes() // 4, dtype=torch.float32)
+        buffer = torch.ones((size or bandwidth_bytes()) // 4, dtype=torch.float32)
         passes = []
         for read in readers:
             read(buffer)
@@ -302,14 +303,23 @@ def streamed_weight_bytes(lm: LoadedModel) -> int:
 
 
 @torch.inference_mode()
-def measure_entry(model: str, runtime: str, threads: int, rounds: int) -> dict:
-    """In this process: load `model` in `runtime`, time `rounds` rounds at `threads` threads."""
+def measure_entry(model: str, runtime: str, threads: int, rounds: int, read_bytes: int = 0) -> dict:
+    """In this process: load `model` in `runtime`, time `rounds` rounds at `threads` threads. With `read_bytes`,
+    the memory's bandwidth is read over a buffer that size just before each round and just after the last, and the
+    best reading kept (`bandwidth_gbs`): a VM's speed drifts by a third over seconds (the AMD EPYC of 2026-11-29:
+    a reading a minute before read 32 GB/s, then kernels-int8's step streamed 38), so the step's floor is set by
+    what the memory did around that step, not at the calibration's start."""
     torch.set_num_threads(threads)  # llama.cpp's backend takes its threads from torch's
     lm = load_model(model, TORCH_DTYPE, log=lambda message: None, runtime=runtime)
     ids, state = prefilled(lm, CONTEXT)
-    timed = [time_round(lm.backend, state, ids, CONTEXT) for _ in range(rounds)]
+    readings, timed = [], []
+    for _ in range(rounds):
+        readings += [measure_bandwidth(threads, read_bytes)] if read_bytes else []
+        timed.append(time_round(lm.backend, state, ids, CONTEXT))
+    readings += [measure_bandwidth(threads, read_bytes)] if read_bytes else []
     return {"model": model, "runtime": runtime, "threads": threads, "dtype": TORCH_DTYPE if runtime == "torch" else None,
             "weight_bytes": streamed_weight_bytes(lm), "rounds": timed, "error": None, "method": METHOD,
+            "bandwidth_gbs": max(readings, default=None),
             "block_vs_steps": block_vs_steps(lm.backend, state, ids, CONTEXT),
             "prefill_tokens": PREFILL, "prefill_s": time_prefills(lm, PREFILL, rounds)}
 
@@ -338,11 +348,11 @@ def block_vs_steps(backend, state, ids: torch.Tensor, context: int, n: int = 5) 
     return float((rows.float() - steps.float()).abs().max())
 
 
-def _measure_child(model: str, runtime: str, threads: int, rounds: int, queue, parent_pid: int) -> None:
+def _measure_child(model: str, runtime: str, threads: int, rounds: int, read_bytes: int, queue, parent_pid: int) -> None:
     """A spawned child's whole life: measure one entry, send it (or the one-line error instead)."""
     bind_to_parent(parent_pid)
     try:
-        measured = measure_entry(model, runtime, threads, rounds)
+        measured = measure_entry(model, runtime, threads, rounds, read_bytes)
     except SpecdecError as e:  # an unknown model, a runtime not installed, a damaged file: one line already
         measured = failed(model, runtime, threads, str(e))
     except Exception as e:  # a runtime's own error: recorded, and the calibration goes on
@@ -355,10 +365,12 @@ def failed(model: str, runtime: str, threads: int, error: str) -> dict:
     return {"model": model, "runtime": runtime, "threads": threads, "error": error}
 
 
-def measure_isolated(model: str, runtime: str, threads: int, rounds: int, target: Callable = _measure_child) -> dict:
-    """One entry measured by `target` in a spawned process; a process that dies without sending it
-    (a native crash, the kernel's OOM killer) is that entry's error."""
-    worker = WorkerProcess(target, model, runtime, threads, rounds, ignore_sigint=True).start()
+def measure_isolated(model: str, runtime: str, threads: int, rounds: int, read_bytes: int = 0,
+                     target: Callable = _measure_child) -> dict:
+    """One entry measured by `target` in a spawned process (the bandwidth read around its rounds over `read_bytes`,
+    if any: measure_entry); a process that dies without sending it (a native crash, the kernel's OOM killer) is
+    that entry's error."""
+    worker = WorkerProcess(target, model, runtime, threads, rounds, read_bytes, ignore_sigint=True).start()
     measured = None
     try:
         for message in worker.messages():
