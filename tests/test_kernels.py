@@ -58,7 +58,7 @@ def linear(ops, packed, x, residual=None):
 
 
 @pytest.mark.parametrize("kind", WEIGHTS)
-@pytest.mark.parametrize("shape", [(37, 200), (48, 64), (300, 96), (16, 33), (20, 47), (24, 1), (33, 1000)])
+@pytest.mark.parametrize("shape", [(37, 200), (48, 64), (300, 96), (16, 33), (20, 47), (24, 1), (33, 1000), (40, 2500)])
 def test_linears_equal_the_reference_bit_for_bit(reference, path_ops, kind, shape):
     from specdec.kernels import pack
 

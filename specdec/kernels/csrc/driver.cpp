@@ -124,7 +124,8 @@ int main() {
   for (bool int4 : {false, true})
     for (int64_t M = 1; M <= 9; ++M) linear_case(int4, M, 37, 200);
   for (bool int4 : {false, true})
-    for (int64_t K : {1, 7, 15, 31, 33, 47, 64, 100, 1000}) linear_case(int4, 11, 48, K);  // K mod 32 in 1..15 too
+    for (int64_t K : {1, 7, 15, 31, 33, 47, 64, 100, 1000, 2500})  // K mod 32 in 1..15 too; 2500: k in spans (avx2)
+      linear_case(int4, 11, 48, K);
   for (bool int4 : {false, true}) linear_case(int4, 5, 300, 96);
   for (int64_t M : {1, 2, 5}) for (int64_t K : {8, 16, 37, 64, 200}) elementwise_case(M, K);
   for (int64_t M : {1, 3, 9, 17})
