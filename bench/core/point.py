@@ -70,12 +70,14 @@ def _run_fields() -> list[tuple[str, Any, type]]:
 SETTINGS = {f.name: f for cls in (*RUN_SETTINGS, _Placement) for f in fields(cls)}  # name -> where it is defined
 SETTING_TYPES = {name: hint for cls in (*RUN_SETTINGS, _Placement) for name, hint in typing.get_type_hints(cls).items()}
 AXES = ("mode", "k", "entropy_threshold", "accept_threshold", "policy", "verifier", "draft_stop", "k_schedule", "drafter",
-        "dtype", "prompts", "constraints", "edge_runtime", "cloud_runtime", "kv_cache", "deployment", "link", "overlap")
+        "drafter_options", "dtype", "prompts", "constraints", "edge_runtime", "cloud_runtime", "kv_cache", "deployment",
+        "link", "overlap")
 # Axes added after results existed -> the value every earlier result had (left out of keys at that value).
 # constraints: a decoding profile belongs to a prompt set (zh for the Chinese one-sentence task, none for
 # an English edit), so one sweep pairs each set with its own through `rows`. kv_cache: the caches are timed
-# against each other in one sweep, interleaved, instead of one sweep per cache.
-LATER_AXES = {"drafter": "model", "constraints": "none", "kv_cache": "auto"}
+# against each other in one sweep, interleaved, instead of one sweep per cache. drafter_options: a drafter's
+# settings (prompt lookup's token trees: branches=4) are compared in one sweep, each paired with its drafter by `rows`.
+LATER_AXES = {"drafter": "model", "constraints": "none", "kv_cache": "auto", "drafter_options": ""}
 SPEC_ONLY = tuple(f.name for f in fields(SpecConfig))
 SPLIT_ONLY = ("link", "overlap")
 # What ran first (mode, dtype, prompts, where), then the spec axes with the policy first, since it names the rule.

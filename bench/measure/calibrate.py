@@ -135,8 +135,8 @@ def calibration(models: list[str], runtimes: list[str], threads: int, progress: 
     with tqdm(todo, desc="calibrating", unit="entry", disable=not progress) as bar:
         for model, runtime in bar:
             bar.set_postfix_str(f"{model} in {runtime}")
-            measured = {**measure_isolated(model, runtime, threads, rounds, bandwidth_bytes()), "model_stamp": model_stamp(model, runtime),
-                        "prompt_macs_per_token": prompt_macs_per_token(model)}
+            measured = {**measure_isolated(model, runtime, threads, rounds, bandwidth_bytes()),
+                        "model_stamp": model_stamp(model, runtime), "prompt_macs_per_token": prompt_macs_per_token(model)}
             data["entries"].append(entry_of(measured, bandwidth))
             _write(path, data)  # each entry as it is measured: an interrupted calibration keeps it
     return data
@@ -192,9 +192,9 @@ def _write(path: Path, data: dict) -> None:
 # --- measuring -------------------------------------------------------------------------------
 def measure_bandwidth(threads: int | None = None, size: int | None = None) -> float:
     """Memory read bandwidth, GB/s, with every core this process may use (`threads` only if more): a buffer of
-    `size` bytes (`bandwidth_bytes()` when None) read BANDWIDTH_REPEATS times after one warm pass (pages touched, the kernel chosen), by
-    torch's `sum` and, where the vnni kernels run, by their 64-byte loads in READ_STREAMS streams a thread; the
-    fastest pass of all, since nothing makes a read faster than memory: a floor that a step beats is not a floor. (A
+    `size` bytes (`bandwidth_bytes()` when None) read BANDWIDTH_REPEATS times after one warm pass (pages touched, the
+    kernel chosen), by torch's `sum` and, where the vnni kernels run, by their 64-byte loads in READ_STREAMS streams a
+    thread; the fastest pass of all, since nothing makes a read faster than memory: a floor that a step beats is not a floor. (A
     `sum` at the calibration's 2 threads read 29.4 GB/s on the AMD EPYC of 2026-11-28, below what llama.cpp's step
     streamed; one stream a thread read 25.7 GB/s on the Xeon that day, under the 27.2 GB/s kernels-int8's step streamed;
     8 read 30.5-32, 16 29.6, 64 23.7.)"""

@@ -182,6 +182,8 @@ class Backend:
         memory_bytes    bytes it holds, where it has no torch model (llama.cpp, the kernels)
         extra_buffers   llama.cpp's repacked weight buffers in use; None for every other runtime
         model           the torch model, where there is one
+        accepts_trees   forward_tree verifies a token tree in one block, each node's row its path's step bit for
+                        bit, and commit_path keeps the accepted path (specdec/core/tree.py); others verify chains
     """
 
     name: str = ""
@@ -196,6 +198,7 @@ class Backend:
     memory_bytes: int | None = None
     extra_buffers: bool | None = None
     model: Any = None
+    accepts_trees: bool = False
 
     def prefill(
         self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True
@@ -214,6 +217,17 @@ class Backend:
     def forward_batch(self, states: list, blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor | None]:
         """Blocks of several states in one forward (only where `batchable`), each row's logits as `forward`'s."""
         raise NotImplementedError(f"{type(self).__name__} runs one state per forward (batchable is False)")
+
+    def forward_tree(self, state: Any, token_ids: torch.Tensor, tree: Any) -> torch.Tensor:
+        """Feed `token_ids` [r >= 1] as `forward` does (they stay cached), then the nodes of `tree` (a
+        specdec.core.tree.TokenTree), each at position state.length + r - 1 + its depth, seeing the cache and its own
+        ancestors only; returns [1 + n, V] logits: the last of token_ids' rows, then each node's. The nodes stay out
+        of the state until commit_path. Only where `accepts_trees`."""
+        raise NotImplementedError(f"{type(self).__name__} verifies chains only (accepts_trees is False)")
+
+    def commit_path(self, state: Any, tree: Any, path: list[int]) -> None:
+        """After forward_tree: the nodes of `path` (root to leaf) join the state as if fed as a block."""
+        raise NotImplementedError(f"{type(self).__name__} verifies chains only (accepts_trees is False)")
 
     def crop(self, state: Any, length: int) -> None:
         """Drop cached positions >= length (exact rollback)."""

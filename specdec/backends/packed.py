@@ -21,6 +21,12 @@ op is computed by one code path that depends on that row alone (specdec/kernels/
 The state: a [layers, 2, capacity, kv_heads, head_dim] float32 cache per sequence; a block writes its keys and
 values at rows length .. length+n-1, so `crop` only sets `length` (the next block overwrites what lay past it).
 Capacity doubles as needed, up to the model's positions (the rotary table's rows).
+
+Token trees (specdec/core/tree.py): every row of the block, the cached tokens' and the tree's nodes', goes through
+each Linear in one call (a row's Linear is its own); attention runs once per root-to-leaf path, the path as a chain
+after the cache, so each node attends exactly the keys its path's step would, in position order, and its row is that
+step bit for bit. The nodes' q/k/v rows are kept so `commit_path` writes the accepted path's keys and values where a
+chain's would be.
 """
 from __future__ import annotations
 
@@ -53,6 +59,7 @@ class Layer:
 class PackedState:
     length: int  # token positions held
     kv: torch.Tensor | None = None  # [layers, 2, capacity, kv_heads, head_dim]
+    tree_qkv: list[torch.Tensor] | None = None  # the last forward_tree's nodes' q/k/v rows, a layer each (commit_path)
 
 
 def check_model(config) -> None:
@@ -80,6 +87,7 @@ class PackedBackend(Backend):
     """A causal LM packed for specbench's kernels; build with `from_model` (specdec/models/pack_kernels.py loads a folder)."""
 
     accepts_audio = False
+    accepts_trees = True  # forward_tree, commit_path
     batchable = True  # forward_batch: rows of several states in one pass
 
     def __init__(self, name: str, weights: str, layers: list[Layer], embed: torch.Tensor, norm: torch.Tensor,
@@ -161,7 +169,49 @@ class PackedBackend(Backend):
         """Each state's block in one pass over the weights: [keep_b, V] each, as `forward` gives it, bit for bit."""
         return self._rows(states, blocks, keeps)
 
+    def forward_tree(self, state: PackedState, token_ids: torch.Tensor, tree) -> torch.Tensor:
+        ops, r, n = self.ops, token_ids.numel(), tree.size
+        if r < 1:
+            raise InputError("a tree is verified after at least one token (the last accepted)")
+        kv = self._reserve(state, state.length + r + tree.depth)
+        ids = torch.cat([token_ids.reshape(-1), tree.tokens]).to(torch.long)
+        if int(ids.max()) >= self.embed.shape[0] or int(ids.min()) < 0:
+            raise InputError(f"token id out of {self.name!r}'s vocabulary of {self.embed.shape[0]}")
+        paths = [torch.tensor(path) + r for path in tree.leaf_paths()]  # rows of the block
+        fed, saved, x = state.length, [], self.embed[ids]
+        with torch.inference_mode():
+            for index, layer in enumerate(self.layers):
+                qkv = self._linear(ops.rms_norm(x, layer.input_norm, self.eps), layer.qkv)
+                heads = torch.empty(r + n, self.heads * self.head_dim)
+                heads[:r] = self._attend(qkv[:r], kv, index, fed)
+                for rows in paths:  # a node shared by several paths: the same bits each time
+                    heads[rows] = self._attend(qkv[rows], kv, index, fed + r)
+                saved.append(qkv[r:].clone())
+                x = self._linear(heads, layer.o, residual=x)
+                gate_up = self._linear(ops.rms_norm(x, layer.post_norm, self.eps), layer.gate_up)
+                x = self._linear(ops.silu_mul(gate_up), layer.down, residual=x)
+            logits = self._linear(ops.rms_norm(x[r - 1 :].contiguous(), self.norm, self.eps), self.head)
+        state.length, state.tree_qkv = fed + r, saved
+        return logits
+
+    def commit_path(self, state: PackedState, tree, path: list[int]) -> None:
+        if state.tree_qkv is None:
+            raise ValueError("commit_path follows forward_tree")
+        if path:
+            assert state.kv is not None  # forward_tree reserved it
+            rows = torch.tensor(path)
+            with torch.inference_mode():
+                for index, qkv in enumerate(state.tree_qkv):  # writes the path's keys and values; its output unused
+                    self._attend(qkv[rows], state.kv, index, state.length)
+        state.length += len(path)
+        state.tree_qkv = None
+
     # --- internals ----------------------------------------------------------------------
+    def _attend(self, qkv: torch.Tensor, kv: torch.Tensor, layer: int, start: int) -> torch.Tensor:
+        """Rows' attention as a chain at positions start.., their keys and values written there."""
+        return self.ops.attention(qkv.contiguous(), kv[layer, 0], kv[layer, 1], start, self.cos, self.sin, self.heads,
+                                  self.kv_heads, self.scaling)
+
     def _reserve(self, state: PackedState, needed: int) -> torch.Tensor:
         """The state's cache, grown first where it holds fewer than `needed` positions."""
         if needed > self.max_positions:

@@ -27,8 +27,9 @@ from specdec.core.policies import make_policy
 from specdec.core.processors import Constraints
 from specdec.core.sampling import distribution
 from specdec.core.session import AcceptedSequence
+from specdec.core.tree import TokenTree, greedy_path
 from specdec.core.verdict import CloudLost, InFlight, Route, Verdict
-from specdec.core.verifier import make_verifier
+from specdec.core.verifier import CachedVerifier, make_verifier
 from specdec.errors import SpecdecError
 
 
@@ -74,15 +75,25 @@ class Cloud(Protocol):
     @property
     def accepts_audio(self) -> bool: ...
 
+    @property
+    def accepts_trees(self) -> bool:
+        """Verifies token trees (LocalCloudSession.verify_tree); a server and a two-runtime cloud verify chains."""
+        ...
+
     def open(self, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig, constraints: Constraints, vocab: int,
              generator: torch.Generator) -> CloudSession: ...
 
 
 def process_rows(logits: torch.Tensor, history: list[int], block: list[int], constraints: Constraints) -> torch.Tensor:
     """Row i of [n+1, V] is the distribution after history + block[:i]."""
+    return process_prefixed(logits, [history + block[:i] for i in range(logits.shape[0])], constraints)
+
+
+def process_prefixed(logits: torch.Tensor, prefixes: list[list[int]], constraints: Constraints) -> torch.Tensor:
+    """Row i of logits is the distribution after prefixes[i] (a tree's rows follow their paths)."""
     if not constraints.processors:
         return logits
-    return torch.stack([constraints.apply(history + block[:i], row) for i, row in enumerate(logits)])
+    return torch.stack([constraints.apply(prefix, row) for prefix, row in zip(prefixes, logits)])
 
 
 class LocalCloudSession:
@@ -102,6 +113,21 @@ class LocalCloudSession:
 
     def verify(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict:
         return self.decide(seq, draft_tokens, draft_probs, self.verifier.logits(seq, draft_tokens))
+
+    def verify_tree(self, seq: AcceptedSequence, tree: TokenTree) -> Verdict:
+        """A token tree's verdict, greedy (speculative_decode refuses trees under another policy or sampling): the
+        walk down the cloud's argmax (specdec/core/tree.py), the accepted path committed to the cloud's cache."""
+        verifier = self.verifier
+        assert isinstance(verifier, CachedVerifier)  # check_trees: a tree goes to a cached verifier only
+        logits = verifier.tree_logits(seq, tree)[:, : self.vocab]
+        logits = process_prefixed(logits, tree.prefixes(seq.generated), self.constraints)
+        if self.constraints.processors and bool(torch.isneginf(logits).all(-1).any()):
+            raise SpecdecError(f"the constraints allow no token of this session's vocabulary ({self.vocab}): "
+                               "widen vocab or use other constraints")
+        path, next_token = greedy_path(tree, logits)
+        verifier.commit_path(tree, path)
+        return Verdict(len(path), next_token, verifier.last_tokens_in, verifier.last_sent_features,
+                       path=tuple(path))
 
     def decide(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                logits: torch.Tensor) -> Verdict:
@@ -147,6 +173,10 @@ class LocalCloud:
     def accepts_audio(self) -> bool:
         return self.backend.accepts_audio
 
+    @property
+    def accepts_trees(self) -> bool:
+        return self.backend.accepts_trees
+
     def open(self, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig, constraints: Constraints, vocab: int,
              generator: torch.Generator) -> LocalCloudSession:
         return LocalCloudSession(self.backend, prompt, spec, decode, constraints, vocab, generator)
@@ -173,9 +203,10 @@ class CloudLink:
         return self.session.compute_s if self.session is not None else 0.0
 
     def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
-             route: Route | None = None) -> InFlight:
+             route: Route | None = None, tree: TokenTree | None = None) -> InFlight:
         """Send a block for its verdict; the verdict records when it left and when it was read. `route`: where
-        a cloud held in two runtimes (in process, specdec/core/two_runtime.py) verifies it."""
+        a cloud held in two runtimes (in process, specdec/core/two_runtime.py) verifies it; `tree`: the tokens
+        are its nodes (only to a cloud that accepts trees: speculative_decode checks)."""
         session = self.session = self.session or self.cloud.open(*self.opening)
         sent_at = time.perf_counter()
 
@@ -183,6 +214,10 @@ class CloudLink:
             verdict.sent_at, verdict.read_at = sent_at, time.perf_counter()
             return verdict
 
+        if tree is not None:
+            assert isinstance(session, LocalCloudSession)  # the one session whose cloud accepts trees
+            verdict = stamped(session.verify_tree(seq, tree))
+            return InFlight(lambda: verdict)
         round_trip_s = session.round_trip_s
         if round_trip_s is None:  # in process: decided now
             routed = () if route is None else (route,)
@@ -207,11 +242,11 @@ class EdgeFallbackLink(CloudLink):
     generation goes on edge-only (degraded), its draft blocks kept unverified."""
 
     def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
-             route: Route | None = None) -> InFlight:
+             route: Route | None = None, tree: TokenTree | None = None) -> InFlight:
         if self.lost:
             return InFlight(lambda: None)
         try:
-            in_flight = super().send(seq, draft_tokens, draft_probs, route)
+            in_flight = super().send(seq, draft_tokens, draft_probs, route, tree)
         except CloudLost:
             return self.lose()
         return replace(in_flight, receive=lambda: self.guarded(in_flight.receive))

@@ -76,11 +76,24 @@ def speculative_decode(edge: Backend | None, cloud: Backend | Cloud, prompt: Pro
     context = DraftContext(prompt, vocab, constraints, decode.temperature, generator, edge, spec.draft_topn,
                            make_stop(spec.draft_stop), history=history, router=router)
     drafter = build_drafter(spec, context, options.overlap, options.governor)
+    check_trees(drafter, cloud, spec, decode)
     link = open_link(cloud, (prompt, spec, decode, constraints, vocab, generator), options.on_cloud_loss)
     seq = AcceptedSequence(prompt.input_ids, decode.max_new_tokens)
     generation = run_cycles(drafter, link, seq, spec, constraints, options.punct_density)
     generation.features_bytes = sum(t.numel() * t.element_size() for t in prompt.features.values())
     return generation
+
+
+def check_trees(drafter: Drafter, cloud: Cloud, spec: SpecConfig, decode: DecodeConfig) -> None:
+    """A drafter that proposes token trees needs a cloud that verifies them, greedily, with a cache: or one line."""
+    if not drafter.proposes_trees:
+        return
+    if not cloud.accepts_trees:
+        raise ConfigError(f"drafter {spec.drafter!r} proposes token trees (branches > 1), which this cloud verifies "
+                          "only as chains (a kernels runtime in this process verifies trees): use branches=1")
+    if spec.policy != "greedy" or decode.do_sample or spec.verifier != "cached":
+        raise ConfigError("token trees are verified greedily on a cached verifier: use --policy greedy, temperature 0 "
+                          "and --verifier cached, or branches=1")
 
 
 def build_drafter(spec: SpecConfig, context: DraftContext, overlap: bool | str = False,
@@ -111,9 +124,9 @@ def run_cycles(drafter: Drafter, link: CloudLink, seq: AcceptedSequence, spec: S
             entropies = None if block.probs is None else entropy_nats(block.probs)
             density = punct_density(block.tokens.tolist()) if punct_density and spec.punct_trigger is not None else None
             escalate = should_escalate(entropies, density, spec)
-            room = 0 if at_stop else seq.remaining - len(block) - 1  # after this block and the cloud's token
+            room = 0 if at_stop else seq.remaining - block.depth - 1  # after this block and the cloud's token
             verdict = verify(link, drafter, seq, block, block_size(schedule.k, room) if room >= 1 else 0) if escalate else None
-            emitted = accept(block, verdict, bonus_room=not at_stop and len(block) < seq.remaining)
+            emitted = accept(block, verdict, bonus_room=not at_stop and block.depth < seq.remaining)
             stopped = first_stop(emitted, len(seq.generated), constraints) is not None
             seq.extend(emitted)
             note = drafter.rollback(seq, block, verdict)
@@ -134,8 +147,15 @@ def run_cycles(drafter: Drafter, link: CloudLink, seq: AcceptedSequence, spec: S
 
 
 def draft(drafter: Drafter, seq: AcceptedSequence, k: int, constraints: Constraints) -> tuple[Proposal, bool]:
-    """The drafter's block, cut after a token that ends the generation -> (block, ends at a stop token)."""
+    """The drafter's block, cut after a token that ends the generation -> (block, ends at a stop token). A tree
+    holding such a token is verified as its first branch, cut the same way."""
     proposal = drafter.propose(seq, k)
+    if proposal.tree is not None:
+        tree, n_before = proposal.tree, len(seq.generated)
+        if not any(constraints.stop.stops(token, n_before + depth)
+                   for token, depth in zip(proposal.tokens.tolist(), tree.depths)):
+            return proposal, False
+        proposal = proposal.first_branch()
     stop_at = first_stop(proposal.tokens.tolist(), len(seq.generated), constraints)
     return (proposal, False) if stop_at is None else (proposal.cut(stop_at + 1), True)
 
@@ -143,7 +163,7 @@ def draft(drafter: Drafter, seq: AcceptedSequence, k: int, constraints: Constrai
 def verify(link: CloudLink, drafter: Drafter, seq: AcceptedSequence, block: Proposal, next_n: int) -> Verdict | None:
     """The cloud's verdict on `block` (None: not verified, the cloud is lost). While it is in flight
     the drafter may draft up to next_n tokens of the next block."""
-    in_flight = link.send(seq, block.tokens, block.probs, block.route)
+    in_flight = link.send(seq, block.tokens, block.probs, block.route, block.tree)
     drafter.meanwhile(seq, block, in_flight, next_n)
     return in_flight.verdict()
 
@@ -151,12 +171,10 @@ def verify(link: CloudLink, drafter: Drafter, seq: AcceptedSequence, block: Prop
 def accept(block: Proposal, verdict: Verdict | None, bonus_room: bool) -> list[int]:
     """The cycle's new tokens: the kept draft prefix, then the cloud's token: its correction, or the
     bonus after a fully accepted block when there is room for it and the block did not end generation.
-    An unverified block is kept whole."""
-    tokens = block.tokens.tolist()
+    An unverified block is kept whole (a tree: its first branch)."""
     if verdict is None:
-        return tokens
-    corrected = verdict.accepted < len(tokens)
-    return tokens[: verdict.accepted] + ([verdict.next_token] if corrected or bonus_room else [])
+        return block.first_branch().tokens.tolist()
+    return block.kept(verdict) + ([verdict.next_token] if block.corrected(verdict) or bonus_room else [])
 
 
 def first_stop(tokens: list[int], n_before: int, constraints: Constraints) -> int | None:
@@ -170,11 +188,11 @@ def first_stop(tokens: list[int], n_before: int, constraints: Constraints) -> in
 def trace(block: Proposal, entropies: torch.Tensor | None, verdict: Verdict | None, emitted: list[int],
           note: DraftNote, t_start_s: float, start: float, edge_s: float, cloud_s: float) -> Cycle:
     """One cycle's record (specdec/core/trace.py)."""
-    n = len(block)
-    kept = n if verdict is None else verdict.accepted
+    kept = len(block.first_branch()) if verdict is None else verdict.accepted
     extra = emitted[kept] if len(emitted) > kept else None
+    corrected = verdict is not None and block.corrected(verdict)
     cycle = Cycle(block.tokens.tolist(), [] if entropies is None else entropies.tolist(), verdict is not None, kept,
-                  extra_token=extra, extra_kind=None if extra is None else "correction" if kept < n else "bonus",
+                  extra_token=extra, extra_kind=None if extra is None else "correction" if corrected else "bonus",
                   edge_s=edge_s, t_start_s=t_start_s, drafter=block.drafter,
                   ahead_chosen=note.ahead_chosen, ahead_guess=note.ahead_guess, ahead_kept=note.ahead_kept,
                   ahead_wasted=note.ahead_wasted, edge_wait_s=note.edge_wait_s)

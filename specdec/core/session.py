@@ -71,6 +71,26 @@ class Session:
         assert logits is not None  # keep >= 1 (asserted above): a backend returns [keep, V], None only for keep 0
         return logits
 
+    def feed_tree(self, token_ids: torch.Tensor, tree) -> torch.Tensor:
+        """Feed a block, then a token tree's nodes (Backend.forward_tree): [1 + nodes, V]. The first feed prefills
+        the prompt in the same forward, as `feed` does."""
+        start = clock(self.device)
+        first = self.state is None
+        if self.state is None:
+            self.state, _ = self.backend.prefill(self.prompt, token_ids[:0])  # empty: the prompt rides in the block
+        logits = self.backend.forward_tree(self.state, token_ids, tree)
+        elapsed = clock(self.device) - start
+        self.prefill_s = elapsed if first else self.prefill_s
+        self.compute_s += elapsed
+        return logits
+
+    def commit_path(self, tree, path: list[int]) -> None:
+        """After feed_tree: the accepted path joins the cache."""
+        assert self.state is not None, "commit_path follows feed_tree"
+        start = clock(self.device)
+        self.backend.commit_path(self.state, tree, path)
+        self.compute_s += clock(self.device) - start
+
     def unseen(self, seq: AcceptedSequence) -> torch.Tensor:
         """Accepted tokens this cache has not seen yet (>= 1: at least the last accepted one;
         the whole prompt before the first feed)."""

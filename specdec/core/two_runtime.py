@@ -187,6 +187,10 @@ class TwoRuntimeCloud:
     def accepts_audio(self) -> bool:
         return self.plain.accepts_audio and self.blocks.accepts_audio
 
+    @property
+    def accepts_trees(self) -> bool:
+        return False  # chains only: its router weighs chains
+
     def open(self, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig, constraints: Constraints, vocab: int,
              generator: torch.Generator) -> TwoRuntimeSession:
         opening = (prompt, spec, decode, constraints, vocab, generator)

@@ -44,6 +44,7 @@ class Verdict:
     server_queue_s: float = 0.0  # time the request waited for the server's model (remote only)
     sent_at: float = 0.0  # time.perf_counter() when the block left (set by the link)
     read_at: float = 0.0  # ... and when its verdict was read
+    path: tuple[int, ...] = ()  # a tree's accepted nodes, root to leaf (accepted of them); () for a chain
 
 
 @dataclass(frozen=True)

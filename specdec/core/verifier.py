@@ -12,6 +12,7 @@ import torch
 from specdec.backends.base import Backend, Prompt
 from specdec.backends.devices import clock
 from specdec.core.session import AcceptedSequence, Session
+from specdec.core.tree import TokenTree
 
 VERIFIERS: dict[str, type] = {}  # --verifier name -> class(backend, prompt)
 
@@ -53,6 +54,21 @@ class CachedVerifier:
         # prompt on the first call, prefilled in the same forward as the draft) plus the draft.
         self.last_tokens_in = unseen.numel() + draft_tokens.numel()
         return self.session.feed(torch.cat([unseen, draft_tokens]), keep=draft_tokens.numel() + 1)
+
+    def tree_logits(self, seq: AcceptedSequence, tree: TokenTree) -> torch.Tensor:
+        """As `logits`, for a token tree's nodes: [1 + nodes, V] (row 0 the last accepted token's)."""
+        first_call = self.session is None
+        self.last_sent_features = first_call and bool(self.prompt.features)
+        if self.session is None:
+            self.session = Session(self.backend, self.prompt)
+        unseen = self.session.unseen(seq)
+        self.last_tokens_in = unseen.numel() + tree.size
+        return self.session.feed_tree(unseen, tree)
+
+    def commit_path(self, tree: TokenTree, path: list[int]) -> None:
+        """The accepted path of the tree `tree_logits` fed joins the cache, before the rollback crops past it."""
+        assert self.session is not None, "commit_path follows tree_logits"
+        self.session.commit_path(tree, path)
 
     def block(self, seq: AcceptedSequence, draft_tokens: torch.Tensor) -> tuple[object, torch.Tensor, int] | None:
         """What `logits` would feed, on which state, for a forward shared with other sessions

@@ -243,6 +243,10 @@ class RemoteCloud:
     def accepts_audio(self) -> bool:
         return self._ready().accepts_audio
 
+    @property
+    def accepts_trees(self) -> bool:
+        return False  # chains only: the protocol carries no tree yet
+
     def open(self, prompt: Prompt, spec: SpecConfig, decode_config: DecodeConfig, constraints: Constraints, vocab: int,
              generator: torch.Generator) -> RemoteCloudSession:
         """`constraints` is the edge's copy: the server builds its own from `settings.constraints`."""

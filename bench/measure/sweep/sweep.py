@@ -43,7 +43,7 @@ from specdec.remote.protocol import parse_address
 # was stored as one value: the claim reads it as a list of one (AXES).
 BEFORE = {"split_cores": "shared", "plain_runtimes": [], "drafter": ["model"], "turns": "all",
           "llamacpp_extra_buffers": "auto", "rows": [], "edge_device": "cpu", "cloud_device": "cpu", "kv_cache": ["auto"],
-          "cuda_graphs": "on", "drafter_options": ""}
+          "cuda_graphs": "on", "drafter_options": [""]}
 
 
 def run_sweep(config: SweepConfig, out: Path, progress: bool = True, machine: dict | None = None) -> dict:

@@ -37,6 +37,7 @@ class DraftAhead:
 
     def __init__(self, drafter: ModelDrafter, governor: OverlapGovernor | None = None) -> None:
         self.drafter, self.governor, self.name = drafter, governor, drafter.name
+        self.proposes_trees = False  # a model drafter's chains
         self.guess: int | None = None  # the bonus token the ahead tokens were drafted after
         self.ahead: list[Drawn] = []  # drafted after the guess
         self.ahead_stopped = False  # the stop rule ended the ahead block

@@ -39,6 +39,7 @@ OPTIONS = {"max_ngram": DrafterOption(MAX_NGRAM, MIN_NGRAM, "the longest suffix 
 @register_drafter("hybrid", needs_model=True, options=OPTIONS)
 class Hybrid:
     name = "hybrid"
+    proposes_trees = False
 
     def __init__(self, context: DraftContext) -> None:
         self.model = ModelDrafter(context)

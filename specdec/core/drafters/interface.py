@@ -31,6 +31,7 @@ from specdec.core.block_length import DraftStop
 from specdec.core.history import History
 from specdec.core.processors import Constraints
 from specdec.core.session import AcceptedSequence
+from specdec.core.tree import TokenTree
 from specdec.core.verdict import InFlight, Route, Verdict
 from specdec.errors import ConfigError
 
@@ -44,14 +45,35 @@ class Proposal:
     base: int  # seq.length when it was proposed
     drafter: str  # the registered name of what made it (a plain step: its route's name)
     route: Route | None = None  # where a cloud held in two runtimes verifies it; None: the cloud has one
+    tree: TokenTree | None = None  # the tokens are a tree's nodes (specdec/core/tree.py); None: a chain
 
     def __len__(self) -> int:
         return self.tokens.numel()
 
     @property
+    def depth(self) -> int:
+        """The most draft tokens a verdict can keep: a chain's length, a tree's depth."""
+        return self.tree.depth if self.tree is not None else len(self)
+
+    def kept(self, verdict: Verdict) -> list[int]:
+        """The draft tokens `verdict` keeps: a chain's first `accepted`, a tree's accepted path."""
+        tokens = self.tokens.tolist()
+        return [tokens[node] for node in verdict.path] if self.tree is not None else tokens[: verdict.accepted]
+
+    def corrected(self, verdict: Verdict) -> bool:
+        """Whether the cloud's token replaces a draft token (a correction) rather than following the last (a bonus)."""
+        return not self.tree.ends_at(verdict.path) if self.tree is not None else verdict.accepted < len(self)
+
+    @property
     def verified_as(self) -> Route:
         """Its route; on a cloud of one runtime, a block, or a plain step when empty."""
         return self.route or (Route.BLOCK if len(self) else Route.STEP)
+
+    def first_branch(self) -> Proposal:
+        """A tree's first branch as a chain (a stop token inside the tree, a cloud lost: what a chain would do)."""
+        if self.tree is None:
+            return self
+        return Proposal(self.tokens[self.tree.leaf_paths()[0]], None, self.base, self.drafter, self.route)
 
     def cut(self, n: int) -> Proposal:
         """The first n tokens (a stop token ends the block)."""
@@ -84,6 +106,11 @@ class Drafter(Protocol):
     @property
     def compute_s(self) -> float:
         """Seconds spent proposing in this generation (a model drafter: its forwards)."""
+        ...
+
+    @property
+    def proposes_trees(self) -> bool:
+        """Its proposals may be token trees (Proposal.tree), which only a cloud that accepts trees verifies."""
         ...
 
     @property
@@ -218,6 +245,7 @@ class DraftFree:
 
     name = "draft-free"
     prefill_s = 0.0
+    proposes_trees = False
 
     def __init__(self) -> None:
         self.compute_s = 0.0

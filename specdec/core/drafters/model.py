@@ -28,6 +28,7 @@ class ModelDrafter:
     drafting, its own draft tokens; `rollback` crops it to the part the cycle kept."""
 
     name = "model"
+    proposes_trees = False
 
     def __init__(self, context: DraftContext) -> None:
         assert context.edge is not None  # make_drafter refuses a needs_model drafter without an edge model
