@@ -254,3 +254,12 @@ def test_a_sweep_over_tree_shapes_decodes_alike_verified_in_the_kernels(pair, pr
         assert tokens == cloud[prompt], (options, prompt)
     summary = pd.read_csv(out / "summary.csv", keep_default_na=False)
     assert set(summary.loc[summary["mode"] == "spec", "drafter_options"]) == {"", "branches=3"}
+
+
+def test_the_shipped_tree_sweep_times_each_shape_beside_the_fastest_plain_decoding():
+    from bench.measure.sweep.sweep_config import CONFIGS_DIR, SweepConfig
+
+    points = SweepConfig.from_toml(CONFIGS_DIR / "trees.toml").points()
+    assert [(p.mode, p.cloud_runtime, p.drafter_options) for p in points] == [
+        ("cloud", "kernels-int4", None), ("cloud", "llamacpp", None), ("spec", "kernels-int4", ""),
+        ("spec", "kernels-int4", "branches=4,tree_nodes=6"), ("spec", "kernels-int4", "branches=4")]
