@@ -263,3 +263,40 @@ def test_the_shipped_tree_sweep_times_each_shape_beside_the_fastest_plain_decodi
     assert [(p.mode, p.cloud_runtime, p.drafter_options) for p in points] == [
         ("cloud", "kernels-int4", None), ("cloud", "llamacpp", None), ("spec", "kernels-int4", ""),
         ("spec", "kernels-int4", "branches=4,tree_nodes=6"), ("spec", "kernels-int4", "branches=4")]
+
+
+def test_the_ngram_caches_tree_grows_best_first_by_path_frequency():
+    from specdec.core.drafters.ngram import NgramTable
+
+    table = NgramTable(max_ngram=1)
+    # after 1: 2 three times, 3 once; after 2: 4 twice, 5 once; after 3: 6; after 4: 7
+    table.add([1, 2, 4, 7, 1, 2, 4, 1, 2, 5, 1, 3, 6])
+    assert table.candidates([1], 1, 3) == [(2, 0.75), (3, 0.25)]
+    tree = table.tree([1], depth=3, nodes=5, min_count=1)
+    # scores: 2 .75, 2-4 .5, then four at .25 in the order they were found: 3, 2-5, 2-4-7, 2-4-1
+    assert tree.tokens.tolist() == [2, 4, 3, 5, 7] and tree.parents == (-1, 0, -1, 0, 1)
+    assert table.tree([1], depth=3, nodes=2, min_count=1).tokens.tolist() == [2, 4]  # the budget, best first
+    assert table.tree([1], depth=1, nodes=5, min_count=1).tokens.tolist() == [2, 3]  # k deep at most
+    assert table.tree([1], depth=3, nodes=5, min_count=2).tokens.tolist() == [2, 4]  # seen twice: 2, then 4
+    assert table.tree([9], depth=3, nodes=5, min_count=1).size == 0
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_ngram_trees_are_the_clouds_own_greedy_decoding(backends, weights):
+    from specdec.core.config import DecodeConfig, SpecConfig
+    from specdec.core.decode import SpecOptions, autoregressive_decode, speculative_decode
+    from specdec.core.history import History
+
+    backend = backends["llama", weights]
+    history = History()  # the counts carry across the generations, as in one engine
+    trees = 0
+    for seed in range(4):
+        base = random_prompt(seed, 10)
+        ids = torch.cat([base, base[1:7], base[3:9]])
+        decode = DecodeConfig(max_new_tokens=20)
+        plain = autoregressive_decode(backend, Prompt(ids), decode).tokens
+        settings = SpecConfig(k=4, entropy_threshold=0, policy="greedy", drafter="ngram", drafter_options="tree_nodes=6")
+        generation = speculative_decode(None, backend, Prompt(ids), settings, decode, SpecOptions(history=history))
+        assert generation.tokens == plain, seed
+        trees += sum(len(c.draft_tokens) > c.accepted + 1 for c in generation.cycles)
+    assert trees  # some blocks were trees with a branch left unkept

@@ -132,7 +132,7 @@ def run_cycles(drafter: Drafter, link: CloudLink, seq: AcceptedSequence, spec: S
             note = drafter.rollback(seq, block, verdict)
             if verdict is not None:
                 link.rollback(block.base + verdict.accepted, seq)
-                schedule.update(len(block), verdict.accepted)
+                schedule.update(block.depth, verdict.accepted)
             cycles.append(trace(block, entropies, verdict, emitted, note, t_start_s, start,
                                 drafter.compute_s - edge_before, link.compute_s - cloud_before))
             ttft_s = ttft_s or time.perf_counter() - start

@@ -11,9 +11,15 @@ followed it; a block is built greedily from those counts:
 Unlike prompt lookup (one occurrence, this request only) the counts carry across the generations of
 one engine (`DraftContext.history`): what a prompt set keeps repeating (code idioms, a template's
 boilerplate, a language's function words) is drafted even when this request never said it.
+
+With `tree_nodes` > 0 the counts propose a token tree instead (SuffixDecoding's tree, Oliaro et al. 2024): a
+node's score is the product of its path's frequencies (count / the context's total, at the longest suffix
+counted `min_count` times), and the tree grows best first from the top `TREE_WIDTH` continuations of each node,
+up to `tree_nodes` nodes and k deep: a confident context grows one long branch, an uncertain one several short.
 """
 from __future__ import annotations
 
+import heapq
 import time
 from collections import Counter, defaultdict
 
@@ -21,12 +27,15 @@ import torch
 
 from specdec.core.drafters.interface import DraftContext, DrafterOption, DraftFree, DraftNote, Proposal, register_drafter
 from specdec.core.session import AcceptedSequence
+from specdec.core.tree import TokenTree
 from specdec.core.verdict import Verdict
 
 MAX_NGRAM = 4
 MIN_COUNT = 1
+TREE_WIDTH = 3  # continuations of a node considered for the tree
 OPTIONS = {"max_ngram": DrafterOption(MAX_NGRAM, 1, "the longest context counted, in tokens"),
-           "min_count": DrafterOption(MIN_COUNT, 1, "times a continuation must have been seen to be drafted")}
+           "min_count": DrafterOption(MIN_COUNT, 1, "times a continuation must have been seen to be drafted"),
+           "tree_nodes": DrafterOption(0, 0, "propose a token tree of this many nodes at most, best first (0: a chain)")}
 
 
 class NgramTable:
@@ -52,6 +61,38 @@ class NgramTable:
                     return token
         return None
 
+    def candidates(self, context: list[int], min_count: int, width: int) -> list[tuple[int, float]]:
+        """The `width` most frequent tokens after the longest suffix of `context` whose most frequent continuation
+        was seen at least min_count times, each with its share of that suffix's counts (as `continuation` picks)."""
+        for n in range(min(self.max_ngram, len(context)), 0, -1):
+            counts = self.next.get(tuple(context[-n:]))
+            if counts and counts.most_common(1)[0][1] >= min_count:
+                total = sum(counts.values())
+                return [(token, count / total) for token, count in counts.most_common(width) if count >= min_count]
+        return []
+
+    def tree(self, context: list[int], depth: int, nodes: int, min_count: int) -> TokenTree:
+        """Best first by path probability: up to `nodes` nodes, `depth` deep (parents always before children)."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        frontier: list[tuple[float, int, int, int, list[int]]] = []  # (-score, order, token, parent, path tokens)
+        order = 0
+
+        def grow(parent: int, path: list[int], score: float) -> None:
+            nonlocal order
+            if len(path) < depth:
+                for token, share in self.candidates(context + path, min_count, TREE_WIDTH):
+                    heapq.heappush(frontier, (-score * share, order, token, parent, path))
+                    order += 1
+
+        grow(-1, [], 1.0)
+        while frontier and len(tokens) < nodes:
+            score, _, token, parent, path = heapq.heappop(frontier)
+            tokens.append(token)
+            parents.append(parent)
+            grow(len(tokens) - 1, path + [token], -score)
+        return TokenTree(torch.tensor(tokens, dtype=torch.long), tuple(parents))
+
 
 @register_drafter("ngram", options=OPTIONS)
 class NgramCache(DraftFree):
@@ -63,11 +104,17 @@ class NgramCache(DraftFree):
         self.min_count = context.options.get("min_count", MIN_COUNT)
         self.table = context.history.own(self.name, lambda: NgramTable(max_ngram))
         self.counted = 0  # accepted tokens of this generation already in the table
+        self.tree_nodes = context.options.get("tree_nodes", 0)
+        self.proposes_trees = self.tree_nodes > 0
 
     def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
         start = time.perf_counter()
         self.count(seq)  # the prompt, on the first block
         context, draft = seq.ids[-self.table.max_ngram :].tolist(), list[int]()
+        if self.tree_nodes:
+            tree = self.table.tree(context, k, max(k, self.tree_nodes), self.min_count)
+            self.compute_s += time.perf_counter() - start
+            return Proposal(tree.tokens, None, seq.length, self.name, tree=None if tree.is_chain else tree)
         while len(draft) < k and (token := self.table.continuation(context + draft, self.min_count)) is not None:
             draft.append(token)
         self.compute_s += time.perf_counter() - start
