@@ -239,7 +239,8 @@ void rows_int4(const Rows& rows, int64_t m0, const Linear& w, const float* resid
 }
 
 // One or two rows (a step, a 2-token block): both halves in one pass, so each weight line is touched once; 2 x T
-// accumulators still fit the registers. Measured on the 1.5B (AMD EPYC, AVX2 path, 2 threads, runtime_costs): a
+// accumulators still fit the registers. Each function writes its rows out itself: one writer shared through a lambda
+// that read the accumulators by reference made GCC keep them in memory (int8's 2-row pass 1.7x slower, measured). Measured on the 1.5B (AMD EPYC, AVX2 path, 2 threads, runtime_costs): a
 // step 33-39 ms this way, 51 ms in two half passes; 3 rows and more run in half passes (5 tokens: 2.1 steps, against
 // 2.9 with both halves at once).
 template <int T>
