@@ -300,3 +300,20 @@ def test_ngram_trees_are_the_clouds_own_greedy_decoding(backends, weights):
         assert generation.tokens == plain, seed
         trees += sum(len(c.draft_tokens) > c.accepted + 1 for c in generation.cycles)
     assert trees  # some blocks were trees with a branch left unkept
+
+
+def test_the_report_tells_tree_shapes_apart():
+    """The Spec-Bench table's method and the fronts' labels name a drafter's own settings where they vary."""
+    import pandas as pd
+
+    from bench.derive.spec_bench import method_name
+    from bench.read.report.pareto import point_labels
+
+    point = {"mode": "spec", "drafter": "prompt-lookup", "edge_runtime": "-", "cloud_runtime": "kernels-int4",
+             "deployment": "inproc", "entropy_threshold": 0.0, "k": 4, "policy": "greedy"}
+    assert method_name({**point, "drafter_options": ""}) == "prompt-lookup k=4 greedy · → kernels-int4"
+    assert method_name({**point, "drafter_options": "branches=4"}) == "prompt-lookup[branches=4] k=4 greedy · → kernels-int4"
+    rows = [{**point, "dtype": "float32", "accept_threshold": 0.1, "verifier": "cached", "drafter_options": options,
+             "kv_cache": "auto", "link": "-", "overlap": "-"} for options in ("", "branches=4", "branches=4,tree_nodes=6")]
+    labels = point_labels(pd.DataFrame(rows)).tolist()
+    assert len(set(labels)) == 3 and "branches=4,tree_nodes=6" in labels[2] and "default options" in labels[0]

@@ -44,7 +44,8 @@ def tokens_per_verify(t) -> float:
 
 
 def method_name(point) -> str:
-    """`prompt-lookup k=4 greedy · llamacpp → torch-int8` or `cloud-only in llamacpp`."""
+    """`prompt-lookup k=4 greedy · llamacpp → torch-int8`, `prompt-lookup[branches=4] k=4 greedy · → kernels-int4`
+    (the drafter's own settings where it has any) or `cloud-only in llamacpp`."""
     if point["mode"] != "spec":
         return plain_label(point)
     pairing = f"{runtime_name(point['edge_runtime'])} → {runtime_name(point['cloud_runtime'])}"
@@ -52,7 +53,9 @@ def method_name(point) -> str:
         pairing = f"→ {runtime_name(point['cloud_runtime'])}"  # nothing runs on the edge but the lookup
     where = "" if point.get("deployment") in ("inproc", "-", None) else f" · {point['deployment']}"
     threshold = "" if float(point["entropy_threshold"]) == 0 else f" thr={point['entropy_threshold']:g}"
-    return f"{point.get('drafter', 'model')} k={int(float(point['k']))} {point['policy']}{threshold} · {pairing}{where}"
+    options = str(point.get("drafter_options") or "").strip("-")
+    drafter = f"{point.get('drafter', 'model')}" + (f"[{options}]" if options else "")
+    return f"{drafter} k={int(float(point['k']))} {point['policy']}{threshold} · {pairing}{where}"
 
 
 def after_first_token(row) -> tuple[float, float]:

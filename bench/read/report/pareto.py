@@ -18,7 +18,7 @@ from bench.core.point import Point
 from bench.core.prompts import prompt_set_name
 
 SPEC_AXES = ("entropy_threshold", "k", "policy")  # the "(thr, k, policy)" of a label
-EXTRA_AXES = ("dtype", "accept_threshold", "verifier")  # named in a label only when they vary
+EXTRA_AXES = ("dtype", "accept_threshold", "verifier", "drafter_options")  # named in a label only when they vary
 # where a spec point ran, named (as `split`, `colocated`, `link 4g`, `overlap auto`) when it varies, so a split
 # point and its co-located baseline, or the overlap settings of one split point, are told apart
 PLACED_AXES = ("deployment", "link", "overlap")
@@ -166,7 +166,9 @@ def point_labels(summary: pd.DataFrame) -> pd.Series:
             if axis == "dtype":
                 extra.append(str(row["dtype"]))
             elif row["mode"] == "spec":
-                extra.append(f"a={_number(row[axis])}" if axis == "accept_threshold" else str(row[axis]))
+                extra.append(f"a={_number(row[axis])}" if axis == "accept_threshold"
+                             else (str(row[axis]).strip("-") or "default options") if axis == "drafter_options"
+                             else str(row[axis]))
         for axis in placed:
             if row["mode"] == "spec" and str(row[axis]) != "-":
                 extra.append(str(row[axis]) if axis == "deployment" else f"{axis} {str(row[axis]).lower()}")
