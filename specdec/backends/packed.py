@@ -174,11 +174,8 @@ class PackedBackend(Backend):
         if r < 1:
             raise InputError("a tree is verified after at least one token (the last accepted)")
         kv = self._reserve(state, state.length + r + tree.depth)
-        ids = torch.cat([token_ids.reshape(-1), tree.tokens]).to(torch.long)
-        if int(ids.max()) >= self.embed.shape[0] or int(ids.min()) < 0:
-            raise InputError(f"token id out of {self.name!r}'s vocabulary of {self.embed.shape[0]}")
         paths = [torch.tensor(path) + r for path in tree.leaf_paths()]  # rows of the block
-        fed, saved, x = state.length, [], self.embed[ids]
+        fed, saved, x = state.length, [], self._embedded(torch.cat([token_ids.reshape(-1), tree.tokens]))
         with torch.inference_mode():
             for index, layer in enumerate(self.layers):
                 qkv = self._linear(ops.rms_norm(x, layer.input_norm, self.eps), layer.qkv)
@@ -207,6 +204,13 @@ class PackedBackend(Backend):
         state.tree_qkv = None
 
     # --- internals ----------------------------------------------------------------------
+    def _embedded(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of `ids`' embeddings, or one line naming an id outside the vocabulary."""
+        ids = ids.to(torch.long)
+        if int(ids.max()) >= self.embed.shape[0] or int(ids.min()) < 0:
+            raise InputError(f"token id out of {self.name!r}'s vocabulary of {self.embed.shape[0]}")
+        return self.embed[ids]
+
     def _attend(self, qkv: torch.Tensor, kv: torch.Tensor, layer: int, start: int) -> torch.Tensor:
         """Rows' attention as a chain at positions start.., their keys and values written there."""
         return self.ops.attention(qkv.contiguous(), kv[layer, 0], kv[layer, 1], start, self.cos, self.sin, self.heads,
@@ -228,10 +232,7 @@ class PackedBackend(Backend):
         """Every state's block in one pass; each block's last `keep` logits [keep, V] (None where keep is 0)."""
         ops, sizes = self.ops, [block.numel() for block in blocks]
         caches = [self._reserve(state, state.length + n) for state, n in zip(states, sizes)]
-        ids = torch.cat([block.reshape(-1).to(torch.long) for block in blocks])
-        if int(ids.max()) >= self.embed.shape[0] or int(ids.min()) < 0:
-            raise InputError(f"token id out of {self.name!r}'s vocabulary of {self.embed.shape[0]}")
-        x = self.embed[ids]  # [R, hidden]
+        x = self._embedded(torch.cat([block.reshape(-1) for block in blocks]))  # [R, hidden]
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         with torch.inference_mode():
             for index, layer in enumerate(self.layers):

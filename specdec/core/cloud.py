@@ -121,9 +121,7 @@ class LocalCloudSession:
         assert isinstance(verifier, CachedVerifier)  # check_trees: a tree goes to a cached verifier only
         logits = verifier.tree_logits(seq, tree)[:, : self.vocab]
         logits = process_prefixed(logits, tree.prefixes(seq.generated), self.constraints)
-        if self.constraints.processors and bool(torch.isneginf(logits).all(-1).any()):
-            raise SpecdecError(f"the constraints allow no token of this session's vocabulary ({self.vocab}): "
-                               "widen vocab or use other constraints")
+        self.check_allowed(logits)
         path, next_token = greedy_path(tree, logits)
         verifier.commit_path(tree, path)
         return Verdict(len(path), next_token, verifier.last_tokens_in, verifier.last_sent_features,
@@ -138,10 +136,7 @@ class LocalCloudSession:
             draft_probs = None if draft_probs is None else draft_probs.cpu()
         cloud_logits = process_rows(cloud_logits, seq.generated, draft_tokens.tolist(), self.constraints)
         draft_tokens = draft_tokens.to(cloud_logits.device, non_blocking=True)  # [n], beside the logits
-        # Only a processor masks logits (e.g. vocab 1 under a profile that masks that token)
-        if self.constraints.processors and bool(torch.isneginf(cloud_logits).all(-1).any()):
-            raise SpecdecError(f"the constraints allow no token of this session's vocabulary ({self.vocab}): "
-                               "widen vocab or use other constraints")
+        self.check_allowed(cloud_logits)
         cloud_probs = None  # greedy verification reads the logits alone, as plain greedy decoding does:
         if self.decode.do_sample or getattr(self.policy, "needs_probs", True):  # no softmax over V per step
             cloud_probs = distribution(cloud_logits, self.decode.temperature)
@@ -151,6 +146,13 @@ class LocalCloudSession:
             draft_tokens, draft_probs, cloud_logits, cloud_probs, self.decode.do_sample, self.generator
         )
         return Verdict(accepted, int(next_token), self.verifier.last_tokens_in, self.verifier.last_sent_features)
+
+    def check_allowed(self, logits: torch.Tensor) -> None:
+        """Only a processor masks logits (e.g. vocab 1 under a profile that masks that token): a row with no token
+        left is one line, not a draw from nothing."""
+        if self.constraints.processors and bool(torch.isneginf(logits).all(-1).any()):
+            raise SpecdecError(f"the constraints allow no token of this session's vocabulary ({self.vocab}): "
+                               "widen vocab or use other constraints")
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:
         self.verifier.rollback(length, seq)

@@ -45,25 +45,25 @@ class CachedVerifier:
         return self.session.compute_s if self.session else 0.0
 
     def logits(self, seq: AcceptedSequence, draft_tokens: torch.Tensor) -> torch.Tensor:
+        session, unseen = self._unseen(seq, draft_tokens.numel())
+        return session.feed(torch.cat([unseen, draft_tokens]), keep=draft_tokens.numel() + 1)
+
+    def tree_logits(self, seq: AcceptedSequence, tree: TokenTree) -> torch.Tensor:
+        """As `logits`, for a token tree's nodes: [1 + nodes, V] (row 0 the last accepted token's)."""
+        session, unseen = self._unseen(seq, tree.size)
+        return session.feed_tree(unseen, tree)
+
+    def _unseen(self, seq: AcceptedSequence, drafted: int) -> tuple[Session, torch.Tensor]:
+        """The session (opened on the first call) and the accepted tokens it has not seen. What crosses the network:
+        every accepted token the cloud has not received (the whole prompt on the first call, prefilled in the same
+        forward as the draft) plus the `drafted` tokens."""
         first_call = self.session is None
         self.last_sent_features = first_call and bool(self.prompt.features)
         if self.session is None:  # the first call
             self.session = Session(self.backend, self.prompt)
         unseen = self.session.unseen(seq)
-        # What crosses the network: every accepted token the cloud has not received (the whole
-        # prompt on the first call, prefilled in the same forward as the draft) plus the draft.
-        self.last_tokens_in = unseen.numel() + draft_tokens.numel()
-        return self.session.feed(torch.cat([unseen, draft_tokens]), keep=draft_tokens.numel() + 1)
-
-    def tree_logits(self, seq: AcceptedSequence, tree: TokenTree) -> torch.Tensor:
-        """As `logits`, for a token tree's nodes: [1 + nodes, V] (row 0 the last accepted token's)."""
-        first_call = self.session is None
-        self.last_sent_features = first_call and bool(self.prompt.features)
-        if self.session is None:
-            self.session = Session(self.backend, self.prompt)
-        unseen = self.session.unseen(seq)
-        self.last_tokens_in = unseen.numel() + tree.size
-        return self.session.feed_tree(unseen, tree)
+        self.last_tokens_in = unseen.numel() + drafted
+        return self.session, unseen
 
     def commit_path(self, tree: TokenTree, path: list[int]) -> None:
         """The accepted path of the tree `tree_logits` fed joins the cache, before the rollback crops past it."""
