@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from bench.measure.workload import CLOUD_ALIAS
-from specdec.backends.base import Prompt
+from specdec.backends.prompt import Prompt
 from specdec.core.cloud import LocalCloudSession
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.processors import Constraints

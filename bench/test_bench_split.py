@@ -26,7 +26,7 @@ from bench.measure.caps import pin_cores
 from bench.measure.launch import ServerProcess
 from bench.measure.link import BackgroundLink
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
-from specdec.backends.base import cache_kwarg
+from specdec.backends.hf_util import cache_kwarg
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.models.loading import load_model

@@ -1,5 +1,6 @@
 """specdec: a compact edge-cloud speculative decoding engine."""
-from specdec.backends.base import Backend, Prompt
+from specdec.backends.base import Backend
+from specdec.backends.prompt import Prompt
 from specdec.core.config import DecodeConfig, EngineConfig, SpecConfig
 from specdec.core.decode import SpecOptions, autoregressive_decode, speculative_decode
 from specdec.core.drafters import DraftContext, Drafter, Proposal, register_drafter

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from specdec.backends.base import runtime_parts
 from specdec.backends.devices import steps_of
 from specdec.constraint_profiles import build_constraints
 from specdec.core.cloud import Cloud, LocalCloud
@@ -26,6 +25,7 @@ from specdec.models.architecture import is_architecture
 from specdec.models.loading import LoadedModel, load_model
 from specdec.remote.client import RemoteCloud, SessionSettings
 from specdec.remote.protocol import read_token, token_file_warning, tokenizer_sha256
+from specdec.runtimes import declared, runtime_parts
 from specdec.settings import OnCloudLoss
 
 PLAIN_STEPS = "cloud plain steps"  # the model key of a two-runtime cloud's plain-step copy
@@ -127,8 +127,8 @@ class Engine(EngineConfig):
                 name, runtime = getattr(self, role), runtime_parts(getattr(self, f"{role}_runtime"))[-1]
             # A loader that predates runtimes takes (name, dtype, log): it is asked for torch only, and for
             # llama.cpp's extra buffers only off their default.
-            extra = {} if runtime == "torch" else {"runtime": runtime}
-            if runtime == "llamacpp" and self.llamacpp_extra_buffers != "auto":
+            extra = {} if declared(runtime).default else {"runtime": runtime}
+            if declared(runtime).extra_buffers and self.llamacpp_extra_buffers != "auto":
                 extra["llamacpp_extra_buffers"] = self.llamacpp_extra_buffers
             extra.update(self.placement(role, runtime))
             self._models[role] = self.loader(name, self.dtype, log=self.log, **extra)
@@ -138,7 +138,7 @@ class Engine(EngineConfig):
         """The loader's device, KV cache and CUDA graphs settings for a role's torch model; nothing where they
         ask for the CPU's dynamic cache (so a loader that predates devices is asked as before)."""
         device = self.cloud_device if role == PLAIN_STEPS else getattr(self, f"{role}_device")
-        if runtime != "torch" or steps_of(self.kv_cache, device, self.cuda_graphs) == "dynamic":
+        if not declared(runtime).devices or steps_of(self.kv_cache, device, self.cuda_graphs) == "dynamic":
             return {"device": device} if device != "cpu" else {}
         return {"device": device, "kv_cache": self.kv_cache, "cuda_graphs": self.cuda_graphs}
 
@@ -226,7 +226,8 @@ class Engine(EngineConfig):
         """Whether the models this process runs in llama.cpp use its extra buffer types: as asked until one
         is loaded, then "on" or "off" (its backend's verdict; "mixed" if two loads differ); None where no
         model of this process runs in llama.cpp (a server's model is the server's)."""
-        if not any("llamacpp" in runtime_parts(getattr(self, f"{role}_runtime")) for role in self.roles):
+        if not any(declared(part).extra_buffers for role in self.roles
+                   for part in runtime_parts(getattr(self, f"{role}_runtime"))):
             return None
         used = {m.backend.extra_buffers for m in self._models.values() if m.backend.extra_buffers is not None}
         if not used:

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import specdec.backends
-from specdec.backends.base import Backend, grown, grown_capacity, kept_rows
+from specdec.backends.base import Backend, kept_rows
+from specdec.backends.buffers import grown, grown_capacity
 
 ROOT = Path(__file__).parent.parent
 # Declared capabilities a caller reads (Backend's docstring), beside name, vocab_size and accepts_audio.

@@ -16,8 +16,8 @@ import pytest
 import torch
 from websockets.sync.client import connect
 
-from specdec.backends.base import Prompt
 from specdec.backends.hf_causal import HFCausalBackend
+from specdec.backends.prompt import Prompt
 from specdec.core.cloud import LocalCloud
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.decode import autoregressive_decode, speculative_decode

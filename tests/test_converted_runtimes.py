@@ -9,16 +9,24 @@ import sys
 
 import pytest
 
-from specdec.backends.base import RUNTIME_PACKAGES
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
+from specdec.runtimes import Package, declared
 from tests.conftest import PLAIN_TEXTS as TEXTS  # what the `plain` fixture decodes
 
 QUIET = dict(log=lambda message: None)
-RUNTIMES = [pytest.param(r, marks=pytest.mark.skipif(importlib.util.find_spec(RUNTIME_PACKAGES[r].module) is None,
-                                                     reason=f"{RUNTIME_PACKAGES[r].distribution} is not installed"))
+
+
+def package(runtime: str) -> Package:
+    found = declared(runtime).package
+    assert found is not None, f"{runtime} runs in a package of its own"
+    return found
+
+
+RUNTIMES = [pytest.param(r, marks=pytest.mark.skipif(importlib.util.find_spec(package(r).module) is None,
+                                                     reason=f"{package(r).distribution} is not installed"))
             for r in ("onnx-int4", "openvino-int8")]
 
 
@@ -57,12 +65,12 @@ def test_greedy_spec_through_a_converted_runtimes_server_is_its_plain_decoding(p
 @pytest.mark.subprocess  # runs specbench in a child process
 @pytest.mark.parametrize("runtime", ["onnx-int4", "openvino-int8"])
 def test_a_missing_extra_is_one_line(pair, prompts, tmp_path, runtime):
-    package = RUNTIME_PACKAGES[runtime]
-    code = (f"import sys; sys.modules[{package.module!r}] = None  # as if the extra were not installed\n"
+    needed = package(runtime)
+    code = (f"import sys; sys.modules[{needed.module!r}] = None  # as if the extra were not installed\n"
             "from bench.cli import main; sys.exit(main(sys.argv[1:]))")
     run = ["run", "--mode", "cloud", "--cloud", pair["cloud"], "--prompts", prompts, "--dtype", "float32",
            "--max-new-tokens", "3", "--limit", "1", "--cloud-runtime", runtime, "--out", str(tmp_path / "a")]
     result = subprocess.run([sys.executable, "-c", code, *run], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        f"error: --cloud-runtime {runtime} needs {package.distribution}, which is not installed: {package.extra}"]
+        f"error: --cloud-runtime {runtime} needs {needed.distribution}, which is not installed: {needed.extra}"]

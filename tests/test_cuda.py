@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from bench.measure.run import run
-from specdec.backends.base import Prompt
 from specdec.backends.devices import check_device, check_served_device, gpu_peaks
 from specdec.backends.hf_causal import HFCausalBackend
+from specdec.backends.prompt import Prompt
 from specdec.backends.static_cache import StaticCausalBackend
 from specdec.backends.static_slots import SlotCausalBackend, server_cache
 from specdec.core.config import DecodeConfig, EngineConfig, SpecConfig

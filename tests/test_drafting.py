@@ -8,7 +8,8 @@ import torch
 
 from bench.core.network import profile
 from bench.measure.link import BackgroundLink
-from specdec.backends.base import Backend, Prompt
+from specdec.backends.base import Backend
+from specdec.backends.prompt import Prompt
 from specdec.core.block_length import make_schedule, make_stop
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.decode import SpecOptions, autoregressive_decode, block_size, speculative_decode

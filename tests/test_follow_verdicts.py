@@ -18,7 +18,7 @@ from bench.core.records import read_records
 from bench.derive.fleet_summary import read_fleet
 from bench.measure.serving.clients import replay, script_of
 from bench.measure.serving.fleet_config import FleetConfig
-from specdec.backends.base import Prompt
+from specdec.backends.prompt import Prompt
 from specdec.core.verdict import CloudLost
 from specdec.errors import ConfigError, InputError, ModelError
 from specdec.models.loading import load_model

@@ -24,7 +24,7 @@ from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from specdec.backends.base import Prompt
+from specdec.backends.prompt import Prompt
 from specdec.core.config import DecodeConfig
 from specdec.core.decode import speculative_decode
 from specdec.core.verdict import CloudLost

@@ -3,8 +3,8 @@ the accepted tokens drifts and loops)."""
 import pytest
 import torch
 
-from specdec.backends.base import Prompt
 from specdec.backends.hf_causal import HFCausalBackend
+from specdec.backends.prompt import Prompt
 from tests.tiny import VOCAB, random_prompt, tiny_causal
 
 

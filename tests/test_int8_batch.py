@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from specdec.backends.base import Prompt, cache_kwarg
+from specdec.backends.hf_util import cache_kwarg
+from specdec.backends.prompt import Prompt
 from specdec.models.derive import TokenScaledInt8, quantize_int8
 from specdec.models.loading import load_model
 

@@ -115,8 +115,8 @@ def models():
 def test_a_models_logits_are_the_same_bits_on_every_path(models, arch, weights):
     """Prefill, blocks of 1 to 9 rows, a crop and a block again, and two sessions batched in one forward: the
     reference and every vector path give identical logits."""
-    from specdec.backends.base import Prompt
     from specdec.backends.packed import PackedBackend
+    from specdec.backends.prompt import Prompt
 
     backends = {p: PackedBackend.from_model(models[arch], weights, path=p) for p in ["reference", *VECTOR_PATHS]}
     vocab = backends["reference"].vocab_size

@@ -16,8 +16,8 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip 
 
 from transformers import AutoModelForCausalLM
 
-from specdec.backends.base import Prompt
 from specdec.backends.llamacpp import LlamaCppBackend
+from specdec.backends.prompt import Prompt
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ModelError

@@ -22,9 +22,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from bench.core.point import Point
 from bench.measure.run import run
 from specdec.backends import llamacpp_probe
-from specdec.backends.base import Prompt
 from specdec.backends.llamacpp import LlamaCppBackend
 from specdec.backends.llamacpp_probe import CACHE_FILE, Verdict, build_id, decide
+from specdec.backends.prompt import Prompt
 from specdec.core.config import DecodeConfig, EngineConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError

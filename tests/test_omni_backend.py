@@ -15,7 +15,6 @@ from transformers import (
 )
 from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
 
-from specdec.backends.base import Prompt
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.backends.omni_thinker import (
     AUDIO_BOS,
@@ -26,6 +25,7 @@ from specdec.backends.omni_thinker import (
     default_feature_extractor,
     load_omni_thinker,
 )
+from specdec.backends.prompt import Prompt
 from specdec.errors import InputError, ModelError
 from tests.omni_fixtures import random_waveform, tiny_omni_tokenizer, tiny_thinker
 

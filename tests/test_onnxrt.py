@@ -11,8 +11,9 @@ import torch
 
 pytest.importorskip("onnxruntime_genai")
 
-from specdec.backends.base import Backend, Prompt
+from specdec.backends.base import Backend
 from specdec.backends.onnxrt import OnnxRuntimeBackend
+from specdec.backends.prompt import Prompt
 from specdec.errors import ModelError
 from specdec.models import integrity
 from specdec.models.artifact import MARKER

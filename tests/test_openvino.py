@@ -10,12 +10,13 @@ import torch
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 
-from specdec.backends.base import Prompt, batch_invariant
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.backends.openvino import OpenVinoBackend
+from specdec.backends.prompt import Prompt
 from specdec.errors import ModelError
 from specdec.models import convert_openvino as conv
 from specdec.models.integrity import sha256_of
+from specdec.runtimes import batch_invariant
 from tests.tiny import VOCAB, random_prompt, tiny_causal
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from specdec.backends.base import Prompt
+from specdec.backends.prompt import Prompt
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ModelError

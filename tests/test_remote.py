@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 
 from bench.core.network import profile
 from bench.measure.link import BackgroundLink
-from specdec.backends.base import Prompt
+from specdec.backends.prompt import Prompt
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.core.decode import speculative_decode
 from specdec.engine import Engine

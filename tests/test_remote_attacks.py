@@ -21,7 +21,7 @@ from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
 from bench.cli import main
-from specdec.backends.base import Prompt
+from specdec.backends.prompt import Prompt
 from specdec.core.cloud import LocalCloud
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.decode import SpecOptions, autoregressive_decode, speculative_decode

@@ -25,7 +25,8 @@ from websockets.sync.client import connect
 
 from bench.cli import main
 from bench.measure.run import FailedSamples, run
-from specdec.backends.base import Backend, Prompt
+from specdec.backends.base import Backend
+from specdec.backends.prompt import Prompt
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.core.decode import SpecOptions, speculative_decode
 from specdec.core.verdict import CloudLost

@@ -34,20 +34,21 @@ def test_timing_tests_leave_the_default_run_and_ci_runs_them_on_their_own():
 
 def test_the_main_job_installs_the_runtimes_its_default_config_runs():
     """The first command runs `--config default` on a fresh machine: a runtime that needs an extra is installed by it."""
-    from bench.measure.runtime_auto import CANDIDATES
+    from bench.measure.runtime_auto import candidates
     from bench.measure.sweep.sweep_config import SweepConfig  # the config validates itself, runtimes included
 
     chosen = []
 
     def choose(values: dict) -> dict:  # auto's candidates are what the first command must install
-        chosen.extend(CANDIDATES)
+        chosen.extend((*candidates("cloud"), *candidates("edge")))
         return {**values, "edge_runtime": ["llamacpp"], "cloud_runtime": ["torch-int8t"], "plain_runtimes": ["llamacpp"]}
 
     config = SweepConfig.from_toml("default", choose_runtimes=choose)
     runtimes = {*config.edge_runtime, *config.cloud_runtime, *config.plain_runtimes, *chosen}
-    from specdec.backends.base import RUNTIME_PACKAGES
+    from specdec.runtimes import declared
 
-    needed = sorted({RUNTIME_PACKAGES[r].extra.split("[")[1].split("]")[0] for r in runtimes if r in RUNTIME_PACKAGES})
+    packages = [declared(r).package for r in runtimes]
+    needed = sorted({p.extra.split("[")[1].split("]")[0] for p in packages if p is not None})
     assert needed == ["llamacpp", "onnx", "openvino"]  # llama.cpp, ONNX Runtime and OpenVINO are candidates of auto
     assert f"'.[{','.join(needed)}]'" in readme_commands()[0]
 

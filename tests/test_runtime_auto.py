@@ -221,8 +221,8 @@ def test_the_sweep_chooses_from_this_machines_calibration_file_without_measuring
     monkeypatch.setattr(calibrate, "measure_isolated", lambda *a, **k: pytest.fail("measured"))
     monkeypatch.setattr(calibrate, "measure_bandwidth", lambda *a, **k: pytest.fail("measured the bandwidth"))
     from bench.measure import runtime_auto  # the candidates this file has entries for (the ONNX ones are extras)
-    monkeypatch.setattr(runtime_auto, "CANDIDATES", ("llamacpp", "torch-int8", "torch-int8t", "torch"))
-    monkeypatch.setattr(runtime_auto, "EDGE_CANDIDATES", ("llamacpp", "torch-int8", "torch"))
+    listed = {"cloud": ("llamacpp", "torch-int8", "torch-int8t", "torch"), "edge": ("llamacpp", "torch-int8", "torch")}
+    monkeypatch.setattr(runtime_auto, "candidates", listed.__getitem__)
     entries = [{**e, "method": calibrate.METHOD, "block_vs_steps": 0.0 if e["runtime"] == "torch-int8t" else 0.4}
                for e in CALIBRATION["entries"]]
     # the cloud's candidates, for either model

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from specdec.backends.base import RUNTIMES
 from specdec.core.config import DeployConfig, EngineConfig
 from specdec.core.decode import SpecOptions, speculative_decode
 from specdec.errors import ConfigError, ModelError
-from specdec.models.loading import LOADERS, LoadSettings
+from specdec.models.loading import LoadSettings
+from specdec.runtimes import runtimes
 from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, OnCloudLoss, ServerCache, choices, parse
 
 ROOT = Path(__file__).parent.parent
@@ -41,8 +41,9 @@ def test_the_configs_hold_parsed_settings_that_still_read_as_their_words():
         EngineConfig(mode="cloud", cloud="m", kv_cache="warm")
 
 
-def test_every_runtime_registers_its_loader():
-    assert set(LOADERS) == set(RUNTIMES)
+def test_every_runtime_declares_a_loader_that_imports():
+    assert all(callable(r.resolved_loader()) for r in runtimes())
+    assert all(callable(r.converter()) for r in runtimes() if r.conversion)
     settings = LoadSettings(runtime="llamacpp", kv_cache="auto", extra_buffers="off")
     assert settings.kv_cache is KVCache.AUTO and settings.extra_buffers is ExtraBuffers.OFF
     with pytest.raises(ModelError, match="unknown runtime 'tpu-int2': use one of torch, "):

@@ -4,9 +4,9 @@ speculation on it is the cloud's own decoding token for token; a crop is exact b
 import pytest
 import torch
 
-from specdec.backends.base import Prompt
 from specdec.backends.devices import steps_of
 from specdec.backends.hf_causal import HFCausalBackend
+from specdec.backends.prompt import Prompt
 from specdec.backends.static_cache import StaticCausalBackend
 from specdec.backends.static_slots import causal_backend
 from specdec.core.config import DecodeConfig, SpecConfig

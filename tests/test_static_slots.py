@@ -9,8 +9,8 @@ import torch
 
 from bench.cli import main
 from bench.derive.fleet_summary import read_fleet
-from specdec.backends.base import Prompt
 from specdec.backends.hf_causal import HFCausalBackend
+from specdec.backends.prompt import Prompt
 from specdec.backends.static_slots import SlotCausalBackend, server_cache
 from specdec.errors import ModelError, SpecdecError
 from specdec.models.loading import load_model

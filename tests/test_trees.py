@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.backends.base import Prompt
+from specdec.backends.prompt import Prompt
 from specdec.core.tree import TokenTree, greedy_path
 from specdec.errors import InputError
 from tests.tiny import random_prompt, tiny_causal

@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 from bench.derive.calibration import read_calibration, table
-from bench.measure.calibrate import DEFAULT_RUNTIMES, ROUNDS, calibration, calibration_path, default_models
-from specdec.backends.base import canonical_runtime, check_runtime
+from bench.measure.calibrate import ROUNDS, calibration, calibration_path, default_models, default_runtimes
 from specdec.backends.devices import check_device
 from specdec.errors import ConfigError
 from specdec.kernels import KernelError
 from specdec.machine import fingerprint
+from specdec.runtimes import canonical_runtime, check_runtime
 
 
 def _count(text: str) -> int:
@@ -32,7 +32,7 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("calibrate", help="measure this machine once: memory bandwidth, each runtime's step "
                                                 "and block costs per model, kept per machine class")
     p.add_argument("--models", help="comma-separated models (default: the default config's edge and cloud)")
-    p.add_argument("--runtimes", default=",".join(DEFAULT_RUNTIMES), help="comma-separated runtimes")
+    p.add_argument("--runtimes", default=",".join(default_runtimes()), help="comma-separated runtimes")
     p.add_argument("--threads", type=_count, help="threads per forward (default: this machine's cores)")
     p.add_argument("--rounds", type=_count, default=ROUNDS, help="timed rounds per model and runtime")
     p.add_argument("--force", action="store_true", help="measure every entry again, the bandwidth too")

@@ -6,13 +6,14 @@ import sys
 from pathlib import Path
 
 from bench.measure.caps import parse_cores, pin_cores
-from specdec.backends.base import DTYPES, RUNTIMES, served_runtime
+from specdec.backends.base import DTYPES
 from specdec.backends.devices import CUDA_GRAPHS, SERVER_CACHES, check_served_cache, check_served_device
 from specdec.errors import ConfigError
 from specdec.models.loading import load_model
 from specdec.remote.protocol import read_token, token_file_warning
 from specdec.remote.server import run_server
 from specdec.remote.server_config import ServeConfig
+from specdec.runtimes import RuntimeChoices, canonical_runtime, default_runtime, runtimes, served_runtime
 
 
 def add_serve_parser(sub) -> None:
@@ -23,10 +24,9 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--host", default=ServeConfig.host, help="address to bind (default loopback; others need --token-file)")
     p.add_argument("--port", type=int, default=ServeConfig.port, help="TCP port; 0 picks a free one (printed)")
     p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16", help="the torch runtime's dtype")
-    p.add_argument("--runtime", choices=RUNTIMES,
-                   help="what runs the model: torch (in --dtype), torch-int8 (dynamic int8 Linear layers) or llamacpp "
-                        "(a registry alias's kept GGUF file, a .gguf path, or a folder holding one); default: llamacpp "
-                        "for a .gguf path, else torch")
+    p.add_argument("--runtime", choices=RuntimeChoices(), type=canonical_runtime,
+                   help="what runs the model: " + "; ".join(f"{r.name}: {r.summary}" for r in runtimes())
+                        + f". Default: the runtime a model file needs (a .gguf path's), else {default_runtime()}")
     p.add_argument("--device", "--cloud-device", default="cpu",
                    help="where the torch model runs: cpu, cuda or cuda:N (docs/gpu.md); llama.cpp and int8: cpu only")
     p.add_argument("--kv-cache", choices=SERVER_CACHES, default="auto",

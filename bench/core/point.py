@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.prompts import SPEC_BENCH, PromptInputs, prompt_set_name
-from specdec.backends.base import runtime_parts
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.drafters import NEEDS_MODEL
+from specdec.runtimes import runtime_parts
 
 RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConfig)
 # Run settings that say how a run reaches its models and prompts, not what it measures: the

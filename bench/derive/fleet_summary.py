@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from bench.core.records import read_records
+from specdec.runtimes import default_runtime
 
 LEVELS, BATCHES = "levels.jsonl", "batches.jsonl"
 UNKNOWN_RUNTIME = "unknown"  # a --cloud-url server that did not say what runs its model
@@ -47,7 +48,7 @@ def folder_runtime(out: Path) -> str:
     if config.get("cloud_runtime"):
         return config["cloud_runtime"]
     cloud = config.get("cloud")
-    return UNKNOWN_RUNTIME if not cloud else "llamacpp" if cloud.endswith(".gguf") else "torch"
+    return UNKNOWN_RUNTIME if not cloud else default_runtime(cloud)
 
 
 def runtime_of(row: dict, default: str) -> str:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.backends.base import batch_invariant
 from specdec.errors import ConfigError
+from specdec.runtimes import batch_invariant, declared
 
 PLAIN_MARGIN = 1.25  # a runtime whose step is within 25 % of the fastest is also timed as plain decoding
 LOSSLESS_POLICIES = ("greedy", "sample")  # policies that emit the verifier's own tokens (or distribution)
@@ -115,15 +115,13 @@ def cheapest_verifier(calibration: dict, model: str, candidates: tuple[str, ...]
                                                   f"{_figures(entries, cost)}{first_token_note(everything, best)}")
 
 
-# Bits a runtime reads per weight, at least (scales and the embedding left out): with the model's parameter count and
-# the measured bandwidth, the step no runtime can beat (its floor), known before the runtime is converted or loaded.
-WEIGHT_BITS = {"torch": 16, "torch-int8": 8, "torch-int8t": 8, "onnx-int8": 8, "openvino-int8": 8, "kernels-int8": 8,
-               "onnx-int4": 4, "kernels-int4": 4, "llamacpp": 4}
 
 
 def parameters_at_most(entries: dict[str, dict]) -> float:
-    """The model's parameters, over-counted by none of the measured entries: min of weight_bytes * 8 / bits."""
-    return min(e["weight_bytes"] * 8 / WEIGHT_BITS.get(r, 4) for r, e in entries.items() if e.get("weight_bytes"))
+    """The model's parameters, over-counted by none of the measured entries: min of weight_bytes * 8 / bits, a
+    runtime's bits the fewest it reads per weight (its declaration's weight_bits: scales and the embedding left out),
+    so with the measured bandwidth they give the step no runtime can beat (its floor), known before it is loaded."""
+    return min(e["weight_bytes"] * 8 / declared(r).weight_bits for r, e in entries.items() if e.get("weight_bytes"))
 
 
 def cannot_win(runtime: str, floor_ms: float, entries: dict[str, dict], ks: tuple[int, ...],

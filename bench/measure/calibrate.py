@@ -45,16 +45,17 @@ from tqdm import tqdm
 from bench.derive.calibration import SCHEMA, entry_of, read_calibration
 from bench.measure.launch import WorkerProcess, bind_to_parent, death_line
 from bench.measure.runtime_costs import context_ids, prefilled, time_round
-from specdec.backends.base import RUNTIMES, Prompt, canonical_runtime
+from specdec.backends.prompt import Prompt
 from specdec.errors import ConfigError, SpecdecError
 from specdec.kernels import KernelError, chosen_path, kernels, pack, source_digest
 from specdec.machine import fingerprint
 from specdec.models import registry
 from specdec.models.derive import split_name
 from specdec.models.loading import LoadedModel, load_model
+from specdec.runtimes import declared
+from specdec.runtimes import runtimes as all_runtimes
 
 DEFAULT_CONFIG = Path(__file__).parent.parent / "configs" / "default.toml"  # its models are calibrate's default
-DEFAULT_RUNTIMES = ("torch-int8", "llamacpp", "torch")
 ROUNDS = 3
 CONTEXT = 128  # cached tokens every timed block is fed after
 PREFILL = 800  # tokens of a timed prompt: about a Spec-Bench RAG question's, where the prompt rate decides the first token
@@ -62,11 +63,7 @@ TORCH_DTYPE = "bfloat16"  # runtime torch: the engine's CPU default (torch-int8 
 BANDWIDTH_BYTES = 1 << 30  # >= 1 GiB: far past any last-level cache (this machine reports 260 MiB of L3)
 BANDWIDTH_REPEATS = 5
 READ_STREAMS = (1, 2, 4, 8, 16)  # streams a thread for the kernels' read: the fastest count varies by processor
-# The packages whose version a runtime's timings depend on, and their distributions' names.
-RUNTIME_PACKAGES = {"llamacpp": ("llama_cpp",), "onnx-int4": ("onnxruntime", "onnxruntime_genai"),
-                    "onnx-int8": ("onnxruntime", "onnxruntime_genai"), "openvino-int8": ("openvino", "nncf"),
-                    "kernels-int8": ("torch", "transformers", "kernels"),
-                    "kernels-int4": ("torch", "transformers", "kernels")}  # every torch-* runtime: torch, transformers
+# The distributions of the packages a runtime's timings depend on (its declaration's timed_packages).
 DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "llama_cpp": "llama_cpp_python",
                  "onnxruntime": "onnxruntime", "onnxruntime_genai": "onnxruntime-genai", "openvino": "openvino",
                  "nncf": "nncf"}
@@ -103,7 +100,12 @@ def runtime_versions() -> dict[str, str | None]:
 
 
 def packages_of(runtime: str) -> tuple[str, ...]:
-    return RUNTIME_PACKAGES.get(runtime, ("torch", "transformers"))
+    return declared(runtime).timed_packages
+
+
+def default_runtimes() -> tuple[str, ...]:
+    """What `specbench calibrate` measures when no runtime is named (declarations with `calibrated`)."""
+    return tuple(r.name for r in all_runtimes() if r.calibrated)
 
 
 # --- the public entry point ------------------------------------------------------------------
@@ -112,9 +114,7 @@ def calibration(models: list[str], runtimes: list[str], threads: int, progress: 
     """This machine's calibration file (bench/derive/calibration.py's schema) holding an entry for every
     model x runtime at `threads`: measured now where the file has none, or a stale one; the rest kept.
     ConfigError (one line) for an unknown runtime or a damaged file (unless `force`)."""
-    runtimes = [canonical_runtime(r) for r in runtimes]
-    if unknown := [r for r in runtimes if r not in RUNTIMES]:
-        raise ConfigError(f"unknown runtime {unknown[0]!r}: use one of {', '.join(RUNTIMES)}")
+    runtimes = [declared(r).name for r in runtimes]
     if threads < 1 or rounds < 1:
         raise ConfigError(f"threads and rounds must be >= 1, got {threads} and {rounds}")
     here, versions = fingerprint(), runtime_versions()
@@ -161,7 +161,7 @@ def model_stamp(model: str, runtime: str) -> str | None:
     try:
         base, _ = split_name(registry.expand(model))
         if registry.is_alias(base):
-            where = registry.gguf_path(base) if runtime == "llamacpp" else registry.model_dir(base)
+            where = registry.gguf_path(base) if declared(runtime).file_suffix else registry.model_dir(base)
         else:
             where = Path(base).expanduser()
     except SpecdecError:
@@ -284,7 +284,7 @@ def streamed_weight_bytes(lm: LoadedModel) -> int:
     """The bytes one token step must read: a GGUF file's size (llama.cpp maps and reads it whole), or a
     torch model's weights without its embedding tables (a step reads one row of those; a head tied to
     them is counted as the head), a dynamic int8 Linear counted as its packed int8 weight and its bias."""
-    if lm.runtime == "llamacpp":
+    if lm.runtime is not None and declared(lm.runtime).whole_file:
         return Path(lm.location).stat().st_size
     if lm.backend.streamed_bytes is not None:  # a converted runtime's graph says what it reads (onnxrt.py)
         return int(lm.backend.streamed_bytes)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from bench.core.prompts import load_prompts
-from specdec.backends.base import Prompt
+from specdec.backends.prompt import Prompt
 from specdec.models.loading import load_model
 
 

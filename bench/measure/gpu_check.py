@@ -41,9 +41,9 @@ import torch
 
 from bench.derive.fleet_summary import summarize_fleet
 from bench.derive.gpu_costs import capacity, graph_bound, spread, summarize
-from specdec.backends.base import cache_kwarg
 from specdec.backends.cuda_graphs import CapturedSteps
 from specdec.backends.devices import check_device, clock, is_cuda
+from specdec.backends.hf_util import cache_kwarg
 from specdec.backends.static_cache import StaticKV, static_forward
 from specdec.errors import SpecdecError
 from specdec.models.architecture import PREFIX as ARCH

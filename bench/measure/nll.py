@@ -19,7 +19,7 @@ from tqdm import tqdm
 from bench.core.prompts import load_prompts
 from bench.core.records import ResultsFile, read_records
 from bench.derive.scores import SCORE_FIELDS, SCORES, score_key
-from specdec.backends.base import Prompt
+from specdec.backends.prompt import Prompt
 from specdec.errors import ConfigError, InputError
 from specdec.models.loading import LoadedModel, load_model
 

@@ -12,7 +12,6 @@ import os
 from dataclasses import asdict, replace
 
 from bench.derive.runtime_choice import (
-    WEIGHT_BITS,
     RuntimeChoice,
     cannot_win,
     cheapest_verifier,
@@ -21,22 +20,26 @@ from bench.derive.runtime_choice import (
     usable,
 )
 from bench.measure.calibrate import calibration
-from specdec.backends.base import runtime_installed
 from specdec.errors import ConfigError
 from specdec.machine import describe, fingerprint
+from specdec.runtimes import CLOUD, EDGE, declared, runtime_installed, runtimes, with_role
 
 AUTO = "auto"
 AUTO_FIELDS = ("edge_runtime", "cloud_runtime", "plain_runtimes")
-# What `auto` chooses among, where installed: torch bf16 is measured too (on an AMX machine its blocks are
-# flat), torch-int8t is the batch-invariant verifier lossless points need.
-CANDIDATES = ("llamacpp", "torch-int8", "torch-int8t", "torch", "onnx-int4", "onnx-int8", "openvino-int8", "kernels-int8",
-              "kernels-int4")
-# A drafter's text need not match anything (no int8t); the kernels serve the edge as well as the cloud.
-EDGE_CANDIDATES = ("llamacpp", "torch-int8", "torch", "onnx-int4", "kernels-int4", "kernels-int8")
-# Measured first, on every machine: nothing to convert, loaded in seconds, and among them the fastest plain decoding
-# and the cheapest exact block wherever the kernels run. The rest (conversions of minutes, slow torch runtimes) is
-# measured only where its floor says it could still win a role (runtime_choice.cannot_win).
-FIRST = ("llamacpp", "torch-int8", "kernels-int4", "kernels-int8")
+
+
+def candidates(role: str) -> tuple[str, ...]:
+    """What `auto` chooses among for `role` (CLOUD: the verifier and the plain decoding; EDGE: the drafter), where
+    installed: the runtimes whose declarations name the role (specdec/runtimes). torch bf16 is measured too (on an AMX
+    machine its blocks are flat); a drafter's text need not match anything, so the edge needs no batch-invariant one."""
+    return with_role(role)
+
+
+def measured_first() -> frozenset[str]:
+    """Measured first, on every machine: nothing to convert, loaded in seconds, and among them the fastest plain
+    decoding and the cheapest exact block wherever the kernels run. The rest (conversions of minutes, slow torch
+    runtimes) is measured only where its floor says it could still win a role (runtime_choice.cannot_win)."""
+    return frozenset(r.name for r in runtimes() if r.measured_first)
 
 
 def has_auto(values: dict) -> bool:
@@ -69,9 +72,9 @@ class AutoRuntimes:
 
     def calibrate_promising(self, model: str, candidates: tuple[str, ...], threads: int, ks: tuple[int, ...],
                             policies: tuple[str, ...], roles: tuple[str, ...]) -> dict:
-        """`model`'s calibration: FIRST measured, then each other candidate unless its floor rules it out of every
-        role against what FIRST measured (the reason kept in `skipped`, for the record and the report)."""
-        first = tuple(r for r in candidates if r in FIRST)
+        """`model`'s calibration: the runtimes measured first, then each other candidate unless its floor rules it out
+        of every role against what those measured (the reason kept in `skipped`, for the record and the report)."""
+        first = tuple(r for r in candidates if r in measured_first())
         data = self.calibrate([model], list(first), threads) if first else None
         try:
             entries = usable(data, model, first, threads) if data else {}
@@ -83,7 +86,7 @@ class AutoRuntimes:
         for runtime in (r for r in candidates if r not in first):
             why = None
             if parameters is not None and bandwidth_gbs:
-                floor_ms = parameters * WEIGHT_BITS.get(runtime, 4) / 8 / (bandwidth_gbs * 1e6)
+                floor_ms = parameters * declared(runtime).weight_bits / 8 / (bandwidth_gbs * 1e6)
                 why = cannot_win(runtime, floor_ms, entries, ks, policies, roles)
             if why is None:
                 rest.append(runtime)
@@ -113,22 +116,22 @@ class AutoRuntimes:
         ks = tuple(dict.fromkeys(int(k) for t in tables for k in _as_tuple(t.get("k")))) or (4,)
         policies = tuple(dict.fromkeys(str(p) for t in tables for p in _as_tuple(t.get("policy")))) or ("threshold",)
         if edge_auto:  # the edge's candidates only: a drafter needs no batch-invariant runtime
-            self.calibrate_promising(edge, installed(EDGE_CANDIDATES), threads, ks, policies, ("edge",))
+            self.calibrate_promising(edge, installed(candidates(EDGE)), threads, ks, policies, ("edge",))
         roles = tuple(role for role, name in (("cloud", "cloud_runtime"), ("plain", "plain_runtimes"))
                       if AUTO in _as_tuple(values.get(name)))
-        self.measured = self.calibrate_promising(cloud, installed(CANDIDATES), threads, ks, policies,
+        self.measured = self.calibrate_promising(cloud, installed(candidates(CLOUD)), threads, ks, policies,
                                                  roles)  # the file, both models
         resolved = dict(values)
         if AUTO in _as_tuple(values.get("cloud_runtime")):
-            choice = cheapest_verifier(self.measured, cloud, installed(CANDIDATES), ks, policies, int(threads))
+            choice = cheapest_verifier(self.measured, cloud, installed(candidates(CLOUD)), ks, policies, int(threads))
             resolved["cloud_runtime"] = choice.runtimes
             self.choices.append(self._with_skipped(choice))
         if AUTO in _as_tuple(values.get("plain_runtimes")):
-            choice = fastest_plain(self.measured, cloud, installed(CANDIDATES), threads=int(threads))
+            choice = fastest_plain(self.measured, cloud, installed(candidates(CLOUD)), threads=int(threads))
             resolved["plain_runtimes"] = choice.runtimes
             self.choices.append(self._with_skipped(choice))
         if edge_auto:
-            choice = fastest_plain(self.measured, edge, installed(EDGE_CANDIDATES), role="edge", margin=1.0,
+            choice = fastest_plain(self.measured, edge, installed(candidates(EDGE)), role="edge", margin=1.0,
                                    threads=int(threads))
             resolved["edge_runtime"] = choice.runtimes[:1]
             self.choices.append(self._with_skipped(choice))

@@ -28,8 +28,8 @@ from tqdm import tqdm
 
 from bench.core.prompts import load_prompts
 from bench.derive.runtime_cost_table import BLOCKS, table
-from specdec.backends.base import Prompt
 from specdec.backends.devices import clock
+from specdec.backends.prompt import Prompt
 from specdec.errors import SpecdecError
 from specdec.models.loading import load_model
 

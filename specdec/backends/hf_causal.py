@@ -18,7 +18,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from specdec.backends.base import Backend, Prompt, cache_kwarg
+from specdec.backends.base import Backend
+from specdec.backends.hf_util import cache_kwarg
+from specdec.backends.prompt import Prompt
 from specdec.errors import InputError
 
 

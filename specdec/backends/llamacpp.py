@@ -39,9 +39,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.backends.base import LLAMACPP_EXTRA, Backend, Prompt, refuse_features
+from specdec.backends.base import Backend
 from specdec.backends.llamacpp_probe import announce, build_id, decide
+from specdec.backends.prompt import Prompt, refuse_features
 from specdec.errors import ConfigError, InputError, ModelError
+from specdec.runtimes.llamacpp import LLAMA_CPP
 
 KV_TYPES = {"f16": 1, "f32": 0}  # ggml_type ids: GGML_TYPE_F16, GGML_TYPE_F32
 _backend_ready = False
@@ -54,7 +56,7 @@ def _llama():
         import llama_cpp
     except ImportError as e:
         raise ConfigError(f"runtime llamacpp needs llama-cpp-python, which cannot be imported ({e}): "
-                          f"{LLAMACPP_EXTRA}") from None
+                          f"{LLAMA_CPP.extra}") from None
     if not _backend_ready:
         # llama.cpp logs through llama-cpp-python's logger; unless someone configured it, it stays
         # quiet: its failures reach the user as our one-line errors.

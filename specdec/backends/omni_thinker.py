@@ -27,8 +27,9 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from specdec.backends.base import Prompt, cache_kwarg, from_pretrained_checked
 from specdec.backends.hf_causal import CausalState, HFCausalBackend, block_positions
+from specdec.backends.hf_util import cache_kwarg, from_pretrained_checked
+from specdec.backends.prompt import Prompt
 from specdec.errors import InputError, ModelError
 
 AUDIO_TOKEN, AUDIO_BOS, AUDIO_EOS = "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"

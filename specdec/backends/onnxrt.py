@@ -47,8 +47,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.backends.base import ONNX_EXTRA, Backend, Prompt, grown, grown_capacity, refuse_features
+from specdec.backends.base import Backend
+from specdec.backends.buffers import grown, grown_capacity
+from specdec.backends.prompt import Prompt, refuse_features
 from specdec.errors import ConfigError, InputError, ModelError
+from specdec.runtimes.onnx import ONNX
 
 KEEP_INPUT = "num_logits_to_keep"  # the logits' rows to keep: added to the builder's graph by convert_onnx
 MIN_CAPACITY = 256  # positions a state's buffers hold at first; they double as needed
@@ -69,7 +72,7 @@ def _ort():
     try:
         import onnxruntime
     except ImportError as e:
-        raise ConfigError(f"the ONNX runtime needs onnxruntime, which cannot be imported ({e}): {ONNX_EXTRA}") from None
+        raise ConfigError(f"the ONNX runtime needs onnxruntime, which cannot be imported ({e}): {ONNX.extra}") from None
     return onnxruntime
 
 

@@ -41,10 +41,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.backends.base import OPENVINO_EXTRA, Backend, Prompt, grown, grown_capacity, refuse_features
+from specdec.backends.base import Backend
+from specdec.backends.buffers import grown, grown_capacity
+from specdec.backends.prompt import Prompt, refuse_features
 from specdec.errors import ConfigError, InputError, ModelError
+from specdec.runtimes.openvino import OPENVINO
 
-OPENVINO_PINS = OPENVINO_EXTRA  # pip install 'specbench[openvino]'
+OPENVINO_PINS = OPENVINO.extra  # pip install 'specbench[openvino]'
 
 DEFAULT_CONFIG = {
     "INFERENCE_PRECISION_HINT": "f32",

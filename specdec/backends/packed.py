@@ -34,7 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.backends.base import Backend, Prompt, grown, grown_capacity, kept_rows, refuse_features
+from specdec.backends.base import Backend, kept_rows
+from specdec.backends.buffers import grown, grown_capacity
+from specdec.backends.prompt import Prompt, refuse_features
 from specdec.errors import InputError, ModelError
 from specdec.kernels import kernels, pack
 from specdec.kernels.pack import PackedLinear

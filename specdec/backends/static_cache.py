@@ -28,10 +28,11 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from specdec.backends.base import Prompt, grown_capacity
+from specdec.backends.buffers import grown_capacity
 from specdec.backends.cuda_graphs import CapturedSteps
 from specdec.backends.devices import STEPS, is_cuda
 from specdec.backends.hf_causal import HFCausalBackend, block_positions
+from specdec.backends.prompt import Prompt
 from specdec.errors import InputError, ModelError, SpecdecError
 
 STATIC_MODEL_TYPES = ("llama", "qwen2", "qwen3")

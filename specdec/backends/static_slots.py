@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from specdec.backends.base import Prompt, kept_rows
+from specdec.backends.base import kept_rows
 from specdec.backends.cuda_graphs import CapturedRows
 from specdec.backends.devices import is_cuda
 from specdec.backends.hf_causal import HFCausalBackend
+from specdec.backends.prompt import Prompt
 from specdec.backends.static_cache import GRAPH_TOKENS, StaticCausalBackend, StaticKV, check_static, static_mask
 from specdec.errors import InputError, ModelError, SpecdecError
 

@@ -29,8 +29,10 @@ from transformers import (
     WhisperForConditionalGeneration,
 )
 
-from specdec.backends.base import Backend, Prompt, cache_kwarg, from_pretrained_checked
+from specdec.backends.base import Backend
 from specdec.backends.hf_causal import block_positions
+from specdec.backends.hf_util import cache_kwarg, from_pretrained_checked
+from specdec.backends.prompt import Prompt
 from specdec.errors import InputError, ModelError
 
 WHISPER_MODEL_TYPES = ("whisper",)

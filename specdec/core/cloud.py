@@ -21,7 +21,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from specdec.backends.base import Backend, Prompt
+from specdec.backends.base import Backend
+from specdec.backends.prompt import Prompt
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.policies import make_policy
 from specdec.core.processors import Constraints

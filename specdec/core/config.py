@@ -12,19 +12,34 @@ import types
 import typing
 from dataclasses import dataclass, field, fields
 
-from specdec.backends.base import DTYPES, RUNTIME_PAIRS, RUNTIMES, canonical_runtime, check_runtime, runtime_parts
+from specdec.backends.base import DTYPES
 from specdec.backends.devices import CUDA_GRAPHS, DEVICE_NAMES, KV_CACHES, check_device
 from specdec.core.block_length import SCHEDULES, parse_stop
 from specdec.core.drafters import DRAFTERS, describe_options, drafter_options
 from specdec.core.policies import POLICIES
 from specdec.core.verifier import VERIFIERS
 from specdec.errors import ConfigError
+from specdec.runtimes import (
+    RuntimeChoices,
+    canonical_runtime,
+    check_file,
+    check_runtime,
+    declared,
+    default_runtime,
+    runtime_parts,
+    runtimes,
+)
 from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, OnCloudLoss, choices, parse_fields
 
 MODES = ("edge", "cloud", "spec")
 ROLES = {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}  # the models each mode loads
 CONSTRAINT_PROFILES = ("none", "zh")
 UNCERTAINTY = ("max", "mean", "first")
+DEFAULT_RUNTIME = default_runtime()  # what runs a model when no runtime is said (specdec/runtimes)
+RUNTIMES_HELP = "; ".join(f"{r.name}: {r.summary}" for r in runtimes())
+# e.g. llama.cpp's plain steps and the kernels' exact blocks
+PAIR_EXAMPLE = "+".join(next(r.name for r in runtimes() if r.measured_first and r.blocks_are_steps == exact)
+                        for exact in (False, True))
 
 
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "text", bool: "true or false"}
@@ -84,17 +99,13 @@ class EngineConfig:
     cloud: str | None = field(default=None, metadata={"help": "cloud (verify) model: registry alias, local directory or hub id"})
     dtype: str = field(default="bfloat16", metadata={"help": "weights and activations of the torch runtime (float32 "
                                                               "for exactness checks)", "choices": tuple(DTYPES)})
-    edge_runtime: str = field(default="torch", metadata={
-        "help": "what runs the edge: torch (in --dtype), torch-int8 (dynamic int8 Linear layers, float32 "
-                "activations), torch-int8t (int8 with activations quantized per token: a block's logits are its "
-                "steps') or llamacpp (the registry's GGUF file as shipped, or a .gguf path), onnx-int4/onnx-int8/openvino-int8 "
-                "(converted on first use), kernels-int8/kernels-int4 (specbench's own kernels on AVX-512 VNNI, "
-                "AVX-VNNI, AVX2 or NEON: int8 or int4 weights, blocks cost about a step and are its steps bit for "
-                "bit)", "choices": RUNTIMES, "canonical": canonical_runtime})
-    cloud_runtime: str = field(default="torch", metadata={
-        "help": "what runs the cloud loaded here, as --edge-runtime; spec mode: also "
-                "PLAIN+BLOCKS (e.g. llamacpp+torch-int8), the model held in both, plain steps in the first, blocks in the "
-                "second", "choices": RUNTIMES + RUNTIME_PAIRS, "canonical": canonical_runtime})
+    edge_runtime: str = field(default=DEFAULT_RUNTIME, metadata={
+        "help": f"what runs the edge (docs/runtimes.md): {RUNTIMES_HELP}", "choices": RuntimeChoices(),
+        "canonical": canonical_runtime})
+    cloud_runtime: str = field(default=DEFAULT_RUNTIME, metadata={
+        "help": "what runs the cloud loaded here, as --edge-runtime; spec mode: also PLAIN+BLOCKS (two runtimes, e.g. "
+                f"{PAIR_EXAMPLE}), the model held in both, plain steps in the first, blocks in the second",
+        "choices": RuntimeChoices(pairs=True), "canonical": canonical_runtime})
     constraints: str = field(default="none", metadata={"help": "decoding profile (zh: one short Chinese sentence)",
                                                         "choices": CONSTRAINT_PROFILES})
     chat_template: bool = field(default=True, metadata={"help": "wrap the prompt in the tokenizer's chat template, "
@@ -135,7 +146,7 @@ class EngineConfig:
         if self.cloud_url and self.mode == "cloud":
             raise ConfigError("--cloud-url verifies spec blocks on a server; cloud mode runs the cloud model here: "
                               "drop --cloud-url or use --mode spec")
-        if self.remote_cloud and self.cloud_runtime != "torch":
+        if self.remote_cloud and self.cloud_runtime != DEFAULT_RUNTIME:
             raise ConfigError("--cloud-runtime chooses what runs a cloud loaded here; with --cloud-url the server's "
                               "model runs as that server was started: drop --cloud-runtime")
         if len(runtime_parts(self.cloud_runtime)) > 1 and (self.mode != "spec" or self.remote_cloud):
@@ -146,8 +157,7 @@ class EngineConfig:
         for role in self.roles:
             runtime, name = getattr(self, f"{role}_runtime"), getattr(self, role)
             check_runtime(runtime, f"--{role}-runtime")
-            if any(part != "llamacpp" for part in runtime_parts(runtime)) and isinstance(name, str) and name.endswith(".gguf"):
-                raise ConfigError(f"{role} {name!r} is a GGUF file, which llama.cpp runs: add --{role}-runtime llamacpp")
+            check_file(name, runtime, role, f"--{role}-runtime", verb="add")
         missing = [role for role in self.roles if not getattr(self, role)]
         if missing:
             flags = " and ".join(f"--{role} MODEL" for role in missing)
@@ -157,9 +167,10 @@ class EngineConfig:
         """The role's device exists here, and its runtime runs there (llama.cpp and dynamic int8 on the CPU only)."""
         device = check_device(getattr(self, f"{role}_device"), f"--{role}-device")
         runtime = getattr(self, f"{role}_runtime")
-        if device != "cpu" and runtime != "torch":
+        if device != "cpu" and not all(declared(part).devices for part in runtime_parts(runtime)):
+            on_devices = ", ".join(r.name for r in runtimes() if r.devices)
             raise ConfigError(f"--{role}-runtime {runtime} runs on the CPU only: use --{role}-device cpu, or "
-                              f"--{role}-runtime torch on {device}")
+                              f"--{role}-runtime {on_devices} on {device}")
 
     @property
     def remote_cloud(self) -> bool:

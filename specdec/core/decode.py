@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.backends.base import Backend, Prompt
+from specdec.backends.base import Backend
+from specdec.backends.prompt import Prompt
 from specdec.core.block_length import block_size, make_schedule, make_stop
 from specdec.core.cloud import Cloud, CloudLink, as_cloud, open_link
 from specdec.core.config import DecodeConfig, SpecConfig

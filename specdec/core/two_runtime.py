@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.backends.base import Prompt
+from specdec.backends.prompt import Prompt
 from specdec.core.cloud import Cloud, CloudSession
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.drafters.interface import Proposal

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from specdec.backends.base import Backend, Prompt
+from specdec.backends.base import Backend
 from specdec.backends.devices import clock
+from specdec.backends.prompt import Prompt
 from specdec.core.session import AcceptedSequence, Session
 from specdec.core.tree import TokenTree
 

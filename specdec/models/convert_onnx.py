@@ -33,11 +33,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from specdec.backends.base import ONNX_EXTRA
 from specdec.backends.onnxrt import KEEP_INPUT, OnnxRuntimeBackend
 from specdec.errors import ConfigError, ModelError
 from specdec.models import artifact
 from specdec.models.registry import MARKER as FETCH_MARKER
+from specdec.runtimes.onnx import ONNX
 
 Log = Callable[[str], object]
 
@@ -71,7 +71,7 @@ def check_builder() -> None:
     """The builder and ONNX Runtime are installed (checked without importing them)."""
     for module in ("onnxruntime_genai", "onnxruntime", "onnx", "onnx_ir"):
         if importlib.util.find_spec(module) is None:
-            raise ConfigError(f"the ONNX runtime needs {module}, which is not installed: {ONNX_EXTRA}")
+            raise ConfigError(f"the ONNX runtime needs {module}, which is not installed: {ONNX.extra}")
 
 
 def source_files(model_dir: Path) -> list[Path]:

@@ -1,9 +1,9 @@
 """Load a model by name (local directory, registry alias, or hub id) into a backend + tokenizer,
 and turn prompt text (and audio) into a `Prompt` for it.
 
-The concrete torch backends are imported inside the functions that build them: each imports
-transformers at load (about 2.5 s here), which `specbench --help` and a bad flag should not pay.
-llama.cpp's backend is light to import: it loads llama_cpp only when it builds a model."""
+Each runtime's loader is named by its declaration (specdec/runtimes) and imported on first load, and the concrete
+backends inside the loaders: each imports transformers at load (about 2.5 s here), which `specbench --help` and a bad
+flag should not pay."""
 from __future__ import annotations
 
 import json
@@ -12,23 +12,22 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
 
-from specdec.backends.base import DTYPES, RUNTIMES, Backend, Prompt, canonical_runtime, check_runtime
+from specdec.backends.base import DTYPES, Backend
 from specdec.backends.devices import check_device, steps_of
-from specdec.backends.llamacpp import LlamaCppBackend  # imports llama_cpp only when it builds one
-from specdec.backends.llamacpp_probe import CACHE_FILE
-from specdec.errors import InputError, ModelError
+from specdec.backends.prompt import Prompt
+from specdec.errors import ConfigError, InputError, ModelError
 from specdec.models import fetch as fetching
 from specdec.models import integrity, registry
 from specdec.models.architecture import NoTokenizer, build_architecture, is_architecture
-from specdec.models.convert_ct2 import CT2_FILES, ensure_whisper
-from specdec.models.derive import INT8, check_derivable, derive, needs_float32, split_name
+from specdec.models.derive import split_name
+from specdec.runtimes import check_file, declared, default_runtime, runtimes
 from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, parse, parse_fields
 
 # Hub ids as the hub validates them: two names that start with a letter or digit.
@@ -43,7 +42,7 @@ class LoadedModel:
     tokenizer: Any
     load_s: float
     feature_extractor: Any = None  # audio models only
-    runtime: str | None = None  # what runs it (specdec.backends.base.RUNTIMES); None where unsaid
+    runtime: str | None = None  # what runs it (specdec/runtimes); None where unsaid
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -193,24 +192,13 @@ def cast_copy(location: Path | str, dtype: str, log: Callable[[str], object] = p
     return copy
 
 
-# A torch runtime that is a derivation of the model: runtime torch-int8 is NAME@int8, torch-int8t NAME@int8t.
-RUNTIME_OPS = {"torch-int8": "int8", "torch-int8t": "int8t"}
-
-
-def runtime_of(ops: tuple[str, ...]) -> str:
-    """The runtime a torch model with these derivations runs in (int8c counts as torch-int8)."""
-    if "int8t" in ops:
-        return "torch-int8t"
-    return "torch-int8" if set(INT8) & set(ops) else "torch"
-
-
 @dataclass(frozen=True)
 class LoadSettings:
     """How one model loads, parsed once where load_model's words come in: the runtime, the dtype, the device, and
     for the torch runtime its KV cache, captured graphs and a server's sessions; llama.cpp's extra buffers."""
 
     dtype: str = "bfloat16"
-    runtime: str = "torch"
+    runtime: str = field(default_factory=default_runtime)
     device: str = "cpu"
     kv_cache: KVCache = KVCache.DYNAMIC
     cuda_graphs: CudaGraphs = CudaGraphs.ON
@@ -218,126 +206,46 @@ class LoadSettings:
     sessions: int | None = None  # a server's: its static cache holds that many sequences (static_slots.py)
 
     def __post_init__(self) -> None:
-        if self.runtime is not None:  # an old runtime name is today's
-            object.__setattr__(self, "runtime", canonical_runtime(self.runtime))
         if self.dtype not in DTYPES:
             raise ModelError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
-        if self.runtime not in LOADERS:
-            raise ModelError(f"unknown runtime {self.runtime!r}: use one of {', '.join(RUNTIMES)}")
+        try:  # an old runtime name is today's
+            object.__setattr__(self, "runtime", declared(self.runtime).name)
+        except ConfigError as e:
+            raise ModelError(str(e)) from None
         parse_fields(self, kv_cache=KVCache, cuda_graphs=CudaGraphs, extra_buffers=ExtraBuffers)
-
-
-Loader = Callable[[str, LoadSettings, Callable[[str], object]], LoadedModel]
-LOADERS: dict[str, Loader] = {}  # runtime -> what loads a model in it; each loader registers itself below
-
-
-def loads(*runtimes: str) -> Callable[[Loader], Loader]:
-    """Register the decorated function as the loader of `runtimes` (each a name of base.RUNTIMES)."""
-    def register(loader: Loader) -> Loader:
-        for runtime in runtimes:
-            LOADERS[runtime] = loader
-        return loader
-    return register
 
 
 def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print,
                runtime: str | None = None, llamacpp_extra_buffers: str = "auto", device: str = "cpu",
                kv_cache: str = "dynamic", cuda_graphs: str = "on", sessions: int | None = None) -> LoadedModel:
     """Resolve `name` (fetching a registry alias on first use; `arch:PATH.json` builds a random-weight architecture,
-    specdec/models/architecture.py) and load it in `runtime` (specdec.backends.base.RUNTIMES; None: llamacpp for a
-    `.gguf` file, else torch): the words parsed once into LoadSettings, then `load`."""
-    runtime = runtime or ("llamacpp" if name.endswith(".gguf") else "torch")
-    settings = LoadSettings(dtype, runtime, device, parse(KVCache, kv_cache, "kv_cache"),
+    specdec/models/architecture.py) and load it in `runtime` (specdec/runtimes; None: the one a model file needs, a
+    `.gguf`'s, else the default): the words parsed once into LoadSettings, then `load`."""
+    settings = LoadSettings(dtype, runtime or default_runtime(name), device, parse(KVCache, kv_cache, "kv_cache"),
                             parse(CudaGraphs, cuda_graphs, "cuda_graphs"),
                             parse(ExtraBuffers, llamacpp_extra_buffers, "extra_buffers"), sessions)
     return load(name, settings, log)
 
 
 def load(name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
-    """`name` loaded as `settings` say, by the loader its runtime registered (LOADERS). A torch model's weights go
-    to `settings.device` (specdec/backends/devices.py); its KV cache and graphs say how its forwards run
+    """`name` loaded as `settings` say, by the loader its runtime declares (specdec/runtimes). A torch model's weights
+    go to `settings.device` (specdec/backends/devices.py); its KV cache and graphs say how its forwards run
     (devices.steps_of)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a sub-second bar per load is noise in run logs
     check_device(settings.device, "device")
-    if settings.device != "cpu" and settings.runtime != "torch":
-        raise ModelError(f"runtime {settings.runtime} runs on the CPU only: device {settings.device} is the torch "
-                         "runtime's")
+    runtime = declared(settings.runtime)
+    if settings.device != "cpu" and not runtime.devices:
+        on_devices = ", ".join(r.name for r in runtimes() if r.devices)
+        raise ModelError(f"runtime {runtime.name} runs on the CPU only: device {settings.device} takes runtime "
+                         f"{on_devices}")
     if is_architecture(name):
-        if settings.runtime != "torch":
-            raise ModelError(f"{name} is a random-weight architecture, which the torch runtime builds: use runtime torch")
+        if not runtime.default:
+            raise ModelError(f"{name} is a random-weight architecture, which the {default_runtime()} runtime builds: "
+                             f"use runtime {default_runtime()}")
         return load_architecture(name, settings)
-    return LOADERS[settings.runtime](name, settings, log)
-
-
-@loads("torch", "torch-int8", "torch-int8t")
-def load_torch(name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
-    """The torch runtimes. `NAME@OPS` (or a derived registry alias) loads NAME and derives an edge from it in memory
-    (`specdec.models.derive`); int8 derivations run in float32 whatever the dtype says, and runtime torch-int8 is
-    NAME@int8 (torch-int8t NAME@int8t)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
-    from transformers.utils import logging as hf_logging
-
-    from specdec.backends.omni_thinker import OMNI_MODEL_TYPES, default_feature_extractor, load_omni_thinker
-    from specdec.backends.static_cache import placed, static_capable
-    from specdec.backends.static_slots import causal_backend
-    from specdec.backends.whisper import WHISPER_MODEL_TYPES, WhisperBackend, load_whisper, whisper_feature_extractor
-
-    runtime, dtype, device = settings.runtime, settings.dtype, settings.device
-    kv_cache, cuda_graphs, sessions = settings.kv_cache, settings.cuda_graphs, settings.sessions
-    base, ops = split_name(registry.expand(name))
-    if runtime in RUNTIME_OPS and not set(INT8) & set(ops):
-        ops = (*ops, RUNTIME_OPS[runtime])
-    if ops and device != "cpu":
-        raise ModelError(f"{name}: @{'+'.join(ops)} derives dynamic int8 layers, which run on the CPU only: use device cpu")
-    location = resolve(base, log=log)
-    if isinstance(location, Path) and all((location / f).is_file() for f in CT2_FILES):
-        # A CTranslate2 Whisper folder (model.bin): its Hugging Face conversion, made once and kept beside it.
-        location = ensure_whisper(location, "float16", log)
-    if isinstance(location, Path) and (damaged := integrity.problems(location, None)):
-        raise ModelError(f"cannot load model {name!r}: {damaged[0]} in {location}: restore that file, or point at a "
-                         "whole model folder")
-    with _load_errors(name, location):
-        config = AutoConfig.from_pretrained(location)
-    check_derivable(config.model_type, ops)
-    run_dtype = "float32" if needs_float32(ops) else dtype
-    if run_dtype != dtype:
-        log(f"{name}: int8 layers take float32 activations, so it runs in float32, not {dtype}")
-    if config.model_type not in WHISPER_MODEL_TYPES:
-        # Whisper registry copies are fp16 (exact for their CTranslate2 source) and cast at load.
-        location = cast_copy(location, run_dtype, log)
-    start = time.perf_counter()
-    with _load_errors(name, location):
-        tokenizer = AutoTokenizer.from_pretrained(location)
-    location = str(location)
-    feature_extractor = None
-    if config.model_type in WHISPER_MODEL_TYPES:
-        with _load_errors(name, location):
-            model = load_whisper(location, DTYPES[run_dtype], name=name).model
-        backend = placed(WhisperBackend(derive(model, ops), name=name), device, steps_of(kv_cache, device, cuda_graphs, False))
-        feature_extractor = whisper_feature_extractor(location, config.num_mel_bins)
-    elif config.model_type in OMNI_MODEL_TYPES:
-        if ops:
-            raise ModelError(f"cannot load {name!r}: derivations (@{'+'.join(ops)}, runtime torch-int8) are not "
-                             "implemented for the Omni thinker: use runtime torch")
-        with _load_errors(name, location):
-            backend = load_omni_thinker(location, DTYPES[dtype], name=name)
-        backend = placed(backend, device, steps_of(kv_cache, device, cuda_graphs, False))
-        feature_extractor = default_feature_extractor()
-    else:
-        with _load_errors(name, location), _verbosity(hf_logging, hf_logging.ERROR):  # its load report: ours below
-            # output_loading_info: (model, what the load found), which transformers types as the model alone
-            model, info = cast(tuple[PreTrainedModel, dict], AutoModelForCausalLM.from_pretrained(
-                location, dtype=DTYPES[run_dtype], output_loading_info=True, ignore_mismatched_sizes=True))
-        check_weights(name, location, info)
-        steps = steps_of(kv_cache, device, cuda_graphs, static_capable(model) and not ops)
-        if ops and steps != "dynamic":
-            raise ModelError(f"{name}: a static KV cache runs the torch runtime's float weights, not @{'+'.join(ops)}: "
-                             "use kv_cache dynamic or auto")
-        backend = causal_backend(derive(model, ops).to(device), name, steps, sessions)
-    return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor,
-                       runtime_of(ops))  # `NAME@int8` runs int8 whatever was asked
+    return runtime.load(name, settings, log)
 
 
 def load_architecture(name: str, settings: LoadSettings) -> LoadedModel:
@@ -349,38 +257,27 @@ def load_architecture(name: str, settings: LoadSettings) -> LoadedModel:
     model = build_architecture(name, DTYPES[settings.dtype], settings.device)
     steps = steps_of(settings.kv_cache, settings.device, settings.cuda_graphs, static_capable(model))
     backend = causal_backend(model, name, steps, settings.sessions)
-    return LoadedModel(name, name, backend, NoTokenizer(name), time.perf_counter() - start, runtime="torch")
+    return LoadedModel(name, name, backend, NoTokenizer(name), time.perf_counter() - start, runtime=default_runtime())
 
 
-# Runtimes that load the model's folder their own way: a conversion made on first use and kept beside it
-# (specdec/models/convert_onnx.py, convert_openvino.py), or weights packed at load (vnni: pack_kernels.py):
-# runtime -> (the loader's module, its function, its settings).
-CONVERTED = {
-    "kernels-int8": ("specdec.models.pack_kernels", "load_packed", {"weights": "int8"}),
-    "kernels-int4": ("specdec.models.pack_kernels", "load_packed", {"weights": "int4"}),
-    "onnx-int4": ("specdec.models.convert_onnx", "load_onnx", {"variant": "int4"}),
-    "onnx-int8": ("specdec.models.convert_onnx", "load_onnx", {"variant": "int8"}),
-    "openvino-int8": ("specdec.models.convert_openvino", "load_openvino", {"weights": "int8"}),
-}
-
-
-@loads(*CONVERTED)
 def load_converted(name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
-    """A runtime of CONVERTED: the model's HF folder (a registry alias is fetched first), converted for it on first
-    use (seconds to minutes; the conversion is kept beside the folder with the hashes it was made from), loaded with
-    the folder's tokenizer and stop tokens, so every runtime encodes and stops alike."""
-    import importlib
-
+    """The loader of a runtime that converts the model's folder (its declaration's `conversion`, with its `options`):
+    the folder (a registry alias is fetched first), converted on first use (seconds to minutes; the conversion is kept
+    beside the folder with the hashes it was made from), loaded with the folder's tokenizer and stop tokens, so every
+    runtime encodes and stops alike."""
     from transformers import AutoTokenizer, GenerationConfig
 
-    runtime = settings.runtime
-    check_runtime(runtime)
+    declaration = declared(settings.runtime)
+    runtime = declaration.name
+    declaration.check()
     base, ops = split_name(registry.expand(name))
     if ops:
         raise ModelError(f"cannot load {name!r} in {runtime}: @{'+'.join(ops)} derives a torch model: drop the "
-                         "derivation, or use runtime torch-int8")
-    if base.endswith(".gguf"):
-        raise ModelError(f"model {name!r} is a GGUF file, which llama.cpp runs: use runtime llamacpp")
+                         f"derivation, or run it in runtime {default_runtime()}")
+    try:
+        check_file(base, runtime, "model", "runtime")
+    except ConfigError as e:
+        raise ModelError(str(e)) from None
     location = resolve(base, log=log)
     if not isinstance(location, Path):
         raise ModelError(f"runtime {runtime} converts a model folder: fetch {name!r} first (`specbench models fetch`) or "
@@ -388,58 +285,19 @@ def load_converted(name: str, settings: LoadSettings, log: Callable[[str], objec
     if damaged := integrity.problems(location, None):
         raise ModelError(f"cannot load model {name!r}: {damaged[0]} in {location}: restore that file, or point at a "
                          "whole model folder")
-    module, function, conversion = CONVERTED[runtime]
+    convert = declaration.converter()
+    if convert is None:
+        raise ModelError(f"runtime {runtime} declares no conversion, so it cannot load a model folder: give its "
+                         "declaration `conversion`")
     start = time.perf_counter()
-    backend = getattr(importlib.import_module(module), function)(location, log, name=name, **conversion)
-    with _load_errors(name, location):
+    backend = convert(location, log, name=name, **declaration.options)
+    with load_errors(name, location):
         tokenizer = AutoTokenizer.from_pretrained(location)
     if (location / "generation_config.json").is_file():  # the folder's stop tokens, as torch reads them
-        declared = GenerationConfig.from_pretrained(location).eos_token_id
+        stop = GenerationConfig.from_pretrained(location).eos_token_id
         backend.eos_ids = frozenset(backend.eos_ids) | frozenset(
-            declared if isinstance(declared, (list, tuple)) else [declared] if declared is not None else [])
+            stop if isinstance(stop, (list, tuple)) else [stop] if stop is not None else [])
     return LoadedModel(name, str(location), backend, tokenizer, time.perf_counter() - start, runtime=runtime)
-
-
-@loads("llamacpp")
-def load_llamacpp(name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
-    return load_gguf(name, log, settings.extra_buffers)
-
-
-def load_gguf(name: str, log: Callable[[str], object] = print, llamacpp_extra_buffers: str = "auto") -> LoadedModel:
-    """Runtime llamacpp: a registry GGUF entry (its kept, verified file; the tokenizer and stop
-    tokens of its converted folder, so both runtimes encode and stop alike) or a `.gguf` path (the
-    tokenizer of the folder beside it when it has one, else the one in the file's metadata), or a
-    model folder holding one `.gguf` file beside its HF files (one name for both runtimes, so a
-    sweep can take the runtime as an axis)."""
-    from transformers import AutoTokenizer, GenerationConfig
-
-    check_runtime("llamacpp")
-    base, ops = split_name(registry.expand(name))
-    if ops:
-        raise ModelError(f"cannot load {name!r} in llama.cpp: @{'+'.join(ops)} derives a torch model, and llama.cpp "
-                         "runs the GGUF file as shipped: drop the derivation, or use runtime torch-int8")
-    if registry.is_alias(base):
-        gguf, folder, from_file = fetching.fetch_gguf(base, log=log), registry.model_dir(base), False
-    elif base.endswith(".gguf") or len(found := sorted(Path(base).expanduser().glob("*.gguf"))) == 1:
-        gguf = Path(base).expanduser() if base.endswith(".gguf") else found[0]
-        if not gguf.is_file():
-            raise ModelError(f"GGUF file {base!r} does not exist: check the path")
-        folder = gguf.parent
-        from_file = not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
-    else:
-        raise ModelError(f"runtime llamacpp runs a GGUF file: {name!r} is neither a registry GGUF entry, a .gguf "
-                         "path nor a model folder holding one .gguf file (a model folder or hub id runs in torch)")
-    start = time.perf_counter()
-    # First: it names a damaged file in one line. Its extra-buffer probe verdicts live in the model cache.
-    backend = LlamaCppBackend(gguf, name=name, extra_buffers=llamacpp_extra_buffers,
-                              probe_cache=registry.home() / CACHE_FILE)
-    with _load_errors(name, folder):
-        tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": gguf.name} if from_file else {}))
-    if (folder / "generation_config.json").is_file():  # the converted folder's stop tokens, as torch reads them
-        declared = GenerationConfig.from_pretrained(folder).eos_token_id
-        backend.eos_ids |= frozenset(declared if isinstance(declared, (list, tuple))
-                                     else [declared] if declared is not None else [])
-    return LoadedModel(name, str(gguf), backend, tokenizer, time.perf_counter() - start, runtime="llamacpp")
 
 
 def check_weights(name: str, location: str, info: dict) -> None:
@@ -457,7 +315,7 @@ def check_weights(name: str, location: str, info: dict) -> None:
 
 
 @contextmanager
-def _verbosity(hf_logging, level: int) -> Iterator[None]:
+def verbosity(hf_logging, level: int) -> Iterator[None]:
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity(level)
     try:
@@ -467,7 +325,7 @@ def _verbosity(hf_logging, level: int) -> Iterator[None]:
 
 
 @contextmanager
-def _load_errors(name: str, location) -> Iterator[None]:
+def load_errors(name: str, location) -> Iterator[None]:
     """One line for whatever a model folder makes loading raise: missing or unreadable files
     (OSError), bad configs (ValueError), tensors that do not fit (RuntimeError, SafetensorError)."""
     try:

@@ -18,7 +18,7 @@ import torch
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
-from specdec.backends.base import Prompt
+from specdec.backends.prompt import Prompt
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.processors import Constraints
 from specdec.core.running import ema

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from specdec.backends.base import Prompt
+from specdec.backends.prompt import Prompt
 from specdec.constraint_profiles import build_constraints
 from specdec.core.cloud import LocalCloudSession
 from specdec.core.config import DecodeConfig, SpecConfig

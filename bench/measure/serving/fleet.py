@@ -35,11 +35,11 @@ from bench.measure.launch import ServerProcess, edge_ready, start_edge, stop_edg
 from bench.measure.link import Link
 from bench.measure.serving.clients import Script, cloud_only, replay, script_of, server_info, server_log
 from bench.measure.serving.fleet_config import FleetConfig
-from specdec.backends.base import served_runtime
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.verdict import CloudLost
 from specdec.errors import InputError
 from specdec.remote.protocol import read_token
+from specdec.runtimes import served_runtime
 
 
 def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: Path,

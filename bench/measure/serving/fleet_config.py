@@ -13,13 +13,13 @@ from pathlib import Path
 
 from bench.core.network import profile
 from bench.core.prompts import PromptInputs
-from specdec.backends.base import RUNTIMES, served_runtime
 from specdec.backends.devices import CUDA_GRAPHS, SERVER_CACHES, check_served_cache, check_served_device
 from specdec.core.config import DeployConfig, EngineConfig, SpecConfig, check_types
 from specdec.errors import ConfigError
 from specdec.models.architecture import is_architecture
 from specdec.remote.protocol import parse_address
 from specdec.remote.server_config import ServeConfig
+from specdec.runtimes import RuntimeChoices, canonical_runtime, check_name, served_runtime
 
 MAX_CLIENTS = 256
 REPLAYABLE_POLICIES = ("greedy", "threshold")  # deterministic verdicts: a replay can check each one
@@ -44,9 +44,10 @@ class FleetConfig:
                 "random-weight architecture, with --follow-verdicts"})
     cloud_url: str | None = field(default=None, metadata={"help": "a running `specbench serve` (HOST:PORT) to load"})
     cloud_runtime: str | None = field(default=None, metadata={
-        "help": "server started by the fleet: what runs the cloud, as `serve --runtime` (torch, torch-int8, llamacpp; "
-                "default llamacpp for a .gguf --cloud, else torch); cloud-only serving runs on the same server. With "
-                "--cloud-url the records name the runtime that server reports", "choices": RUNTIMES})
+        "help": "server started by the fleet: what runs the cloud, as `serve --runtime` (default: the runtime a model "
+                "file needs, else the default runtime); cloud-only serving runs on the same server. With --cloud-url "
+                "the records name the runtime that server reports", "choices": RuntimeChoices(),
+        "canonical": canonical_runtime})
     cloud_device: str = field(default="cpu", metadata={
         "help": "server started by the fleet: where its torch model runs, as `serve --device` (cpu, cuda or cuda:N); "
                 "with --cloud-url the records name the device that server reports"})
@@ -83,8 +84,8 @@ class FleetConfig:
         if isinstance(self.clients, list):
             object.__setattr__(self, "clients", tuple(self.clients))
         check_types(self)
-        if self.cloud_runtime is not None and self.cloud_runtime not in RUNTIMES:
-            raise ConfigError(f"unknown cloud_runtime {self.cloud_runtime!r}: use one of {', '.join(RUNTIMES)}")
+        if self.cloud_runtime is not None:
+            check_name(self.cloud_runtime, "cloud_runtime")
         if not self.clients or any(not 1 <= n <= MAX_CLIENTS for n in self.clients):
             raise ConfigError(f"clients must be fleet sizes in [1, {MAX_CLIENTS}], got {list(self.clients)}")
         if len(set(self.clients)) != len(self.clients):

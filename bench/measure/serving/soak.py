@@ -46,10 +46,10 @@ from bench.measure.caps import pin_besides
 from bench.measure.launch import ServerProcess, die_with_parent, start_edge
 from bench.measure.serving.clients import Connection, script_of, server_info
 from bench.measure.serving.soak_edge import write_scripts
-from specdec.backends.base import RUNTIMES
 from specdec.core.verdict import CloudLost
 from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import SCHEMA, Hello, Ready, StatsRequest, decode, encode
+from specdec.runtimes import check_name
 
 ROWS = ("kind", "run")  # every row of a soak's results.jsonl has these
 WARM_UP_S = 30.0  # at most; a short soak warms up for 10 % of its time
@@ -89,8 +89,8 @@ class SoakConfig:
         low, high = self.kill_every_s
         if not 0 < low <= high:
             raise ConfigError(f"kill_every_s must be (low, high) with 0 < low <= high, got {self.kill_every_s}")
-        if self.cloud_runtime is not None and self.cloud_runtime not in RUNTIMES:
-            raise ConfigError(f"unknown cloud_runtime {self.cloud_runtime!r}: use one of {', '.join(RUNTIMES)}")
+        if self.cloud_runtime is not None:
+            check_name(self.cloud_runtime, "cloud_runtime")
         if self.limit < 1 or self.k < 1 or self.max_new_tokens < 1:
             raise ConfigError("limit, k and max_new_tokens must be >= 1")
 

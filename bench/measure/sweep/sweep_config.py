@@ -23,12 +23,12 @@ from bench.core.point import AXES, DEPLOYMENTS, FIELDS, RUNTIME_OF, SETTING_TYPE
 from bench.core.prompts import PromptInputs, canonical_prompts, expand_prompt_sets, rejoin_categories
 from bench.measure.caps import EdgeCaps
 from bench.measure.runtime_auto import has_auto
-from specdec.backends.base import RUNTIMES, canonical_runtime, runtime_parts
 from specdec.backends.devices import KV_CACHES
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
 from specdec.core.drafters import DRAFTS_AHEAD, WEIGHS_RUNTIMES
 from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import parse_address
+from specdec.runtimes import canonical_runtime, check_name, runtime_parts
 
 CONFIGS_DIR = Path(__file__).parents[2] / "configs"
 EXECUTORS = ("local", "ray")
@@ -140,9 +140,8 @@ class SweepConfig(RunSettings):
                 bad = sorted(set(row) - set(AXES)) if isinstance(row, dict) else [repr(row)]
                 raise ConfigError(f"rows: each row is a table of grid axes ({', '.join(AXES)}) to override"
                                   + (f", not {bad[0]!r}" if bad else ", not an empty one"))
-        unknown = sorted(set(self.plain_runtimes) - set(RUNTIMES))
-        if unknown:
-            raise ConfigError(f"unknown plain runtime {unknown[0]!r}: use one of {', '.join(RUNTIMES)}")
+        for runtime in self.plain_runtimes:
+            check_name(runtime, "plain runtime")
         self._check_kv_caches()
         for point in self.points():  # every point validates as a run would, before anything runs
             self.engine_config(point)

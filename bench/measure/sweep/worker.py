@@ -32,12 +32,12 @@ from bench.measure.run import generate_one, prepare, warm_up
 from bench.measure.sweep.messages import Exit, Failed, OverCap, PointDone, Record, Running, Tick
 from bench.measure.sweep.sweep_config import SweepConfig, service_key
 from bench.measure.trackers import reset_peak_rss
-from specdec.backends.base import runtime_parts
 from specdec.backends.devices import reset_gpu_peaks
 from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError, SpecdecError
 from specdec.models.loading import LoadedModel, load_model
+from specdec.runtimes import runtime_parts
 
 
 def weight_bytes(model: LoadedModel) -> int:

@@ -22,6 +22,7 @@ import pandas as pd
 from bench.core.metric_registry import lower_is_better
 from bench.read.report.pareto import point_labels, set_name
 from specdec.core.text import PUNCT_DENSITY_HEALTHY
+from specdec.runtimes import default_runtime, runtimes
 
 CHRF_TOLERANCE = 1.0  # chrF points (0–100 scale) a point may lose against cloud-only
 # objective -> the summary metric whose 95 % interval says whether the winner beats the runner-up
@@ -147,26 +148,21 @@ def _separable(summary: pd.DataFrame, objective: str, best, runner_up) -> tuple[
     return bool(b_high < r_low or r_high < b_low), words
 
 
-# A quantized cloud runtime -> why its greedy verify and its own one-token decoding part (bench/derive/summary.py
-# compares a spec point's text with the cloud-only output of its own cloud runtime).
-QUANTIZED_DRIFT = {
-    "torch-int8": "dynamic int8 quantizes a forward's activations with one scale over all its rows, so a (k+1)-row "
-                  "verify computes other logits than a one-token step (torch-int8t computes its steps' logits exactly)",
-    "torch-int8t": "int8t's blocks are meant to compute its steps' logits bit for bit, and this machine's kernels did not "
-                   "(the calibration's block_vs_steps for torch-int8t, in the header, says by how much)",
-    "llamacpp": "llama.cpp quantizes a block's activations for its quantized matmuls as a whole, so a (k+1)-token "
-                "verify rounds otherwise than a one-token step",
-}
+def drifting_runtimes() -> dict[str, str]:
+    """A quantized cloud runtime -> why its greedy verify and its own one-token decoding part (its declaration's
+    block_drift; bench/derive/summary.py compares a spec point's text with the cloud-only output of its own runtime)."""
+    return {r.name: r.block_drift for r in runtimes() if r.block_drift}
 
 
 def precision_notes(summary: pd.DataFrame) -> list[str]:
     """Plain words for greedy spec points whose text is not their cloud's own: in bf16 torch, and with a
     quantized cloud runtime, that is the arithmetic, not the acceptance rule, and fp32 torch shows it."""
     greedy = summary[(summary["mode"] == "spec") & (summary["policy"] == "greedy")]
-    runtime = greedy["cloud_runtime"].where(greedy["cloud_runtime"].isin(QUANTIZED_DRIFT), "torch") \
-        if "cloud_runtime" in greedy else pd.Series("torch", index=greedy.index)
+    drifting, default = drifting_runtimes(), default_runtime()
+    runtime = greedy["cloud_runtime"].where(greedy["cloud_runtime"].isin(drifting), default) \
+        if "cloud_runtime" in greedy else pd.Series(default, index=greedy.index)
     notes = []
-    torch_bf16 = greedy[(runtime == "torch") & (greedy["dtype"] == "bfloat16")]
+    torch_bf16 = greedy[(runtime == default) & (greedy["dtype"] == "bfloat16")]
     drifted = torch_bf16[torch_bf16["chrf_vs_cloud"] < 100]
     if len(drifted):
         low, high = drifted["chrf_vs_cloud"].min(), drifted["chrf_vs_cloud"].max()
@@ -176,7 +172,7 @@ def precision_notes(summary: pd.DataFrame) -> list[str]:
                      "steps round differently, so a near-tie argmax can flip and the texts part from there. Exactness "
                      "holds in fp32: spec greedy equals cloud-only token for token (tests/test_lossless.py); rerun "
                      "with --dtype float32 to see it on these prompts.")
-    for name, why in QUANTIZED_DRIFT.items():
+    for name, why in drifting.items():
         points = greedy[runtime == name]
         drifted = points[points["chrf_vs_cloud"] < 100]
         if len(drifted):

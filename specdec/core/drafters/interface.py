@@ -26,7 +26,8 @@ from typing import Protocol
 
 import torch
 
-from specdec.backends.base import Backend, Prompt
+from specdec.backends.base import Backend
+from specdec.backends.prompt import Prompt
 from specdec.core.block_length import DraftStop
 from specdec.core.history import History
 from specdec.core.processors import Constraints
