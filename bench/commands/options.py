@@ -22,6 +22,7 @@ from typing import Any
 from bench.core.folder import canonical_path
 from bench.core.point import AXES, RUN_SETTINGS
 from bench.core.prompts import PromptInputs, canonical_prompts
+from bench.measure.runtime_auto import AUTO, AUTO_FIELDS
 from bench.measure.sweep.sweep_config import SweepConfig
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, parse_overlap
 from specdec.engine import Engine
@@ -152,6 +153,18 @@ def _comma_list(parse: Callable[[str], Any]) -> Callable[[str], tuple]:
     return parse_all
 
 
+def _checked_list(name: str, choices) -> Callable[[str], list[str]]:
+    """An axis's values, each one of `choices` (`auto` too for the runtime axes, which the calibration resolves), or
+    argparse's one line naming the flag, the value and the choices."""
+    def parse(text: str) -> list[str]:
+        values = parse_list(text)
+        for value in values:
+            if value not in choices and not (value == AUTO and name in AUTO_FIELDS):
+                raise argparse.ArgumentTypeError(f"unknown {name} {value!r}: use one of {', '.join(choices)}")
+        return values
+    return parse
+
+
 def sweep_options() -> list[Option]:
     """Every SweepConfig field as a flag without a default; an axis takes a comma-separated list."""
     hints, options = typing.get_type_hints(SweepConfig), []
@@ -165,7 +178,9 @@ def sweep_options() -> list[Option]:
         if f.name in AXES:
             described = "one grid axis, comma-separated" + (f": {help_text}" if help_text else "")
             described += f"; each one of {', '.join(choices)}" if choices else ""
-            options.append(Option(f.name, _flags(f, source), "store", parse_list, None, False, described, None))
+            named = choices if choices is not None and all(isinstance(c, str) for c in choices) else None
+            parse_axis = _checked_list(f.name, named) if named is not None else parse_list
+            options.append(Option(f.name, _flags(f, source), "store", parse_axis, None, False, described, None))
         elif kind is bool:
             options.append(Option(f.name, _flags(f, source), "switch", None, None, False, help_text, None))
         else:
