@@ -240,16 +240,17 @@ def loads(*runtimes: str) -> Callable[[Loader], Loader]:
     return register
 
 
-def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print,
+def load_model(name: str, dtype: str = "bfloat16", *, log: Callable[[str], object] = print,
                runtime: str | None = None, llamacpp_extra_buffers: str = "auto", device: str = "cpu",
-               kv_cache: str = "dynamic", cuda_graphs: str = "on", sessions: int | None = None) -> LoadedModel:
+               kv_cache: str = "dynamic", cuda_graphs: str = "on") -> LoadedModel:
     """Resolve `name` (fetching a registry alias on first use; `arch:PATH.json` builds a random-weight architecture,
     specdec/models/architecture.py) and load it in `runtime` (specdec.backends.base.RUNTIMES; None: llamacpp for a
-    `.gguf` file, else torch): the words parsed once into LoadSettings, then `load`."""
+    `.gguf` file, else torch): the words parsed once into LoadSettings, then `load`. Engine's loader; a server,
+    which sizes its static cache by its sessions, builds its LoadSettings and calls `load`."""
     runtime = runtime or ("llamacpp" if name.endswith(".gguf") else "torch")
     settings = LoadSettings(dtype, runtime, device, parse(KVCache, kv_cache, "kv_cache"),
                             parse(CudaGraphs, cuda_graphs, "cuda_graphs"),
-                            parse(ExtraBuffers, llamacpp_extra_buffers, "extra_buffers"), sessions)
+                            parse(ExtraBuffers, llamacpp_extra_buffers, "extra_buffers"))
     return load(name, settings, log)
 
 
