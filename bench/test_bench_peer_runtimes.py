@@ -59,12 +59,7 @@ def test_real_peer_runtimes(benchmark):
         print(f"\nllama.cpp speculative left out: {e}")
     workers: list = []
     try:
-        peers = build_peers(EDGE_ALIAS, CLOUD_ALIAS, str(ggufs[EDGE_ALIAS]), str(ggufs[CLOUD_ALIAS]), prompts, tokens,
-                            threads, binary, log=lambda m: None, cloud_runtimes=settings.cloud_runtimes,
-                            llama_spec_types=settings.llama_spec_types, llama_python=settings.llama_python,
-                            external=settings.external, spec_modes=settings.spec_modes, engines=settings.engines,
-                            workers=workers,
-                            logs=sink.parent)
+        peers = build_peers(EDGE_ALIAS, CLOUD_ALIAS, prompts, settings, binary, log=lambda m: None, workers=workers)
         print(f"\nidle peers' processes, paused between their turns: {idle_cpu(workers)}")
         timed = benchmark.pedantic(run_interleaved, args=(peers, len(prompts), sink, threads), rounds=1, iterations=1)
     except (SpecdecError, WorkerError) as e:  # a peer not installed, a worker that died: one line, what ran is kept

@@ -19,7 +19,7 @@ from specdec.core.config import DecodeConfig, EngineConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.machine import fingerprint
-from specdec.models.loading import load_model
+from specdec.models.loading import LoadSettings, load
 from specdec.remote.background import BackgroundServer
 from tests.test_static_cache import TOLERANCE, walk
 from tests.test_static_slots import rows_walk
@@ -95,7 +95,7 @@ def test_the_servers_static_cache_gives_each_row_its_own_forward_on_the_gpu(step
 
 def test_a_servers_auto_cache_on_the_gpu_is_the_captured_static_cache(pair):
     """serve --kv-cache auto (the default) on CUDA: the static cache of many sequences, its forwards captured."""
-    loaded = load_model(pair["cloud"], "float32", device="cuda", kv_cache="auto", sessions=4)
+    loaded = load(pair["cloud"], LoadSettings("float32", device="cuda", kv_cache="auto", sessions=4))
     assert isinstance(loaded.backend, SlotCausalBackend) and loaded.backend.steps == "graphs"
     assert server_cache(loaded.backend) == "static"
 
@@ -108,7 +108,7 @@ SERVER_CACHES = [{}, {"kv_cache": "static", "cuda_graphs": "on", "sessions": 16}
 @pytest.mark.server  # a loopback server: the quick loop leaves it out
 @pytest.mark.parametrize("cache", SERVER_CACHES, ids=["dynamic", "static-graphs", "static-eager"])
 def test_through_a_server_on_the_gpu_one_session_and_several_batched(pair, cloud_only, cache):
-    with BackgroundServer(load_model(pair["cloud"], "float32", device="cuda", **cache)) as url:
+    with BackgroundServer(load(pair["cloud"], LoadSettings("float32", device="cuda", **cache))) as url:
         common = dict(edge=pair["edge"], dtype="float32", spec=GREEDY, decode=DECODE, log=lambda m: None)
         engine = Engine(mode="spec", cloud_url=url, **common)
         assert generate_all(engine) == cloud_only

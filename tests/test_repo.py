@@ -237,3 +237,24 @@ def test_every_test_the_guarantees_name_exists_and_each_section_is_linked_from_t
     sections = {github_anchor(h) for h in re.findall(r"^## (.+)$", page, flags=re.M)}
     linked = set(re.findall(r"\(docs/guarantees\.md#([\w-]+)\)", (ROOT / "README.md").read_text()))
     assert sections == linked
+
+
+MAX_PARAMETERS = 8
+
+
+def test_no_function_in_specdec_or_bench_takes_more_than_8_parameters():
+    """Past 8 (self and cls not counted), the parameters that belong together go into one settings object."""
+    import ast
+
+    over = []
+    for path in sorted([*(ROOT / "specdec").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a]
+                if names[:1] in (["self"], ["cls"]):
+                    names = names[1:]
+                if len(names) > MAX_PARAMETERS:
+                    over.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({len(names)})")
+    assert not over, f"more than {MAX_PARAMETERS} parameters: group them (a settings dataclass) or drop one:\n" + \
+        "\n".join(over)

@@ -13,7 +13,7 @@ from specdec.backends.hf_causal import HFCausalBackend
 from specdec.backends.prompt import Prompt
 from specdec.backends.static_slots import SlotCausalBackend, server_cache
 from specdec.errors import ModelError, SpecdecError
-from specdec.models.loading import load_model
+from specdec.models.loading import LoadSettings, load, load_model
 from specdec.remote.background import BackgroundServer
 from specdec.remote.server_config import ServeConfig
 from tests.recording import record_split
@@ -100,7 +100,7 @@ def recording(pair, prompts, tmp_path_factory):
 
 @pytest.mark.server
 def test_a_server_on_the_static_cache_gives_the_dynamic_servers_verdicts_and_tokens(pair, prompts, recording, tmp_path):
-    loaded = load_model(pair["cloud"], "float32", kv_cache="static", sessions=16)
+    loaded = load(pair["cloud"], LoadSettings("float32", kv_cache="static", sessions=16))
     assert isinstance(loaded.backend, SlotCausalBackend)
     with BackgroundServer(loaded, ServeConfig(max_batch=8, max_sessions=16)) as url:
         assert main(["fleet", "--edge-replay", str(recording), "--cloud-url", url, "--prompts", prompts, "--clients",
@@ -116,9 +116,10 @@ def test_a_server_on_the_static_cache_gives_the_dynamic_servers_verdicts_and_tok
 def test_a_servers_auto_cache_on_the_cpu_is_the_dynamic_cache(pair):
     """serve --kv-cache auto (the default): dynamic on the CPU, where the static cache is not faster (docs/gpu.md);
     static on CUDA (tests/test_cuda.py). Runtimes with a cache of their own name none."""
-    loaded = load_model(pair["cloud"], "float32", kv_cache="auto", sessions=16)
+    loaded = load(pair["cloud"], LoadSettings("float32", kv_cache="auto", sessions=16))
     assert type(loaded.backend) is HFCausalBackend and server_cache(loaded.backend) == "dynamic"
-    assert server_cache(load_model(pair["cloud"], "float32", kv_cache="static", sessions=16).backend) == "static"
+    static = load(pair["cloud"], LoadSettings("float32", kv_cache="static", sessions=16))
+    assert server_cache(static.backend) == "static"
     assert server_cache(object()) is None
 
 

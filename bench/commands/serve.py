@@ -9,7 +9,7 @@ from bench.measure.caps import parse_cores, pin_cores
 from specdec.backends.base import DTYPES
 from specdec.backends.devices import CUDA_GRAPHS, SERVER_CACHES, check_served_cache, check_served_device
 from specdec.errors import ConfigError
-from specdec.models.loading import load_model
+from specdec.models.loading import LoadSettings, load
 from specdec.remote.protocol import read_token, token_file_warning
 from specdec.remote.server import run_server
 from specdec.remote.server_config import ServeConfig
@@ -76,9 +76,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_served_device(args.device, runtime)
     check_served_cache(args.kv_cache, runtime)
     # Sessions interleave: a static cache holds --max-sessions sequences (specdec/backends/static_slots.py).
-    model = load_model(args.model, args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True), runtime=runtime,
-                       device=args.device, kv_cache=args.kv_cache, cuda_graphs=args.cuda_graphs,
-                       sessions=config.max_sessions)
+    settings = LoadSettings(args.dtype, runtime, args.device, kv_cache=args.kv_cache, cuda_graphs=args.cuda_graphs,
+                            sessions=config.max_sessions)
+    model = load(args.model, settings, log=lambda m: print(m, file=sys.stderr, flush=True))
     try:
         stats = run_server(model, config, announce=lambda line: print(line, flush=True))
     except OSError as e:  # the address: taken, or not this machine's

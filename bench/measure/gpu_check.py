@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -151,11 +152,23 @@ def forwards(model, mode: str, rows: int, tokens: int, context: int, device: str
     return lambda: captured(ids, context)
 
 
-def measure(model, name: str, mode: str, rows: int, tokens: int, context: int, device: str, warm_ups: int,
-            repeats: int) -> dict:
-    """One cost_curve.csv row: `repeats` timed forwards after `warm_ups` (a graph is captured there, kernels chosen)."""
+@dataclass(frozen=True)
+class Timing:
+    """How every shape of a curve is timed: on `device`, after `context` cached tokens per row, `repeats` timed
+    forwards after `warm_ups`."""
+
+    device: str
+    context: int
+    warm_ups: int
+    repeats: int
+
+
+def measure(model, name: str, mode: str, rows: int, tokens: int, timing: Timing) -> dict:
+    """One cost_curve.csv row: `timing.repeats` timed forwards after its warm-ups (a graph is captured there, kernels
+    chosen)."""
+    context, device, repeats = timing.context, timing.device, timing.repeats
     run = forwards(model, mode, rows, tokens, context, device)
-    timed(run, device, warm_ups)
+    timed(run, device, timing.warm_ups)
     times = timed(run, device, repeats)
     median, low, high = spread(times)
     return {"model": name, "mode": mode, "rows": rows, "tokens": tokens, "context": context, "repeats": repeats,
@@ -169,6 +182,7 @@ def curve(models: list[str], out: Path, device: str, gpu: str | None, dry: bool,
     run: a mode that raised, recorded once and not run again for that model, and the budget's end)."""
     rows_axis, tokens_axis = (DRY["rows"], DRY["tokens"]) if dry else (ROWS, TOKENS)
     context, warm_ups = (DRY["context"], DRY["warm_ups"]) if dry else (CONTEXT, WARM_UPS)
+    timing = Timing(device, context, warm_ups, repeats)
     shapes = [s for s in FIRST if s[0] in rows_axis and s[1] in tokens_axis]
     shapes += [(r, t) for t in tokens_axis for r in rows_axis if (r, t) not in shapes]
     modes = ("graphs", "eager", "static") if is_cuda(device) else ("eager", "static")
@@ -190,7 +204,7 @@ def curve(models: list[str], out: Path, device: str, gpu: str | None, dry: bool,
                         failed.setdefault("budget", f"the time budget ended before {name} {mode} {rows}x{tokens}")
                         break
                     try:
-                        row = {"gpu": gpu, **measure(model, name, mode, rows, tokens, context, device, warm_ups, repeats)}
+                        row = {"gpu": gpu, **measure(model, name, mode, rows, tokens, timing)}
                     except Exception as e:  # a mode that fails (a capture, memory): recorded, not run again
                         failed[f"{name} {mode}"] = f"{type(e).__name__}: {first_line(e)}"
                         row = {"gpu": gpu, "model": name, "mode": mode, "rows": rows, "tokens": tokens,

@@ -46,6 +46,7 @@ from specdec.errors import ConfigError, InputError, ModelError
 from specdec.runtimes.llamacpp import LLAMA_CPP
 
 KV_TYPES = {"f16": 1, "f32": 0}  # ggml_type ids: GGML_TYPE_F16, GGML_TYPE_F32
+N_BATCH = 512  # tokens per llama_decode (the context's batch): a longer prefill takes several
 _backend_ready = False
 
 
@@ -81,7 +82,7 @@ class LlamaCppBackend(Backend):
     accepts_audio = False
 
     def __init__(self, path: str | Path, name: str = "", n_ctx: int = 4096, n_seq_max: int = 64,
-                 kv_type: str = "f16", n_batch: int = 512, extra_buffers: str = "auto",
+                 kv_type: str = "f16", extra_buffers: str = "auto",
                  probe_cache: Path | None = None, probe_argv: list[str] | None = None) -> None:
         """`extra_buffers`: auto, on or off (llamacpp_probe.EXTRA_BUFFERS); `probe_cache`: the JSON file that
         keeps auto's probe verdicts (None: probe at every load); `probe_argv`: the probe child's command
@@ -111,7 +112,7 @@ class LlamaCppBackend(Backend):
         self.max_positions: int = min(n_ctx, trained) if trained > 0 else n_ctx
         self.threads = torch.get_num_threads()
         cparams = llama.llama_context_default_params()
-        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = self.max_positions, n_batch, n_batch
+        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = self.max_positions, N_BATCH, N_BATCH
         cparams.n_seq_max, cparams.kv_unified = n_seq_max, True
         cparams.n_threads = cparams.n_threads_batch = self.threads
         cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
@@ -121,8 +122,7 @@ class LlamaCppBackend(Backend):
             llama.llama_model_free(self._model)
             raise ModelError(f"llama.cpp cannot make a context of {self.max_positions} positions for {path}")
         self._memory = llama.llama_get_memory(self._ctx)
-        self._n_batch = n_batch
-        self._batch = llama.llama_batch_init(n_batch, 0, 1)
+        self._batch = llama.llama_batch_init(N_BATCH, 0, 1)
         self.n_seq_max = n_seq_max
         self._free_seqs = list(range(n_seq_max - 1, -1, -1))  # pop() takes 0 first
         self._dropped: list[int] = []  # sequences of dropped states, their cells not yet freed
@@ -184,8 +184,8 @@ class LlamaCppBackend(Backend):
             self._lib.llama_set_n_threads(self._ctx, self.threads, self.threads)
         ids = token_ids.to(torch.int32).numpy()
         batch, rows = self._batch, []
-        for start in range(0, n, self._n_batch):  # one decode per context batch: one in all but long prefills
-            count = min(self._n_batch, n - start)
+        for start in range(0, n, N_BATCH):  # one decode per context batch: one in all but long prefills
+            count = min(N_BATCH, n - start)
             np.ctypeslib.as_array(batch.token, shape=(count,))[:] = ids[start:start + count]
             np.ctypeslib.as_array(batch.pos, shape=(count,))[:] = np.arange(state.length, state.length + count)
             np.ctypeslib.as_array(batch.n_seq_id, shape=(count,))[:] = 1

@@ -57,6 +57,16 @@ class Layer:
     down: PackedLinear
 
 
+@dataclass(frozen=True)
+class PackedDecoder:
+    """A decoder's weights as packed: its layers, the float32 embedding and final norm, the int8 output head."""
+
+    layers: list[Layer]
+    embed: torch.Tensor  # [vocab, hidden]
+    norm: torch.Tensor  # [hidden]
+    head: PackedLinear  # [vocab, hidden]
+
+
 @dataclass
 class PackedState:
     length: int  # token positions held
@@ -92,14 +102,14 @@ class PackedBackend(Backend):
     accepts_trees = True  # forward_tree, commit_path
     batchable = True  # forward_batch: rows of several states in one pass
 
-    def __init__(self, name: str, weights: str, layers: list[Layer], embed: torch.Tensor, norm: torch.Tensor,
-                 head: PackedLinear, rotary: tuple[torch.Tensor, torch.Tensor], shape: dict,
-                 path: str | None = None) -> None:
-        self.name, self.weights, self.layers, self.embed, self.norm, self.head = name, weights, layers, embed, norm, head
+    def __init__(self, name: str, weights: str, packed: PackedDecoder, rotary: tuple[torch.Tensor, torch.Tensor],
+                 shape: dict, path: str | None = None) -> None:
+        self.name, self.weights = name, weights
+        self.layers, self.embed, self.norm, self.head = packed.layers, packed.embed, packed.norm, packed.head
         self.cos, self.sin = rotary
         self.heads, self.kv_heads, self.head_dim = shape["heads"], shape["kv_heads"], shape["head_dim"]
         self.eps, self.scaling = shape["eps"], self.head_dim ** -0.5
-        self.vocab_size = head.out_features
+        self.vocab_size = self.head.out_features
         self.max_positions: int = self.cos.shape[0]
         self.device = torch.device("cpu")
         self.eos_ids: frozenset[int] = frozenset()  # the loader adds the folder's generation config's
@@ -132,9 +142,10 @@ class PackedBackend(Backend):
             probe = torch.zeros(1, dtype=torch.float32)
             cos, sin = decoder.rotary_emb(probe, torch.arange(positions).unsqueeze(0))
         head = model.get_output_embeddings().weight.detach()
-        return cls(name or config.name_or_path, weights, layers, decoder.embed_tokens.weight.detach().float().clone(),
-                   decoder.norm.weight.detach().float().clone(), pack.int8(head),
-                   (cos[0].float().contiguous(), sin[0].float().contiguous()), shape, path)
+        packed = PackedDecoder(layers, decoder.embed_tokens.weight.detach().float().clone(),
+                               decoder.norm.weight.detach().float().clone(), pack.int8(head))
+        rotary = (cos[0].float().contiguous(), sin[0].float().contiguous())
+        return cls(name or config.name_or_path, weights, packed, rotary, shape, path)
 
     @property
     def streamed_bytes(self) -> int:  # type: ignore[override]  # Backend's default, computed here; callers only read it

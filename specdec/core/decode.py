@@ -134,8 +134,8 @@ def run_cycles(drafter: Drafter, link: CloudLink, seq: AcceptedSequence, spec: S
             if verdict is not None:
                 link.rollback(block.base + verdict.accepted, seq)
                 schedule.update(block.depth, verdict.accepted)
-            cycles.append(trace(block, entropies, verdict, emitted, note, t_start_s, start,
-                                drafter.compute_s - edge_before, link.compute_s - cloud_before))
+            times = CycleTimes(start, t_start_s, drafter.compute_s - edge_before, link.compute_s - cloud_before)
+            cycles.append(trace(block, entropies, verdict, emitted, note, times))
             ttft_s = ttft_s or time.perf_counter() - start
     finally:
         link.close()
@@ -186,22 +186,34 @@ def first_stop(tokens: list[int], n_before: int, constraints: Constraints) -> in
     return None
 
 
+@dataclass(frozen=True)
+class CycleTimes:
+    """A cycle's times for its record: the generation's start (time.perf_counter()), the cycle's start after it,
+    and the seconds the edge and the cloud computed in the cycle."""
+
+    start: float
+    t_start_s: float
+    edge_s: float
+    cloud_s: float
+
+
 def trace(block: Proposal, entropies: torch.Tensor | None, verdict: Verdict | None, emitted: list[int],
-          note: DraftNote, t_start_s: float, start: float, edge_s: float, cloud_s: float) -> Cycle:
+          note: DraftNote, times: CycleTimes) -> Cycle:
     """One cycle's record (specdec/core/trace.py)."""
     kept = len(block.first_branch()) if verdict is None else verdict.accepted
     extra = emitted[kept] if len(emitted) > kept else None
     corrected = verdict is not None and block.corrected(verdict)
     cycle = Cycle(block.tokens.tolist(), [] if entropies is None else entropies.tolist(), verdict is not None, kept,
                   extra_token=extra, extra_kind=None if extra is None else "correction" if corrected else "bonus",
-                  edge_s=edge_s, t_start_s=t_start_s, drafter=block.drafter,
+                  edge_s=times.edge_s, t_start_s=times.t_start_s, drafter=block.drafter,
                   ahead_chosen=note.ahead_chosen, ahead_guess=note.ahead_guess, ahead_kept=note.ahead_kept,
                   ahead_wasted=note.ahead_wasted, edge_wait_s=note.edge_wait_s)
     if verdict is not None:
-        cycle.cloud_s, cycle.cloud_tokens_in, cycle.sent_features = cloud_s, verdict.tokens_in, verdict.sent_features
+        cycle.cloud_s, cycle.cloud_tokens_in = times.cloud_s, verdict.tokens_in
+        cycle.sent_features = verdict.sent_features
         cycle.wire_up_bytes, cycle.wire_down_bytes = verdict.wire_up_bytes, verdict.wire_down_bytes
         cycle.wait_s, cycle.server_queue_s = verdict.wait_s, verdict.server_queue_s
-        cycle.t_sent_s, cycle.t_reply_s = verdict.sent_at - start, verdict.read_at - start
+        cycle.t_sent_s, cycle.t_reply_s = verdict.sent_at - times.start, verdict.read_at - times.start
     return cycle
 
 

@@ -215,15 +215,16 @@ class LoadSettings:
         parse_fields(self, kv_cache=KVCache, cuda_graphs=CudaGraphs, extra_buffers=ExtraBuffers)
 
 
-def load_model(name: str, dtype: str = "bfloat16", log: Callable[[str], object] = print,
+def load_model(name: str, dtype: str = "bfloat16", *, log: Callable[[str], object] = print,
                runtime: str | None = None, llamacpp_extra_buffers: str = "auto", device: str = "cpu",
-               kv_cache: str = "dynamic", cuda_graphs: str = "on", sessions: int | None = None) -> LoadedModel:
+               kv_cache: str = "dynamic", cuda_graphs: str = "on") -> LoadedModel:
     """Resolve `name` (fetching a registry alias on first use; `arch:PATH.json` builds a random-weight architecture,
     specdec/models/architecture.py) and load it in `runtime` (specdec/runtimes; None: the one a model file needs, a
-    `.gguf`'s, else the default): the words parsed once into LoadSettings, then `load`."""
+    `.gguf`'s, else the default): the words parsed once into LoadSettings, then `load`. Engine's loader; a server,
+    which sizes its static cache by its sessions, builds its LoadSettings and calls `load`."""
     settings = LoadSettings(dtype, runtime or default_runtime(name), device, parse(KVCache, kv_cache, "kv_cache"),
                             parse(CudaGraphs, cuda_graphs, "cuda_graphs"),
-                            parse(ExtraBuffers, llamacpp_extra_buffers, "extra_buffers"), sessions)
+                            parse(ExtraBuffers, llamacpp_extra_buffers, "extra_buffers"))
     return load(name, settings, log)
 
 

@@ -41,7 +41,7 @@ from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.convert_onnx import ensure_onnx
 from specdec.models.loading import LoadedModel, load_model
-from specdec.models.registry import model_dir
+from specdec.models.registry import gguf_path, model_dir
 
 LLAMA_CPP_PYTHON = "llama-cpp-python plain"
 LLAMA_PROMPT_LOOKUP = "llama-cpp-python prompt lookup (n-gram 2, 10 tokens)"  # LlamaPromptLookupDecoding's defaults
@@ -95,8 +95,8 @@ def spec_peers(cloud_runtimes: tuple[str, ...], modes: tuple[str, ...] = ("model
 
 @dataclass(frozen=True)
 class PeerSettings:
-    """What the suite (bench/test_bench_peer_runtimes.py) reads from its environment; a bad value is one
-    ConfigError naming the variable and an example, before any model loads."""
+    """What the suite (bench/test_bench_peer_runtimes.py) reads from its environment, and builds its peers by
+    (build_peers); a bad value is one ConfigError naming the variable and an example, before any model loads."""
 
     prompts_per_set: int = 3  # SPECBENCH_PEER_PROMPTS
     max_new_tokens: int = 48  # SPECBENCH_PEER_TOKENS
@@ -239,23 +239,23 @@ def cached_loader(dtype: str, log: Callable[[str], object]) -> Callable[..., Loa
     return load
 
 
-def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts: list[tuple[str, str | None]],
-                max_new_tokens: int, threads: int, binary: Path | None, log=print,
-                cloud_runtimes: tuple[str, ...] = CLOUD_RUNTIMES,
-                llama_spec_types: tuple[str, ...] = ("draft-simple",), llama_python: tuple[str, ...] = LLAMA_PYTHON,
-                external: tuple[str, ...] = (), spec_modes: tuple[str, ...] = ("model", "prompt-lookup"),
-                engines: tuple[str, ...] = (), workers: list[PeerWorker] | None = None, logs: Path = Path("runs")) -> list[Peer]:
-    """The peers of the runtime suite; `binary` None leaves llama.cpp's speculative decoding out. The workers
-    started for `external` peers are appended to `workers` (the caller closes them)."""
+def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], settings: PeerSettings,
+                binary: Path | None, log=print, workers: list[PeerWorker] | None = None) -> list[Peer]:
+    """The peers of the runtime suite on the registry pair `edge`, `cloud` (their kept GGUF files run in llama.cpp's
+    peers), as `settings` say (its sink's folder takes the workers' logs); `binary` None leaves llama.cpp's
+    speculative decoding out. The workers started for external peers are appended to `workers` (the caller closes
+    them)."""
     workers = workers if workers is not None else []
+    max_new_tokens, threads, cloud_runtimes = settings.max_new_tokens, settings.threads, settings.cloud_runtimes
+    edge_gguf, cloud_gguf = str(gguf_path(edge)), str(gguf_path(cloud))
     # the peers in other processes first: a missing one is refused before any model of this process loads, and
     # onnxruntime-genai's conversion (a builder child process of ~17 GB) runs before this process holds models
-    starters = {name: external_peers(name, edge, cloud, threads, engines) for name in external}
+    starters = {name: external_peers(name, edge, cloud, threads, settings.engines) for name in settings.external}
     loader = cached_loader("bfloat16", log)
     decode = DecodeConfig(max_new_tokens=max_new_tokens)
 
-    def engine_peer(name: str, reference: str | None, plain: bool = False, **settings) -> Peer:
-        engine = Engine(dtype="bfloat16", decode=decode, loader=loader, log=lambda m: None, **settings)
+    def engine_peer(name: str, reference: str | None, plain: bool = False, **options) -> Peer:
+        engine = Engine(dtype="bfloat16", decode=decode, loader=loader, log=lambda m: None, **options)
 
         def run(i: int) -> Timed:
             start = time.perf_counter()
@@ -268,7 +268,7 @@ def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts:
              for runtime in cloud_runtimes]
     llamacpp_plain = cloud_only("llamacpp") if "llamacpp" in cloud_runtimes else None
     # llama.cpp's speculation (llama-cpp-python's lookup, the example) against llama.cpp's own plain decoding
-    llama_reference = LLAMA_CPP_PYTHON if "plain" in llama_python else llamacpp_plain
+    llama_reference = LLAMA_CPP_PYTHON if "plain" in settings.llama_python else llamacpp_plain
     tokenizer_model = loader(cloud, "bfloat16", runtime="llamacpp")  # the GGUF entry's HF tokenizer, as the engine's
     encoded = [tokenizer_model.encode(text, system) for text, system in prompts]
     ids = [[int(t) for t in e.input_ids.reshape(-1).tolist()] for e in encoded]
@@ -279,7 +279,7 @@ def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts:
         return tokenizer_model.tokenizer.decode(tokens, skip_special_tokens=True)
 
     ways = {"plain": (True, False), "flash-off": (False, False), "lookup": (True, True)}
-    for way in llama_python:
+    for way in settings.llama_python:
         flash_attn, lookup = ways[way]
         llm = LlamaCppPython(cloud_gguf, threads, flash_attn=flash_attn, prompt_lookup=lookup)
         name = LLAMA_PROMPT_LOOKUP if lookup else LLAMA_CPP_PYTHON + ("" if flash_attn else " (flash attn off, its default)")
@@ -290,7 +290,7 @@ def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts:
             return Timed(name, i, tokens, time.perf_counter() - start, text=decoded(tokens),
                          extra={"ttft_s": first - start if first else None})
         peers.append(Peer(name, llama_reference if lookup else llamacpp_plain, run, plain=not lookup))
-    for spec_type in llama_spec_types if binary is not None else ():
+    for spec_type in settings.llama_spec_types if binary is not None else ():
         def run_example(i: int, spec_type=spec_type) -> Timed:
             draft = edge_gguf if spec_type == "draft-simple" else None
             report = run_speculative(binary, cloud_gguf, draft, rendered[i], threads, max_new_tokens, spec_type=spec_type)
@@ -300,7 +300,7 @@ def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts:
                                 "ttft_s": report.encode_s,  # its report parts prompt and decoding at the first token
                                 "decode_s": report.decode_s, "drafted": report.drafted, "accepted": report.accepted})
         peers.append(Peer(llama_peer_name(spec_type), llama_reference, run_example))
-    for edge_runtime, cloud_runtime, k, drafter in spec_peers(cloud_runtimes, spec_modes):
+    for edge_runtime, cloud_runtime, k, drafter in spec_peers(cloud_runtimes, settings.spec_modes):
         spec = SpecConfig(k=k, entropy_threshold=0, policy="greedy", drafter=drafter)
         if drafter == "model":
             peers.append(engine_peer(f"specbench {edge_runtime} -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
@@ -311,7 +311,7 @@ def build_peers(edge: str, cloud: str, edge_gguf: str, cloud_gguf: str, prompts:
                                      mode="spec", edge=edge, cloud=cloud, edge_runtime="llamacpp",
                                      cloud_runtime=cloud_runtime, spec=spec))
     for start in starters.values():
-        peers += start(ids, max_new_tokens, eos_ids, decoded, workers, logs)
+        peers += start(ids, max_new_tokens, eos_ids, decoded, workers, settings.sink.parent)
     return peers
 
 

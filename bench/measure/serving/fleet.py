@@ -74,7 +74,7 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
                 "--kv-cache", config.kv_cache, "--cuda-graphs", config.cuda_graphs))
             if config.cloud and config.cloud_cores:  # this process and its edge processes: the other cores
                 pin_besides(config.cloud_cores, "--cloud-cores")
-            fleet = Fleet(config, spec, decode, settings, prompts, scripts, url, token, out, bar)
+            fleet = Fleet(config, settings, prompts, scripts, url, token, out, bar)
             asyncio.run(fleet.run(plan))
         summary = summarize_fleet(out)
         summary.to_csv(out / "summary.csv", index=False)
@@ -118,8 +118,12 @@ def arrivals(count: int, rate_per_client: float | None, seed: int) -> list[float
 
 
 class Fleet:
-    def __init__(self, config, spec, decode, settings, prompts, scripts, url, token, out: Path, bar) -> None:
-        self.config, self.spec, self.decode, self.settings = config, spec, decode, settings
+    """The levels of one fleet against the server at `url`. `settings`: the fleet's, its spec's and its decoding's
+    fields as JSON ({"fleet": ..., "spec": ..., "decode": ...}), as its records and edge processes carry them."""
+
+    def __init__(self, config: FleetConfig, settings: dict, prompts: list[str], scripts: dict[str, Script], url: str,
+                 token: str | None, out: Path, bar: tqdm) -> None:
+        self.config, self.settings = config, settings
         self.prompts, self.scripts, self.server_url, self.token, self.out, self.bar = prompts, scripts, url, token, out, bar
         self.results = ResultsFile(out / "results.jsonl")
         self.levels = ResultsFile(out / LEVELS, ("mode", "clients"))
@@ -204,7 +208,7 @@ class Fleet:
 
     def seed(self, point: dict, index: int) -> int:
         """Poisson arrivals per (seed, N, client, repeat): the same for spec and cloud-only."""
-        return ((self.decode.seed * 1_000_003 + point["clients"]) * 1009 + index) * 31 + point["repeat"]
+        return ((self.settings["decode"]["seed"] * 1_000_003 + point["clients"]) * 1009 + index) * 31 + point["repeat"]
 
     def recorded_scripts(self) -> dict[str, Script]:
         """Cloud-only serving after edge processes: the prompts and lengths of this fleet's own spec generations."""
