@@ -63,14 +63,14 @@ def cmd_gate(args: argparse.Namespace, wrap=None) -> int:
     workload = SUITES[args.suite]()
     _say(f"gate: measuring the {args.suite} suite ({len(workload.prompts)} prompts x {workload.max_new_tokens} tokens, "
          f"{workload.repeats} repeats) ...")
-    if args.update:
+    if baseline is None:  # --update
         current = measure(workload, wrap=wrap, log=_say)
     else:
         current, checks = judge(baseline, workload, TOLERANCES[args.suite], wrap=wrap, log=_say)
     if args.save:
         write_gate_file(args.save, current)
     print(timing_summary(current))
-    if args.update:
+    if baseline is None:  # --update
         # named after the machine the record carries (environment.fingerprint): never another class's file
         path = path or baseline_path(args.suite, (machine_of(current) or here)["machine_class"])
         write_gate_file(path, current)

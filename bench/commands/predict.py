@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -82,13 +83,14 @@ def calibrated_costs(text: str) -> tuple[str, str]:
         raise ConfigError(f"--calibrated {text!r}: need CLOUD:RUNTIME,EDGE:RUNTIME, e.g. "
                           "qwen2.5-coder-1.5b:torch-int8t,qwen2.5-coder-0.5b:llamacpp")
     data = read_calibration(calibration_path(fingerprint()["machine_class"]))
-    (cloud, _, cloud_runtime), (edge, _, edge_runtime) = pairs
-    found = [find_entry(data, model, runtime) for model, runtime in ((cloud, cloud_runtime), (edge, edge_runtime))]
-    for (model, _, runtime), entry in zip(pairs, found):
+    found = []  # the cloud's entry, then the edge's
+    for model, _, runtime in pairs:
+        entry = find_entry(data, model, runtime)
         if entry is None or entry.get("error"):
             why = f" ({entry['error']})" if entry else ""
             raise ConfigError(f"this machine's calibration has no working {model} in {runtime}{why}: run `specbench "
                               f"calibrate --models {model} --runtimes {runtime}`")
+        found.append(entry)
     a_ms, b_ms = verify_cost_ms(found[0])
     return f"{a_ms:.6g},{b_ms:.6g}", f"{found[1]['step_ms']:.6g}"
 
@@ -119,7 +121,8 @@ def predict_folder(folder: Path, cores_shared: bool | None = None) -> int:
         raise InputError(f"{folder} has no spec points to predict: rerun the sweep with --mode edge,cloud,spec")
     summary = summarize(records)
     measured = {columns_key(row[c] for c in COLUMNS): row for _, row in summary.iterrows()}
-    rows, left_out = [], []  # left out: (label, why) of points whose inputs the folder lacks
+    rows: list[dict] = []
+    left_out: list[tuple[str, str]] = []  # (label, why) of points whose inputs the folder lacks
     for point in points:
         row = measured[columns_key(point.get(c) for c in COLUMNS)]
         try:
@@ -181,8 +184,8 @@ def predict_user(args: argparse.Namespace) -> int:
     if not by_k:
         raise InputError(f"{args.acceptance_from} has no spec points to take acceptance from: run a sweep with "
                          "--mode spec and the --k values you want to try")
-    base = {"draft_step_s": edge_s, "verify_a_s": a_ms / 1e3, "verify_b_s_per_token": b_ms / 1e3,
-            "colocated_draft_step_s": coloc_s}
+    base: dict[str, Any] = {"draft_step_s": edge_s, "verify_a_s": a_ms / 1e3, "verify_b_s_per_token": b_ms / 1e3,
+                            "colocated_draft_step_s": coloc_s}
     measured = {}  # k -> (acceptance, tokens per generation)
     for k, point in sorted(by_k.items()):
         group = acceptance_group(records, point)

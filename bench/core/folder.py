@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import overload
 
 from specdec.errors import InputError
 
@@ -29,6 +30,10 @@ MACHINE_FILE = "machine.json"  # a sweep's machine and the runtimes chosen from 
 _held: dict[Path, int] = {}  # folders this process holds, so a command may re-enter its own lock
 
 
+@overload
+def canonical_path(value: str) -> str: ...
+@overload
+def canonical_path(value: None) -> None: ...
 def canonical_path(value: str | None) -> str | None:
     """An existing file or directory as its absolute, resolved path (so `./m` and `/home/u/m` are
     one setting); anything else (an alias, a hub id, a shipped set, None) unchanged."""
@@ -41,7 +46,7 @@ def os_error_line(e: OSError) -> str:
     """One line for an OSError at the edges: the path, what the system said and what to do."""
     if e.filename is None:
         return str(e.strerror or e)
-    what = {
+    known: dict[int | None, str] = {
         errno.EEXIST: "is a file, not a folder: give a folder path, or move the file away",
         errno.ENOTDIR: "cannot be used: part of that path is a file, not a folder; give another path",
         errno.EISDIR: "is a folder, not a file: give a file path",
@@ -52,7 +57,8 @@ def os_error_line(e: OSError) -> str:
         errno.EACCES: "cannot be accessed (permission denied): use a path you may write, or fix its permissions",
         errno.EPERM: "cannot be accessed (operation not permitted): use a path you may write",
         errno.ENOENT: "does not exist: check the path",
-    }.get(e.errno, f"failed: {e.strerror or e}")
+    }
+    what = known.get(e.errno, f"failed: {e.strerror or e}")
     return f"{e.filename} {what}"
 
 

@@ -13,6 +13,7 @@ dataclasses field by field, so a setting added to one of them (a runtime per rol
                                 results, resumes and nll.jsonl scores are matched by it
     point.label()               `spec float32 code greedy k=4 thr=0 p>=0.1 cached`, for comparisons
     point.caches_here()         whether the point's kv_cache changes what it runs (a torch model in its process)
+    given(point.link, "link")   a field where it applies (a sweep's split point has its link): not None
     AXES                        the fields a sweep takes a list of, in the order its grid is walked
                                 (bench/measure/sweep/sweep_config.py makes them tuple fields): a new axis is one
                                 name here
@@ -27,7 +28,7 @@ import json
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.core.prompts import SPEC_BENCH, PromptInputs, prompt_set_name
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
@@ -60,7 +61,7 @@ def _run_fields() -> list[tuple[str, Any, type]]:
     """(name, type, defined in) of each field `Point` must have, in order: every measured run setting,
     EngineConfig's first, then where it ran, typed as its setting or None. tests/test_point.py holds
     the written `Point` to it."""
-    expected = []
+    expected: list[tuple[str, Any, type]] = []
     for cls in (EngineConfig, _Placement, SpecConfig, DeployConfig, DecodeConfig, PromptInputs):
         hints = typing.get_type_hints(cls)
         expected += [(f.name, hints[f.name] | None, cls) for f in fields(cls) if f.init and f.name not in NOT_MEASURED]
@@ -220,6 +221,17 @@ class Point:
         here = self.mode == "cloud" or (self.mode == "spec" and self.deployment != "split")
         cloud = parts(self.cloud_runtime) if here else ()
         return "torch" in (*edge, *cloud)
+
+
+Value = TypeVar("Value")
+
+
+def given(value: Value | None, name: str) -> Value:
+    """A point's field where it applies, so it is set (a sweep's points have their mode, dtype and prompt set; a
+    split one its link and cloud runtime): None there is a bug, said as one."""
+    if value is None:
+        raise ValueError(f"the point has no {name}")
+    return value
 
 
 FIELDS = tuple(f.name for f in fields(Point))

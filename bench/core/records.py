@@ -14,6 +14,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -89,6 +90,7 @@ class ResultRecord:
         escalated = [cycle for cycle in generation.cycles if cycle.escalated]
         split = point.get("deployment") == "split"
         lengths = [len(cycle.draft_tokens) for cycle in generation.cycles]
+        peaks: dict[str, Any] = gpu or {}  # its peak_gpu_* fields (mypy matches a ** dict against every field)
         return cls(
             id=prompt_id,
             point=point,
@@ -119,7 +121,7 @@ class ResultRecord:
             block_len_hist=[lengths.count(n) for n in range(1, max(lengths, default=0) + 1)],
             trace=[asdict(cycle) for cycle in generation.cycles],
             prompt_ids=generation.prompt_ids if split else None,
-            **(gpu or {}),
+            **peaks,
         )
 
     def as_dict(self) -> dict:

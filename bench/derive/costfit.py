@@ -176,7 +176,8 @@ def link_inputs(records: list[dict], point: dict, group: list[dict], mean_drafte
     others = [r for r in records if r["mode"] == "spec" and r.get("deployment") == "split" and point_key(r) != own
               and r.get("cloud_calls") and r.get("overlap") is not True]
     sequential = [r for r in others if r.get("overlap") is False]
-    protocol, bookkeeping = [], {}
+    protocol: list[float] = []
+    bookkeeping: dict[int | None, list[float]] = {}
     for r in sequential or others:
         other = profile(str(r.get("link") or "none"))
         per_call = (r.get("link_s") or 0.0) / r["cloud_calls"]

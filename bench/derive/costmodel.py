@@ -244,7 +244,8 @@ def _outcome_s(x: CostInputs, o: Outcome, draft_step_s: float, link_s: float) ->
                                        if o.escalated else 0.0)
 
 
-def _per_token(x: CostInputs, cycle_s: float, prefill_extra_s: float, calls: float = None, **ahead) -> Prediction:
+def _per_token(x: CostInputs, cycle_s: float, prefill_extra_s: float, calls: float | None = None,
+               **ahead) -> Prediction:
     a = x.acceptance
     emitted = a.emitted_per_cycle
     calls = a.calls_per_cycle if calls is None else calls

@@ -21,6 +21,7 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeGuard
 
 from bench.core.metric_registry import TIMING_RATIO, direction
 from bench.derive import metrics
@@ -88,7 +89,7 @@ class Check:
         return f"{status} {self.kind:13} {self.metric:32} {moved}  ({self.rule}){note}"
 
 
-def _finite(value) -> bool:
+def _finite(value) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

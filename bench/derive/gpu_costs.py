@@ -23,6 +23,7 @@ their recorded verdicts; one per server cache), per fleet size N:
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 STEP_TARGET_FLOORS = 1.5
 VERIFY_TOKENS = 5  # k = 4: the verify block of the shipped default
@@ -79,7 +80,7 @@ def _verdict(ratio: float | None, target: float) -> dict:
 
 def capacity(table) -> dict:
     """Per fleet size, spec against cloud-only serving, from a fleet's summary (a pandas frame; empty: nothing ran)."""
-    levels = {}
+    levels: dict[int, dict[str, Any]] = {}
     for clients in sorted(set(table["clients"])) if not table.empty else []:
         spec = table[(table["clients"] == clients) & (table["mode"] == "spec")]
         cloud = table[(table["clients"] == clients) & (table["mode"] == "cloud")]

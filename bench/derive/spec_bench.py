@@ -72,7 +72,7 @@ def fastest_decoding(frame: pd.DataFrame, prompts) -> tuple | None:
     plain = frame[(frame["mode"] == "cloud") & (frame["prompts"] == prompts)]
     rates = {key: metrics.ratio(group["decode_tokens"].sum(), group["decode_s"].sum())
              for key, group in plain.groupby(COLUMNS, sort=False, dropna=False)}
-    return max(rates, key=rates.get) if rates else None
+    return max(rates, key=lambda key: rates[key]) if rates else None
 
 
 def spec_bench_table(rows: list[dict], summary: pd.DataFrame) -> pd.DataFrame:
@@ -82,8 +82,8 @@ def spec_bench_table(rows: list[dict], summary: pd.DataFrame) -> pd.DataFrame:
     sets = [p for p in dict.fromkeys(summary["prompts"]) if str(p).startswith(SPEC_BENCH)] if len(summary) else []
     if not sets:
         return pd.DataFrame()
-    baselines = {p: fastest_plain(summary, p) for p in sets}
-    sets = [p for p in sets if baselines[p] is not None]
+    baselines = {p: base for p in sets if (base := fastest_plain(summary, p)) is not None}
+    sets = [p for p in sets if p in baselines]
     frame = frame[frame["prompts"].isin(sets) & frame["mode"].isin(["spec", "cloud"])]
     decoding = [after_first_token(row) for _, row in frame.iterrows()]
     frame = frame.assign(decode_tokens=[t for t, _ in decoding], decode_s=[s for _, s in decoding])
@@ -94,8 +94,9 @@ def spec_bench_table(rows: list[dict], summary: pd.DataFrame) -> pd.DataFrame:
     for method, _group in frame.groupby(METHOD, sort=False, dropna=False):
         point = dict(zip(METHOD, method))
         row = {"method": method_name(point), **point}
-        pooled = ([], [], [], [])  # tokens, seconds, baseline tokens, baseline seconds: aligned by question
-        pooled_decode = ([], [], [], [])  # the same after the first token
+        # tokens, seconds, baseline tokens, baseline seconds: aligned by question
+        pooled: tuple[list[float], ...] = ([], [], [], [])
+        pooled_decode: tuple[list[float], ...] = ([], [], [], [])  # the same after the first token
         answered = []  # this method's rows on every category, for the overall τ
         for prompts in sets:
             mine = per_prompt.get((*method[:COLUMNS.index("prompts")], prompts, *method[COLUMNS.index("prompts"):]))

@@ -28,6 +28,8 @@ A prompt timed several times (`--repeats`) counts once, with the median of its t
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pandas as pd
 
 from bench.core.point import COLUMNS, RUNTIME_OF
@@ -111,7 +113,9 @@ def _point_stats(group: pd.DataFrame) -> pd.Series:
 def _placement(group: pd.DataFrame) -> str:
     """How a sweep with split points placed its processes (disjoint or shared cores), "-" where it had
     none or the records predate the field."""
-    values = group["split_cores"].dropna() if "split_cores" in group else []
+    if "split_cores" not in group:
+        return "-"
+    values = group["split_cores"].dropna()
     return str(values.iloc[0]) if len(values) else "-"
 
 
@@ -283,7 +287,8 @@ INTERVALS = {
     "token_match_vs_cloud": ("mean", ("token_match_vs_cloud",)),
     "ttft_p50_s": ("median", ("ttft_s",)),
 }
-INTERVAL_OF_KIND = {"pooled": metrics.pooled_ratio_ci, "mean": metrics.mean_ci, "median": metrics.median_ci}
+INTERVAL_OF_KIND: dict[str, Callable[..., tuple[float, float]]] = {
+    "pooled": metrics.pooled_ratio_ci, "mean": metrics.mean_ci, "median": metrics.median_ci}
 # metric -> its baseline: the cloud-only or edge-only point of the same runtime, the fastest cloud-only, the
 # fastest plain decoding of either model, or (a split point's) co-located speculation on the cloud's cores
 SPEEDUPS = {"speedup_vs_cloud": "cloud", "speedup_vs_edge": "edge", "speedup_vs_fastest_cloud": "fastest_cloud",

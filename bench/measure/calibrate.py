@@ -86,7 +86,7 @@ def calibration_path(machine_class: str) -> Path:
 
 def runtime_versions() -> dict[str, str | None]:
     """The installed versions of what the runtimes run on (None: not installed), read without importing them."""
-    found = {}
+    found: dict[str, str | None] = {}
     for package, distribution in DISTRIBUTIONS.items():
         try:
             found[package] = metadata.version(distribution)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ def teacher_forced(backend, ids: torch.Tensor, continuation: list[int]) -> torch
 @torch.inference_mode()
 def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
-    quiet = dict(log=lambda message: None)
+    quiet: dict[str, Any] = dict(log=lambda message: None)
     reference = load_model(args.model, "float32", runtime="torch", **quiet)
     prompts = [reference.tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}], add_generation_prompt=True,
                                                        return_tensors="pt", return_dict=True)["input_ids"][0]

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -64,17 +65,18 @@ TESTS_TIMEOUT_S = 180
 NEEDED = ("websockets", "msgspec", "gguf", "psutil", "tqdm", "safetensors", "soundfile", "soxr", "jiwer")
 VERSIONS = ("torch", "transformers", "websockets")
 # --dry-run: the same code on the CPU, tiny configs, two shapes per axis.
-DRY = {"rows": (1, 2), "tokens": (1, 3), "context": 16, "repeats": 2, "warm_ups": 1,
-       "config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                  "intermediate_size": 128, "vocab_size": 96}}
+DRY: dict[str, Any] = {
+    "rows": (1, 2), "tokens": (1, 3), "context": 16, "repeats": 2, "warm_ups": 1,
+    "config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "intermediate_size": 128, "vocab_size": 96}}
 # The fleet's capacity (docs/gpu.md): replayed edges of the real pair (Qwen2.5-Coder 0.5B drafting, 1.5B verifying, on a
 # CPU: bench/gpu/recorded-code) against a server of the 7B architecture with random weights that keeps their recorded
 # verdicts, spec beside cloud-only serving. The recording's settings are the fleet's (a replay must match them).
 RECORDING = CONFIGS / "recorded-code"
 RECORDED = ["--prompts", "code", "--max-new-tokens", "128", "--policy", "greedy", "--entropy-threshold", "0", "--k", "4",
             "--dtype", "bfloat16"]
-FLEET = {"model": "qwen2.5-7b", "clients": "1,8,64", "repeats": 2, "limit": 1, "max_batch": 64}
-DRY_FLEET = {"clients": "1", "repeats": 1, "limit": 1, "max_batch": 8}
+FLEET: dict[str, Any] = {"model": "qwen2.5-7b", "clients": "1,8,64", "repeats": 2, "limit": 1, "max_batch": 64}
+DRY_FLEET: dict[str, Any] = {"clients": "1", "repeats": 1, "limit": 1, "max_batch": 8}
 # The server's caches, each a fleet of its own: transformers' DynamicCache (eager), then one static cache of its
 # sessions, whose forwards replay as captured CUDA graphs (specdec/backends/static_slots.py).
 FLEET_CACHES = ("dynamic", "static")
@@ -148,7 +150,7 @@ def forwards(model, mode: str, rows: int, tokens: int, context: int, device: str
     kv = StaticKV(config, context + 2 * max(TOKENS), next(model.parameters()).dtype, torch.device(device), batch=rows)
     if mode == "static":
         return lambda: static_forward(model, kwarg, kv, ids, positions)
-    captured = CapturedSteps(lambda i, p: static_forward(model, kwarg, kv, i, p), device, kv.capacity)
+    captured = CapturedSteps(lambda i, p: static_forward(model, kwarg, kv, i, p), torch.device(device), kv.capacity)
     return lambda: captured(ids, context)
 
 
@@ -186,7 +188,9 @@ def curve(models: list[str], out: Path, device: str, gpu: str | None, dry: bool,
     shapes = [s for s in FIRST if s[0] in rows_axis and s[1] in tokens_axis]
     shapes += [(r, t) for t in tokens_axis for r in rows_axis if (r, t) not in shapes]
     modes = ("graphs", "eager", "static") if is_cuda(device) else ("eager", "static")
-    measured, sizes, failed = [], {}, {}
+    measured: list[dict] = []
+    sizes: dict[str, int] = {}
+    failed: dict[str, str] = {}
     with (out / "cost_curve.csv").open("w", newline="", encoding="utf-8") as sink:
         writer = csv.DictWriter(sink, CURVE_COLUMNS)
         writer.writeheader()
@@ -282,7 +286,7 @@ def versions() -> dict[str, str | None]:
     """The versions imported (torch, transformers), or installed (the rest; None: not installed)."""
     import transformers
 
-    found = {"torch": torch.__version__, "transformers": transformers.__version__}
+    found: dict[str, str | None] = {"torch": torch.__version__, "transformers": transformers.__version__}
     for name in VERSIONS:
         try:
             found.setdefault(name, metadata.version(name))

@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from typing import Any, TypeVar
 
 from specdec.errors import NATIVE_CRASH_SIGNALS, ConfigError, signal_name
 
@@ -83,7 +84,7 @@ class WorkerProcess:
         return self
 
     def messages(self, poll_s: float = 0.05,
-                 last: Callable[[object], bool] = lambda message: message == ("exit",)) -> Iterator[object]:
+                 last: Callable[[Any], bool] = lambda message: message == ("exit",)) -> Iterator[Any]:
         """Its messages as they come, through the one `last` recognises, or until it has ended without
         one (killed, crashed, or out of memory) and every message it sent is read."""
         while True:
@@ -101,6 +102,7 @@ class WorkerProcess:
     def wait(self) -> int:
         """Its exit code: negative, the signal that killed it (`death_line` says it in words)."""
         self.process.join()
+        assert self.process.exitcode is not None  # join returns once it has ended
         return self.process.exitcode
 
     def stop(self) -> None:
@@ -129,19 +131,29 @@ def death_line(exitcode: int) -> str:
     return f"killed by {name}"
 
 
+Stream = TypeVar("Stream")
+
+
+def piped(stream: Stream | None) -> Stream:
+    """A child's stdin or stdout that was opened as a pipe (typed Optional: None where it was not)."""
+    if stream is None:
+        raise ValueError("the child's stream was not opened as a pipe")
+    return stream
+
+
 class ServerProcess:
     """`specbench serve` as a child process: `with ServerProcess(model, dtype, cores) as url:`."""
 
     def __init__(self, model: str, dtype: str, cores: str | None = None, *extra: str) -> None:
         self.args = [sys.executable, "-m", "bench.cli", "serve", "--model", model, "--dtype", dtype,
                      *(["--cores", cores] if cores else []), *extra]
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[str]  # started by __enter__
 
     def __enter__(self) -> str:
         self.errors = tempfile.TemporaryFile(mode="w+")  # its last line says why, if it does not start
         self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.errors, text=True,
                                         preexec_fn=die_with_parent)
-        line = self.process.stdout.readline()
+        line = piped(self.process.stdout).readline()
         if not line.startswith("listening on "):
             self.process.kill()
             self.process.wait(STOP_GRACE_S)
@@ -174,7 +186,7 @@ async def start_edge(module: str, *argv: str) -> asyncio.subprocess.Process:
 async def edge_ready(process: asyncio.subprocess.Process) -> bool:
     """Its first line, `{"ready": true}` once its model is loaded and warm; False if it said
     anything else or ended."""
-    line = await process.stdout.readline()
+    line = await piped(process.stdout).readline()
     return json.loads(line or b"{}").get("ready") is True
 
 

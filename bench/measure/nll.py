@@ -34,6 +34,7 @@ def output_nll(model: LoadedModel, prompt: Prompt, tokens: list[int]) -> float:
     target = torch.tensor(tokens, dtype=torch.long)
     ids = torch.cat([prompt.input_ids, target])
     _, logits = model.backend.prefill(prompt, ids, keep=n + 1, use_cache=False)
+    assert logits is not None  # keep >= 1: prefill returns [keep, V]
     log_probs = torch.log_softmax(logits[:-1].float(), dim=-1)
     return float(-log_probs[torch.arange(n), target].mean())
 

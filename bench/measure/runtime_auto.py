@@ -107,7 +107,7 @@ class AutoRuntimes:
             if AUTO in listed and len(listed) > 1:
                 raise ConfigError(f"{name} = {list(listed)}: auto chooses the runtime itself; give auto alone, or "
                                   "name the runtimes")
-        edge, cloud = values.get("edge"), values.get("cloud")
+        edge, cloud = values.get("edge") or "", values.get("cloud") or ""  # "": not set
         edge_auto = AUTO in _as_tuple(values.get("edge_runtime"))
         if not cloud or (edge_auto and not edge):
             raise ConfigError("auto runtimes are chosen per model from the calibration: set cloud (and edge) = MODEL")

@@ -68,7 +68,7 @@ def build_pair(edge_noise: float = EDGE_NOISE, seed: int = SEED) -> tuple[LlamaF
     return edge.eval(), cloud
 
 
-def save_pair(root: Path, edge_noise: float = EDGE_NOISE, seed: int = SEED) -> dict[str, str]:
+def save_pair(root: str | Path, edge_noise: float = EDGE_NOISE, seed: int = SEED) -> dict[str, str]:
     """Save the pair as HF directories `root/edge` and `root/cloud`; returns {role: path}."""
     from transformers.utils import logging as hf_logging
 

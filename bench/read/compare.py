@@ -24,6 +24,7 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from bench.core.folder import IDENTITY_FILES, read_identity
 from bench.core.metric_registry import compared, direction
@@ -73,7 +74,7 @@ class Row:
         return (change > 0) == (self.direction == "higher")
 
 
-def _number(value) -> bool:
+def _number(value) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -225,7 +226,8 @@ def plot(rows: list[Row], path: Path) -> None:
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
     for ax, point in zip(axes[:, 0], points):
         mine = [r for r in numeric if r.point == point]
-        changes = [max(-200.0, min(200.0, 100 * r.relative_change)) for r in mine]  # clip: inf and huge jumps
+        # clip: inf and huge jumps (every row of `numeric` has a change)
+        changes = [max(-200.0, min(200.0, 100 * c)) for r in mine if (c := r.relative_change) is not None]
         colors = ["tab:green" if r.better else "tab:red" if r.better is False else "tab:gray" for r in mine]
         labels = [r.metric + ("" if r.ok else "  (FAIL)") for r in mine]
         ax.barh(range(len(mine)), changes, color=colors)

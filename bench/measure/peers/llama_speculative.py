@@ -108,8 +108,8 @@ def find_binary(path: str | None = None) -> Path:
 
 def parse_report(stdout: str, stderr: str, prompt_text: str) -> SpeculativeReport:
     """The example's output -> its figures and the generated text (see the module docstring)."""
-    found = {key: pattern.search(stderr) for key, pattern in _REPORT.items()}
-    if missing := [key for key, match in found.items() if match is None]:
+    found = {key: match for key, pattern in _REPORT.items() if (match := pattern.search(stderr))}
+    if missing := [key for key in _REPORT if key not in found]:
         raise SpecdecError(f"llama.cpp's speculative example printed no {', '.join(missing)} report: its stderr ends "
                            f"{stderr.strip()[-200:]!r}; is {BINARY_ENV} the llama-speculative-simple of `{BUILD_COMMAND}`?")
     echo, tail = "\n\n" + prompt_text, "\n\n\n\n"  # two newlines after the text, two more at exit

@@ -33,6 +33,7 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ENGINES = ("openvino-genai", "openvino-genai-lookup", "openvino-genai-draft")
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return peer_worker.serve({name: (lambda ids, n, e=engine: generate(*e, ids, n)) for name, engine in engines.items()},
+    return peer_worker.serve({name: partial(generate, *engine) for name, engine in engines.items()},
                              {"openvino-genai": openvino_genai.__version__}, stdout=protocol)
 
 

@@ -83,6 +83,8 @@ class PeerWorker:
         # its own process group: paused, resumed and stopped whole (vLLM runs its engine in child processes)
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                         text=True, env=env, bufsize=1, start_new_session=True)
+        assert self.process.stdin is not None and self.process.stdout is not None  # both PIPEs
+        self._stdin, self._stdout = self.process.stdin, self.process.stdout
         self.paused = False
         ready = self._read(ready_timeout_s, "to load its engines")
         if "ready" not in ready:
@@ -111,7 +113,7 @@ class PeerWorker:
 
     def _read(self, timeout_s: float, doing: str) -> dict:
         found: list[str] = []
-        reader = threading.Thread(target=lambda: found.append(self.process.stdout.readline()), daemon=True)
+        reader = threading.Thread(target=lambda: found.append(self._stdout.readline()), daemon=True)
         reader.start()
         reader.join(timeout_s)
         if reader.is_alive():
@@ -132,8 +134,8 @@ class PeerWorker:
             raise WorkerError(f"peer {self.name} is no longer running (exit {self.process.returncode}): "
                               f"{_last_line(self.log_path)} (its log: {self.log_path})")
         self.resume()
-        self.process.stdin.write(json.dumps({"engine": engine, "ids": ids, "max_tokens": max_tokens}) + "\n")
-        self.process.stdin.flush()
+        self._stdin.write(json.dumps({"engine": engine, "ids": ids, "max_tokens": max_tokens}) + "\n")
+        self._stdin.flush()
         reply = self._read(self.reply_timeout_s, f"to generate with {engine}")
         if "error" in reply:
             raise WorkerError(f"peer {self.name} ({engine}) failed: {reply['error']} (its log: {self.log_path})")
@@ -144,7 +146,7 @@ class PeerWorker:
         self.resume()
         if self.process.poll() is None:
             try:
-                self.process.stdin.close()
+                self._stdin.close()
                 self.process.wait(timeout=30)
             except (OSError, subprocess.TimeoutExpired):
                 self._signal(signal.SIGKILL)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -81,7 +82,7 @@ def spec_peers(cloud_runtimes: tuple[str, ...], modes: tuple[str, ...] = ("model
     """(edge runtime, cloud runtime, k, drafter) of specbench's speculative peers: greedy, every block
     verified. The model drafter (the 0.5B) on the pairings measured since the runtimes began, and the
     draft-free drafters (prompt lookup, `auto`) verified in every cloud runtime asked."""
-    found = []
+    found: list[tuple[str | None, str, int, str]] = []
     if "model" in modes:
         model = [("llamacpp", "torch-int8", 3), ("llamacpp", "torch-int8", 4), ("llamacpp", "llamacpp", 4),
                  ("torch-int8", "torch-int8", 4)]
@@ -147,7 +148,7 @@ class PeerSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> PeerSettings:
-        values = {}
+        values: dict[str, Any] = {}
         for name, variable in cls.ENV.items():
             text = environ.get(variable, "").strip()
             if not text:
@@ -292,6 +293,7 @@ def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], se
         peers.append(Peer(name, llama_reference if lookup else llamacpp_plain, run, plain=not lookup))
     for spec_type in settings.llama_spec_types if binary is not None else ():
         def run_example(i: int, spec_type=spec_type) -> Timed:
+            assert binary is not None  # the loop runs only with one
             draft = edge_gguf if spec_type == "draft-simple" else None
             report = run_speculative(binary, cloud_gguf, draft, rendered[i], threads, max_new_tokens, spec_type=spec_type)
             return Timed(llama_peer_name(spec_type), i, [], report.wall_s, text=report.text, counted=report.new_tokens,
@@ -482,7 +484,7 @@ def first_token_ratio(timed: list[Timed], config: str, reference: str) -> tuple[
     bootstrap interval (below 1: sooner)."""
     mine = {t.prompt: t.extra.get("ttft_s") for t in timed if t.config == config}
     base = {t.prompt: t.extra.get("ttft_s") for t in timed if t.config == reference}
-    ratios = [mine[p] / base[p] for p in sorted(mine) if mine[p] and base.get(p)]
+    ratios = [seconds / base_s for p, seconds in sorted(mine.items()) if seconds and (base_s := base.get(p))]
     if not ratios:
         return math.nan, math.nan, math.nan
     low, high = median_ci(ratios)

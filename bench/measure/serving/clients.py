@@ -153,10 +153,10 @@ async def replay(url: str, script: Script, vocab: int, token: str | None = None,
     mismatches, positions, accepted_total = 0, 0, 0
     start = time.perf_counter()
     async with Connection(url, token, timeout_s) as server:
-        prompt_len, server_length, reopen = len(script.prompt_ids), None, True
+        prompt_len, server_length, reopen = len(script.prompt_ids), None, False
         for step in script.steps:
             await asyncio.sleep(step.gap_s)  # the edge drafting (as long as it took when recorded)
-            if reopen:  # first block, or after a mismatch: a session holding the recorded prefix
+            if server_length is None or reopen:  # first block or a mismatch: a session holding the recorded prefix
                 if server_length is not None:
                     await server.send("close")
                 await server.send("open", **open_fields(script, step.base - prompt_len, vocab))

@@ -66,12 +66,17 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
         with ExitStack() as services:
             bar = services.enter_context(tqdm(total=sum(n * len(prompts) for _, n, _ in plan), desc="fleet",
                                               unit="generation", disable=not progress))
-            url = config.cloud_url or services.enter_context(ServerProcess(
-                config.cloud, config.dtype, config.cloud_cores,
-                "--runtime", config.cloud_runtime, "--device", config.cloud_device,
-                "--max-batch", str(config.max_batch), "--batch-window-ms", str(config.batch_window_ms),
-                "--max-sessions", str(2 * max(config.clients) + 2), *(["--follow-verdicts"] if config.follow_verdicts else []),
-                "--kv-cache", config.kv_cache, "--cuda-graphs", config.cuda_graphs))
+            if config.cloud_url:
+                url = config.cloud_url
+            else:
+                assert config.cloud is not None and config.cloud_runtime is not None  # FleetConfig's, without cloud_url
+                url = services.enter_context(ServerProcess(
+                    config.cloud, config.dtype, config.cloud_cores,
+                    "--runtime", config.cloud_runtime, "--device", config.cloud_device,
+                    "--max-batch", str(config.max_batch), "--batch-window-ms", str(config.batch_window_ms),
+                    "--max-sessions", str(2 * max(config.clients) + 2),
+                    *(["--follow-verdicts"] if config.follow_verdicts else []),
+                    "--kv-cache", config.kv_cache, "--cuda-graphs", config.cuda_graphs))
             if config.cloud and config.cloud_cores:  # this process and its edge processes: the other cores
                 pin_besides(config.cloud_cores, "--cloud-cores")
             fleet = Fleet(config, settings, prompts, scripts, url, token, out, bar)
@@ -86,6 +91,7 @@ def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: 
 
 def replay_scripts(config: FleetConfig, settings: dict, prompts: list[str]) -> dict[str, Script]:
     """One script per prompt from the replay folder: its split records of this point and prompt set."""
+    assert config.edge_replay is not None  # run_fleet reads scripts only for a replayed fleet
     source = Path(config.edge_replay) / "results.jsonl"
     # A replayed record shares every point field the fleet sets (the rest, e.g. overlap, is the recording's own).
     fleet_sets = {**settings["spec"], **settings["decode"], "dtype": config.dtype, "constraints": config.constraints}

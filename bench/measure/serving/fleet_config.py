@@ -98,10 +98,11 @@ class FleetConfig:
                 raise ConfigError("--cloud-runtime, --cloud-device and --kv-cache choose how the server the fleet starts "
                                   "runs; a --cloud-url server runs as it was started (`serve --runtime --device "
                                   "--kv-cache`): drop them")
-        else:  # the runtime the started server runs, resolved as `serve` resolves it
-            object.__setattr__(self, "cloud_runtime", served_runtime(self.cloud, self.cloud_runtime, "--cloud-runtime"))
-            check_served_device(self.cloud_device, self.cloud_runtime, "--cloud-device")
-            check_served_cache(self.kv_cache, self.cloud_runtime)
+        elif self.cloud is not None:  # always here: the runtime the started server runs, resolved as `serve` does
+            runtime = served_runtime(self.cloud, self.cloud_runtime, "--cloud-runtime")
+            object.__setattr__(self, "cloud_runtime", runtime)
+            check_served_device(self.cloud_device, runtime, "--cloud-device")
+            check_served_cache(self.kv_cache, runtime)
         if (self.edge is None) == (self.edge_replay is None):
             raise ConfigError("a fleet's edges are --edge MODEL (edge processes) or --edge-replay DIR (a recorded "
                               "split run): give exactly one")

@@ -43,7 +43,7 @@ from websockets.exceptions import ConnectionClosed
 from bench.core.folder import claim, write_identity, writer
 from bench.core.records import ResultsFile, environment, read_records
 from bench.measure.caps import pin_besides
-from bench.measure.launch import ServerProcess, die_with_parent, start_edge
+from bench.measure.launch import ServerProcess, die_with_parent, piped, start_edge
 from bench.measure.serving.clients import Connection, script_of, server_info
 from bench.measure.serving.soak_edge import write_scripts
 from specdec.core.verdict import CloudLost
@@ -240,7 +240,7 @@ class Soak:
                "vocab": self.vocab, "deadline": self.deadline, "timeout_s": self.config.timeout_s}
         holder = await start_edge("bench.measure.serving.soak_edge", json.dumps(job))
         self.holders.append(holder)
-        line = await holder.stdout.readline()
+        line = await piped(holder.stdout).readline()
         if json.loads(line or b"{}").get("event") != "held":
             raise InputError(f"the soak's vanishing client did not open its session (exit {await holder.wait()})")
         os.kill(holder.pid, signal.SIGSTOP)  # gone without a word: its socket stays open, nothing answers

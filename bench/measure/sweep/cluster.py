@@ -361,6 +361,7 @@ class RayExecutor:
             if left := task.left(over_cap):
                 submit(Task(left, task.request, task.losses))
         elif task.exitcode != 0:
+            assert task.exitcode is not None  # a task's stream ends with group_task's Ended, or raises a RayError
             self._lost(task, f"its worker died: {death_line(task.exitcode)}", over_cap, submit, bar)
 
     def _lost(self, task: Task, why: str, over_cap: set[str], submit, bar) -> None:

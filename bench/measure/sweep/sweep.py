@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from bench.core.folder import IDENTITY_FILES, MACHINE_FILE, claim, has_results, write_identity, writer
 from bench.core.network import profile
-from bench.core.point import AXES, Point
+from bench.core.point import AXES, Point, given
 from bench.core.prompts import load_prompts
 from bench.core.records import ResultsFile, environment, read_records
 from bench.derive.scores import read_scores
@@ -82,13 +82,13 @@ def _run_sweep(config: SweepConfig, prompts: dict[str, list], out: Path, progres
     todo = []  # (point, [(prompt id, repeat)]), repeats outer: the worker interleaves points per item
     for point in config.points():
         key = point.key()
-        ids = [(r.id, repeat) for repeat in range(config.repeats) for r in prompts[point.prompts]
-               if (key, r.id, repeat) not in done]
+        listed = prompts[given(point.prompts, "prompts")]
+        ids = [(r.id, repeat) for repeat in range(config.repeats) for r in listed if (key, r.id, repeat) not in done]
         if ids and key not in over_cap:
             todo.append((point, ids))
     total = sum(len(ids) for _, ids in todo)
     # Baselines first, so speed-ups can be read off a partial sweep.
-    order = {"cloud": 0, "edge": 1, "spec": 2}
+    order: dict[str | None, int] = {"cloud": 0, "edge": 1, "spec": 2}
     with ExitStack() as services:  # servers and links of split points: stopped at the end, on Ctrl-C and on errors
         # entered first, so it is closed last: an error then starts on a line of its own
         bar = services.enter_context(tqdm(total=total, desc="sweep", unit="prompt", disable=not progress))
@@ -111,7 +111,8 @@ def start_split_services(config: SweepConfig, points: list[Point], services: Exi
     """One `specbench serve` per (dtype, cloud runtime) the split points need (on the cloud's cores,
     SweepConfig.cloud_core_ids), reused by every point, or `cloud_url`; one shaped link per (server, link
     preset). -> {service_key: HOST:PORT the edge connects to}."""
-    needed = sorted({(p.dtype, p.cloud_runtime, p.link) for p in points if p.deployment == "split"})
+    needed = sorted({(given(p.dtype, "dtype"), given(p.cloud_runtime, "cloud_runtime"), given(p.link, "link"))
+                     for p in points if p.deployment == "split"})
     servers, urls = {}, {}
     cloud_ids = config.cloud_core_ids()
     cloud_cores = ",".join(map(str, cloud_ids)) if cloud_ids else None

@@ -14,12 +14,15 @@ import json
 import os
 import tomllib
 import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
+from types import GenericAlias
+from typing import Any
 
 from bench.core.folder import canonical_path
 from bench.core.network import profile
-from bench.core.point import AXES, DEPLOYMENTS, FIELDS, RUNTIME_OF, SETTING_TYPES, SETTINGS, Point, blank
+from bench.core.point import AXES, DEPLOYMENTS, FIELDS, RUNTIME_OF, SETTING_TYPES, SETTINGS, Point, blank, given
 from bench.core.prompts import PromptInputs, canonical_prompts, expand_prompt_sets, rejoin_categories
 from bench.measure.caps import EdgeCaps
 from bench.measure.runtime_auto import has_auto
@@ -47,7 +50,8 @@ SWEEP_HELP = {"cloud_url": "split points: verify on this running server instead 
 def _run_settings() -> list[tuple[str, object, object]]:
     """Every run setting (bench/core/point.py's RUN_SETTINGS) and point field as a sweep field under its
     own name, with the run's default; a point axis (AXES) holds a tuple of values."""
-    generated, seen = [], set()
+    generated: list[tuple[str, object, object]] = []
+    seen: set[str] = set()
     for name, f in SETTINGS.items():
         if name in seen or not f.init:
             continue
@@ -58,14 +62,14 @@ def _run_settings() -> list[tuple[str, object, object]]:
             values = [t for t in typing.get_args(hint) if t is not type(None)]
             value = values[0] if len(values) == 1 else hint  # `bool | str` (overlap) stays a union
             default = SWEEP_DEFAULTS.get(name, (f.default,))
-            generated.append((name, tuple[value, ...], field(default=default, metadata=metadata)))
+            generated.append((name, GenericAlias(tuple, (value, ...)), field(default=default, metadata=metadata)))
         else:
             generated.append((name, hint, field(default=SWEEP_DEFAULTS.get(name, f.default), metadata=metadata)))
     return generated
 
 
 # The run settings, generated: a setting added to specdec/core/config.py (or an axis added to AXES) is here at once.
-RunSettings = make_dataclass("RunSettings", _run_settings(), frozen=True)
+RunSettings: Any = make_dataclass("RunSettings", _run_settings(), frozen=True)
 
 
 @dataclass(frozen=True)
@@ -231,8 +235,9 @@ class SweepConfig(RunSettings):
                 try:
                     value = tuple(cast(v) for v in value) if cast else value
                 except (TypeError, ValueError):
-                    kind = {parse_bool: "true/false values", parse_int: "integers",
-                            parse_overlap: "auto/true/false values"}.get(cast, "numbers")
+                    kinds: dict[object, str] = {parse_bool: "true/false values", parse_int: "integers",
+                                                parse_overlap: "auto/true/false values"}
+                    kind = kinds.get(cast, "numbers")
                     raise ConfigError(f"{source}: {key} must be a list of {kind}, got {list(value)}") from None
             elif isinstance(value, list) and typing.get_origin(_HINTS.get(key)) is tuple:
                 value = tuple(value)  # a TOML list for a list-valued setting (plain_runtimes)
@@ -248,7 +253,7 @@ class SweepConfig(RunSettings):
             names = [names] if isinstance(names, str) else names
             if names is not None and all(isinstance(p, str) for p in names):
                 try:  # Spec-Bench's questions stand for one prompt set per category
-                    table["prompts"] = tuple(s for p in rejoin_categories(list(names))
+                    table["prompts"] = tuple(s for p in rejoin_categories(tuple(names))
                                              for s in expand_prompt_sets(canonical_prompts(p)))
                 except InputError as e:
                     raise ConfigError(f"{source}: {e}") from None
@@ -319,8 +324,9 @@ class SweepConfig(RunSettings):
     def engine_config(self, point: Point, cloud_url: str | None = None) -> EngineConfig:
         """`cloud_url`: where a split point's server (or its link) listens, once the sweep started it."""
         # A role's runtime is blank where the role does not run: the engine takes its default, and loads nothing.
-        values = {f.name: f.default if f.name in AXES and getattr(point, f.name) is None else self.setting(point, f.name)
-                  for f in fields(EngineConfig)}
+        values: dict[str, Any] = {
+            f.name: f.default if f.name in AXES and getattr(point, f.name) is None else self.setting(point, f.name)
+            for f in fields(EngineConfig)}
         if point.deployment == "split":  # the sweep's server runs the cloud in the point's runtime, on its device
             values.update(cloud_url=cloud_url, cloud_runtime=EngineConfig.cloud_runtime, cloud_device=EngineConfig.cloud_device)
         else:
@@ -334,7 +340,7 @@ class SweepConfig(RunSettings):
 
     def network_of(self, point: Point) -> str:
         """The network a point's latency is modelled on: its link when split, else `network`."""
-        return point.link if point.deployment == "split" else self.network
+        return given(point.link, "link") if point.deployment == "split" else self.network
 
     def spec_config(self, point: Point) -> SpecConfig:
         if point.mode != "spec":
@@ -420,6 +426,7 @@ def parse_bool(value) -> bool:
 
 
 _PARSERS = {int: parse_int, float: parse_number, bool: parse_bool}
-NUMERIC_AXES = {axis: _PARSERS[typing.get_args(_HINTS[axis])[0]] for axis in AXES if typing.get_args(_HINTS[axis])[0] in _PARSERS}
+NUMERIC_AXES: dict[str, Callable[[Any], object]] = {
+    axis: _PARSERS[typing.get_args(_HINTS[axis])[0]] for axis in AXES if typing.get_args(_HINTS[axis])[0] in _PARSERS}
 NUMERIC_AXES.update({axis: parse_overlap for axis in AXES if SETTINGS[axis].metadata.get("parse") == "overlap"})
 

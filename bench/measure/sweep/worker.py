@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench.core.folder import MACHINE_FILE, os_error_line
 from bench.core.network import NetworkProfile, network_cost, profile
-from bench.core.point import Point
+from bench.core.point import Point, given
 from bench.core.prompts import PromptRecord, load_prompts
 from bench.core.records import ResultsFile, node_info
 from bench.measure.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog, pin_cores
@@ -43,6 +43,7 @@ from specdec.runtimes import runtime_parts
 def weight_bytes(model: LoadedModel) -> int:
     """A torch model's parameters, or what llama.cpp's backend holds (its weights and KV cache)."""
     if model.backend.model is None:
+        assert model.backend.memory_bytes is not None  # a backend without a torch model says what it holds
         return model.backend.memory_bytes
     return sum(p.numel() * p.element_size() for p in model.backend.model.parameters())
 
@@ -101,8 +102,9 @@ class Placement:
         self.pinned = self.edge_ids
 
     def cores(self, point: Point) -> list[int]:
-        on_cloud = self.cloud_ids and (point.mode == "cloud" or point.deployment == "colocated")
-        return self.cloud_ids if on_cloud else self.edge_ids
+        if self.cloud_ids and (point.mode == "cloud" or point.deployment == "colocated"):
+            return self.cloud_ids
+        return self.edge_ids
 
     def move_to(self, point: Point) -> None:
         if (wanted := self.cores(point)) != self.pinned:
@@ -139,14 +141,17 @@ def build_engine(settings: GroupSettings, point: Point, loader: ModelCache) -> E
     engine = Engine(**asdict(config.engine_config(point, url)), spec=config.spec_config(point),
                     decode=config.decode_config(point), deploy=config.deploy_config(point), loader=loader,
                     log=lambda m: None)
-    if point.mode == "spec" and (curve := settings.costs.get((config.cloud, runtime_parts(point.cloud_runtime)[-1]))):
-        engine.assume_block_costs(curve)
+    if point.mode == "spec":
+        runtime = runtime_parts(given(point.cloud_runtime, "cloud_runtime"))[-1]
+        if curve := settings.costs.get((config.cloud, runtime)):
+            engine.assume_block_costs(curve)
     return engine
 
 
 def measured_fields(engine: Engine, point: Point) -> dict:
     """The point's settings as its engine runs them (Point.of), with where its cloud runs."""
-    measured = Point.of(engine, point.prompts, point.link, point.turns).record(sweep=True)
+    measured = Point.of(engine, given(point.prompts, "prompts"), point.link,
+                        given(point.turns, "turns")).record(sweep=True)
     if point.deployment == "split":  # the engine reaches the cloud by URL; the sweep's server ran it so
         measured["cloud_runtime"] = point.cloud_runtime
     measured["deployment"] = point.deployment  # a co-located point's engine is in process, as inproc's
@@ -185,7 +190,7 @@ class GroupRun:
         alone breaks the memory cap refused before anything runs."""
         config, caps = self.settings.config, self.settings.caps
         engine = build_engine(self.settings, point, self.loader)
-        prepare(engine, [self.prompts[point.prompts][i] for i in dict.fromkeys(i for i, _ in items)])
+        prepare(engine, [self.prompts[given(point.prompts, "prompts")][i] for i in dict.fromkeys(i for i, _ in items)])
         network = profile(config.network_of(point))
         fields = {**measured_fields(engine, point), "network": network.name, "edge_cores": caps.cores,
                   "edge_memory_gb": caps.memory_gb, "node": node_info(),
@@ -321,7 +326,7 @@ def worker_runtimes(point: Point) -> list[str]:
     point's cloud runs in the server, not here)."""
     edge = [point.edge_runtime] if point.mode != "cloud" else []
     cloud = [point.cloud_runtime] if point.mode != "edge" and point.deployment != "split" else []
-    return list(dict.fromkeys(edge + cloud))
+    return [runtime for runtime in dict.fromkeys(edge + cloud) if runtime is not None]
 
 
 def placement_fields(config, cloud_ids: list[int] | None, cores: list[int]) -> dict:

@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
 
 from bench.core.point import COLUMNS
 from bench.core.prompts import SPEC_BENCH, prompt_set_name
@@ -92,7 +93,7 @@ def plot_cycles(rows: list[dict], path: Path) -> Path | None:
     lines = math.ceil(len(found) / columns)
     fig, axes = subplots(lines, columns, figsize=(5.2 * columns, 3.9 * lines), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    handles = {}
+    handles: dict[str, Line2D] = {}
     for ax, panel in zip(axes.flat, found):
         for number, (label, xs, ys) in enumerate(panel["stairs"]):
             if xs:

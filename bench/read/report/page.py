@@ -9,6 +9,7 @@ import math
 import platform
 from importlib import metadata as importlib_metadata
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import pandas as pd
@@ -146,7 +147,7 @@ def samples_blocks(samples: list[dict], labels: pd.Series) -> list[dict]:
         heads = [labels[p] for p in entry["points"]]
         rows = []
         for sample in entry["rows"]:
-            cells = []
+            cells: list[dict | None] = []
             for cell in sample["cells"]:
                 if cell is None:
                     cells.append(None)
@@ -160,7 +161,7 @@ def samples_blocks(samples: list[dict], labels: pd.Series) -> list[dict]:
 
 def profile_block(copied: list[Path], out: Path, source: Path) -> dict:
     links = [{"name": p.name, "href": p.relative_to(out).as_posix()} for p in copied]
-    block = {"links": links, "note": f"copied from {source}", "ops": None}
+    block: dict[str, Any] = {"links": links, "note": f"copied from {source}", "ops": None}
     ops = next((p for p in copied if p.name == "torch_ops.csv"), None)
     if ops is not None:
         top = pd.read_csv(ops).head(12)

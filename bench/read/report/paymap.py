@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.artist import Artist
 from matplotlib.colors import ListedColormap
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -97,7 +98,7 @@ class Placed:
 
     @property
     def winner(self) -> str:
-        return max(self.measured, key=self.measured.get)
+        return max(self.measured, key=lambda way: self.measured[way])
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def _model_way(records: list[dict], point: dict, measured: dict, x: CostInputs, 
     model = {"co-located": colocated(own).tokens_per_s, "cloud-only": cloud_only(own).tokens_per_s}
     if point.get("deployment") == "split":
         model["split"] = predict_from(own, point)
-    return max((w for w in LOSSLESS if w in measured), key=model.get)
+    return max((w for w in LOSSLESS if w in measured), key=lambda w: model[w])  # model has each way measured has
 
 
 def build_panels(records: list[dict], summary: pd.DataFrame, labels: pd.Series) -> tuple[list[Panel], list[str]]:
@@ -265,7 +266,7 @@ def plot_map(panels: list[Panel], path: Path) -> Path | None:
         ax.set_visible(False)
     for ax, panel in zip(axes.flat, panels):
         _draw_panel(ax, panel, rtt_max_ms)
-    handles = [Patch(color=COLORS[w], alpha=0.6, label=w) for w in LOSSLESS]
+    handles: list[Artist] = [Patch(color=COLORS[w], alpha=0.6, label=w) for w in LOSSLESS]
     handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="edge-only faster still"),
                 Patch(facecolor="white", edgecolor="black", hatch="\\\\",
                       label="cloud-only in another runtime faster still (named above the panel)"),

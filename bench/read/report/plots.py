@@ -12,7 +12,7 @@ matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.colors import TwoSlopeNorm
+from matplotlib.colors import Normalize, TwoSlopeNorm
 
 from bench.core.point import AXES
 from bench.derive.summary import fastest_cloud, plain_name
@@ -136,6 +136,7 @@ def plot_heatmaps(summary: pd.DataFrame, prompts: str, path: Path) -> Path | Non
             grid = np.full((len(thresholds), len(ks)), np.nan)  # [threshold, k]
             for _, point in group.iterrows():
                 grid[thresholds.index(float(point["entropy_threshold"])), ks.index(int(point["k"]))] = point[column]
+            norm: Normalize
             if value_range is None:  # a ratio: 1/r as red as r is blue, white at 1 (no change)
                 finite = grid[np.isfinite(grid) & (grid > 0)]
                 ratio = max(finite.max(), 1 / finite.min(), 1.1) if finite.size else 2.0
@@ -161,7 +162,7 @@ def plot_heatmaps(summary: pd.DataFrame, prompts: str, path: Path) -> Path | Non
             ax.set_title(f"{title}\n{facet}", fontsize=9)
             bar = fig.colorbar(image, ax=ax, shrink=0.85)
             if value_range is None:  # label both halves of the ratio scale: 1/r ... 1 ... r
-                ticks = sorted({norm.vmin, 1.0, norm.vmax} | {t for t in (0.5, 2.0) if norm.vmin < t < norm.vmax})
+                ticks = sorted({1 / ratio, 1.0, ratio} | {t for t in (0.5, 2.0) if 1 / ratio < t < ratio})
                 bar.set_ticks(ticks, labels=[f"{t:.2g}×" for t in ticks])
     base = fastest_cloud(summary, prompts)
     named = "" if base is None else f" · the fastest cloud-only: {plain_name(base)}, {base['tokens_per_s']:.1f} tok/s"
@@ -223,7 +224,8 @@ def plot_per_position(per_position: pd.DataFrame, summary: pd.DataFrame, labels:
 def speedup_panels(summary: pd.DataFrame) -> dict[str, tuple[pd.Series, pd.DataFrame]]:
     """Per prompt set with a cloud-only point: (the fastest cloud-only measured, every other point with a
     `speedup_vs_fastest_cloud`, slowest first)."""
-    metric, panels = "speedup_vs_fastest_cloud", {}
+    metric = "speedup_vs_fastest_cloud"
+    panels: dict[str, tuple[pd.Series, pd.DataFrame]] = {}
     if metric not in summary:
         return panels
     for prompts in dict.fromkeys(summary["prompts"]):

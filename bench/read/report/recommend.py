@@ -58,6 +58,7 @@ def _everything(points: pd.DataFrame, cloud: pd.Series | None) -> pd.Series:
 
 
 def _near_cloud(points: pd.DataFrame, cloud: pd.Series | None) -> pd.Series:
+    assert cloud is not None  # its rules need the cloud baseline: `recommend` skips a set without one
     return points["chrf_vs_cloud"] >= cloud["chrf_vs_cloud"] - CHRF_TOLERANCE
 
 
@@ -121,7 +122,7 @@ def recommend(summary: pd.DataFrame, rules: tuple[Rule, ...] = RULES) -> pd.Data
             best = ranked.index[0]
             shown = dict.fromkeys((rule.objective, *rule.condition_columns, "tokens_per_s"))
             why = "; ".join(_shown(c, summary.at[best, c]) for c in shown)
-            if rule.needs_cloud_baseline:
+            if rule.needs_cloud_baseline and cloud is not None:  # (a set without one was skipped above)
                 why += f" (cloud-only chrF {cloud['chrf_vs_cloud']:.1f})"
             separable, against = _separable(summary, rule.objective, best, ranked.index[1] if len(ranked) > 1 else None)
             if separable is False:

@@ -191,7 +191,7 @@ def side_by_side(frame: pd.DataFrame, summary: pd.DataFrame, points: list, promp
     texts = prompt_texts(prompts)
     samples = []
     for prompt_id in ids:
-        cells = []
+        cells: list[dict | None] = []
         for point in points:
             outputs = by_point[point]
             if prompt_id not in outputs.index:
