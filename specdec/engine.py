@@ -138,7 +138,7 @@ class Engine(EngineConfig):
         """The loader's device, KV cache and CUDA graphs settings for a role's torch model; nothing where they
         ask for the CPU's dynamic cache (so a loader that predates devices is asked as before)."""
         device = self.cloud_device if role == PLAIN_STEPS else getattr(self, f"{role}_device")
-        if not declared(runtime).devices or steps_of(self.kv_cache, device, self.cuda_graphs) == "dynamic":
+        if not declared(runtime).caches or steps_of(self.kv_cache, device, self.cuda_graphs) == "dynamic":
             return {"device": device} if device != "cpu" else {}
         return {"device": device, "kv_cache": self.kv_cache, "cuda_graphs": self.cuda_graphs}
 

@@ -329,5 +329,5 @@ def test_calibrating_a_runtime_this_cpu_cannot_run_names_it_and_why(home, monkey
         assert main(["calibrate", "--runtimes", name]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"error: --runtimes {name}: the kernels runtimes need AVX2 (with FMA and F16C), AVX-512 VNNI or "
-                       "ARM NEON with dotprod, which this CPU lacks: use runtime onnx-int4 or llamacpp "
+                       "ARM NEON with dotprod, which this CPU lacks: use runtime torch-int8t or onnx-int4 or onnx-int8 "
                        "(SPECBENCH_KERNELS=reference runs them exactly, slowly)"]

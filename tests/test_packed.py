@@ -185,7 +185,7 @@ def test_the_bandwidth_read_refuses_no_streams(ops):
 
 
 NO_PATH = ("the kernels runtimes need AVX2 (with FMA and F16C), AVX-512 VNNI or ARM NEON with dotprod, which this CPU "
-           "lacks: use runtime onnx-int4 or llamacpp (SPECBENCH_KERNELS=reference runs them exactly, slowly)")
+           "lacks: use runtime torch-int8t or onnx-int4 or onnx-int8 (SPECBENCH_KERNELS=reference runs them exactly, slowly)")
 
 
 def test_a_cpu_without_any_vector_path_is_one_line(monkeypatch):
@@ -233,7 +233,7 @@ def test_no_compiler_to_build_the_kernels_is_one_line(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode != 0
     assert ("KernelError: the kernels runtimes build their kernels once with a C++ compiler, and 'no-such-c++' is not on "
-            "PATH: install one (apt-get install g++) or set CXX, or use runtime onnx-int4 or llamacpp") in result.stderr
+            "PATH: install one (apt-get install g++) or set CXX, or use runtime torch-int8t or onnx-int4 or onnx-int8") in result.stderr
     assert not list((tmp_path / "ext").rglob("*.so"))
 
 

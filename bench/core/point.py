@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from bench.core.prompts import SPEC_BENCH, PromptInputs, prompt_set_name
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.drafters import NEEDS_MODEL
-from specdec.runtimes import runtime_parts
+from specdec.runtimes import declared, default_runtime, runtime_parts
 
 RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConfig)
 # Run settings that say how a run reaches its models and prompts, not what it measures: the
@@ -214,13 +214,13 @@ class Point:
         split point's cloud runs in its server, as that server was started. A field a row lacks ("-" or None:
         written before it existed) reads as it did then: the torch runtime, the edge model drafting."""
         def parts(runtime) -> tuple[str, ...]:
-            return ("torch",) if runtime in (None, "-") else runtime_parts(str(runtime))
+            return (default_runtime(),) if runtime in (None, "-") else runtime_parts(str(runtime))
 
         drafts = self.drafter in (None, "-") or self.drafter in NEEDS_MODEL
         edge = parts(self.edge_runtime) if self.mode == "edge" or (self.mode == "spec" and drafts) else ()
         here = self.mode == "cloud" or (self.mode == "spec" and self.deployment != "split")
         cloud = parts(self.cloud_runtime) if here else ()
-        return "torch" in (*edge, *cloud)
+        return any(declared(part).caches for part in (*edge, *cloud))
 
 
 Value = TypeVar("Value")

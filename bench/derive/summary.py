@@ -36,6 +36,7 @@ from bench.core.point import COLUMNS, RUNTIME_OF
 from bench.derive import metrics
 from bench.derive.health import chrf, error_rates, text_health, token_match_rate
 from bench.derive.scores import score_key
+from specdec.runtimes import RuntimeChoices, declared, default_runtime
 
 
 def load_rows(rows: list[dict]) -> pd.DataFrame:
@@ -157,7 +158,8 @@ def baseline(table: pd.DataFrame, mode: str, point) -> pd.DataFrame:
             match = match[match[column] == point[column]]
         else:
             runtimes = list(dict.fromkeys(match[column]))
-            match = match[match[column] == ("torch" if "torch" in runtimes else runtimes[0])]
+            default = default_runtime()
+            match = match[match[column] == (default if default in runtimes else runtimes[0])]
     if "kv_cache" in table and point.get("kv_cache", "-") not in ("-", None):
         same = match[match["kv_cache"] == point["kv_cache"]]
         match = same if len(same) else match
@@ -221,7 +223,7 @@ def fastest_edge(summary: pd.DataFrame, prompts) -> pd.Series | None:
 def runtime_name(value) -> str:
     """A record's or summary's runtime field as a name: blank ("-", None, NaN: written before the runtime
     axes, or a role the point does not run) reads as torch."""
-    return "torch" if str(value) in ("-", "None", "nan") else str(value)
+    return default_runtime() if str(value) in ("-", "None", "nan") else str(value)
 
 
 def plain_name(point) -> str:
@@ -229,10 +231,10 @@ def plain_name(point) -> str:
     takes one (torch-int8 computes in int8 and float32, llama.cpp in the GGUF's own types, whatever --dtype says);
     `torch bfloat16, static KV cache` where a cache was chosen (auto is a run's default)."""
     runtime = runtime_name(point.get(RUNTIME_OF[point["mode"]], "-"))
-    if runtime != "torch":
+    if runtime not in RuntimeChoices() or not declared(runtime).dtyped:
         return runtime
     cache = point.get("kv_cache", "-")
-    return f"torch {point['dtype']}" + (f", {cache} KV cache" if cache not in ("-", None, "auto") else "")
+    return f"{runtime} {point['dtype']}" + (f", {cache} KV cache" if cache not in ("-", None, "auto") else "")
 
 
 def plain_label(point) -> str:

@@ -317,7 +317,7 @@ def measure_entry(model: str, runtime: str, threads: int, rounds: int, read_byte
         readings += [measure_bandwidth(threads, read_bytes)] if read_bytes else []
         timed.append(time_round(lm.backend, state, ids, CONTEXT))
     readings += [measure_bandwidth(threads, read_bytes)] if read_bytes else []
-    return {"model": model, "runtime": runtime, "threads": threads, "dtype": TORCH_DTYPE if runtime == "torch" else None,
+    return {"model": model, "runtime": runtime, "threads": threads, "dtype": TORCH_DTYPE if declared(runtime).dtyped else None,
             "weight_bytes": streamed_weight_bytes(lm), "rounds": timed, "error": None, "method": METHOD,
             "bandwidth_gbs": max(readings, default=None),
             "block_vs_steps": block_vs_steps(lm.backend, state, ids, CONTEXT),

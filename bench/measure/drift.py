@@ -22,6 +22,7 @@ import torch
 from bench.core.prompts import load_prompts
 from specdec.backends.prompt import Prompt
 from specdec.models.loading import load_model
+from specdec.runtimes import default_runtime
 
 
 def greedy(backend, ids: torch.Tensor, tokens: int) -> list[int]:
@@ -44,7 +45,7 @@ def teacher_forced(backend, ids: torch.Tensor, continuation: list[int]) -> torch
 def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     quiet: dict[str, Any] = dict(log=lambda message: None)
-    reference = load_model(args.model, "float32", runtime="torch", **quiet)
+    reference = load_model(args.model, "float32", runtime=default_runtime(), **quiet)
     prompts = [reference.tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}], add_generation_prompt=True,
                                                        return_tensors="pt", return_dict=True)["input_ids"][0]
                for p in load_prompts(args.prompts)[: args.limit]]

@@ -32,6 +32,7 @@ from specdec.backends.devices import clock
 from specdec.backends.prompt import Prompt
 from specdec.errors import SpecdecError
 from specdec.models.loading import load_model
+from specdec.runtimes import declared
 
 STEP_REPEATS = 3  # token steps per round (their median is the round's step time)
 
@@ -118,7 +119,7 @@ def measure(args: argparse.Namespace) -> Path:
                 (lm, ids), state = loaded[(model, runtime)], states[(model, runtime)]
                 timed = time_round(lm.backend, state, ids, args.context)
                 sink.write(json.dumps({"model": model, "runtime": runtime, "threads": threads, "round": round_,
-                                       "dtype": args.dtype if runtime == "torch" else None, "context": args.context,
+                                       "dtype": args.dtype if declared(runtime).dtyped else None, "context": args.context,
                                        **timed}) + "\n")
                 sink.flush()
                 bar.update()

@@ -13,6 +13,7 @@ import time
 import torch
 
 from specdec.errors import ConfigError
+from specdec.runtimes import declared, runtimes
 from specdec.settings import CudaGraphs, KVCache, ServerCache, choices
 
 DEVICE_NAMES = "cpu, cuda or cuda:N"
@@ -40,15 +41,17 @@ def check_device(name: str, flag: str = "--device") -> str:
 def check_served_device(device: str, runtime: str, flag: str = "--device") -> str:
     """A server's device: it exists here, and its runtime runs there (llama.cpp and int8: the CPU only)."""
     check_device(device, flag)
-    if device != "cpu" and runtime != "torch":
-        raise ConfigError(f"runtime {runtime} runs on the CPU only: use {flag} cpu, or the torch runtime on {device}")
+    if device != "cpu" and not declared(runtime).devices:
+        raise ConfigError(f"runtime {runtime} runs on the CPU only: use {flag} cpu, or runtime "
+                          f"{', '.join(r.name for r in runtimes() if r.devices)} on {device}")
     return device
 
 
 def check_served_cache(kv_cache: str, runtime: str, flag: str = "--kv-cache") -> str:
     """A server's KV cache: the torch runtime's choice; the other runtimes keep their own (auto: whatever they keep)."""
-    if kv_cache not in ("auto", "dynamic") and runtime != "torch":
-        raise ConfigError(f"{flag} {kv_cache} is the torch runtime's; {runtime} keeps its own cache: drop {flag}")
+    if kv_cache not in ("auto", "dynamic") and not declared(runtime).caches:
+        raise ConfigError(f"{flag} {kv_cache} is the {', '.join(r.name for r in runtimes() if r.caches)} runtime's; "
+                          f"{runtime} keeps its own cache: drop {flag}")
     return kv_cache
 
 

@@ -40,6 +40,7 @@ from specdec.backends.prompt import Prompt, refuse_features
 from specdec.errors import InputError, ModelError
 from specdec.kernels import kernels, pack
 from specdec.kernels.pack import PackedLinear
+from specdec.runtimes import default_runtime, exact_elsewhere
 
 MODEL_TYPES = ("qwen2", "llama")  # pre-norm decoders with rotate-half rotary, SiLU gated MLPs, RMSNorm
 WEIGHTS = ("int8", "int4")
@@ -77,13 +78,14 @@ class PackedState:
 def check_model(config) -> None:
     """The decoders this runtime computes, or one line naming what it cannot."""
     if config.model_type not in MODEL_TYPES:
-        raise ModelError(f"runtime kernels runs {', '.join(MODEL_TYPES)} decoders, not {config.model_type!r}: use runtime "
-                         "torch-int8t or onnx-int4")
+        raise ModelError(f"runtime kernels runs {', '.join(MODEL_TYPES)} decoders, not {config.model_type!r}: "
+                         f"{exact_elsewhere()}")
     if getattr(config, "hidden_act", "silu") != "silu":
-        raise ModelError(f"runtime kernels computes SiLU MLPs, this model's act is {config.hidden_act!r}: use runtime torch")
+        raise ModelError(f"runtime kernels computes SiLU MLPs, this model's act is {config.hidden_act!r}: use runtime "
+                         f"{default_runtime()}")
     if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
         raise ModelError("runtime kernels attends to every cached position; this model uses a sliding window: use runtime "
-                         "torch")
+                         f"{default_runtime()}")
 
 
 def _linear(linears: list, weights: str) -> PackedLinear:

@@ -37,7 +37,6 @@ from specdec.machine import _cpuinfo, fingerprint
 
 CSRC = Path(__file__).with_name("csrc")
 ENV = "SPECBENCH_KERNELS"
-FALLBACK = "use runtime onnx-int4 or llamacpp"
 NEEDS = "AVX2 (with FMA and F16C), AVX-512 VNNI or ARM NEON with dotprod"
 # -ffp-contract=off: no multiply and add fused unless the code asks for an fma (kernels.h's rules round each op alone).
 COMMON_FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off")
@@ -107,9 +106,16 @@ def chosen_path(flags: frozenset[str] | None = None, machine: str | None = None)
                               f"one of {', '.join(runnable)}")
         return forced
     if runnable[0] == "reference":
-        raise KernelError(f"the kernels runtimes need {NEEDS}, which this CPU lacks: {FALLBACK} ({ENV}=reference "
+        raise KernelError(f"the kernels runtimes need {NEEDS}, which this CPU lacks: {fallback()} ({ENV}=reference "
                           "runs them exactly, slowly)")
     return runnable[0]
+
+
+def fallback() -> str:
+    """What to run where the kernels cannot (imported here late: specdec.runtimes imports this module)."""
+    from specdec.runtimes import exact_elsewhere
+
+    return exact_elsewhere()
 
 
 def missing_flags(flags: frozenset[str] | None = None) -> list[str]:
@@ -151,10 +157,10 @@ def check_toolchain() -> None:
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         raise KernelError(f"the kernels runtimes build their kernels once with a C++ compiler, and {compiler!r} is not "
-                          f"on PATH: install one (apt-get install g++) or set CXX, or {FALLBACK}")
+                          f"on PATH: install one (apt-get install g++) or set CXX, or {fallback()}")
     if importlib.util.find_spec("ninja") is None:  # torch's extension builder runs its binary
         raise KernelError(f"the kernels runtimes build their kernels with ninja, which is not installed: pip install "
-                          f"ninja, or {FALLBACK}")
+                          f"ninja, or {fallback()}")
 
 
 def kernels(path: str | None = None):
@@ -189,4 +195,4 @@ def _build(name: str):
         except (RuntimeError, OSError, ImportError) as e:
             lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
             raise KernelError(f"building the {name} kernels in {folder} failed ({lines[-1].strip()[:200]}): delete "
-                              f"that folder and retry, or {FALLBACK}") from e
+                              f"that folder and retry, or {fallback()}") from e

@@ -207,8 +207,10 @@ def gguf_path(alias: str) -> Path:
     it as shipped); a derived entry shares its base's."""
     entry = get(alias)
     if entry.format != "gguf":
+        from specdec.runtimes import default_runtime
+
         raise ModelError(f"model {alias!r} is a {entry.format} ({entry.family}) model, not a GGUF file: "
-                         "runtime llamacpp runs GGUF entries or a .gguf path")
+                         f"runtime {default_runtime('.gguf')} runs GGUF entries or a .gguf path")
     return home() / "gguf" / entry.gguf_file
 
 

@@ -64,6 +64,8 @@ class Runtime:
     weight_bits: int = 16  # bits read per weight, at least: the step floor known before it is loaded
     whole_file: bool = False  # a step reads the model's file whole (its size is the bytes a step streams)
     devices: bool = False  # runs on a GPU as well as the CPU (specdec/backends/devices.py)
+    dtyped: bool = False  # runs in the run's --dtype (the others in their own precision, whatever it says)
+    caches: bool = False  # takes the run's KV cache and CUDA graphs settings (the others keep their own cache)
     extra_buffers: bool = False  # takes llama.cpp's extra-buffer setting
     auto: frozenset[str] = frozenset()  # roles `auto` may choose it for (CLOUD, EDGE), where installed
     measured_first: bool = False  # `auto` measures it on every machine (loaded in seconds, nothing converted)
@@ -238,6 +240,12 @@ def check_file(model: object, runtime: str, role: str, flag: str, verb: str = "u
     if owner.runs_file(model) and any(part != owner.name for part in runtime_parts(runtime)):
         raise ConfigError(f"{role} {model!r} is a {owner.file_kind} file, which {owner.runner} runs: {verb} {flag} "
                           f"{owner.name}")
+
+
+def exact_elsewhere() -> str:
+    """Words naming the exact runtimes that need no kernel path: what to use where the kernels cannot run."""
+    return "use runtime " + " or ".join(r.name for r in runtimes() if r.blocks_are_steps and not r.needs_kernels
+                                        and r.exact_only_with is None)
 
 
 def with_role(role: str) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from specdec.runtimes import CLOUD, EDGE, Runtime, register
 
 LOADER = f"{__name__}:load"
 TORCH = register(Runtime("torch", "torch in --dtype", loader=LOADER, order=0, default=True, devices=True,
+                         dtyped=True, caches=True,
                          auto=frozenset({CLOUD, EDGE}), calibrated=True))
 INT8 = register(Runtime(
     "torch-int8", "torch with dynamic int8 Linear layers, float32 activations", loader=LOADER, order=1, derives="int8",

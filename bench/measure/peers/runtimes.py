@@ -36,13 +36,13 @@ from bench.measure.peers.hf_assisted import Timed, pooled_tokens_per_s
 from bench.measure.peers.llama_speculative import SPEC_SETTINGS, SPEC_TYPES, run_speculative
 from bench.measure.peers.ort_genai import VARIANT, OrtGenai, ort_genai_name
 from bench.measure.peers.peer_worker import PeerWorker
-from specdec.backends.base import RUNTIMES
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.convert_onnx import ensure_onnx
 from specdec.models.loading import LoadedModel, load_model
 from specdec.models.registry import gguf_path, model_dir
+from specdec.runtimes import RuntimeChoices, default_runtime, names, runtimes
 
 LLAMA_CPP_PYTHON = "llama-cpp-python plain"
 LLAMA_PROMPT_LOOKUP = "llama-cpp-python prompt lookup (n-gram 2, 10 tokens)"  # LlamaPromptLookupDecoding's defaults
@@ -70,7 +70,16 @@ def llama_peer_name(spec_type: str) -> str:
         base, flags = SPEC_SETTINGS[spec_type]
         return f"llama.cpp {base} {' '.join(flags)} (no draft model)"
     return f"llama.cpp {spec_type} (no draft model, its defaults)"
-CLOUD_RUNTIMES = ("llamacpp", "torch-int8")  # SPECBENCH_PEER_RUNTIMES: specbench's plain decoding in each
+
+
+def gguf_runtime() -> str:
+    """The runtime of the registry's GGUF files (llama.cpp's): llama.cpp's own engines are the peers of specbench's
+    decoding in it, and the model drafter runs there."""
+    return default_runtime(".gguf")
+
+
+# SPECBENCH_PEER_RUNTIMES: specbench's plain decoding in each (the declarations' `peer`: llama.cpp's, then torch's int8)
+CLOUD_RUNTIMES = tuple(sorted((r.name for r in runtimes() if r.peer), key=lambda name: name != gguf_runtime()))
 
 
 def cloud_only(runtime: str) -> str:
@@ -84,10 +93,10 @@ def spec_peers(cloud_runtimes: tuple[str, ...], modes: tuple[str, ...] = ("model
     draft-free drafters (prompt lookup, `auto`) verified in every cloud runtime asked."""
     found: list[tuple[str | None, str, int, str]] = []
     if "model" in modes:
-        model = [("llamacpp", "torch-int8", 3), ("llamacpp", "torch-int8", 4), ("llamacpp", "llamacpp", 4),
-                 ("torch-int8", "torch-int8", 4)]
+        gguf, other = CLOUD_RUNTIMES
+        model = [(gguf, other, 3), (gguf, other, 4), (gguf, gguf, 4), (other, other, 4)]
         found += [(edge, cloud, k, "model") for edge, cloud, k in model if cloud in cloud_runtimes]
-        found += [("llamacpp", cloud, 4, "model") for cloud in cloud_runtimes if cloud not in ("llamacpp", "torch-int8")]
+        found += [(gguf, cloud, 4, "model") for cloud in cloud_runtimes if cloud not in CLOUD_RUNTIMES]
     for drafter in ("prompt-lookup", "auto"):
         if drafter in modes:
             found += [(None, cloud, 4, drafter) for cloud in cloud_runtimes]
@@ -119,9 +128,9 @@ class PeerSettings:
     LISTS = ("sets", "cloud_runtimes", "llama_spec_types", "llama_python", "external", "spec_modes", "engines")
 
     def __post_init__(self) -> None:
-        if unknown := [r for r in self.cloud_runtimes if r not in RUNTIMES or "+" in r]:
-            raise ConfigError(f"SPECBENCH_PEER_RUNTIMES names {unknown[0]!r}: use some of {', '.join(RUNTIMES)}, "
-                              "e.g. SPECBENCH_PEER_RUNTIMES=llamacpp,torch-int8")
+        if unknown := [r for r in self.cloud_runtimes if r not in RuntimeChoices()]:
+            raise ConfigError(f"SPECBENCH_PEER_RUNTIMES names {unknown[0]!r}: use some of {', '.join(names())}, "
+                              f"e.g. SPECBENCH_PEER_RUNTIMES={','.join(CLOUD_RUNTIMES)}")
         if unknown := [t for t in self.llama_spec_types if t not in SPEC_TYPES and t not in SPEC_SETTINGS]:
             raise ConfigError(f"SPECBENCH_PEER_LLAMA_SPEC names {unknown[0]!r}: use some of "
                               f"{', '.join((*SPEC_TYPES, *SPEC_SETTINGS))}, e.g. "
@@ -130,7 +139,7 @@ class PeerSettings:
                                        ("SPECBENCH_PEER_EXTERNAL", self.external, EXTERNAL),
                                        ("SPECBENCH_PEER_SPEC", self.spec_modes, ("model", "prompt-lookup", "auto")),
                                        ("SPECBENCH_PEER_ENGINES", self.engines,
-                                        tuple(e for names in WORKER_ENGINES.values() for e in names))):
+                                        tuple(e for engines in WORKER_ENGINES.values() for e in engines))):
             if unknown := [name for name in given if name not in known]:
                 raise ConfigError(f"{variable} names {unknown[0]!r}: use some of {', '.join(known)}, e.g. "
                                   f"{variable}={','.join(known[:2])}")
@@ -233,7 +242,8 @@ def cached_loader(dtype: str, log: Callable[[str], object]) -> Callable[..., Loa
     """An Engine loader that loads each (name, runtime) once for every engine that asks."""
     loaded: dict[tuple[str, str], LoadedModel] = {}
 
-    def load(name: str, _dtype: str, log=log, runtime: str = "torch") -> LoadedModel:
+    def load(name: str, _dtype: str, log=log, runtime: str | None = None) -> LoadedModel:
+        runtime = runtime or default_runtime()
         if (name, runtime) not in loaded:
             loaded[(name, runtime)] = load_model(name, dtype, log=log, runtime=runtime)
         return loaded[(name, runtime)]
@@ -267,10 +277,10 @@ def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], se
 
     peers = [engine_peer(cloud_only(runtime), None, True, mode="cloud", cloud=cloud, cloud_runtime=runtime)
              for runtime in cloud_runtimes]
-    llamacpp_plain = cloud_only("llamacpp") if "llamacpp" in cloud_runtimes else None
+    llamacpp_plain = cloud_only(gguf_runtime()) if gguf_runtime() in cloud_runtimes else None
     # llama.cpp's speculation (llama-cpp-python's lookup, the example) against llama.cpp's own plain decoding
     llama_reference = LLAMA_CPP_PYTHON if "plain" in settings.llama_python else llamacpp_plain
-    tokenizer_model = loader(cloud, "bfloat16", runtime="llamacpp")  # the GGUF entry's HF tokenizer, as the engine's
+    tokenizer_model = loader(cloud, "bfloat16", runtime=gguf_runtime())  # the GGUF entry's HF tokenizer, as the engine's
     encoded = [tokenizer_model.encode(text, system) for text, system in prompts]
     ids = [[int(t) for t in e.input_ids.reshape(-1).tolist()] for e in encoded]
     rendered = [rendered_prompt(tokenizer_model.tokenizer, text, system) for text, system in prompts]
@@ -310,7 +320,7 @@ def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], se
                                      cloud_runtime=cloud_runtime, spec=spec))
         else:  # draft-free: no edge model; the engine drafts from the context
             peers.append(engine_peer(f"specbench {drafter} -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
-                                     mode="spec", edge=edge, cloud=cloud, edge_runtime="llamacpp",
+                                     mode="spec", edge=edge, cloud=cloud, edge_runtime=gguf_runtime(),
                                      cloud_runtime=cloud_runtime, spec=spec))
     for start in starters.values():
         peers += start(ids, max_new_tokens, eos_ids, decoded, workers, settings.sink.parent)

@@ -37,7 +37,7 @@ from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError, SpecdecError
 from specdec.models.loading import LoadedModel, load_model
-from specdec.runtimes import runtime_parts
+from specdec.runtimes import default_runtime, runtime_parts
 
 
 def weight_bytes(model: LoadedModel) -> int:
@@ -70,7 +70,8 @@ class ModelCache:
     def __init__(self) -> None:
         self._loaded: dict[tuple, LoadedModel] = {}
 
-    def __call__(self, name: str, dtype: str, log=print, runtime: str = "torch", **options) -> LoadedModel:
+    def __call__(self, name: str, dtype: str, log=print, runtime: str | None = None, **options) -> LoadedModel:
+        runtime = runtime or default_runtime()
         key = (name, dtype, runtime, tuple(sorted(options.items())))
         if key not in self._loaded:
             self._loaded[key] = load_model(name, dtype, log=log, runtime=runtime, **options)
