@@ -26,7 +26,7 @@ from specdec.models.loading import LoadedModel, load_model
 from specdec.remote.client import RemoteCloud, SessionSettings
 from specdec.remote.protocol import read_token, token_file_warning, tokenizer_sha256
 from specdec.runtimes import declared, runtime_parts
-from specdec.settings import OnCloudLoss
+from specdec.settings import ExtraBuffers, Mode, OnCloudLoss, Steps
 
 PLAIN_STEPS = "cloud plain steps"  # the model key of a two-runtime cloud's plain-step copy
 
@@ -62,7 +62,7 @@ class Engine(EngineConfig):
                 raise ConfigError(f"--{role} {name} is a random-weight architecture: it serves token ids to replayed "
                                   "edges (`specbench fleet --edge-replay DIR --follow-verdicts`), not text prompts; "
                                   "load a real model here")
-        if self.mode == "spec":
+        if self.mode == Mode.SPEC:
             self.spec.check_decoding(self.decode)
             if self.two_runtimes and self.spec.drafter not in WEIGHS_RUNTIMES:
                 raise ConfigError(f"--cloud-runtime {self.cloud_runtime} needs a drafter that weighs switching between "
@@ -79,7 +79,7 @@ class Engine(EngineConfig):
     @property
     def roles(self) -> tuple[str, ...]:
         """The models this process loads: a draft-free drafter verified here needs no edge model."""
-        if self.mode == "spec" and not self.remote_cloud and self.spec.drafter not in NEEDS_MODEL:
+        if self.mode == Mode.SPEC and not self.remote_cloud and self.spec.drafter not in NEEDS_MODEL:
             return ("cloud",)
         return super().roles
 
@@ -128,7 +128,7 @@ class Engine(EngineConfig):
             # A loader that predates runtimes takes (name, dtype, log): it is asked for torch only, and for
             # llama.cpp's extra buffers only off their default.
             extra = {} if declared(runtime).default else {"runtime": runtime}
-            if declared(runtime).extra_buffers and self.llamacpp_extra_buffers != "auto":
+            if declared(runtime).extra_buffers and self.llamacpp_extra_buffers != ExtraBuffers.AUTO:
                 extra["llamacpp_extra_buffers"] = self.llamacpp_extra_buffers
             extra.update(self.placement(role, runtime))
             self._models[role] = self.loader(name, self.dtype, log=self.log, **extra)
@@ -138,20 +138,20 @@ class Engine(EngineConfig):
         """The loader's device, KV cache and CUDA graphs settings for a role's torch model; nothing where they
         ask for the CPU's dynamic cache (so a loader that predates devices is asked as before)."""
         device = self.cloud_device if role == PLAIN_STEPS else getattr(self, f"{role}_device")
-        if not declared(runtime).caches or steps_of(self.kv_cache, device, self.cuda_graphs) == "dynamic":
+        if not declared(runtime).caches or steps_of(self.kv_cache, device, self.cuda_graphs) == Steps.DYNAMIC:
             return {"device": device} if device != "cpu" else {}
         return {"device": device, "kv_cache": self.kv_cache, "cuda_graphs": self.cuda_graphs}
 
     @property
     def primary(self) -> LoadedModel:
         """The model whose tokenizer encodes prompts and decodes outputs."""
-        return self.model(self.roles[0] if self.mode == "spec" else self.mode)
+        return self.model(self.roles[0] if self.mode == Mode.SPEC else self.mode)
 
     @property
     def chat_template_used(self) -> bool:
         """Whether prompts are wrapped in a chat template: as asked until the model that encodes
         them is loaded, then what it really does (a raw-text run must not be recorded as templated)."""
-        loaded = self._models.get(self.roles[0] if self.mode == "spec" else self.mode)
+        loaded = self._models.get(self.roles[0] if self.mode == Mode.SPEC else self.mode)
         return self.chat_template if loaded is None else loaded.uses_chat_template(self.chat_template)
 
     def load(self) -> None:
@@ -159,7 +159,7 @@ class Engine(EngineConfig):
         if self._derived.get("checked"):
             return
         _ = self.primary  # loaded first: the model that encodes prompts
-        if self.mode == "spec" and not self.remote_cloud and self.two_runtimes:
+        if self.mode == Mode.SPEC and not self.remote_cloud and self.two_runtimes:
             self.model(PLAIN_STEPS)  # a cloud held in two runtimes: its plain-step copy too
         self.check_positions(prompt_tokens=None)
         if self.remote_cloud:
@@ -260,7 +260,7 @@ class Engine(EngineConfig):
         return self._derived["constraints"]
 
     def punct_density(self) -> Callable[[list[int]], float] | None:
-        if self.mode != "spec" or self.spec.punct_trigger is None:
+        if self.mode != Mode.SPEC or self.spec.punct_trigger is None:
             return None
         if "punct" not in self._derived:
             self._derived["punct"] = PunctuationTable.build(self.primary.tokenizer, self.primary.backend.vocab_size)
@@ -303,13 +303,13 @@ class Engine(EngineConfig):
               history: tuple[tuple[str, str], ...]) -> Generation:
         self.load()
         loaded = self.primary
-        if waveform is not None and self.mode == "spec" and not self.cloud_side().accepts_audio:
+        if waveform is not None and self.mode == Mode.SPEC and not self.cloud_side().accepts_audio:
             raise InputError(f"cloud model {self.cloud_name!r} is text-only but the prompt has audio")
         prompt = loaded.encode(text, system, waveform, sampling_rate, self.chat_template, language=language,
                                **({"history": history} if history else {}))
         self.check_positions(prompt.input_ids.numel())
         constraints = self.constraints_for()
-        if self.mode == "spec":
+        if self.mode == Mode.SPEC:
             edge = self.model("edge").backend if self.spec.drafter in NEEDS_MODEL else None
             measured = self.history()  # this request reads what earlier ones measured; its answer's length closes it
             # DeployConfig parsed on_cloud_loss into its OnCloudLoss member (its annotation keeps the word's `str`)

@@ -14,6 +14,14 @@ from typing import TypeVar
 from specdec.errors import ConfigError
 
 
+class Mode(StrEnum):
+    """What a run decodes with: the edge or the cloud model alone (the baselines), or both speculating."""
+
+    EDGE = "edge"
+    CLOUD = "cloud"
+    SPEC = "spec"  # the edge drafts, the cloud verifies
+
+
 class KVCache(StrEnum):
     """A torch model's KV cache (specdec/backends/devices.py's steps_of says what each runs)."""
 
@@ -21,6 +29,15 @@ class KVCache(StrEnum):
     DYNAMIC = "dynamic"  # transformers' DynamicCache
     STATIC = "static"  # preallocated, exact crops by length (static_cache.py)
     COMPILED = "compiled"  # static, its short blocks under torch.compile
+
+
+class Steps(StrEnum):
+    """What runs a torch model's forwards, resolved from KVCache x CudaGraphs x the device (devices.steps_of)."""
+
+    DYNAMIC = "dynamic"  # transformers' DynamicCache, eager
+    STATIC = "static"  # a preallocated cache, eager
+    COMPILED = "compiled"  # the static cache's forward under torch.compile
+    GRAPHS = "graphs"  # the static cache's 1-token and k+1-token forwards replayed as CUDA graphs
 
 
 class ServerCache(StrEnum):

@@ -16,6 +16,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,7 @@ def field_options(cls: type) -> list[Option]:
     aliases; a tuple field takes a comma-separated list."""
     hints, options = typing.get_type_hints(cls), []
     for f in fields(cls):
-        if not f.init:
+        if not f.init or f.metadata.get("flag") is False:  # set otherwise (serve's token: from --token-file)
             continue
         source = f if f.metadata.get("help") else DEFINED_IN.get(f.name, f)
         kind = _value_type(hints[f.name])
@@ -135,7 +136,7 @@ def field_options(cls: type) -> list[Option]:
         elif kind is bool:  # one switch, both spellings: `--overlap` and `--no-overlap`
             options.append(Option(f.name, _flags(f, source), "switch", None, default, False, help_text, None))
         else:
-            parse = PARSERS[kind]
+            parse = PARSERS[str if isinstance(kind, type) and issubclass(kind, StrEnum) else kind]  # enums: by choices
             if canonical := source.metadata.get("canonical"):  # an old name is today's before choices are checked
                 parse = _then(parse, canonical)
             parse = _comma_list(parse) if typing.get_origin(hints[f.name]) is tuple else parse
@@ -213,7 +214,8 @@ def run_argv(args: argparse.Namespace, out: Path) -> list[str]:
 
 def values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     """The fields of `cls` read from `args` (which has an attribute of the same name for each)."""
-    return {f.name: getattr(args, f.name) for f in fields(cls) if f.init and not f.metadata.get("toml_only")}
+    return {f.name: getattr(args, f.name) for f in fields(cls)
+            if f.init and not f.metadata.get("toml_only") and f.metadata.get("flag") is not False}
 
 
 def engine_from_args(args: argparse.Namespace, log: Callable[[str], object]) -> Engine:

@@ -8,6 +8,7 @@ import sys
 from bench.commands.options import add_run_options, engine_from_args, inputs_from_args
 from bench.derive import metrics
 from bench.measure.run import run
+from specdec.settings import Mode
 
 
 def _say(message: str) -> None:
@@ -26,7 +27,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         t = metrics.totals(ok)
         line = (f"{len(ok)} prompts, {t['new_tokens']} tokens in {t['latency_s']:.1f} s "
                 f"({metrics.tokens_per_s(t):.1f} tok/s)")
-        if args.mode == "spec":
+        if args.mode == Mode.SPEC:
             rate = metrics.acceptance_rate(t)
             line += (f", acceptance {'n/a' if math.isnan(rate) else f'{rate:.2f}'}, "
                      f"cloud calls {t['cloud_calls']}/{t['cycles']} cycles")

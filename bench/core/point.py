@@ -34,6 +34,7 @@ from bench.core.prompts import SPEC_BENCH, PromptInputs, prompt_set_name
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.drafters import NEEDS_MODEL
 from specdec.runtimes import declared, default_runtime, runtime_parts
+from specdec.settings import Mode
 
 RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConfig)
 # Run settings that say how a run reaches its models and prompts, not what it measures: the
@@ -95,10 +96,10 @@ LABELLED = (("policy", ""), ("k", "k="), ("entropy_threshold", "thr="), ("accept
 def blank(values: dict) -> dict:
     """`values` with every field that does not apply at its mode and deployment set to None."""
     mode, split = values.get("mode"), values.get("deployment") == "split"
-    off = {"edge": mode == "cloud", "cloud": mode == "edge"}
+    off = {"edge": mode == Mode.CLOUD, "cloud": mode == Mode.EDGE}
 
     def applies(name: str) -> bool:
-        return not ((name in SPEC_ONLY and mode != "spec") or (name in SPLIT_ONLY and not split)
+        return not ((name in SPEC_ONLY and mode != Mode.SPEC) or (name in SPLIT_ONLY and not split)
                     or off.get(name.split("_")[0], False))
 
     return {name: value if applies(name) else None for name, value in values.items()}
@@ -167,7 +168,7 @@ class Point:
         """A record's or summary row's point; a field the row lacks (written before it existed) is None,
         but for a spec row's drafter: before drafters were plug-ins every block came from the edge model."""
         values = {name: row.get(name) for name in FIELDS}
-        if values["mode"] == "spec" and "drafter" not in row:
+        if values["mode"] == Mode.SPEC and "drafter" not in row:
             values["drafter"] = "model"
         return cls(**values)
 
@@ -217,8 +218,8 @@ class Point:
             return (default_runtime(),) if runtime in (None, "-") else runtime_parts(str(runtime))
 
         drafts = self.drafter in (None, "-") or self.drafter in NEEDS_MODEL
-        edge = parts(self.edge_runtime) if self.mode == "edge" or (self.mode == "spec" and drafts) else ()
-        here = self.mode == "cloud" or (self.mode == "spec" and self.deployment != "split")
+        edge = parts(self.edge_runtime) if self.mode == Mode.EDGE or (self.mode == Mode.SPEC and drafts) else ()
+        here = self.mode == Mode.CLOUD or (self.mode == Mode.SPEC and self.deployment != "split")
         cloud = parts(self.cloud_runtime) if here else ()
         return any(declared(part).caches for part in (*edge, *cloud))
 

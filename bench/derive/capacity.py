@@ -42,6 +42,7 @@ from bench.core.network import profile
 from bench.core.records import read_records
 from bench.derive.costmodel import Acceptance, CostInputs, Link, Outcome, distance_capacity_factor, server_tokens_per_s
 from specdec.errors import ConfigError
+from specdec.settings import Mode
 
 FLEET_SIZES = (100, 1000)
 TARGETS = (0.8, 0.5)  # target per-edge rates, as fractions of one edge's measured rate alone
@@ -51,8 +52,8 @@ def edge_profile(records: list[dict], summary: pd.DataFrame, link: str, replay: 
     """What one edge does alone (spec at the smallest N): tokens per verify (alpha), tokens fed per
     verify (m), its own time per verify (g: drafting, outside the wait), prompt and output lengths
     (P, n), and the link's RTT."""
-    smallest = summary[summary["mode"] == "spec"]["clients"].min()
-    alone = [r for r in records if r["mode"] == "spec" and r["status"] == "ok" and r["clients"] == smallest]
+    smallest = summary[summary["mode"] == Mode.SPEC]["clients"].min()
+    alone = [r for r in records if r["mode"] == Mode.SPEC and r["status"] == "ok" and r["clients"] == smallest]
     verifies = sum(r["verifies"] for r in alone)
     if not verifies:
         return None
@@ -90,7 +91,7 @@ def capacity_model(fit: dict, edge: dict | None, summary: pd.DataFrame) -> tuple
         return pd.DataFrame(), pd.DataFrame(), []
     check = []
     for _, row in summary.sort_values(["mode", "clients"]).iterrows():
-        rate, server = predict(int(row["clients"]), fit, edge, cloud_only=row["mode"] == "cloud")
+        rate, server = predict(int(row["clients"]), fit, edge, cloud_only=row["mode"] == Mode.CLOUD)
         check.append({"mode": row["mode"], "clients": int(row["clients"]),
                       "per-edge tok/s measured": round(row["edge_tokens_per_s_p50"], 2),
                       "per-edge tok/s model": round(rate, 2),
@@ -166,8 +167,8 @@ def distance_check(fit: dict, edge: dict | None, summary: pd.DataFrame, k: int) 
     """(the two closed forms for N = 1 .. the largest measured N, their error against the measured
     spec throughput at each measured N, the inputs they read); empty with the reason where an input
     is missing (module docstring)."""
-    spec = summary[summary["mode"] == "spec"].set_index("clients")["server_accepted_tokens_per_s"]
-    cloud = summary[summary["mode"] == "cloud"].set_index("clients")["server_accepted_tokens_per_s"]
+    spec = summary[summary["mode"] == Mode.SPEC].set_index("clients")["server_accepted_tokens_per_s"]
+    cloud = summary[summary["mode"] == Mode.CLOUD].set_index("clients")["server_accepted_tokens_per_s"]
     if edge is None or spec.empty or math.isnan(fit["a_s"]):
         return pd.DataFrame(), pd.DataFrame(), ["needs spec levels and a fitted cost curve"]
     try:

@@ -37,6 +37,7 @@ from bench.core.point import FIELDS
 from bench.derive.costmodel import Acceptance, CostInputs, Link, Outcome, colocated, split
 from specdec.core.drafters import NEEDS_MODEL
 from specdec.errors import InputError
+from specdec.settings import Mode
 
 DEPLOYMENT = ("deployment", "link", "overlap")  # what acceptance does not depend on
 BASELINE_FIX = "rerun the sweep with --mode edge,cloud,spec"
@@ -72,8 +73,8 @@ def _label(point: dict) -> str:
 
 
 def _baseline(records: list[dict], point: dict, mode: str) -> list[dict]:
-    side = EDGE_SIDE if mode == "edge" else CLOUD_SIDE
-    runtime = "edge_runtime" if mode == "edge" else "cloud_runtime"
+    side = EDGE_SIDE if mode == Mode.EDGE else CLOUD_SIDE
+    runtime = "edge_runtime" if mode == Mode.EDGE else "cloud_runtime"
     found = [r for r in records if r["mode"] == mode and _same(r, point, side)
              and (r.get("new_tokens") or 0) > 1]
     if not found:
@@ -102,7 +103,7 @@ def verify_curve(records: list[dict], point: dict) -> dict:
     own, side = point_key(point), ("cloud", "dtype", "cloud_runtime", "deployment")
     by_tokens: dict[int, list[float]] = {1: [forward_s]}
     for r in records:
-        if r["mode"] != "spec" or point_key(r) == own or not _same(r, point, side) or r.get("overlap") is True:
+        if r["mode"] != Mode.SPEC or point_key(r) == own or not _same(r, point, side) or r.get("overlap") is True:
             continue  # drafting ahead on shared cores slows the verify it overlaps: the model adds that apart
         calls = [c for c in r.get("trace", []) if c["escalated"]]
         for c in calls[1:]:  # the first call carries the prompt: a prefill, not a verify
@@ -125,7 +126,7 @@ def verify_curve(records: list[dict], point: dict) -> dict:
 
 def acceptance_group(records: list[dict], point: dict) -> list[dict]:
     names = tuple(n for n in FIELDS if n not in DEPLOYMENT)
-    return [r for r in records if r["mode"] == "spec" and _same(r, point, names)]
+    return [r for r in records if r["mode"] == Mode.SPEC and _same(r, point, names)]
 
 
 def acceptance(group: list[dict]) -> Acceptance:
@@ -173,7 +174,7 @@ def link_inputs(records: list[dict], point: dict, group: list[dict], mean_drafte
     # A verdict that lands mid-forward waits for it, which is not the link's time: never from points that
     # draft ahead on every cycle, and from `overlap = "auto"` points (whose ahead cycles overlap the edge's
     # time with the wait) only when the folder has no sequential split point to take it from.
-    others = [r for r in records if r["mode"] == "spec" and r.get("deployment") == "split" and point_key(r) != own
+    others = [r for r in records if r["mode"] == Mode.SPEC and r.get("deployment") == "split" and point_key(r) != own
               and r.get("cloud_calls") and r.get("overlap") is not True]
     sequential = [r for r in others if r.get("overlap") is False]
     protocol: list[float] = []
@@ -254,6 +255,6 @@ def spec_points(records: list[dict]) -> list[dict]:
     """One representative record per spec point, in the folder's order."""
     seen: dict[tuple, dict] = {}
     for r in _ok(records):
-        if r["mode"] == "spec":
+        if r["mode"] == Mode.SPEC:
             seen.setdefault(point_key(r), r)
     return list(seen.values())

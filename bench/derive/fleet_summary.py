@@ -21,6 +21,7 @@ import pandas as pd
 
 from bench.core.records import read_records
 from specdec.runtimes import default_runtime
+from specdec.settings import Mode
 
 LEVELS, BATCHES = "levels.jsonl", "batches.jsonl"
 UNKNOWN_RUNTIME = "unknown"  # a --cloud-url server that did not say what runs its model
@@ -124,7 +125,7 @@ def summarize_fleet(out: Path) -> pd.DataFrame:
                    replay_mismatches=int(group["replay_mismatches"].sum()), tokens_match=group["tokens_match"].mean(),
                    batch_hist=json.dumps(_summed([json.loads(h) for h in group["batch_hist"]])))
         row.update(_paired(levels, mode, clients, "mode", mode, "clients", levels["clients"].min(), "vs_smallest"))
-        if mode == "spec":
+        if mode == Mode.SPEC:
             row.update(_paired(levels, mode, clients, "clients", clients, "mode", "cloud", "vs_cloud_only"))
         rows.append(row)
     return pd.DataFrame(rows)

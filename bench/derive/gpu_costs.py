@@ -25,6 +25,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from specdec.settings import Mode
+
 STEP_TARGET_FLOORS = 1.5
 VERIFY_TOKENS = 5  # k = 4: the verify block of the shipped default
 VERIFY_TARGET_STEPS = 1.3
@@ -82,8 +84,8 @@ def capacity(table) -> dict:
     """Per fleet size, spec against cloud-only serving, from a fleet's summary (a pandas frame; empty: nothing ran)."""
     levels: dict[int, dict[str, Any]] = {}
     for clients in sorted(set(table["clients"])) if not table.empty else []:
-        spec = table[(table["clients"] == clients) & (table["mode"] == "spec")]
-        cloud = table[(table["clients"] == clients) & (table["mode"] == "cloud")]
+        spec = table[(table["clients"] == clients) & (table["mode"] == Mode.SPEC)]
+        cloud = table[(table["clients"] == clients) & (table["mode"] == Mode.CLOUD)]
         if spec.empty or cloud.empty:
             continue
         spec, cloud = spec.iloc[0], cloud.iloc[0]

@@ -33,6 +33,7 @@ from bench.core.point import COLUMNS
 from bench.core.prompts import SPEC_BENCH, prompt_set_name
 from bench.derive import metrics
 from bench.derive.summary import fastest_plain, load_rows, plain_label, runtime_name
+from specdec.settings import Mode
 
 METHOD = [c for c in COLUMNS if c != "prompts"]  # what a row is: every axis but the prompt set
 OVERALL = "overall"
@@ -46,7 +47,7 @@ def tokens_per_verify(t) -> float:
 def method_name(point) -> str:
     """`prompt-lookup k=4 greedy · llamacpp → torch-int8`, `prompt-lookup[branches=4] k=4 greedy · → kernels-int4`
     (the drafter's own settings where it has any) or `cloud-only in llamacpp`."""
-    if point["mode"] != "spec":
+    if point["mode"] != Mode.SPEC:
         return plain_label(point)
     pairing = f"{runtime_name(point['edge_runtime'])} → {runtime_name(point['cloud_runtime'])}"
     if str(point.get("drafter")) in ("prompt-lookup", "ngram"):
@@ -69,7 +70,7 @@ def after_first_token(row) -> tuple[float, float]:
 
 def fastest_decoding(frame: pd.DataFrame, prompts) -> tuple | None:
     """The key (COLUMNS values) of the cloud-only decoding with the most tokens a second after the first token."""
-    plain = frame[(frame["mode"] == "cloud") & (frame["prompts"] == prompts)]
+    plain = frame[(frame["mode"] == Mode.CLOUD) & (frame["prompts"] == prompts)]
     rates = {key: metrics.ratio(group["decode_tokens"].sum(), group["decode_s"].sum())
              for key, group in plain.groupby(COLUMNS, sort=False, dropna=False)}
     return max(rates, key=lambda key: rates[key]) if rates else None
@@ -146,7 +147,7 @@ def _cell(name: str, columns, mine: pd.DataFrame | None, mode: str) -> dict:
     cell = {f"{name}_speedup": speedup, f"{name}_ci_low": low, f"{name}_ci_high": high}
     if mine is not None:
         counts = mine[["num_accepted_tokens", "corrections", "bonus_tokens", "cloud_calls"]].fillna(0).sum()
-        cell[f"{name}_tau"] = tokens_per_verify(counts) if mode == "spec" else 1.0
+        cell[f"{name}_tau"] = tokens_per_verify(counts) if mode == Mode.SPEC else 1.0
     return cell
 
 

@@ -37,6 +37,7 @@ from bench.derive import metrics
 from bench.derive.health import chrf, error_rates, text_health, token_match_rate
 from bench.derive.scores import score_key
 from specdec.runtimes import RuntimeChoices, declared, default_runtime
+from specdec.settings import Mode
 
 
 def load_rows(rows: list[dict]) -> pd.DataFrame:
@@ -72,7 +73,7 @@ def summarize(rows: list[dict], scores: dict[str, float] | None = None) -> pd.Da
     frame = _agreement_with_cloud(_median_over_repeats(frame))
     summary = frame.groupby(COLUMNS, sort=False, dropna=False).apply(_point_stats, include_groups=False).reset_index()
     # verify calls per token are speculation's cost (as in the gate's workload); cloud-only's every token is the cloud's
-    summary.loc[summary["mode"] != "spec", "cloud_calls_per_token"] = float("nan")
+    summary.loc[summary["mode"] != Mode.SPEC, "cloud_calls_per_token"] = float("nan")
     return _intervals(_speedups(summary, frame), frame)
 
 
@@ -204,7 +205,7 @@ def colocated(table: pd.DataFrame, point) -> pd.DataFrame:
 
 def fastest_cloud(summary: pd.DataFrame, prompts) -> pd.Series | None:
     """The fastest plain decoding of the cloud model measured on `prompts`, in any runtime and dtype."""
-    plain = summary[(summary["mode"] == "cloud") & (summary["prompts"] == prompts) & summary["tokens_per_s"].notna()]
+    plain = summary[(summary["mode"] == Mode.CLOUD) & (summary["prompts"] == prompts) & summary["tokens_per_s"].notna()]
     return plain.loc[plain["tokens_per_s"].astype(float).idxmax()] if len(plain) else None
 
 
@@ -216,7 +217,7 @@ def fastest_plain(summary: pd.DataFrame, prompts) -> pd.Series | None:
 
 def fastest_edge(summary: pd.DataFrame, prompts) -> pd.Series | None:
     """The fastest edge-only decoding on `prompts`: the small model alone, a reference line."""
-    plain = summary[(summary["mode"] == "edge") & (summary["prompts"] == prompts) & summary["tokens_per_s"].notna()]
+    plain = summary[(summary["mode"] == Mode.EDGE) & (summary["prompts"] == prompts) & summary["tokens_per_s"].notna()]
     return plain.loc[plain["tokens_per_s"].astype(float).idxmax()] if len(plain) else None
 
 
@@ -267,7 +268,7 @@ def _speedups(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
         beside = first(colocated(summary, point))
         if beside is not None:
             extra["speedup_vs_colocated"] = metrics.speedup(point["tokens_per_s"], beside["tokens_per_s"])
-        if (point["mode"] == "spec" and cloud is not None and edge is not None
+        if (point["mode"] == Mode.SPEC and cloud is not None and edge is not None
                 and point["acceptance_rate"] == point["acceptance_rate"]):  # not NaN
             c = metrics.cost_ratio(cloud["tokens_per_s"], edge["tokens_per_s"])
             theory = metrics.expected_speedup(point["acceptance_rate"], int(point["k"]), c)
@@ -366,7 +367,7 @@ def terminal_table(summary: pd.DataFrame) -> str:
             continue
         table[metric] = [_with_interval(row[metric], *(row[c] for c in interval) if interval else ())
                          for _, row in summary.iterrows()]
-    if "fastest_cloud" in summary and (summary["mode"] == "cloud").sum() > summary["prompts"].nunique():
+    if "fastest_cloud" in summary and (summary["mode"] == Mode.CLOUD).sum() > summary["prompts"].nunique():
         table["fastest_cloud"] = summary["fastest_cloud"]  # several cloud-only points: say which one is meant
     return table.to_string(index=False)
 

@@ -22,6 +22,7 @@ from bench.measure.trackers import LatencyTracker, PeakMemoryTracker, tracked
 from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError
+from specdec.settings import Mode
 
 
 class FailedSamples(InputError):
@@ -53,10 +54,10 @@ def before(point: dict) -> dict:
     with its extra buffers then: asked auto or on, or used on, matches; off does not)."""
     extra_buffers = point.get("llamacpp_extra_buffers")
     mode = point.get("mode")
-    return {"drafter": "model" if mode == "spec" else None, "turns": "all",
+    return {"drafter": "model" if mode == Mode.SPEC else None, "turns": "all",
             "llamacpp_extra_buffers": extra_buffers if extra_buffers in (None, "auto", "on") else "on",
-            "edge_device": None if mode == "cloud" else "cpu", "cloud_device": None if mode == "edge" else "cpu",
-            "kv_cache": "auto", "cuda_graphs": "on", "drafter_options": "" if mode == "spec" else None}
+            "edge_device": None if mode == Mode.CLOUD else "cpu", "cloud_device": None if mode == Mode.EDGE else "cpu",
+            "kv_cache": "auto", "cuda_graphs": "on", "drafter_options": "" if mode == Mode.SPEC else None}
 
 
 def _run(engine: Engine, prompts: str, records: list[PromptRecord], asked: dict, out: Path, progress: bool,

@@ -47,6 +47,7 @@ class Backend:
         memory_bytes    bytes it holds, where it has no torch model (llama.cpp, the kernels)
         extra_buffers   llama.cpp's repacked weight buffers in use; None for every other runtime
         model           the torch model, where there is one
+        transcribes     takes audio alone and writes what it hears (Whisper): no text prompt, no chat template
         accepts_trees   forward_tree verifies a token tree in one block, each node's row its path's step bit for
                         bit, and commit_path keeps the accepted path (specdec/core/tree.py); others verify chains
     """
@@ -55,15 +56,30 @@ class Backend:
     vocab_size: int = 0  # rows of the output head; may differ between edge and cloud
     accepts_audio: bool = False
     device: torch.device | None = None
-    batchable: bool = False
     max_positions: int | None = None
     eos_ids: frozenset[int] = frozenset()
-    processors: tuple = ()
-    streamed_bytes: int | None = None
-    memory_bytes: int | None = None
     extra_buffers: bool | None = None
     model: Any = None
     accepts_trees: bool = False
+    transcribes: bool = False
+
+    # Declared as read-only properties: a runtime answers with a class attribute, an attribute set at load, or a
+    # property that computes it, and callers only read them.
+    @property
+    def batchable(self) -> bool:
+        return False
+
+    @property
+    def processors(self) -> tuple:
+        return ()
+
+    @property
+    def streamed_bytes(self) -> int | None:
+        return None
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return None
 
     def prefill(
         self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True

@@ -14,7 +14,7 @@ import torch
 
 from specdec.errors import ConfigError
 from specdec.runtimes import declared, runtimes
-from specdec.settings import CudaGraphs, KVCache, ServerCache, choices
+from specdec.settings import CudaGraphs, KVCache, ServerCache, Steps, choices, parse
 
 DEVICE_NAMES = "cpu, cuda or cuda:N"
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
@@ -49,7 +49,8 @@ def check_served_device(device: str, runtime: str, flag: str = "--device") -> st
 
 def check_served_cache(kv_cache: str, runtime: str, flag: str = "--kv-cache") -> str:
     """A server's KV cache: the torch runtime's choice; the other runtimes keep their own (auto: whatever they keep)."""
-    if kv_cache not in ("auto", "dynamic") and not declared(runtime).caches:
+    if parse(ServerCache, kv_cache, flag.lstrip("-")) not in (ServerCache.AUTO, ServerCache.DYNAMIC) \
+            and not declared(runtime).caches:
         raise ConfigError(f"{flag} {kv_cache} is the {', '.join(r.name for r in runtimes() if r.caches)} runtime's; "
                           f"{runtime} keeps its own cache: drop {flag}")
     return kv_cache
@@ -105,16 +106,19 @@ CUDA_GRAPHS = choices(CudaGraphs)
 # A server's: its sessions interleave (static_slots.py holds them all). auto: static on CUDA (its forwards replay as
 # captured graphs: 3.1-6.6x the dynamic cache's cloud-only serving on an H200, docs/gpu.md), dynamic on the CPU.
 SERVER_CACHES = choices(ServerCache)
-STEPS = ("dynamic", "static", "compiled", "graphs")  # what kv_cache x cuda_graphs x device resolve to
+STEPS = choices(Steps)  # what kv_cache x cuda_graphs x device resolve to
 
 
-def steps_of(kv_cache: str, device: str, cuda_graphs: str = "on", static_capable: bool = True) -> str:
+def steps_of(kv_cache: KVCache | str, device: str, cuda_graphs: CudaGraphs | str = CudaGraphs.ON,
+             static_capable: bool = True) -> Steps:
     """What runs a model's forwards: `dynamic` (transformers' DynamicCache, eager), `static` (a preallocated
     cache, eager), `compiled` (the static cache's forward under torch.compile) or `graphs` (the static cache's
     1-token and k+1-token forwards replayed as CUDA graphs). auto: graphs on CUDA (dynamic with cuda_graphs
     off, or for a model the static cache does not run: `static_capable` false), dynamic on the CPU."""
-    if kv_cache == "auto":
-        return "graphs" if is_cuda(device) and cuda_graphs == "on" and static_capable else "dynamic"
-    if kv_cache == "static" and is_cuda(device) and cuda_graphs == "on":
-        return "graphs"
-    return kv_cache
+    kv_cache, cuda_graphs = parse(KVCache, kv_cache, "kv_cache"), parse(CudaGraphs, cuda_graphs, "cuda_graphs")
+    graphs = is_cuda(device) and cuda_graphs is CudaGraphs.ON
+    if kv_cache is KVCache.AUTO:
+        return Steps.GRAPHS if graphs and static_capable else Steps.DYNAMIC
+    if kv_cache is KVCache.STATIC and graphs:
+        return Steps.GRAPHS
+    return Steps(kv_cache.value)

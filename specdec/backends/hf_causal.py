@@ -69,7 +69,7 @@ class HFCausalBackend(Backend):
 
 
     @functools.cached_property
-    def batchable(self) -> bool:  # type: ignore[override]  # a cached_property is assignable; mypy reads it as read-only
+    def batchable(self) -> bool:
         """Rows of several states can share one forward only when every cache layer is a plain
         growing one (a sliding-window layer's rollback history is kept per cache)."""
         return all(type(layer).__name__ == "DynamicLayer" for layer in self._new_cache().layers)

@@ -79,6 +79,8 @@ class LlamaState:
 class LlamaCppBackend(Backend):
     """A GGUF file loaded into one llama.cpp context; build with `LlamaCppBackend(path)`."""
 
+    memory_bytes: int | None = None  # set at load: the bytes it holds
+
     accepts_audio = False
 
     def __init__(self, path: str | Path, name: str = "", n_ctx: int = 4096, n_seq_max: int = 64,

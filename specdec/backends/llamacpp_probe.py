@@ -180,8 +180,8 @@ def decide(setting: str, path: Path, build: str, cache: Path | None, argv: list[
     else a probe child (`argv`, default `child_argv(path)`), and keeps a final verdict in `cache`."""
     if setting not in EXTRA_BUFFERS:
         raise ConfigError(f"unknown llamacpp_extra_buffers {setting!r}: use one of {', '.join(EXTRA_BUFFERS)}")
-    if setting != "auto":
-        return Verdict(setting == "on", f"{setting} by setting")
+    if setting != ExtraBuffers.AUTO:
+        return Verdict(setting == ExtraBuffers.ON, f"{setting} by setting")
     key = probe_key(path, build)
     if key is not None and (verdict := read_cache(cache).get(key)) is not None:  # None: a damaged header, never kept
         return verdict

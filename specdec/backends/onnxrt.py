@@ -79,6 +79,8 @@ def _ort():
 class OnnxRuntimeBackend(Backend):
     """A converted folder (`specdec.models.convert_onnx`) in one ONNX Runtime session."""
 
+    memory_bytes: int | None = None  # set at load: the bytes it holds
+
     accepts_audio = False
 
     def __init__(self, folder: Path | str, name: str = "", spin: bool = True, max_positions: int | None = None,
@@ -117,7 +119,7 @@ class OnnxRuntimeBackend(Backend):
         self.kv_bytes_per_position = 2 * self.layers * self.kv_heads * self.head_size * 4
 
     @property
-    def streamed_bytes(self) -> int:  # type: ignore[override]  # Backend's default, computed here; callers only read it
+    def streamed_bytes(self) -> int:
         """The bytes one token step reads: every weight of the graph but the embedding tables a Gather looks
         one row up in (the builder keeps the token embeddings in float32, half the 1.5B int4's file)."""
         import onnx

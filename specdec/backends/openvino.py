@@ -78,6 +78,8 @@ class OpenVinoBackend(Backend):
 
     `info`: the IR's layers, kv_heads, head_dim and max_positions (its marker's "model")."""
 
+    memory_bytes: int | None = None  # set at load: the bytes it holds
+
     accepts_audio = False
 
     def __init__(self, ir_xml: Path | str, info: dict, name: str = "", config: dict | None = None,
@@ -121,7 +123,7 @@ class OpenVinoBackend(Backend):
         self._request = self._compiled.create_infer_request()
 
     @property
-    def streamed_bytes(self) -> int:  # type: ignore[override]  # Backend's default, computed here; callers only read it
+    def streamed_bytes(self) -> int:
         """The bytes one token step reads: every weight constant of the IR but those whose only readers are a
         Gather (an embedding table, read one row at a time), followed through nncf's decompression (Convert,
         Subtract, Multiply, Reshape) to the op that uses them."""

@@ -150,7 +150,7 @@ class PackedBackend(Backend):
         return cls(name or config.name_or_path, weights, packed, rotary, shape, path)
 
     @property
-    def streamed_bytes(self) -> int:  # type: ignore[override]  # Backend's default, computed here; callers only read it
+    def streamed_bytes(self) -> int:
         """What a one-token step reads: every packed Linear, the head, the norms (one embedding row: nothing)."""
         return sum(p.nbytes for p in self._linears()) + 4 * sum(2 * layer.input_norm.numel() for layer in self.layers)
 
@@ -159,7 +159,7 @@ class PackedBackend(Backend):
         return [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.head]
 
     @property
-    def memory_bytes(self) -> int:  # type: ignore[override]  # Backend's default, computed here; callers only read it
+    def memory_bytes(self) -> int:
         """What the backend holds: the packed Linears, the float32 embedding, norms and rotary tables (each state's
         cache is its own and grows with it)."""
         linears = self._linears()

@@ -34,6 +34,7 @@ from specdec.backends.devices import STEPS, is_cuda
 from specdec.backends.hf_causal import HFCausalBackend, block_positions
 from specdec.backends.prompt import Prompt
 from specdec.errors import InputError, ModelError, SpecdecError
+from specdec.settings import Steps
 
 STATIC_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 GRAPH_TOKENS = 16  # blocks up to this long are compiled / captured (1 token, k + 1, the server's rows x tokens)
@@ -114,9 +115,9 @@ class StaticCausalBackend(HFCausalBackend):
 
     def __init__(self, model: PreTrainedModel, name: str = "", steps: str = "static", capacity: int = CAPACITY) -> None:
         check_static(model)
-        if steps not in STEPS or steps == "dynamic":
+        if steps not in STEPS or steps == Steps.DYNAMIC:
             raise ValueError(f"steps must be one of {STEPS[1:]}, got {steps!r}")
-        if steps == "graphs" and not is_cuda(next(model.parameters()).device):
+        if steps == Steps.GRAPHS and not is_cuda(next(model.parameters()).device):
             raise ModelError("captured CUDA graphs need the model on a CUDA device: use --cuda-graphs off on the CPU")
         super().__init__(model, name)
         self.steps = steps
@@ -179,9 +180,9 @@ class StaticCausalBackend(HFCausalBackend):
         def step(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             return static_forward(self.model, self._cache_kwarg, kv, ids, positions)
 
-        if self.steps == "graphs":
+        if self.steps == Steps.GRAPHS:
             return CapturedSteps(step, self.device, kv.capacity)
-        if self.steps == "compiled":
+        if self.steps == Steps.COMPILED:
             compiled = torch.compile(step, dynamic=None)
 
             def run(ids: torch.Tensor, start: int) -> torch.Tensor:
@@ -193,7 +194,7 @@ class StaticCausalBackend(HFCausalBackend):
 
 def placed(backend, device: str, steps: str = "dynamic"):
     """A Whisper or Omni backend with its model moved to `device`; those keep their own caches."""
-    if steps != "dynamic":
+    if steps != Steps.DYNAMIC:
         raise ModelError(f"a static KV cache runs {', '.join(STATIC_MODEL_TYPES)} models; {backend.name!r} keeps its "
                          "own cache: use --kv-cache dynamic")
     backend.model.to(device)

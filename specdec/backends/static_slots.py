@@ -35,6 +35,7 @@ from specdec.backends.hf_causal import HFCausalBackend
 from specdec.backends.prompt import Prompt
 from specdec.backends.static_cache import GRAPH_TOKENS, StaticCausalBackend, StaticKV, check_static, static_mask
 from specdec.errors import InputError, ModelError, SpecdecError
+from specdec.settings import Steps
 
 CAPACITY = 2048  # positions a session may hold (capped at the model's): its prompt plus its new tokens
 SPAN = 64  # the smallest span gathered
@@ -84,9 +85,9 @@ class SlotCausalBackend(HFCausalBackend):
     def __init__(self, model: PreTrainedModel, name: str = "", steps: str = "static", slots: int = 16,
                  capacity: int = CAPACITY) -> None:
         check_static(model)
-        if steps not in ("static", "graphs"):
+        if steps not in (Steps.STATIC, Steps.GRAPHS):
             raise ValueError(f"steps must be static or graphs, got {steps!r}")
-        if steps == "graphs" and not is_cuda(next(model.parameters()).device):
+        if steps == Steps.GRAPHS and not is_cuda(next(model.parameters()).device):
             raise ModelError("captured CUDA graphs need the model on a CUDA device: use --cuda-graphs off on the CPU")
         super().__init__(model, name)
         self.steps, self.slots = steps, slots
@@ -132,7 +133,7 @@ class SlotCausalBackend(HFCausalBackend):
         if self.kv is None:
             self.kv = SlotKV(self.model.config, self.slots, self.max_positions, next(self.model.parameters()).dtype,
                              self.device)
-            self.fast = (CapturedRows(self._eager, self.device, self.slots, self.max_positions) if self.steps == "graphs"
+            self.fast = (CapturedRows(self._eager, self.device, self.slots, self.max_positions) if self.steps == Steps.GRAPHS
                          else None)
         n = max(block.numel() for block in blocks)
         for state, block in zip(states, blocks):
@@ -186,10 +187,10 @@ def causal_backend(model: PreTrainedModel, name: str = "", steps: str = "dynamic
                    sessions: int | None = None) -> HFCausalBackend:
     """The backend of a causal LM for `steps` (specdec/backends/devices.py's steps_of): transformers'
     DynamicCache, static_cache.py's static cache, or a server's (`sessions` sequences at once) this module's."""
-    if steps == "dynamic":
+    if steps == Steps.DYNAMIC:
         return HFCausalBackend(model, name=name)
     if sessions is not None:
-        if steps == "compiled":
+        if steps == Steps.COMPILED:
             raise ModelError("the server's static KV cache runs eagerly or as CUDA graphs, not under torch.compile: use "
                              "--kv-cache static")
         return SlotCausalBackend(model, name=name, steps=steps, slots=sessions)

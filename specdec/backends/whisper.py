@@ -149,6 +149,8 @@ class WhisperState:
 class WhisperBackend(Backend):
     """Wraps a `WhisperForConditionalGeneration`; build with `load_whisper`."""
 
+    transcribes = True
+
     accepts_audio = True
 
     def __init__(self, model: PreTrainedModel, name: str = "") -> None:
@@ -162,7 +164,7 @@ class WhisperBackend(Backend):
         self._cache_kwarg = cache_kwarg(model.model.decoder.forward)
 
     @property
-    def processors(self) -> tuple[SuppressTokens, ...]:  # type: ignore[override]  # Backend's default, made here; only read
+    def processors(self) -> tuple[SuppressTokens, ...]:
         return (SuppressTokens.from_generation_config(self.model.generation_config, self.vocab_size),)
 
     # --- protocol -----------------------------------------------------------------------

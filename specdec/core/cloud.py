@@ -24,7 +24,7 @@ import torch
 from specdec.backends.base import Backend
 from specdec.backends.prompt import Prompt
 from specdec.core.config import DecodeConfig, SpecConfig
-from specdec.core.policies import make_policy
+from specdec.core.policies import make_policy, needs_probs
 from specdec.core.processors import Constraints
 from specdec.core.sampling import distribution
 from specdec.core.session import AcceptedSequence
@@ -105,6 +105,7 @@ class LocalCloudSession:
                  constraints: Constraints, vocab: int, generator: torch.Generator) -> None:
         self.verifier = make_verifier(spec.verifier, backend, prompt)
         self.policy = make_policy(spec.policy, spec.accept_threshold)
+        self.needs_probs = needs_probs(spec.policy)
         self.decode, self.constraints, self.vocab, self.generator = decode, constraints, vocab, generator
         self.round_trip_s = None  # in process there is nothing to overlap with
 
@@ -139,7 +140,7 @@ class LocalCloudSession:
         draft_tokens = draft_tokens.to(cloud_logits.device, non_blocking=True)  # [n], beside the logits
         self.check_allowed(cloud_logits)
         cloud_probs = None  # greedy verification reads the logits alone, as plain greedy decoding does:
-        if self.decode.do_sample or getattr(self.policy, "needs_probs", True):  # no softmax over V per step
+        if self.decode.do_sample or self.needs_probs:  # no softmax over V per step
             cloud_probs = distribution(cloud_logits, self.decode.temperature)
             if not bool(torch.isfinite(cloud_probs).all()):
                 raise SpecdecError(f"the cloud distribution is not finite at temperature {self.decode.temperature:g}")

@@ -29,9 +29,9 @@ from specdec.runtimes import (
     runtime_parts,
     runtimes,
 )
-from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, OnCloudLoss, choices, parse_fields
+from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, Mode, OnCloudLoss, choices, parse_fields
 
-MODES = ("edge", "cloud", "spec")
+MODES = choices(Mode)
 ROLES = {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}  # the models each mode loads
 CONSTRAINT_PROFILES = ("none", "zh")
 UNCERTAINTY = ("max", "mean", "first")
@@ -143,13 +143,13 @@ class EngineConfig:
                               "model runs where that server was started (`specbench serve --device`): drop --cloud-device")
         for role in self.roles:
             self.check_placement(role)
-        if self.cloud_url and self.mode == "cloud":
+        if self.cloud_url and self.mode == Mode.CLOUD:
             raise ConfigError("--cloud-url verifies spec blocks on a server; cloud mode runs the cloud model here: "
                               "drop --cloud-url or use --mode spec")
         if self.remote_cloud and self.cloud_runtime != DEFAULT_RUNTIME:
             raise ConfigError("--cloud-runtime chooses what runs a cloud loaded here; with --cloud-url the server's "
                               "model runs as that server was started: drop --cloud-runtime")
-        if len(runtime_parts(self.cloud_runtime)) > 1 and (self.mode != "spec" or self.remote_cloud):
+        if len(runtime_parts(self.cloud_runtime)) > 1 and (self.mode != Mode.SPEC or self.remote_cloud):
             plain, blocks = runtime_parts(self.cloud_runtime)
             raise ConfigError(f"--cloud-runtime {self.cloud_runtime} holds the cloud in two runtimes, plain steps in {plain} "
                               f"and spec blocks in {blocks}: only a spec run that loads the cloud here takes it; "
@@ -161,7 +161,8 @@ class EngineConfig:
         missing = [role for role in self.roles if not getattr(self, role)]
         if missing:
             flags = " and ".join(f"--{role} MODEL" for role in missing)
-            raise ConfigError(f"--mode {self.mode} needs {flags}" + (" or --cloud-url HOST:PORT" if self.mode == "spec" else ""))
+            raise ConfigError(f"--mode {self.mode} needs {flags}"
+                              + (" or --cloud-url HOST:PORT" if self.mode == Mode.SPEC else ""))
 
     def check_placement(self, role: str) -> None:
         """The role's device exists here, and its runtime runs there (llama.cpp and dynamic int8 on the CPU only)."""
@@ -175,7 +176,7 @@ class EngineConfig:
     @property
     def remote_cloud(self) -> bool:
         """Spec blocks are verified by a server; edge mode never contacts it."""
-        return self.mode == "spec" and bool(self.cloud_url)
+        return self.mode == Mode.SPEC and bool(self.cloud_url)
 
     @property
     def roles(self) -> tuple[str, ...]:

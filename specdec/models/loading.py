@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import SafetensorError
@@ -80,9 +80,7 @@ class LoadedModel:
         """Whether `encode(..., chat_template=asked)` wraps text in a chat template: Whisper takes no
         text, an audio (Omni) model always uses its tokenizer's template, a text model when asked
         and its tokenizer has one."""
-        from specdec.backends.whisper import WhisperBackend
-
-        if isinstance(self.backend, WhisperBackend):
+        if self.backend.transcribes:
             return False
         return uses_chat_template(self.tokenizer, asked or self.backend.accepts_audio)
 
@@ -95,15 +93,15 @@ class LoadedModel:
         name) is detected from the audio when None on a multilingual model (one extra encoder
         pass, outside the timed decode; pass it to save that). `history`: the (user, assistant) turns
         before this one, for a conversation's later turns (text models only)."""
-        from specdec.backends.whisper import WhisperBackend, build_whisper_prompt, detect_language, whisper_features
+        if self.backend.transcribes:
+            from specdec.backends.whisper import WhisperBackend, build_whisper_prompt, detect_language, whisper_features
 
-        if isinstance(self.backend, WhisperBackend):
             if waveform is None:
                 raise InputError(f"model {self.name!r} is Whisper (speech recognition): the prompt needs an `audio` clip")
             config = self.backend.model.generation_config
             if language is None and getattr(config, "is_multilingual", False):
                 features = whisper_features(self.feature_extractor, waveform, sampling_rate)
-                language = detect_language(self.backend, features)
+                language = detect_language(cast(WhisperBackend, self.backend), features)  # its `transcribes` says so
             return build_whisper_prompt(config, self.feature_extractor, waveform, sampling_rate, language)
         if not text.strip():
             raise InputError("the prompt is empty: give it some text")

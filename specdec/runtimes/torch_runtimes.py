@@ -57,6 +57,7 @@ def load(name: str, settings: Any, log: Callable[[str], object] = print) -> Any:
     from specdec.models.derive import check_derivable, derive, needs_float32, split_name
     from specdec.models.loading import DTYPES, LoadedModel, cast_copy, check_weights, load_errors, resolve, verbosity
     from specdec.runtimes import declared
+    from specdec.settings import Steps
 
     dtype, device = settings.dtype, settings.device
     kv_cache, cuda_graphs, sessions = settings.kv_cache, settings.cuda_graphs, settings.sessions
@@ -107,7 +108,7 @@ def load(name: str, settings: Any, log: Callable[[str], object] = print) -> Any:
                 location, dtype=DTYPES[run_dtype], output_loading_info=True, ignore_mismatched_sizes=True))
         check_weights(name, location, info)
         steps = steps_of(kv_cache, device, cuda_graphs, static_capable(model) and not ops)
-        if ops and steps != "dynamic":
+        if ops and steps != Steps.DYNAMIC:
             raise ModelError(f"{name}: a static KV cache runs the torch runtime's float weights, not @{'+'.join(ops)}: "
                              "use kv_cache dynamic or auto")
         backend = causal_backend(derive(model, ops).to(device), name, steps, sessions)

@@ -40,6 +40,7 @@ from specdec.core.verdict import CloudLost
 from specdec.errors import InputError
 from specdec.remote.protocol import read_token
 from specdec.runtimes import served_runtime
+from specdec.settings import Mode
 
 
 def run_fleet(config: FleetConfig, spec: SpecConfig, decode: DecodeConfig, out: Path,
@@ -171,7 +172,7 @@ class Fleet:
                 await cloud_only(self.url, script, self.vocab, self.token)
 
     def point(self, mode: str, clients: int, repeat: int, run_id: str) -> dict:
-        kind = None if mode == "cloud" else ("replay" if self.config.edge_replay else "process")
+        kind = None if mode == Mode.CLOUD else ("replay" if self.config.edge_replay else "process")
         spec = self.settings["spec"]
         return {"mode": mode, "clients": clients, "repeat": repeat, "level_run": run_id, "edge_kind": kind,
                 "cloud": self.cloud_model, "cloud_runtime": self.cloud_runtime, "cloud_device": self.cloud_device,
@@ -186,7 +187,7 @@ class Fleet:
         run_id = uuid.uuid4().hex[:12]
         point = self.point(mode, clients, repeat, run_id)
         rate = self.config.rate / clients if self.config.rate else None
-        edges = mode == "spec" and not self.config.edge_replay
+        edges = mode == Mode.SPEC and not self.config.edge_replay
         processes = await self.start_edges(point, clients, rate) if edges else []
         try:
             _, since = await server_log(self.server_url, 1 << 40, self.token)  # the level's forwards start here
@@ -234,7 +235,7 @@ class Fleet:
             await asyncio.sleep(max(started + arrival - time.perf_counter(), 0.0))
             begin = time.perf_counter()
             try:
-                if point["mode"] == "spec":
+                if point["mode"] == Mode.SPEC:
                     measured = await replay(self.url, scripts[prompt_id], self.vocab, self.token, self.config.cloud_timeout_s,
                                             self.config.follow_verdicts)
                 else:

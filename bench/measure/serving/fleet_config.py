@@ -20,6 +20,7 @@ from specdec.models.architecture import is_architecture
 from specdec.remote.protocol import parse_address
 from specdec.remote.server_config import ServeConfig
 from specdec.runtimes import RuntimeChoices, canonical_runtime, check_name, served_runtime
+from specdec.settings import CudaGraphs, ServerCache, parse_fields
 
 MAX_CLIENTS = 256
 REPLAYABLE_POLICIES = ("greedy", "threshold")  # deterministic verdicts: a replay can check each one
@@ -51,11 +52,11 @@ class FleetConfig:
     cloud_device: str = field(default="cpu", metadata={
         "help": "server started by the fleet: where its torch model runs, as `serve --device` (cpu, cuda or cuda:N); "
                 "with --cloud-url the records name the device that server reports"})
-    kv_cache: str = field(default="auto", metadata={
+    kv_cache: ServerCache = field(default=ServerCache.AUTO, metadata={
         "help": "server started by the fleet: its KV cache, as `serve --kv-cache` (dynamic; static: one preallocated "
                 "cache of its sessions, captured CUDA graphs on a GPU; auto: static on CUDA, dynamic on the CPU); the "
                 "records name the cache the server reports", "choices": SERVER_CACHES})
-    cuda_graphs: str = field(default="on", metadata={
+    cuda_graphs: CudaGraphs = field(default=CudaGraphs.ON, metadata={
         "help": "server started by the fleet on CUDA with --kv-cache static: captured graphs (on) or eager (off)",
         "choices": CUDA_GRAPHS})
     token_file: str | None = DeployConfig.token_file
@@ -83,6 +84,7 @@ class FleetConfig:
     def __post_init__(self) -> None:
         if isinstance(self.clients, list):
             object.__setattr__(self, "clients", tuple(self.clients))
+        parse_fields(self, kv_cache=ServerCache, cuda_graphs=CudaGraphs)
         check_types(self)
         if self.cloud_runtime is not None:
             check_name(self.cloud_runtime, "cloud_runtime")
@@ -94,7 +96,7 @@ class FleetConfig:
             raise ConfigError("a fleet needs its server: give --cloud MODEL (the fleet starts it) or --cloud-url HOST:PORT")
         if self.cloud_url is not None:
             parse_address(self.cloud_url, "--cloud-url")
-            if self.cloud_runtime is not None or self.cloud_device != "cpu" or self.kv_cache != "auto":
+            if self.cloud_runtime is not None or self.cloud_device != "cpu" or self.kv_cache != ServerCache.AUTO:
                 raise ConfigError("--cloud-runtime, --cloud-device and --kv-cache choose how the server the fleet starts "
                                   "runs; a --cloud-url server runs as it was started (`serve --runtime --device "
                                   "--kv-cache`): drop them")

@@ -32,6 +32,7 @@ from specdec.core.drafters import DRAFTS_AHEAD, WEIGHS_RUNTIMES
 from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import parse_address
 from specdec.runtimes import canonical_runtime, check_name, runtime_parts
+from specdec.settings import Mode
 
 CONFIGS_DIR = Path(__file__).parents[2] / "configs"
 EXECUTORS = ("local", "ray")
@@ -295,9 +296,9 @@ class SweepConfig(RunSettings):
         grids += [{**grids[0], **{axis: _axis_values(axis, values) for axis, values in row.items()}} for row in self.rows]
         for combo in (c for grid in grids for c in itertools.product(*(grid[axis] for axis in AXES))):
             values = dict(zip(AXES, combo))
-            if values["mode"] != "spec":
+            if values["mode"] != Mode.SPEC:
                 values["deployment"] = "inproc"
-            if len(runtime_parts(values["cloud_runtime"])) > 1 and values["mode"] != "spec":
+            if len(runtime_parts(values["cloud_runtime"])) > 1 and values["mode"] != Mode.SPEC:
                 for runtime in runtime_parts(values["cloud_runtime"]):  # a two-runtime cloud's plain decodings: each
                     add({**values, "cloud_runtime": runtime})
                 continue
@@ -343,7 +344,7 @@ class SweepConfig(RunSettings):
         return given(point.link, "link") if point.deployment == "split" else self.network
 
     def spec_config(self, point: Point) -> SpecConfig:
-        if point.mode != "spec":
+        if point.mode != Mode.SPEC:
             return SpecConfig()
         return SpecConfig(**{f.name: self.setting(point, f.name) for f in fields(SpecConfig)})
 

@@ -38,6 +38,7 @@ from specdec.engine import Engine
 from specdec.errors import InputError, SpecdecError
 from specdec.models.loading import LoadedModel, load_model
 from specdec.runtimes import default_runtime, runtime_parts
+from specdec.settings import Mode
 
 
 def weight_bytes(model: LoadedModel) -> int:
@@ -103,7 +104,7 @@ class Placement:
         self.pinned = self.edge_ids
 
     def cores(self, point: Point) -> list[int]:
-        if self.cloud_ids and (point.mode == "cloud" or point.deployment == "colocated"):
+        if self.cloud_ids and (point.mode == Mode.CLOUD or point.deployment == "colocated"):
             return self.cloud_ids
         return self.edge_ids
 
@@ -142,7 +143,7 @@ def build_engine(settings: GroupSettings, point: Point, loader: ModelCache) -> E
     engine = Engine(**asdict(config.engine_config(point, url)), spec=config.spec_config(point),
                     decode=config.decode_config(point), deploy=config.deploy_config(point), loader=loader,
                     log=lambda m: None)
-    if point.mode == "spec":
+    if point.mode == Mode.SPEC:
         runtime = runtime_parts(given(point.cloud_runtime, "cloud_runtime"))[-1]
         if curve := settings.costs.get((config.cloud, runtime)):
             engine.assume_block_costs(curve)
@@ -312,7 +313,7 @@ def describe(point: Point, prompt_id: str) -> str:
     def text(value) -> str:
         return f"{value:g}" if isinstance(value, float) else str(value)
 
-    if point.mode == "spec":
+    if point.mode == Mode.SPEC:
         what = (f"spec k={point.k} thr={text(point.entropy_threshold)} policy={point.policy} drafter={point.drafter} "
                 f"edge {point.edge_runtime} → cloud {point.cloud_runtime}")
     else:
@@ -325,8 +326,8 @@ def describe(point: Point, prompt_id: str) -> str:
 def worker_runtimes(point: Point) -> list[str]:
     """The runtimes that run inside the worker at `point`: a crash there is in one of them (a split
     point's cloud runs in the server, not here)."""
-    edge = [point.edge_runtime] if point.mode != "cloud" else []
-    cloud = [point.cloud_runtime] if point.mode != "edge" and point.deployment != "split" else []
+    edge = [point.edge_runtime] if point.mode != Mode.CLOUD else []
+    cloud = [point.cloud_runtime] if point.mode != Mode.EDGE and point.deployment != "split" else []
     return [runtime for runtime in dict.fromkeys(edge + cloud) if runtime is not None]
 
 

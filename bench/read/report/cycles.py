@@ -25,6 +25,7 @@ from bench.core.prompts import SPEC_BENCH, prompt_set_name
 from bench.derive.spec_bench import METHOD, after_first_token, fastest_decoding, method_name, tokens_per_verify
 from bench.derive.summary import load_rows, plain_label
 from bench.read.report.fonts import subplots
+from specdec.settings import Mode
 
 READ = (
     "One typical question per category (the median by tokens per verify call), after its first token: every "
@@ -64,7 +65,7 @@ def panels(rows: list[dict]) -> list[dict]:
     for prompts in dict.fromkeys(frame["prompts"]):
         here = frame[frame["prompts"] == prompts]
         plain_key = fastest_decoding(here, prompts)
-        spec = here[here["mode"] == "spec"]
+        spec = here[here["mode"] == Mode.SPEC]
         if plain_key is None or spec.empty:
             continue
         plain = here[here[COLUMNS].apply(tuple, axis=1) == plain_key].set_index("id")

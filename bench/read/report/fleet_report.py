@@ -22,6 +22,7 @@ from bench.derive.capacity import capacity_model, distance_check, edge_profile
 from bench.derive.fleet_summary import cost_curve, folder_runtime, level_table, read_fleet, runtime_of, summarize_fleet
 from bench.read.report import page
 from bench.read.report.fonts import subplots
+from specdec.settings import Mode
 
 COLORS = {"spec": "#4C72B0", "cloud": "#C44E52"}
 NAMES = {"spec": "speculative (edges draft, server verifies)", "cloud": "cloud-only serving"}
@@ -139,7 +140,7 @@ def plot_cost_curve(batches: list[dict], fit: dict, path: Path) -> Path | None:
 def findings(summary: pd.DataFrame) -> list[str]:
     """What the curve says in words: throughput gained by batching, and where cloud-only catches up."""
     lines = []
-    spec = summary[summary["mode"] == "spec"].sort_values("clients")
+    spec = summary[summary["mode"] == Mode.SPEC].sort_values("clients")
     if len(spec) > 1:
         last = spec.iloc[-1]
         spread = (f" (over repeats {last['throughput_vs_smallest_min']:.2f}–{last['throughput_vs_smallest_max']:.2f})"

@@ -26,6 +26,7 @@ from bench.derive.summary import colocated, fastest_edge, fastest_plain, plain_l
 from bench.read.report.fonts import subplots
 from bench.read.report.pareto import pareto_mask, set_name
 from bench.read.report.plots import _interval, _save
+from specdec.settings import Mode
 
 MAX_ROWS = 12  # points of one pairing and prompt set drawn whole; past that, its front and its fastest
 FASTEST_KEPT = 4  # the fastest points drawn beside the front of a trimmed row
@@ -91,7 +92,7 @@ def drawn_points(points: pd.DataFrame) -> pd.DataFrame:
 def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) -> PlainFigure:
     """Draw the figure (see the module docstring) into `path`; a folder without spec points, or without a
     plain decoding on their prompts, gets no file and a one-line reason."""
-    spec = summary[summary["mode"] == "spec"]
+    spec = summary[summary["mode"] == Mode.SPEC]
     if spec.empty:
         return PlainFigure(None, reason=NO_SPEC)
     baselines = {}
@@ -157,7 +158,7 @@ def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) 
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / (sum(heights) + 0.6)))
-    left_out = tuple(set_name(p) for p in dict.fromkeys(summary.loc[summary["mode"] == "spec", "prompts"])
+    left_out = tuple(set_name(p) for p in dict.fromkeys(summary.loc[summary["mode"] == Mode.SPEC, "prompts"])
                      if p not in baselines)
     return PlainFigure(_save(fig, path), {set_name(p): _baseline_text(b) for p, b in baselines.items()}, "", left_out,
                        trimmed)

@@ -16,6 +16,7 @@ import pandas as pd
 from bench.core.metric_registry import lower_is_better
 from bench.core.point import Point
 from bench.core.prompts import prompt_set_name
+from specdec.settings import Mode
 
 SPEC_AXES = ("entropy_threshold", "k", "policy")  # the "(thr, k, policy)" of a label
 EXTRA_AXES = ("dtype", "accept_threshold", "verifier", "drafter_options")  # named in a label only when they vary
@@ -42,7 +43,7 @@ class Front:
     def points(self, summary: pd.DataFrame) -> pd.DataFrame:
         """The points this front is drawn and judged over: those with both values (spec only, where said)."""
         keep = summary[self.x].notna() & summary[self.y].notna()
-        return summary[keep & (summary["mode"] == "spec")] if self.spec_only else summary[keep]
+        return summary[keep & (summary["mode"] == Mode.SPEC)] if self.spec_only else summary[keep]
 
     def __post_init__(self) -> None:
         if not self.name.replace("_", "").isalnum():
@@ -145,7 +146,7 @@ def point_labels(summary: pd.DataFrame) -> pd.Series:
     """A short name per point: "cloud-only", "edge-only", or "(thr, k, policy)" for spec, with the drafter
     first and dtype / accept threshold / verifier / runtimes / KV cache appended only when they vary within the
     summary (the KV cache only where it changes what the point runs, `Point.caches_here`)."""
-    spec = summary[summary["mode"] == "spec"]
+    spec = summary[summary["mode"] == Mode.SPEC]
     cached = pd.Series([Point.from_row(row).caches_here() for row in summary.to_dict("records")], index=summary.index,
                        dtype=bool)
     named_cache = "kv_cache" in summary and summary.loc[cached, "kv_cache"].astype(str).nunique() > 1
@@ -158,21 +159,21 @@ def point_labels(summary: pd.DataFrame) -> pd.Series:
     spec_runtimes = [a for a in RUNTIME_AXES if a in spec and spec[a][spec[a] != "-"].nunique() > 1]
     labels = []
     for index, row in summary.iterrows():
-        named = spec_runtimes if row["mode"] == "spec" else runtimes
+        named = spec_runtimes if row["mode"] == Mode.SPEC else runtimes
         extra = [f"{axis.split('_')[0]} {row[axis]}" for axis in named if row[axis] != "-"]  # "edge llamacpp"
         if named_cache and cached[index]:
             extra.append(f"kv {row['kv_cache']}")  # "kv static"
         for axis in varying:
             if axis == "dtype":
                 extra.append(str(row["dtype"]))
-            elif row["mode"] == "spec":
+            elif row["mode"] == Mode.SPEC:
                 extra.append(f"a={_number(row[axis])}" if axis == "accept_threshold"
                              else (str(row[axis]).strip("-") or "default options") if axis == "drafter_options"
                              else str(row[axis]))
         for axis in placed:
-            if row["mode"] == "spec" and str(row[axis]) != "-":
+            if row["mode"] == Mode.SPEC and str(row[axis]) != "-":
                 extra.append(str(row[axis]) if axis == "deployment" else f"{axis} {str(row[axis]).lower()}")
-        if row["mode"] == "spec":
+        if row["mode"] == Mode.SPEC:
             # where drafters vary, the drafter first: a draft-free point and a model point at one setting differ there
             drafter = [str(row["drafter"])] if named_drafter else []
             label = "(" + ", ".join(drafter + [_number(row["entropy_threshold"]), _number(row["k"]), str(row["policy"])]

@@ -46,6 +46,7 @@ from bench.read.report.page import image_src
 from bench.read.report.pareto import set_name
 from specdec.core.drafters import NEEDS_MODEL
 from specdec.errors import ConfigError, InputError
+from specdec.settings import Mode
 
 COLORS = {"split": "#4C72B0", "co-located": "#55A868", "cloud-only": "#C44E52", "edge-only": "#8172B2"}
 RTT_MAX_MS, RTT_CELLS, ALPHA_CELLS = 300.0, 61, 41
@@ -122,7 +123,7 @@ def pairing_of(row) -> str:
 
 def _partners(summary: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
     """A split point's co-located alternatives: the same settings but where it ran (colocated or inproc)."""
-    match = (summary["mode"] == "spec") & summary["deployment"].isin(["colocated", "inproc"])
+    match = (summary["mode"] == Mode.SPEC) & summary["deployment"].isin(["colocated", "inproc"])
     for column in COLUMNS:
         if column not in PLACED:
             match &= summary[column] == row[column]

@@ -18,6 +18,7 @@ from bench.core.point import AXES
 from bench.derive.summary import fastest_cloud, plain_name
 from bench.read.report.fonts import subplots
 from bench.read.report.pareto import Front, front_members, set_name
+from specdec.settings import Mode
 
 GIB = 1 << 30
 DPI = 110
@@ -123,7 +124,7 @@ def _facets(spec: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 def plot_heatmaps(summary: pd.DataFrame, prompts: str, path: Path) -> Path | None:
     """Entropy threshold × k grids of speed-up, acceptance and cloud-call rate for one prompt set:
     a row of panels per policy (and per other setting that varies)."""
-    spec = summary[(summary["mode"] == "spec") & (summary["prompts"] == prompts)]
+    spec = summary[(summary["mode"] == Mode.SPEC) & (summary["prompts"] == prompts)]
     if spec.empty:
         return None
     facets = _facets(spec)
@@ -252,7 +253,7 @@ def plot_speedups(summary: pd.DataFrame, labels: pd.Series, path: Path) -> Path 
     for ax, (prompts, (base, points)) in zip(axes, panels.items()):
         y = np.arange(len(points))
         xerr = _interval(points, metric)
-        colors = ["#d9480f" if mode == "spec" else "#495057" for mode in points["mode"]]
+        colors = ["#d9480f" if mode == Mode.SPEC else "#495057" for mode in points["mode"]]
         ax.errorbar(points[metric], y, xerr=xerr, fmt="none", ecolor="#868e96", elinewidth=1.2, capsize=3)
         ax.scatter(points[metric], y, c=colors, s=30, zorder=3)
         ax.axvline(1.0, color="grey", linestyle=":", linewidth=1)

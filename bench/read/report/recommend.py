@@ -23,6 +23,7 @@ from bench.core.metric_registry import lower_is_better
 from bench.read.report.pareto import point_labels, set_name
 from specdec.core.text import PUNCT_DENSITY_HEALTHY
 from specdec.runtimes import default_runtime, runtimes
+from specdec.settings import Mode
 
 CHRF_TOLERANCE = 1.0  # chrF points (0–100 scale) a point may lose against cloud-only
 # objective -> the summary metric whose 95 % interval says whether the winner beats the runner-up
@@ -101,8 +102,8 @@ def recommend(summary: pd.DataFrame, rules: tuple[Rule, ...] = RULES) -> pd.Data
     rows = []
     for prompts, points in summary.groupby("prompts", sort=False):
         # edge-only is another model writing another text: a reference line in the figures, never a pick
-        points = points[points["mode"] != "edge"]
-        cloud_points = points[points["mode"] == "cloud"]
+        points = points[points["mode"] != Mode.EDGE]
+        cloud_points = points[points["mode"] == Mode.CLOUD]
         cloud = cloud_points.iloc[0] if len(cloud_points) else None
         for rule in rules:
             row = {"prompts": prompts, "set": set_name(prompts), "rule": rule.name, "rule_text": rule.text,
@@ -158,7 +159,7 @@ def drifting_runtimes() -> dict[str, str]:
 def precision_notes(summary: pd.DataFrame) -> list[str]:
     """Plain words for greedy spec points whose text is not their cloud's own: in bf16 torch, and with a
     quantized cloud runtime, that is the arithmetic, not the acceptance rule, and fp32 torch shows it."""
-    greedy = summary[(summary["mode"] == "spec") & (summary["policy"] == "greedy")]
+    greedy = summary[(summary["mode"] == Mode.SPEC) & (summary["policy"] == "greedy")]
     drifting, default = drifting_runtimes(), default_runtime()
     runtime = greedy["cloud_runtime"].where(greedy["cloud_runtime"].isin(drifting), default) \
         if "cloud_runtime" in greedy else pd.Series(default, index=greedy.index)

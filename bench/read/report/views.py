@@ -14,6 +14,7 @@ from bench.derive.health import chrf
 from bench.derive.summary import plain_name
 from bench.read.report.pareto import FRONTS, front_members, set_name
 from specdec.errors import InputError
+from specdec.settings import Mode
 
 GIB = 1 << 30
 
@@ -84,13 +85,13 @@ def plain_decoding_notes(summary: pd.DataFrame, labels: pd.Series) -> list[str]:
     noise: the whole interval above 1), said plainly when none does."""
     notes = []
     for prompts, points in summary.groupby("prompts", sort=False):
-        plain = points[points["mode"] == "cloud"]
+        plain = points[points["mode"] == Mode.CLOUD]
         if not len(plain):
             continue
         fastest = plain.loc[plain["tokens_per_s"].astype(float).idxmax()]
         head = (f"{set_name(prompts)}: the fastest plain decoding measured is cloud-only in {plain_name(fastest)}, "
                 f"{fastest['tokens_per_s']:.1f} tok/s{_interval(fastest, 'tokens_per_s', '{:.1f}')}.")
-        spec = points[(points["mode"] == "spec") & points["speedup_vs_fastest_cloud"].notna()]
+        spec = points[(points["mode"] == Mode.SPEC) & points["speedup_vs_fastest_cloud"].notna()]
         # A point whose gate sent no block to the cloud ran the edge's model alone: its speed is the drafter's and its
         # text the drafter's own, not speculation that verified anything. It is named apart, never counted a win.
         calls = spec["cloud_calls_per_prompt"] if "cloud_calls_per_prompt" in spec else pd.Series(1.0, index=spec.index)
@@ -149,7 +150,7 @@ def per_position_acceptance(frame: pd.DataFrame, summary: pd.DataFrame) -> pd.Da
     if frame.empty:
         return pd.DataFrame(columns=["point", "position", "p_accept", "num_drafts"])
     index = {tuple(r): i for i, r in zip(summary.index, summary[COLUMNS].itertuples(index=False))}
-    for keys, group in frame[frame["mode"] == "spec"].groupby(COLUMNS, sort=False, dropna=False):
+    for keys, group in frame[frame["mode"] == Mode.SPEC].groupby(COLUMNS, sort=False, dropna=False):
         drafts = int(group["num_drafts"].sum())
         if not drafts or tuple(keys) not in index:
             continue
@@ -167,9 +168,9 @@ def sample_points(summary: pd.DataFrame, recommendations: pd.DataFrame, prompts:
     recommended = recommendations[(recommendations["prompts"] == prompts) & recommendations["point"].notna()]
     spec = [p for p in dict.fromkeys(recommended["point"]) if summary.at[p, "mode"] == "spec"]
     if not spec:
-        front = points[front_members(points, FRONTS[0]) & (points["mode"] == "spec")]
+        front = points[front_members(points, FRONTS[0]) & (points["mode"] == Mode.SPEC)]
         spec = list(front.sort_values("latency_p50_s", kind="stable").index)
-    edge, cloud = points.index[points["mode"] == "edge"], points.index[points["mode"] == "cloud"]
+    edge, cloud = points.index[points["mode"] == Mode.EDGE], points.index[points["mode"] == Mode.CLOUD]
     return [*edge[:1], *spec[:max_spec], *cloud[:1]]
 
 
@@ -187,7 +188,7 @@ def side_by_side(frame: pd.DataFrame, summary: pd.DataFrame, points: list, promp
         keys = summary.loc[point, COLUMNS]
         mask = np.logical_and.reduce([frame[c] == keys[c] for c in COLUMNS])
         by_point[point] = frame[mask].drop_duplicates("id", keep="last").set_index("id")
-    cloud = frame[frame["mode"] == "cloud"].drop_duplicates("id", keep="last").set_index("id")
+    cloud = frame[frame["mode"] == Mode.CLOUD].drop_duplicates("id", keep="last").set_index("id")
     texts = prompt_texts(prompts)
     samples = []
     for prompt_id in ids:

@@ -19,9 +19,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from specdec.core.policies.registry import POLICIES, Policy, make_policy, register_policy
+from specdec.core.policies.registry import POLICIES, Policy, make_policy, needs_probs, register_policy
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["POLICIES", "Policy", "make_policy", "register_policy"]
+__all__ = ["POLICIES", "Policy", "make_policy", "needs_probs", "register_policy"]
