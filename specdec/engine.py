@@ -25,7 +25,7 @@ from specdec.models.architecture import is_architecture
 from specdec.models.loading import LoadedModel, load_model
 from specdec.remote.client import RemoteCloud, SessionSettings
 from specdec.remote.protocol import read_token, token_file_warning, tokenizer_sha256
-from specdec.runtimes import declared, runtime_parts
+from specdec.runtime_registry import declared, runtime_parts
 from specdec.settings import ExtraBuffers, Mode, OnCloudLoss, Steps
 
 PLAIN_STEPS = "cloud plain steps"  # the model key of a two-runtime cloud's plain-step copy

@@ -30,27 +30,33 @@ LAYERS = {
     "machine": (("specdec.machine",), ()),
     # specbench's own CPU kernels (kernels/csrc/, a path per instruction set), built once per path and machine class:
     # what they need of the CPU is machine's.
-    "kernels": (("specdec.kernels",), ("errors", "settings", "machine")),
+    # The runtimes' registry (specdec/runtime_registry.py): what every layer asks of a runtime by name; its
+    # declarations (specdec/runtimes/) sit above what they load and are imported by name on its first lookup.
+    "registry": (("specdec.runtime_registry",), ("errors", "machine")),
+    "kernels": (("specdec.kernels",), ("errors", "settings", "machine", "registry")),
     # llamacpp_probe.py keeps its verdicts per machine class; packed.py runs on the kernels.
-    "backends": (("specdec.backends",), ("errors", "settings", "machine", "kernels")),
+    "backends": (("specdec.backends",), ("errors", "settings", "machine", "kernels", "registry")),
     # The loop and what it needs: the folder specdec/core/ is the layer.
-    "core": (("specdec.core",), ("errors", "settings", "backends")),
+    "core": (("specdec.core",), ("errors", "settings", "registry", "backends")),
     # The package's public names (specdec/__init__.py): the core's, re-exported.
-    "api": (("specdec",), ("errors", "settings", "backends", "core")),
-    "models": (("specdec.models",), ("errors", "settings", "backends", "kernels")),
+    "api": (("specdec",), ("errors", "settings", "registry", "backends", "core")),
+    "models": (("specdec.models",), ("errors", "settings", "registry", "backends", "kernels")),
+    # Each runtime's declaration and loader: over the backends it builds and the models code it loads with.
+    "runtimes": (("specdec.runtimes",), ("errors", "settings", "machine", "kernels", "registry", "backends", "models")),
     # The verifier protocol and the edge's client: the engine verifies through them.
     "transport": (("specdec.remote", "specdec.remote.client", "specdec.remote.protocol", "specdec.remote.payloads"),
                   ("errors", "settings", "backends", "core")),
     # What both the engine and the server build from a loaded model (its decoding constraints).
     "assembly": (("specdec.constraint_profiles",), ("errors", "settings", "backends", "core", "models")),
-    "engine": (("specdec.engine",), ("errors", "settings", "backends", "core", "models", "transport", "assembly")),
+    "engine": (("specdec.engine",), ("errors", "settings", "registry", "backends", "core", "models", "transport",
+                                      "assembly")),
     # The verifier server: the cloud side of the protocol, built on the core and a loaded model;
     # never on the engine (the edge's facade), so neither side's changes ripple into the other.
     # Its modules: the connection loop (server), the requests' handlers, a session, its config, the batcher,
     # and the server on a thread for tests (background).
     "serve": (("specdec.remote.server", "specdec.remote.handlers", "specdec.remote.server_session",
                "specdec.remote.server_config", "specdec.remote.batcher", "specdec.remote.background"),
-              ("errors", "settings", "backends", "core", "models", "transport", "assembly")),
+              ("errors", "settings", "registry", "backends", "core", "models", "transport", "assembly")),
 }
 # bench's layers (ARCHITECTURE.md): a package and the layers it may import. `bench` itself, its
 # conftest, the pytest-benchmark suites (bench/test_bench_*.py) and the data folders' scripts

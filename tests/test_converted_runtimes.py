@@ -13,7 +13,7 @@ from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.models.loading import load_model
 from specdec.remote.background import BackgroundServer
-from specdec.runtimes import Package, declared
+from specdec.runtime_registry import Package, declared
 from tests.conftest import PLAIN_TEXTS as TEXTS  # what the `plain` fixture decodes
 
 QUIET = dict(log=lambda message: None)

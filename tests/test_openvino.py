@@ -16,7 +16,7 @@ from specdec.backends.prompt import Prompt
 from specdec.errors import ModelError
 from specdec.models import convert_openvino as conv
 from specdec.models.integrity import sha256_of
-from specdec.runtimes import batch_invariant
+from specdec.runtime_registry import batch_invariant
 from tests.tiny import VOCAB, random_prompt, tiny_causal
 
 

@@ -18,6 +18,7 @@ from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ModelError
 from specdec.kernels import KernelError, chosen_path, missing_flags
+from specdec.runtime_registry import exact_elsewhere
 from tests.conftest import PLAIN_TEXTS
 from tests.tiny import random_prompt, tiny_causal
 
@@ -185,7 +186,7 @@ def test_the_bandwidth_read_refuses_no_streams(ops):
 
 
 NO_PATH = ("the kernels runtimes need AVX2 (with FMA and F16C), AVX-512 VNNI or ARM NEON with dotprod, which this CPU "
-           "lacks: use runtime torch-int8t or onnx-int4 or onnx-int8 (SPECBENCH_KERNELS=reference runs them exactly, slowly)")
+           f"lacks: {exact_elsewhere()} (SPECBENCH_KERNELS=reference runs them exactly, slowly)")
 
 
 def test_a_cpu_without_any_vector_path_is_one_line(monkeypatch):
@@ -233,15 +234,15 @@ def test_no_compiler_to_build_the_kernels_is_one_line(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode != 0
     assert ("KernelError: the kernels runtimes build their kernels once with a C++ compiler, and 'no-such-c++' is not on "
-            "PATH: install one (apt-get install g++) or set CXX, or use runtime torch-int8t or onnx-int4 or onnx-int8") in result.stderr
+            f"PATH: install one (apt-get install g++) or set CXX, or {exact_elsewhere()}") in result.stderr
     assert not list((tmp_path / "ext").rglob("*.so"))
 
 
 def test_another_architecture_is_one_line():
     from specdec.backends.packed import PackedBackend
 
-    with pytest.raises(ModelError, match=r"^runtime kernels runs qwen2, llama decoders, not 'gemma3_text': use runtime "
-                                         r"torch-int8t or onnx-int4$"):
+    with pytest.raises(ModelError, match=rf"^runtime kernels runs qwen2, llama decoders, not 'gemma3_text': "
+                                         rf"{exact_elsewhere()}$"):
         PackedBackend.from_model(tiny_causal("gemma3"), "int8")
 
 

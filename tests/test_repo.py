@@ -45,7 +45,7 @@ def test_the_main_job_installs_the_runtimes_its_default_config_runs():
 
     config = SweepConfig.from_toml("default", choose_runtimes=choose)
     runtimes = {*config.edge_runtime, *config.cloud_runtime, *config.plain_runtimes, *chosen}
-    from specdec.runtimes import declared
+    from specdec.runtime_registry import declared
 
     packages = [declared(r).package for r in runtimes]
     needed = sorted({p.extra.split("[")[1].split("]")[0] for p in packages if p is not None})

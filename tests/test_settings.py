@@ -11,7 +11,7 @@ from specdec.core.config import DeployConfig, EngineConfig
 from specdec.core.decode import SpecOptions, speculative_decode
 from specdec.errors import ConfigError, ModelError
 from specdec.models.loading import LoadSettings
-from specdec.runtimes import runtimes
+from specdec.runtime_registry import runtimes
 from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, OnCloudLoss, ServerCache, choices, parse
 
 ROOT = Path(__file__).parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specdec.runtimes import CLOUD, EDGE, Runtime, default_runtime, register
+from specdec.runtime_registry import CLOUD, EDGE, Runtime, default_runtime, register
 
 NAME = "toy-fp32"
 

@@ -19,7 +19,7 @@ from specdec.backends.devices import check_device
 from specdec.errors import ConfigError
 from specdec.kernels import KernelError
 from specdec.machine import fingerprint
-from specdec.runtimes import canonical_runtime, check_runtime
+from specdec.runtime_registry import canonical_runtime, check_runtime
 
 
 def _count(text: str) -> int:

@@ -27,6 +27,7 @@ from bench.measure.runtime_auto import AUTO, AUTO_FIELDS
 from bench.measure.sweep.sweep_config import SweepConfig
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, parse_overlap
 from specdec.engine import Engine
+from specdec.errors import ConfigError
 
 # Where each setting is defined (its help, choices and aliases), for the sweep's copy of it.
 DEFINED_IN = {f.name: f for cls in RUN_SETTINGS for f in fields(cls)}
@@ -154,18 +155,6 @@ def _comma_list(parse: Callable[[str], Any]) -> Callable[[str], tuple]:
     return parse_all
 
 
-def _checked_list(name: str, choices) -> Callable[[str], list[str]]:
-    """An axis's values, each one of `choices` (`auto` too for the runtime axes, which the calibration resolves), or
-    argparse's one line naming the flag, the value and the choices."""
-    def parse(text: str) -> list[str]:
-        values = parse_list(text)
-        for value in values:
-            if value not in choices and not (value == AUTO and name in AUTO_FIELDS):
-                raise argparse.ArgumentTypeError(f"unknown {name} {value!r}: use one of {', '.join(choices)}")
-        return values
-    return parse
-
-
 def sweep_options() -> list[Option]:
     """Every SweepConfig field as a flag without a default; an axis takes a comma-separated list."""
     hints, options = typing.get_type_hints(SweepConfig), []
@@ -179,9 +168,7 @@ def sweep_options() -> list[Option]:
         if f.name in AXES:
             described = "one grid axis, comma-separated" + (f": {help_text}" if help_text else "")
             described += f"; each one of {', '.join(choices)}" if choices else ""
-            named = choices if choices is not None and all(isinstance(c, str) for c in choices) else None
-            parse_axis = _checked_list(f.name, named) if named is not None else parse_list
-            options.append(Option(f.name, _flags(f, source), "store", parse_axis, None, False, described, None))
+            options.append(Option(f.name, _flags(f, source), "store", parse_list, None, False, described, None))
         elif kind is bool:
             options.append(Option(f.name, _flags(f, source), "switch", None, None, False, help_text, None))
         else:
@@ -239,10 +226,24 @@ def add_sweep_options(parser: argparse.ArgumentParser) -> None:
         option.add_to(parser)
 
 
+def check_flag_values(overrides: dict[str, Any]) -> None:
+    """Each value a flag gives a setting with named choices is one of them (`auto` too for a runtime axis, which the
+    calibration resolves), named as the flags' before a config file is read: a bad flag is not the file's fault."""
+    for name, given in overrides.items():
+        defined = DEFINED_IN.get(name) or next((f for f in fields(SweepConfig) if f.name == name), None)
+        choices = defined.metadata.get("choices") if defined is not None else None
+        if choices is None or not all(isinstance(c, str) for c in choices):
+            continue
+        for value in given if isinstance(given, (list, tuple)) else (given,):
+            if isinstance(value, str) and value not in choices and not (value == AUTO and name in AUTO_FIELDS):
+                raise ConfigError(f"the sweep options: unknown {name} {value!r}: use one of {', '.join(choices)}")
+
+
 def sweep_from_args(args: argparse.Namespace, choose_runtimes=None) -> SweepConfig:
     """The sweep config: the TOML file (if any) with the flags given on top; `auto` runtimes resolved by
     `choose_runtimes` (bench/measure/runtime_auto.py)."""
     overrides = {name: value for name, value in values(SweepConfig, args).items() if value is not None}
+    check_flag_values(overrides)
     if args.config:
         return SweepConfig.from_toml(args.config, choose_runtimes=choose_runtimes, **overrides)
     return SweepConfig.from_mapping(overrides, choose_runtimes=choose_runtimes)

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from bench.core.prompts import SPEC_BENCH, PromptInputs, prompt_set_name
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.drafters import NEEDS_MODEL
-from specdec.runtimes import declared, default_runtime, runtime_parts
+from specdec.runtime_registry import default_runtime, known, runtime_parts
 from specdec.settings import Mode
 
 RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConfig)
@@ -221,7 +221,7 @@ class Point:
         edge = parts(self.edge_runtime) if self.mode == Mode.EDGE or (self.mode == Mode.SPEC and drafts) else ()
         here = self.mode == Mode.CLOUD or (self.mode == Mode.SPEC and self.deployment != "split")
         cloud = parts(self.cloud_runtime) if here else ()
-        return any(declared(part).caches for part in (*edge, *cloud))
+        return any(runtime is not None and runtime.caches for runtime in map(known, (*edge, *cloud)))
 
 
 Value = TypeVar("Value")

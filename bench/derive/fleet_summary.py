@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from bench.core.records import read_records
-from specdec.runtimes import default_runtime
+from specdec.runtime_registry import default_runtime
 from specdec.settings import Mode
 
 LEVELS, BATCHES = "levels.jsonl", "batches.jsonl"

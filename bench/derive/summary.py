@@ -36,7 +36,7 @@ from bench.core.point import COLUMNS, RUNTIME_OF
 from bench.derive import metrics
 from bench.derive.health import chrf, error_rates, text_health, token_match_rate
 from bench.derive.scores import score_key
-from specdec.runtimes import RuntimeChoices, declared, default_runtime
+from specdec.runtime_registry import RuntimeChoices, declared, default_runtime
 from specdec.settings import Mode
 
 

@@ -52,8 +52,8 @@ from specdec.machine import fingerprint
 from specdec.models import registry
 from specdec.models.derive import split_name
 from specdec.models.loading import LoadedModel, load_model
-from specdec.runtimes import declared
-from specdec.runtimes import runtimes as all_runtimes
+from specdec.runtime_registry import declared
+from specdec.runtime_registry import runtimes as all_runtimes
 
 DEFAULT_CONFIG = Path(__file__).parent.parent / "configs" / "default.toml"  # its models are calibrate's default
 ROUNDS = 3

@@ -22,7 +22,7 @@ import torch
 from bench.core.prompts import load_prompts
 from specdec.backends.prompt import Prompt
 from specdec.models.loading import load_model
-from specdec.runtimes import default_runtime
+from specdec.runtime_registry import default_runtime
 
 
 def greedy(backend, ids: torch.Tensor, tokens: int) -> list[int]:

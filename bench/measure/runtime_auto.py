@@ -22,7 +22,7 @@ from bench.derive.runtime_choice import (
 from bench.measure.calibrate import calibration
 from specdec.errors import ConfigError
 from specdec.machine import describe, fingerprint
-from specdec.runtimes import CLOUD, EDGE, declared, runtime_installed, runtimes, with_role
+from specdec.runtime_registry import CLOUD, EDGE, declared, runtime_installed, runtimes, with_role
 
 AUTO = "auto"
 AUTO_FIELDS = ("edge_runtime", "cloud_runtime", "plain_runtimes")

@@ -32,7 +32,7 @@ from specdec.backends.devices import clock
 from specdec.backends.prompt import Prompt
 from specdec.errors import SpecdecError
 from specdec.models.loading import load_model
-from specdec.runtimes import declared
+from specdec.runtime_registry import declared
 
 STEP_REPEATS = 3  # token steps per round (their median is the round's step time)
 

@@ -13,7 +13,7 @@ import time
 import torch
 
 from specdec.errors import ConfigError
-from specdec.runtimes import declared, runtimes
+from specdec.runtime_registry import declared, runtimes
 from specdec.settings import CudaGraphs, KVCache, ServerCache, Steps, choices, parse
 
 DEVICE_NAMES = "cpu, cuda or cuda:N"

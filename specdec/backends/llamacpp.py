@@ -43,7 +43,10 @@ from specdec.backends.base import Backend
 from specdec.backends.llamacpp_probe import announce, build_id, decide
 from specdec.backends.prompt import Prompt, refuse_features
 from specdec.errors import ConfigError, InputError, ModelError
-from specdec.runtimes.llamacpp import LLAMA_CPP, RUNTIME
+from specdec.runtime_registry import Package, default_runtime
+
+# what pip installs for it: pins llama-cpp-python (built from source: ~5 min)
+LLAMA_CPP = Package("llama_cpp", "llama-cpp-python", "pip install 'specbench[llamacpp]'")
 
 KV_TYPES = {"f16": 1, "f32": 0}  # ggml_type ids: GGML_TYPE_F16, GGML_TYPE_F32
 N_BATCH = 512  # tokens per llama_decode (the context's batch): a longer prefill takes several
@@ -56,7 +59,8 @@ def _llama():
     try:
         import llama_cpp
     except ImportError as e:
-        raise ConfigError(f"runtime {RUNTIME.name} needs {LLAMA_CPP.distribution}, which cannot be imported ({e}): "
+        raise ConfigError(f"runtime {default_runtime('.gguf')} needs {LLAMA_CPP.distribution}, which cannot be "
+                          f"imported ({e}): "
                           f"{LLAMA_CPP.extra}") from None
     if not _backend_ready:
         # llama.cpp logs through llama-cpp-python's logger; unless someone configured it, it stays

@@ -51,7 +51,10 @@ from specdec.backends.base import Backend
 from specdec.backends.buffers import grown, grown_capacity
 from specdec.backends.prompt import Prompt, refuse_features
 from specdec.errors import ConfigError, InputError, ModelError
-from specdec.runtimes.onnx import ONNX
+from specdec.runtime_registry import Package
+
+# what pip installs for it: pins onnxruntime-genai (its builder converts) and onnxruntime
+ONNX = Package("onnxruntime_genai", "onnxruntime-genai", "pip install 'specbench[onnx]'")
 
 KEEP_INPUT = "num_logits_to_keep"  # the logits' rows to keep: added to the builder's graph by convert_onnx
 MIN_CAPACITY = 256  # positions a state's buffers hold at first; they double as needed

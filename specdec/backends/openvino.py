@@ -45,7 +45,10 @@ from specdec.backends.base import Backend
 from specdec.backends.buffers import grown, grown_capacity
 from specdec.backends.prompt import Prompt, refuse_features
 from specdec.errors import ConfigError, InputError, ModelError
-from specdec.runtimes.openvino import OPENVINO
+from specdec.runtime_registry import Package
+
+# what pip installs for it: pins openvino and nncf (which compresses the weights)
+OPENVINO = Package("openvino", "openvino", "pip install 'specbench[openvino]'")
 
 OPENVINO_PINS = OPENVINO.extra  # pip install 'specbench[openvino]'
 

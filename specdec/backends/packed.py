@@ -40,7 +40,7 @@ from specdec.backends.prompt import Prompt, refuse_features
 from specdec.errors import InputError, ModelError
 from specdec.kernels import kernels, pack
 from specdec.kernels.pack import PackedLinear
-from specdec.runtimes import default_runtime, exact_elsewhere
+from specdec.runtime_registry import default_runtime, exact_elsewhere
 
 MODEL_TYPES = ("qwen2", "llama")  # pre-norm decoders with rotate-half rotary, SiLU gated MLPs, RMSNorm
 WEIGHTS = ("int8", "int4")

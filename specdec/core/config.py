@@ -19,7 +19,7 @@ from specdec.core.drafters import DRAFTERS, describe_options, drafter_options
 from specdec.core.policies import POLICIES
 from specdec.core.verifier import VERIFIERS
 from specdec.errors import ConfigError
-from specdec.runtimes import (
+from specdec.runtime_registry import (
     RuntimeChoices,
     canonical_runtime,
     check_file,

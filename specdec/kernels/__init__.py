@@ -34,6 +34,7 @@ from pathlib import Path
 
 from specdec.errors import ModelError
 from specdec.machine import _cpuinfo, fingerprint
+from specdec.runtime_registry import exact_elsewhere
 
 CSRC = Path(__file__).with_name("csrc")
 ENV = "SPECBENCH_KERNELS"
@@ -112,9 +113,7 @@ def chosen_path(flags: frozenset[str] | None = None, machine: str | None = None)
 
 
 def fallback() -> str:
-    """What to run where the kernels cannot (imported here late: specdec.runtimes imports this module)."""
-    from specdec.runtimes import exact_elsewhere
-
+    """What to run where the kernels cannot: the exact runtimes that need no kernel path (the registry's)."""
     return exact_elsewhere()
 
 

@@ -33,11 +33,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from specdec.backends.onnxrt import KEEP_INPUT, OnnxRuntimeBackend
+from specdec.backends.onnxrt import KEEP_INPUT, ONNX, OnnxRuntimeBackend
 from specdec.errors import ConfigError, ModelError
 from specdec.models import artifact
 from specdec.models.registry import MARKER as FETCH_MARKER
-from specdec.runtimes.onnx import ONNX
 
 Log = Callable[[str], object]
 

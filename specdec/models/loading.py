@@ -27,7 +27,7 @@ from specdec.models import fetch as fetching
 from specdec.models import integrity, registry
 from specdec.models.architecture import NoTokenizer, build_architecture, is_architecture
 from specdec.models.derive import split_name
-from specdec.runtimes import check_file, declared, default_runtime, runtimes
+from specdec.runtime_registry import check_file, declared, default_runtime, runtimes
 from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, parse, parse_fields
 
 # Hub ids as the hub validates them: two names that start with a letter or digit.

@@ -16,6 +16,7 @@ from pathlib import Path
 from specdec.errors import ModelError
 from specdec.models import integrity
 from specdec.models.derive import parse_ops
+from specdec.runtime_registry import default_runtime
 
 REGISTRY = Path(__file__).with_name("models.toml")
 MARKER = "specbench.json"  # written last into a converted dir: its presence means "complete"
@@ -207,8 +208,6 @@ def gguf_path(alias: str) -> Path:
     it as shipped); a derived entry shares its base's."""
     entry = get(alias)
     if entry.format != "gguf":
-        from specdec.runtimes import default_runtime
-
         raise ModelError(f"model {alias!r} is a {entry.format} ({entry.family}) model, not a GGUF file: "
                          f"runtime {default_runtime('.gguf')} runs GGUF entries or a .gguf path")
     return home() / "gguf" / entry.gguf_file

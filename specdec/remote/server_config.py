@@ -12,7 +12,7 @@ from specdec.backends.base import DTYPES
 from specdec.backends.devices import CUDA_GRAPHS, SERVER_CACHES, check_served_cache, check_served_device
 from specdec.errors import ConfigError
 from specdec.models.loading import LoadSettings
-from specdec.runtimes import RuntimeChoices, canonical_runtime, default_runtime, runtimes, served_runtime
+from specdec.runtime_registry import RuntimeChoices, canonical_runtime, default_runtime, runtimes, served_runtime
 from specdec.settings import CudaGraphs, KVCache, ServerCache, parse, parse_fields
 
 

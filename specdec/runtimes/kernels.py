@@ -2,7 +2,7 @@
 instruction-set path this CPU has (AVX-512 VNNI, AVX-VNNI, AVX2 or NEON, one reference): int8 or int4 (groups of 32)
 weights, int8 activations per row, exact int32 products, each attention row computed alone, so a block costs about one
 step and its rows, a prefill's and batched sessions' are steps' logits bit for bit, the same bits on every processor."""
-from specdec.runtimes import CLOUD, EDGE, Runtime, register
+from specdec.runtime_registry import CLOUD, EDGE, Runtime, register
 
 for order, bits in ((7, 8), (8, 4)):
     register(Runtime(

@@ -1,10 +1,8 @@
 """ONNX Runtime (specdec/backends/onnxrt.py): the model's folder converted once by onnxruntime-genai's builder
 (specdec/models/convert_onnx.py; int4 or int8 weights, int8 activations), a one-token step padded to two rows so
 steps are blocks' rows bit for bit."""
-from specdec.runtimes import CLOUD, EDGE, Package, Runtime, register
-
-# pins onnxruntime-genai (its builder converts) and onnxruntime
-ONNX = Package("onnxruntime_genai", "onnxruntime-genai", "pip install 'specbench[onnx]'")
+from specdec.backends.onnxrt import ONNX
+from specdec.runtime_registry import CLOUD, EDGE, Runtime, register
 
 for order, bits, roles in ((4, 4, frozenset({CLOUD, EDGE})), (5, 8, frozenset({CLOUD}))):
     register(Runtime(

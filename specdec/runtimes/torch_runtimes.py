@@ -4,10 +4,21 @@ float32 activations (`torch-int8`: NAME@int8), the same with activations quantiz
 NAME@int8t, whose blocks are its steps bit for bit)."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import Any, cast
+from pathlib import Path
+from typing import cast
 
-from specdec.runtimes import CLOUD, EDGE, Runtime, register
+from specdec.backends.base import DTYPES
+from specdec.backends.devices import steps_of
+from specdec.errors import ModelError
+from specdec.models import integrity, registry
+from specdec.models.convert_ct2 import CT2_FILES, ensure_whisper
+from specdec.models.derive import INT8 as INT8_OPS
+from specdec.models.derive import check_derivable, derive, needs_float32, split_name
+from specdec.models.loading import LoadedModel, LoadSettings, cast_copy, check_weights, load_errors, resolve, verbosity
+from specdec.runtime_registry import CLOUD, EDGE, Runtime, declared, register
+from specdec.settings import Steps
 
 LOADER = f"{__name__}:load"
 TORCH = register(Runtime("torch", "torch in --dtype", loader=LOADER, order=0, default=True, devices=True,
@@ -28,36 +39,23 @@ INT8T = register(Runtime(
 
 def runtime_of(ops: tuple[str, ...]) -> str:
     """The runtime a torch model with these derivations runs in (int8c counts as torch-int8)."""
-    from specdec.models.derive import INT8 as INT8_OPS
-
     if INT8T.derives in ops:
         return INT8T.name
     return INT8.name if set(INT8_OPS) & set(ops) else TORCH.name
 
 
-def load(name: str, settings: Any, log: Callable[[str], object] = print) -> Any:
+def load(name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
     """`NAME@OPS` (or a derived registry alias) loads NAME and derives an edge from it in memory
     (`specdec.models.derive`); int8 derivations run in float32 whatever the dtype says, and runtime torch-int8 is
     NAME@int8 (torch-int8t NAME@int8t)."""
-    import time
-    from pathlib import Path
 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
     from transformers.utils import logging as hf_logging
 
-    from specdec.backends.devices import steps_of
     from specdec.backends.omni_thinker import OMNI_MODEL_TYPES, default_feature_extractor, load_omni_thinker
     from specdec.backends.static_cache import placed, static_capable
     from specdec.backends.static_slots import causal_backend
     from specdec.backends.whisper import WHISPER_MODEL_TYPES, WhisperBackend, load_whisper, whisper_feature_extractor
-    from specdec.errors import ModelError
-    from specdec.models import integrity, registry
-    from specdec.models.convert_ct2 import CT2_FILES, ensure_whisper
-    from specdec.models.derive import INT8 as INT8_OPS
-    from specdec.models.derive import check_derivable, derive, needs_float32, split_name
-    from specdec.models.loading import DTYPES, LoadedModel, cast_copy, check_weights, load_errors, resolve, verbosity
-    from specdec.runtimes import declared
-    from specdec.settings import Steps
 
     dtype, device = settings.dtype, settings.device
     kv_cache, cuda_graphs, sessions = settings.kv_cache, settings.cuda_graphs, settings.sessions

@@ -42,7 +42,7 @@ from specdec.errors import ConfigError
 from specdec.models.convert_onnx import ensure_onnx
 from specdec.models.loading import LoadedModel, load_model
 from specdec.models.registry import gguf_path, model_dir
-from specdec.runtimes import RuntimeChoices, default_runtime, names, runtimes
+from specdec.runtime_registry import RuntimeChoices, default_runtime, names, runtimes
 
 LLAMA_CPP_PYTHON = "llama-cpp-python plain"
 LLAMA_PROMPT_LOOKUP = "llama-cpp-python prompt lookup (n-gram 2, 10 tokens)"  # LlamaPromptLookupDecoding's defaults

@@ -39,7 +39,7 @@ from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.verdict import CloudLost
 from specdec.errors import InputError
 from specdec.remote.protocol import read_token
-from specdec.runtimes import served_runtime
+from specdec.runtime_registry import served_runtime
 from specdec.settings import Mode
 
 

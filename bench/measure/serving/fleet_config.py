@@ -19,7 +19,7 @@ from specdec.errors import ConfigError
 from specdec.models.architecture import is_architecture
 from specdec.remote.protocol import parse_address
 from specdec.remote.server_config import ServeConfig
-from specdec.runtimes import RuntimeChoices, canonical_runtime, check_name, served_runtime
+from specdec.runtime_registry import RuntimeChoices, canonical_runtime, check_name, served_runtime
 from specdec.settings import CudaGraphs, ServerCache, parse_fields
 
 MAX_CLIENTS = 256

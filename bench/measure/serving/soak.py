@@ -49,7 +49,7 @@ from bench.measure.serving.soak_edge import write_scripts
 from specdec.core.verdict import CloudLost
 from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import SCHEMA, Hello, Ready, StatsRequest, decode, encode
-from specdec.runtimes import check_name
+from specdec.runtime_registry import check_name
 
 ROWS = ("kind", "run")  # every row of a soak's results.jsonl has these
 WARM_UP_S = 30.0  # at most; a short soak warms up for 10 % of its time

@@ -31,7 +31,7 @@ from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecCo
 from specdec.core.drafters import DRAFTS_AHEAD, WEIGHS_RUNTIMES
 from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import parse_address
-from specdec.runtimes import canonical_runtime, check_name, runtime_parts
+from specdec.runtime_registry import canonical_runtime, check_name, runtime_parts
 from specdec.settings import Mode
 
 CONFIGS_DIR = Path(__file__).parents[2] / "configs"

@@ -37,7 +37,7 @@ from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError, SpecdecError
 from specdec.models.loading import LoadedModel, load_model
-from specdec.runtimes import default_runtime, runtime_parts
+from specdec.runtime_registry import default_runtime, runtime_parts
 from specdec.settings import Mode
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 from bench.core.metric_registry import lower_is_better
 from bench.read.report.pareto import point_labels, set_name
 from specdec.core.text import PUNCT_DENSITY_HEALTHY
-from specdec.runtimes import default_runtime, runtimes
+from specdec.runtime_registry import default_runtime, runtimes
 from specdec.settings import Mode
 
 CHRF_TOLERANCE = 1.0  # chrF points (0–100 scale) a point may lose against cloud-only

@@ -2,13 +2,18 @@
 `.gguf` file runs here by default, and nowhere else."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
 
-from specdec.runtimes import CLOUD, EDGE, Package, Runtime, default_runtime, register
-
-# pins llama-cpp-python (built from source: ~5 min)
-LLAMA_CPP = Package("llama_cpp", "llama-cpp-python", "pip install 'specbench[llamacpp]'")
+from specdec.backends.llamacpp import LLAMA_CPP, LlamaCppBackend  # imports llama_cpp only when it builds one
+from specdec.backends.llamacpp_probe import CACHE_FILE
+from specdec.errors import ModelError
+from specdec.models import fetch as fetching
+from specdec.models import registry
+from specdec.models.derive import split_name
+from specdec.models.loading import LoadedModel, LoadSettings, load_errors
+from specdec.runtime_registry import CLOUD, EDGE, Runtime, default_runtime, register
 
 RUNTIME = register(Runtime(
     "llamacpp", "llama.cpp on the registry's GGUF file as shipped, or a .gguf path", loader=f"{__name__}:load", order=3,
@@ -19,23 +24,12 @@ RUNTIME = register(Runtime(
     calibrated=True, peer=True))
 
 
-def load(name: str, settings: Any, log: Callable[[str], object] = print) -> Any:
+def load(name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
     """A registry GGUF entry (its kept, verified file; the tokenizer and stop tokens of its converted folder, so both
     runtimes encode and stop alike) or a `.gguf` path (the tokenizer of the folder beside it when it has one, else the
     one in the file's metadata), or a model folder holding one `.gguf` file beside its HF files (one name for both
     runtimes, so a sweep can take the runtime as an axis)."""
-    import time
-    from pathlib import Path
-
     from transformers import AutoTokenizer, GenerationConfig
-
-    from specdec.backends.llamacpp import LlamaCppBackend  # imports llama_cpp only when it builds one
-    from specdec.backends.llamacpp_probe import CACHE_FILE
-    from specdec.errors import ModelError
-    from specdec.models import fetch as fetching
-    from specdec.models import registry
-    from specdec.models.derive import split_name
-    from specdec.models.loading import LoadedModel, load_errors
 
     RUNTIME.check()
     base, ops = split_name(registry.expand(name))
