@@ -29,7 +29,7 @@ from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.backends.hf_util import cache_kwarg
 from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.engine import Engine
-from specdec.models.loading import load_model
+from specdec.models.loading import load, load_model
 from specdec.models.registry import is_fetched
 from specdec.remote.background import BackgroundServer
 
@@ -41,7 +41,7 @@ def quantiles(values: list[float]) -> dict:
     return {"p50": statistics.median(values), "p10": q[0], "p90": q[-1], "n": len(values)}
 
 
-def split_engine(edge: str, url: str, dtype: str, max_new_tokens: int, loader=load_model, overlap: bool = True) -> Engine:
+def split_engine(edge: str, url: str, dtype: str, max_new_tokens: int, loader=load, overlap: bool = True) -> Engine:
     return Engine(mode="spec", edge=edge, cloud_url=url, dtype=dtype, spec=GREEDY,
                   decode=DecodeConfig(max_new_tokens=max_new_tokens), deploy=DeployConfig(overlap=overlap),
                   loader=loader, log=lambda m: None)
@@ -133,10 +133,10 @@ def test_real_split_vs_inproc(benchmark, real_cloud_url):
 def cached_loader():
     loaded = {}
 
-    def loader(name, dtype, log=print):
-        if (name, dtype) not in loaded:
-            loaded[(name, dtype)] = load_model(name, dtype, log=log)
-        return loaded[(name, dtype)]
+    def loader(name, settings, log=print):
+        if (name, settings) not in loaded:
+            loaded[(name, settings)] = load(name, settings, log)
+        return loaded[(name, settings)]
 
     return loader
 

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from specdec.backends.devices import steps_of
 from specdec.constraint_profiles import build_constraints
 from specdec.core.cloud import Cloud, LocalCloud
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
@@ -22,11 +21,11 @@ from specdec.core.trace import Generation
 from specdec.core.two_runtime import TwoRuntimeCloud
 from specdec.errors import ConfigError, InputError
 from specdec.models.architecture import is_architecture
-from specdec.models.loading import LoadedModel, load_model
+from specdec.models.loading import LoadedModel, LoadSettings, load
 from specdec.remote.client import RemoteCloud, SessionSettings
 from specdec.remote.protocol import read_token, token_file_warning, tokenizer_sha256
 from specdec.runtime_registry import declared, runtime_parts
-from specdec.settings import ExtraBuffers, Mode, OnCloudLoss, Steps
+from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, Mode, OnCloudLoss, parse
 
 PLAIN_STEPS = "cloud plain steps"  # the model key of a two-runtime cloud's plain-step copy
 
@@ -50,7 +49,7 @@ class Engine(EngineConfig):
     spec: SpecConfig = field(default_factory=SpecConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     deploy: DeployConfig = field(default_factory=DeployConfig)
-    loader: Callable[..., LoadedModel] = load_model
+    loader: Callable[[str, LoadSettings, Callable[[str], object]], LoadedModel] = load  # (name, settings, log)
     log: Callable[[str], object] = print
     _models: dict[str, LoadedModel] = field(default_factory=dict, init=False, repr=False)
     _derived: Derived = field(default_factory=Derived, init=False, repr=False)  # per-tokenizer tables, the server
@@ -121,26 +120,25 @@ class Engine(EngineConfig):
         """The edge or cloud model, loaded on first use. A cloud held in two runtimes (PLAIN+BLOCKS) is
         "cloud" in the blocks' runtime (it verifies, its tokenizer encodes) and PLAIN_STEPS in the other."""
         if role not in self._models:
-            if role == PLAIN_STEPS:
-                name, runtime = self.cloud, runtime_parts(self.cloud_runtime)[0]
-            else:
-                name, runtime = getattr(self, role), runtime_parts(getattr(self, f"{role}_runtime"))[-1]
-            # A loader that predates runtimes takes (name, dtype, log): it is asked for torch only, and for
-            # llama.cpp's extra buffers only off their default.
-            extra = {} if declared(runtime).default else {"runtime": runtime}
-            if declared(runtime).extra_buffers and self.llamacpp_extra_buffers != ExtraBuffers.AUTO:
-                extra["llamacpp_extra_buffers"] = self.llamacpp_extra_buffers
-            extra.update(self.placement(role, runtime))
-            self._models[role] = self.loader(name, self.dtype, log=self.log, **extra)
+            self._models[role] = self.loader(self.model_name(role), self.load_settings(role), self.log)
         return self._models[role]
 
-    def placement(self, role: str, runtime: str) -> dict:
-        """The loader's device, KV cache and CUDA graphs settings for a role's torch model; nothing where they
-        ask for the CPU's dynamic cache (so a loader that predates devices is asked as before)."""
-        device = self.cloud_device if role == PLAIN_STEPS else getattr(self, f"{role}_device")
-        if not declared(runtime).caches or steps_of(self.kv_cache, device, self.cuda_graphs) == Steps.DYNAMIC:
-            return {"device": device} if device != "cpu" else {}
-        return {"device": device, "kv_cache": self.kv_cache, "cuda_graphs": self.cuda_graphs}
+    def model_name(self, role: str) -> str:
+        name = self.cloud if role == PLAIN_STEPS else getattr(self, role)
+        if not name:  # EngineConfig names what each mode needs; an engine asked for another role has none
+            raise ConfigError(f"no {role} model to load: give --{role} MODEL")
+        return name
+
+    def load_settings(self, role: str) -> LoadSettings:
+        """How the role's model loads: the typed settings as they were parsed, passed to the loader whole (what the
+        runtime does not take, it ignores: its declaration says which it takes)."""
+        if role == PLAIN_STEPS:
+            runtime, device = runtime_parts(self.cloud_runtime)[0], self.cloud_device
+        else:
+            runtime, device = runtime_parts(getattr(self, f"{role}_runtime"))[-1], getattr(self, f"{role}_device")
+        return LoadSettings(self.dtype, runtime, device, parse(KVCache, self.kv_cache, "kv_cache"),
+                            parse(CudaGraphs, self.cuda_graphs, "cuda_graphs"),
+                            parse(ExtraBuffers, self.llamacpp_extra_buffers, "extra_buffers"))
 
     @property
     def primary(self) -> LoadedModel:

@@ -7,7 +7,7 @@ import pytest
 
 from bench.cli import main
 from specdec.engine import Engine
-from specdec.models.loading import load_model
+from specdec.models.loading import load
 
 pytestmark = pytest.mark.subprocess  # see CONTRIBUTING.md: the quick loop leaves these out
 
@@ -67,9 +67,9 @@ def test_edge_mode_never_loads_the_cloud(pair, prompts, tmp_path):
     # Through the engine: the loader is asked for the edge only.
     asked = []
 
-    def spy(name, dtype, log=print):
+    def spy(name, settings, log=print):
         asked.append(name)
-        return load_model(name, dtype, log=log)
+        return load(name, settings, log)
 
     engine = Engine(mode="edge", edge=pair["edge"], cloud=pair["cloud"], loader=spy)
     engine.generate("hello world")

@@ -162,10 +162,10 @@ def test_a_draft_free_spec_run_never_loads_the_edge_model(pair, tmp_path):
     paths = save_tiny_pair(tmp_path)
     loaded = []
 
-    def loader(name, dtype, log=print):
-        from specdec.models.loading import load_model
+    def loader(name, settings, log=print):
+        from specdec.models.loading import load
         loaded.append(name)
-        return load_model(name, dtype, log=log)
+        return load(name, settings, log)
 
     spec = SpecConfig(k=3, policy="greedy", drafter="prompt-lookup")
     engine = Engine(mode="spec", edge=paths["edge"], cloud=paths["cloud"], dtype="float32", spec=spec,
@@ -546,10 +546,10 @@ def test_a_cloud_held_in_two_runtimes_loads_both_and_decodes_in_each(tmp_path):
     paths = save_tiny_pair(tmp_path)
     loaded = []
 
-    def loader(name, dtype, log=print, runtime="torch"):
-        from specdec.models.loading import load_model
-        loaded.append(runtime)
-        return load_model(name, dtype, log=log, runtime=runtime)
+    def loader(name, settings, log=print):
+        from specdec.models.loading import load
+        loaded.append(settings.runtime)
+        return load(name, settings, log)
 
     spec = SpecConfig(k=3, policy="greedy", drafter="auto")
     engine = Engine(mode="spec", edge=paths["edge"], cloud=paths["cloud"], dtype="float32", spec=spec,

@@ -19,7 +19,7 @@ from bench.measure.run import FailedSamples, run
 from specdec.backends.omni_thinker import OmniThinkerBackend
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
-from specdec.models.loading import load_model
+from specdec.models.loading import load, load_model
 from tests.omni_fixtures import random_waveform, tiny_omni_tokenizer, tiny_thinker
 from tests.tiny import noisy_copy
 
@@ -165,8 +165,8 @@ def first_verified_logits(cloud_class, thinkers, prompts: str, out, verifier: st
     prompt and audio alone (the causal mask hides the edge's draft from it)."""
     spies = []
 
-    def loader(name, dtype, log=print):
-        loaded = load_model(name, dtype, log=log)
+    def loader(name, settings, log=print):
+        loaded = load(name, settings, log)
         if name == thinkers["cloud"]:
             loaded = dataclasses.replace(loaded, backend=cloud_class(loaded.backend.model, name))
             spies.append(loaded.backend)

@@ -32,7 +32,7 @@ from specdec.core.decode import SpecOptions, speculative_decode
 from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import ConfigError
-from specdec.models.loading import load_model
+from specdec.models.loading import load, load_model
 from specdec.remote.background import BackgroundServer
 from specdec.remote.client import CloudUnreachable, RemoteCloud
 from specdec.remote.protocol import SCHEMA
@@ -163,8 +163,8 @@ def test_a_run_records_the_loss_and_a_rerun_resumes(pair, prompts, tmp_path):
     out = tmp_path / "out"
     process, url = start_cli_server(pair)
 
-    def loader(name, dtype, log=print):
-        loaded = load_model(name, dtype, log=log)
+    def loader(name, settings, log=print):
+        loaded = load(name, settings, log)
         return dataclasses.replace(loaded, backend=KillsServerAfter(loaded.backend, process, after=24))
 
     spec = SpecConfig(k=3, entropy_threshold=0, policy="greedy")

@@ -11,7 +11,7 @@ import torch
 from specdec.core.config import DecodeConfig, EngineConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError, ModelError
-from specdec.models.loading import load_model
+from specdec.models.loading import load, load_model
 
 QUIET = dict(log=lambda m: None)
 TEXTS = ["hello world", "what is one two", "yes no . ,", "say three", "write a function to sort a list"]
@@ -160,12 +160,12 @@ def test_edge_only_never_builds_the_cloud_whatever_its_runtime(pair):
     """The cloud named here does not even exist: an edge-only run must not try to load it."""
     loads = []
 
-    def loader(name, dtype, log=print, **runtime):
-        loads.append((name, runtime))
-        return load_model(name, dtype, log=log, **runtime)
+    def loader(name, settings, log=print):
+        loads.append((name, settings.runtime))
+        return load(name, settings, log)
 
     engine = Engine(mode="edge", edge=pair["edge"], edge_runtime="torch-int8", cloud="/nowhere/cloud.gguf",
                     cloud_runtime="llamacpp", dtype="float32", decode=DecodeConfig(max_new_tokens=4), loader=loader,
                     log=lambda m: None)
     assert len(engine.generate("hello world").tokens) == 4
-    assert loads == [(pair["edge"], {"runtime": "torch-int8"})]
+    assert loads == [(pair["edge"], "torch-int8")]

@@ -22,7 +22,7 @@ import torch
 from bench.core.prompts import load_prompts
 from specdec.backends.prompt import Prompt
 from specdec.models.loading import load_model
-from specdec.runtime_registry import default_runtime
+from specdec.runtime_registry import default_runtime, runtimes
 
 
 def greedy(backend, ids: torch.Tensor, tokens: int) -> list[int]:
@@ -73,7 +73,8 @@ def measure(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--runtimes", default="kernels-int8,kernels-int4")
+    parser.add_argument("--runtimes", default=",".join(r.name for r in runtimes() if r.needs_kernels),
+                        help="comma-separated runtimes (default: the kernels')")
     parser.add_argument("--prompts", default="code")
     parser.add_argument("--limit", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32)

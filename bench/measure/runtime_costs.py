@@ -32,7 +32,7 @@ from specdec.backends.devices import clock
 from specdec.backends.prompt import Prompt
 from specdec.errors import SpecdecError
 from specdec.models.loading import load_model
-from specdec.runtime_registry import declared
+from specdec.runtime_registry import declared, runtimes
 
 STEP_REPEATS = 3  # token steps per round (their median is the round's step time)
 
@@ -129,7 +129,8 @@ def measure(args: argparse.Namespace) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.measure.runtime_costs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="qwen2.5-coder-0.5b,qwen2.5-coder-1.5b")
-    parser.add_argument("--runtimes", default="torch,torch-int8,llamacpp")
+    parser.add_argument("--runtimes", default=",".join(r.name for r in runtimes() if r.calibrated),
+                        help="comma-separated runtimes (default: what `specbench calibrate` measures by default)")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="torch runtime only")
     parser.add_argument("--context", type=int, default=128, help="cached tokens each block is fed after")

@@ -28,7 +28,7 @@ from specdec.core import config
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
-from specdec.models.loading import LoadedModel, load_model
+from specdec.models.loading import LoadedModel, LoadSettings, load_model
 
 EDGE_ALIAS, CLOUD_ALIAS = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 TINY = "tiny"  # the edge/cloud name of the in-process pair (bench/measure/tinypair.py)
@@ -146,7 +146,7 @@ class Pair:
     def _engine(self, mode: str, wrap: BackendWrap | None, log: Callable[[str], object]) -> Engine:
         by_name = {loaded.name: (role, loaded) for role, loaded in self.models.items()}
 
-        def loader(name: str, dtype: str, log=log) -> LoadedModel:
+        def loader(name: str, settings: LoadSettings, log: Callable[[str], object] = log) -> LoadedModel:
             role, loaded = by_name[name]
             return dataclasses.replace(loaded, backend=wrap(mode, role, loaded.backend)) if wrap else loaded
 

@@ -65,7 +65,7 @@ def run_peer(edge: LoadedModel, cloud: LoadedModel, texts: list[str], max_new_to
     helpers = {"edge": edge, **(assistants or {})}
     engines = {c.name: Engine(mode="spec", edge=edge.name, cloud=cloud.name, dtype="bfloat16", spec=c.spec,
                               decode=DecodeConfig(max_new_tokens=max_new_tokens),
-                              loader=lambda name, dtype, log=None: edge if name == edge.name else cloud,
+                              loader=lambda name, settings, log: edge if name == edge.name else cloud,
                               log=lambda m: None)
                for c in configs if c.spec}
     for config in configs:  # warm-up, untimed: first-call allocations and kernel selection

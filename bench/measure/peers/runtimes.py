@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.convert_onnx import ensure_onnx
-from specdec.models.loading import LoadedModel, load_model
+from specdec.models.loading import LoadedModel, LoadSettings, load
 from specdec.models.registry import gguf_path, model_dir
 from specdec.runtime_registry import RuntimeChoices, default_runtime, names, runtimes
 
@@ -239,15 +239,14 @@ class Peer:
 
 
 def cached_loader(dtype: str, log: Callable[[str], object]) -> Callable[..., LoadedModel]:
-    """An Engine loader that loads each (name, runtime) once for every engine that asks."""
+    """An Engine loader that loads each (name, runtime) once, in `dtype`, for every engine that asks."""
     loaded: dict[tuple[str, str], LoadedModel] = {}
 
-    def load(name: str, _dtype: str, log=log, runtime: str | None = None) -> LoadedModel:
-        runtime = runtime or default_runtime()
-        if (name, runtime) not in loaded:
-            loaded[(name, runtime)] = load_model(name, dtype, log=log, runtime=runtime)
-        return loaded[(name, runtime)]
-    return load
+    def load_once(name: str, settings: LoadSettings, _log: Callable[[str], object] = log) -> LoadedModel:
+        if (name, settings.runtime) not in loaded:
+            loaded[(name, settings.runtime)] = load(name, replace(settings, dtype=dtype), log)
+        return loaded[(name, settings.runtime)]
+    return load_once
 
 
 def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], settings: PeerSettings,
@@ -280,7 +279,7 @@ def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], se
     llamacpp_plain = cloud_only(gguf_runtime()) if gguf_runtime() in cloud_runtimes else None
     # llama.cpp's speculation (llama-cpp-python's lookup, the example) against llama.cpp's own plain decoding
     llama_reference = LLAMA_CPP_PYTHON if "plain" in settings.llama_python else llamacpp_plain
-    tokenizer_model = loader(cloud, "bfloat16", runtime=gguf_runtime())  # the GGUF entry's HF tokenizer, as the engine's
+    tokenizer_model = loader(cloud, LoadSettings(runtime=gguf_runtime()))  # the GGUF entry's HF tokenizer, as the engine's
     encoded = [tokenizer_model.encode(text, system) for text, system in prompts]
     ids = [[int(t) for t in e.input_ids.reshape(-1).tolist()] for e in encoded]
     rendered = [rendered_prompt(tokenizer_model.tokenizer, text, system) for text, system in prompts]

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,8 +37,8 @@ from specdec.backends.devices import reset_gpu_peaks
 from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError, SpecdecError
-from specdec.models.loading import LoadedModel, load_model
-from specdec.runtime_registry import default_runtime, runtime_parts
+from specdec.models.loading import LoadedModel, LoadSettings, load
+from specdec.runtime_registry import runtime_parts
 from specdec.settings import Mode
 
 
@@ -64,19 +65,17 @@ def block_costs(out: str | None) -> dict[tuple[str, str], dict]:
 
 
 class ModelCache:
-    """A worker's engines' loader: one load per model and way of running it, shared by every point that runs it
-    so. `options` (a torch model's device, KV cache and captured steps; llama.cpp's extra buffers) are part of
-    what is loaded: a point with another kv_cache gets a model of its own."""
+    """A worker's engines' loader: one load per model and way of running it (its LoadSettings: the runtime, dtype,
+    device, KV cache and captured steps, llama.cpp's extra buffers), shared by every point that runs it so: a point
+    with another kv_cache gets a model of its own."""
 
     def __init__(self) -> None:
-        self._loaded: dict[tuple, LoadedModel] = {}
+        self._loaded: dict[tuple[str, LoadSettings], LoadedModel] = {}
 
-    def __call__(self, name: str, dtype: str, log=print, runtime: str | None = None, **options) -> LoadedModel:
-        runtime = runtime or default_runtime()
-        key = (name, dtype, runtime, tuple(sorted(options.items())))
-        if key not in self._loaded:
-            self._loaded[key] = load_model(name, dtype, log=log, runtime=runtime, **options)
-        return self._loaded[key]
+    def __call__(self, name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
+        if (name, settings) not in self._loaded:
+            self._loaded[(name, settings)] = load(name, settings, log)
+        return self._loaded[(name, settings)]
 
     def models(self) -> list[LoadedModel]:
         return list(self._loaded.values())
