@@ -212,6 +212,14 @@ class LoadSettings:
             raise ModelError(str(e)) from None
         parse_fields(self, kv_cache=KVCache, cuda_graphs=CudaGraphs, extra_buffers=ExtraBuffers)
 
+    def identity(self) -> tuple:
+        """What tells two loads apart: a setting the runtime does not take is left out (a KV cache for llama.cpp),
+        and the cache and graphs as the steps they resolve to (auto on the CPU is the dynamic cache: one load)."""
+        runtime = declared(self.runtime)
+        steps = steps_of(self.kv_cache, self.device, self.cuda_graphs) if runtime.caches else None
+        return (runtime.name, self.dtype, self.device, steps, self.extra_buffers if runtime.extra_buffers else None,
+                self.sessions)
+
 
 def load_model(name: str, dtype: str = "bfloat16", *, log: Callable[[str], object] = print,
                runtime: str | None = None, llamacpp_extra_buffers: str = "auto", device: str = "cpu",

@@ -70,12 +70,13 @@ class ModelCache:
     with another kv_cache gets a model of its own."""
 
     def __init__(self) -> None:
-        self._loaded: dict[tuple[str, LoadSettings], LoadedModel] = {}
+        self._loaded: dict[tuple, LoadedModel] = {}
 
     def __call__(self, name: str, settings: LoadSettings, log: Callable[[str], object] = print) -> LoadedModel:
-        if (name, settings) not in self._loaded:
-            self._loaded[(name, settings)] = load(name, settings, log)
-        return self._loaded[(name, settings)]
+        key = (name, *settings.identity())  # auto on the CPU and dynamic are one load
+        if key not in self._loaded:
+            self._loaded[key] = load(name, settings, log)
+        return self._loaded[key]
 
     def models(self) -> list[LoadedModel]:
         return list(self._loaded.values())
