@@ -161,24 +161,17 @@ def choices_text() -> str:
 
 def declared(name: str, where: str = "runtime") -> Runtime:
     """The declaration of `name` (an old name too), or one line naming `where` it came from and the choices."""
-    runtime = _declared().get(_ALIASES.get(name, name))
+    runtime = known(name)
     if runtime is None:
         raise ConfigError(f"unknown {where} {name!r}: use one of {choices_text()}")
     return runtime
 
 
-def check_name(value: str, where: str, pairs: bool = False) -> str:
-    """`value` is a runtime (with `pairs`, or PLAIN+BLOCKS of two different ones): today's name of it, or one line
-    naming `where` it came from."""
-    parts = runtime_parts(value)
-    if len(parts) > 1 and not pairs:
+def check_name(value: str, where: str) -> str:
+    """`value` is one runtime (not PLAIN+BLOCKS): today's name of it, or one line naming `where` it came from."""
+    if len(runtime_parts(value)) > 1:
         raise ConfigError(f"{where} takes one runtime, got {value!r}: use one of {choices_text()}")
-    if len(parts) > 2 or (len(parts) == 2 and canonical_runtime(parts[0]) == canonical_runtime(parts[1])):
-        raise ConfigError(f"{where} {value!r} is not PLAIN+BLOCKS of two different runtimes: e.g. "
-                          f"{names()[0]}+{names()[-1]}")
-    for part in parts:
-        declared(part, where)
-    return canonical_runtime(value)
+    return declared(value, where).name
 
 
 PAIR = "PLAIN+BLOCKS"  # how a cloud held in two runtimes is written
