@@ -11,6 +11,7 @@ from bench.cli import main
 from bench.core.records import ResultsFile
 from bench.measure import calibrate
 from specdec import runtime_registry as runtimes
+from specdec.errors import ConfigError
 from specdec.runtime_registry import PLUGINS, Runtime
 
 pytestmark = pytest.mark.subprocess  # the sweep and the calibration spawn workers
@@ -73,3 +74,11 @@ def test_a_name_declared_twice_is_refused():
     with pytest.raises(ValueError, match="'vnni-int4' is declared twice"):
         runtimes.register(Runtime("fresh", "nothing", loader=print, aliases=("vnni-int4",)))
     assert "fresh" not in runtimes.names()
+
+
+def test_a_plugin_module_that_cannot_be_imported_is_one_line(monkeypatch):
+    monkeypatch.setenv(PLUGINS, "no_such_runtime_module")
+    monkeypatch.setattr(runtimes, "_DISCOVERED", [])  # as a fresh process reads the declarations
+    with pytest.raises(ConfigError, match=r"^SPECBENCH_RUNTIMES names 'no_such_runtime_module', which cannot be "
+                                          r"imported \(.*\): fix the name or unset SPECBENCH_RUNTIMES$"):
+        runtimes.names()
