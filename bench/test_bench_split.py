@@ -32,6 +32,7 @@ from specdec.engine import Engine
 from specdec.models.loading import load, load_model
 from specdec.models.registry import is_fetched
 from specdec.remote.background import BackgroundServer
+from specdec.settings import Mode
 
 GREEDY = SpecConfig(k=4, entropy_threshold=0.0, policy="greedy")
 
@@ -42,7 +43,7 @@ def quantiles(values: list[float]) -> dict:
 
 
 def split_engine(edge: str, url: str, dtype: str, max_new_tokens: int, loader=load, overlap: bool = True) -> Engine:
-    return Engine(mode="spec", edge=edge, cloud_url=url, dtype=dtype, spec=GREEDY,
+    return Engine(mode=Mode.SPEC, edge=edge, cloud_url=url, dtype=dtype, spec=GREEDY,
                   decode=DecodeConfig(max_new_tokens=max_new_tokens), deploy=DeployConfig(overlap=overlap),
                   loader=loader, log=lambda m: None)
 
@@ -100,7 +101,7 @@ def test_real_split_vs_inproc(benchmark, real_cloud_url):
     split with the edge on core 0 and the server on core 1."""
     texts = [r.prompt for r in load_prompts("code")[:6]]
     loader = cached_loader()  # one copy of the edge weights for both engines
-    inproc = Engine(mode="spec", edge=EDGE_ALIAS, cloud=CLOUD_ALIAS, dtype="bfloat16", spec=GREEDY,
+    inproc = Engine(mode=Mode.SPEC, edge=EDGE_ALIAS, cloud=CLOUD_ALIAS, dtype="bfloat16", spec=GREEDY,
                     decode=DecodeConfig(max_new_tokens=32), loader=loader, log=lambda m: None)
     split = split_engine(EDGE_ALIAS, real_cloud_url, "bfloat16", 32, loader)
     placements = {"inproc": ([0, 1], inproc), "split": ([0], split)}

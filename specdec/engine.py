@@ -25,7 +25,7 @@ from specdec.models.loading import LoadedModel, LoadSettings, load
 from specdec.remote.client import RemoteCloud, SessionSettings
 from specdec.remote.protocol import read_token, token_file_warning, tokenizer_sha256
 from specdec.runtime_registry import declared, runtime_parts
-from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, Mode, OnCloudLoss, parse
+from specdec.settings import Mode, Overlap
 
 PLAIN_STEPS = "cloud plain steps"  # the model key of a two-runtime cloud's plain-step copy
 
@@ -83,8 +83,8 @@ class Engine(EngineConfig):
         return super().roles
 
     def _governor(self) -> OverlapGovernor | None:
-        """overlap "auto": one governor per engine, its running means carried across generations."""
-        if self.deploy.overlap != "auto":
+        """overlap auto: one governor per engine, its running means carried across generations."""
+        if self.deploy.overlap != Overlap.AUTO:
             return None
         return self._derived.setdefault("overlap", OverlapGovernor(self.spec.k))
 
@@ -136,9 +136,7 @@ class Engine(EngineConfig):
             runtime, device = runtime_parts(self.cloud_runtime)[0], self.cloud_device
         else:
             runtime, device = runtime_parts(getattr(self, f"{role}_runtime"))[-1], getattr(self, f"{role}_device")
-        return LoadSettings(self.dtype, runtime, device, parse(KVCache, self.kv_cache, "kv_cache"),
-                            parse(CudaGraphs, self.cuda_graphs, "cuda_graphs"),
-                            parse(ExtraBuffers, self.llamacpp_extra_buffers, "extra_buffers"))
+        return LoadSettings(self.dtype, runtime, device, self.kv_cache, self.cuda_graphs, self.llamacpp_extra_buffers)
 
     @property
     def primary(self) -> LoadedModel:
@@ -310,8 +308,7 @@ class Engine(EngineConfig):
         if self.mode == Mode.SPEC:
             edge = self.model("edge").backend if self.spec.drafter in NEEDS_MODEL else None
             measured = self.history()  # this request reads what earlier ones measured; its answer's length closes it
-            # DeployConfig parsed on_cloud_loss into its OnCloudLoss member (its annotation keeps the word's `str`)
-            options = SpecOptions(constraints, self.punct_density(), OnCloudLoss(self.deploy.on_cloud_loss),
+            options = SpecOptions(constraints, self.punct_density(), self.deploy.on_cloud_loss,
                                   self.deploy.overlap if self.remote_cloud else False, self._governor(), measured)
             generation = speculative_decode(edge, self.cloud_side(), prompt, self.spec, self.decode, options)
             measured.close_request(generation.new_tokens)

@@ -8,8 +8,13 @@ which values exist. This module imports nothing of specdec's but its errors: `co
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import operator
+import types
+import typing
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from specdec.errors import ConfigError
 
@@ -70,6 +75,27 @@ class OnCloudLoss(StrEnum):
     EDGE = "edge"  # it finishes edge-only, marked degraded
 
 
+class Overlap(StrEnum):
+    """--overlap's third value beside true and false (a bool): draft ahead only while it measurably pays."""
+
+    AUTO = "auto"  # specdec/core/overlap.py's governor decides from the cycles measured so far
+
+
+class Uncertainty(StrEnum):
+    """A draft block's uncertainty from its token entropies (specdec/core/escalation.py)."""
+
+    MAX = "max"  # the most uncertain token
+    MEAN = "mean"
+    FIRST = "first"  # the block's first token
+
+
+class Profile(StrEnum):
+    """A decoding profile: rules on top of the model's own (specdec/constraint_profiles.py)."""
+
+    NONE = "none"
+    ZH = "zh"  # one short Chinese sentence (specdec/core/constraints_zh.py)
+
+
 Setting = TypeVar("Setting", bound=StrEnum)
 
 
@@ -81,10 +107,48 @@ def parse(kind: type[Setting], value: object, name: str) -> Setting:
         raise ConfigError(f"unknown {name} {value!r}: use one of {', '.join(kind)}") from None
 
 
-def parse_fields(config: object, **kinds: type[StrEnum]) -> None:
-    """Parse each named field of a frozen dataclass (`config`, in its __post_init__) into its enum, in place."""
-    for name, kind in kinds.items():
-        object.__setattr__(config, name, parse(kind, getattr(config, name), name))
+def enum_of(hint: object) -> type[StrEnum] | None:
+    """The settings enum a field's type names (`KVCache`, `bool | Overlap`, `Profile | None`), or None."""
+    if isinstance(hint, type):
+        return hint if issubclass(hint, StrEnum) else None
+    kinds = [arg for arg in typing.get_args(hint) if isinstance(arg, type) and issubclass(arg, StrEnum)]
+    return kinds[0] if kinds else None
+
+
+def as_words(hint: Any) -> Any:
+    """A setting's type as a record or a sweep's grid holds it: each settings enum as the `str` of its word
+    (`KVCache` -> str, `bool | Overlap` -> bool | str); other types unchanged."""
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        return str
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) and any(enum_of(arg) for arg in args):
+        return functools.reduce(operator.or_, dict.fromkeys(as_words(arg) for arg in args))
+    return hint
+
+
+def parse_fields(config: object) -> None:
+    """Parse every field of a frozen dataclass (`config`, in its __post_init__) that its type declares a settings enum
+    into that enum, in place: a word from a flag, a TOML file or a record becomes its member, or one line naming the
+    field and its values. Other values of a union (`bool | Overlap`'s True, `Profile | None`'s None) stay."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]  # called from dataclasses' __post_init__ only
+        kind, value = enum_of(hints[f.name]), getattr(config, f.name)
+        if kind is not None and isinstance(value, str) and not isinstance(value, kind):
+            object.__setattr__(config, f.name, parse(kind, value, f.name))
+
+
+_SWITCH_WORDS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+
+
+def parse_switch(value: object) -> bool:
+    """A true/false setting from TOML (a bool) or a flag's word (true/false, on/off, yes/no, 1/0); ValueError for
+    anything else."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in _SWITCH_WORDS:
+        raise ValueError(value)
+    return _SWITCH_WORDS[text]
 
 
 def choices(kind: type[StrEnum]) -> tuple[str, ...]:

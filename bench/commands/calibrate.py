@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bench.derive.calibration import read_calibration, table
 from bench.measure.calibrate import ROUNDS, calibration, calibration_path, default_models, default_runtimes
-from specdec.backends.devices import check_device
+from specdec.backends.devices import check_device, on_cpu
 from specdec.errors import ConfigError
 from specdec.kernels import KernelError
 from specdec.machine import fingerprint
@@ -51,7 +51,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         if args.any_machine:
             raise ConfigError("--any-machine reads another machine's file: give it with --file PATH")
-        if check_device(args.device) != "cpu":  # a missing device is named first, in one line
+        if not on_cpu(check_device(args.device)):  # a missing device is named first, in one line
             raise ConfigError(f"calibrate measures the CPU's runtimes against its memory bandwidth; {args.device}'s "
                               "cost curve is measured by bench/gpu/check.sh (docs/gpu.md): drop --device")
         models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else default_models()

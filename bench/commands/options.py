@@ -115,6 +115,12 @@ def _value_type(hint: Any) -> type:
     return typing.get_args(hint)[0] if typing.get_origin(hint) is tuple else hint
 
 
+def _parser(kind: type) -> Callable[[str], Any]:
+    """A flag's text as one value of `kind`; a settings enum is taken as its word and checked by its choices (the
+    config's __post_init__ parses it into its member)."""
+    return PARSERS[str if isinstance(kind, type) and issubclass(kind, StrEnum) else kind]
+
+
 def _flags(f: Field, source: Field) -> tuple[str, ...]:
     return (f"--{f.name.replace('_', '-')}", *source.metadata.get("flags", ()))
 
@@ -137,7 +143,7 @@ def field_options(cls: type) -> list[Option]:
         elif kind is bool:  # one switch, both spellings: `--overlap` and `--no-overlap`
             options.append(Option(f.name, _flags(f, source), "switch", None, default, False, help_text, None))
         else:
-            parse = PARSERS[str if isinstance(kind, type) and issubclass(kind, StrEnum) else kind]  # enums: by choices
+            parse = _parser(kind)
             if canonical := source.metadata.get("canonical"):  # an old name is today's before choices are checked
                 parse = _then(parse, canonical)
             parse = _comma_list(parse) if typing.get_origin(hints[f.name]) is tuple else parse
@@ -172,7 +178,7 @@ def sweep_options() -> list[Option]:
         elif kind is bool:
             options.append(Option(f.name, _flags(f, source), "switch", None, None, False, help_text, None))
         else:
-            parse = PARSERS[kind]
+            parse = _parser(kind)
             if canonical := source.metadata.get("canonical"):  # an old name is today's before choices are checked
                 parse = _then(parse, canonical)
             parse = _comma_list(parse) if typing.get_origin(hints[f.name]) is tuple else parse

@@ -34,7 +34,7 @@ from bench.core.prompts import SPEC_BENCH, PromptInputs, prompt_set_name
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.drafters import NEEDS_MODEL
 from specdec.runtime_registry import default_runtime, known, runtime_parts
-from specdec.settings import Mode
+from specdec.settings import Mode, as_words
 
 RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConfig)
 # Run settings that say how a run reaches its models and prompts, not what it measures: the
@@ -60,17 +60,20 @@ class _Placement:
 
 def _run_fields() -> list[tuple[str, Any, type]]:
     """(name, type, defined in) of each field `Point` must have, in order: every measured run setting,
-    EngineConfig's first, then where it ran, typed as its setting or None. tests/test_point.py holds
-    the written `Point` to it."""
+    EngineConfig's first, then where it ran, typed as its setting (a settings enum as its word) or None.
+    tests/test_point.py holds the written `Point` to it."""
     expected: list[tuple[str, Any, type]] = []
     for cls in (EngineConfig, _Placement, SpecConfig, DeployConfig, DecodeConfig, PromptInputs):
         hints = typing.get_type_hints(cls)
-        expected += [(f.name, hints[f.name] | None, cls) for f in fields(cls) if f.init and f.name not in NOT_MEASURED]
+        expected += [(f.name, as_words(hints[f.name]) | None, cls) for f in fields(cls)
+                     if f.init and f.name not in NOT_MEASURED]
     return expected
 
 
 SETTINGS = {f.name: f for cls in (*RUN_SETTINGS, _Placement) for f in fields(cls)}  # name -> where it is defined
-SETTING_TYPES = {name: hint for cls in (*RUN_SETTINGS, _Placement) for name, hint in typing.get_type_hints(cls).items()}
+# name -> its type as a record and a sweep's grid hold it: a settings enum as its word (the run's config parses it)
+SETTING_TYPES = {name: as_words(hint) for cls in (*RUN_SETTINGS, _Placement)
+                 for name, hint in typing.get_type_hints(cls).items()}
 AXES = ("mode", "k", "entropy_threshold", "accept_threshold", "policy", "verifier", "draft_stop", "k_schedule", "drafter",
         "drafter_options", "dtype", "prompts", "constraints", "edge_runtime", "cloud_runtime", "kv_cache", "deployment",
         "link", "overlap")

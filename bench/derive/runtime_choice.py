@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.core.policies import policies_that
 from specdec.errors import ConfigError
 from specdec.runtime_registry import batch_invariant, declared
 
 PLAIN_MARGIN = 1.25  # a runtime whose step is within 25 % of the fastest is also timed as plain decoding
-LOSSLESS_POLICIES = ("greedy", "sample")  # policies that emit the verifier's own tokens (or distribution)
+LOSSLESS_POLICIES = policies_that("lossless")  # policies that emit the verifier's own tokens (or distribution)
 
 
 @dataclass(frozen=True)

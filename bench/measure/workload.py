@@ -24,15 +24,15 @@ from bench.derive import metrics
 from bench.derive.health import text_health
 from bench.measure import tinypair
 from specdec.backends.base import Backend
-from specdec.core import config
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.loading import LoadedModel, LoadSettings, load_model
+from specdec.settings import Mode
 
 EDGE_ALIAS, CLOUD_ALIAS = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 TINY = "tiny"  # the edge/cloud name of the in-process pair (bench/measure/tinypair.py)
-ENGINE_MODES = config.MODES  # edge, cloud, spec: the order the gate's passes rotate through
+ENGINE_MODES = tuple(Mode)  # edge, cloud, spec: the order the gate's passes rotate through
 HF_ASSISTED = "hf_assisted"  # HF assisted generation at the workload's fixed k, confidence cut off
 HF_ASSISTED_DEFAULTS = "hf_assisted_defaults"  # HF assisted as shipped: 20 draft tokens cut at confidence 0.4
 MODES = ENGINE_MODES + (HF_ASSISTED, HF_ASSISTED_DEFAULTS)
@@ -135,7 +135,7 @@ class Pair:
             self._tmp = tempfile.TemporaryDirectory(prefix="specbench-tiny-")
             names = tinypair.save_pair(self._tmp.name, edge_noise=workload.edge_noise)
         self.models = {role: load_model(name, workload.dtype, log=log) for role, name in names.items()}
-        self.engines = {mode: self._engine(mode, wrap, log) for mode in ENGINE_MODES}
+        self.engines: dict[str, Engine] = {mode: self._engine(mode, wrap, log) for mode in ENGINE_MODES}
         # Confidence threshold 0 keeps every block at exactly k draft tokens, as our engine's.
         self.assistant_settings = {
             HF_ASSISTED: {"num_assistant_tokens": workload.k, "num_assistant_tokens_schedule": "constant",
@@ -143,7 +143,7 @@ class Pair:
             HF_ASSISTED_DEFAULTS: HF_DEFAULTS,
         }
 
-    def _engine(self, mode: str, wrap: BackendWrap | None, log: Callable[[str], object]) -> Engine:
+    def _engine(self, mode: Mode, wrap: BackendWrap | None, log: Callable[[str], object]) -> Engine:
         by_name = {loaded.name: (role, loaded) for role, loaded in self.models.items()}
 
         def loader(name: str, settings: LoadSettings, log: Callable[[str], object] = log) -> LoadedModel:

@@ -14,18 +14,23 @@ import torch
 
 from specdec.errors import ConfigError
 from specdec.runtime_registry import declared, runtimes
-from specdec.settings import CudaGraphs, KVCache, ServerCache, Steps, choices, parse
+from specdec.settings import CudaGraphs, KVCache, ServerCache, Steps, choices
 
 DEVICE_NAMES = "cpu, cuda or cuda:N"
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 CPU = torch.device("cpu")
 
 
+def on_cpu(device: str) -> bool:
+    """Whether a device setting names the CPU (check_device allows `cpu` alone for it, and cuda[:N])."""
+    return device == "cpu"
+
+
 def check_device(name: str, flag: str = "--device") -> str:
     """`name` when torch can run a model there on this machine; else a ConfigError naming `flag` and the fix."""
     if not isinstance(name, str) or not _DEVICE.fullmatch(name):
         raise ConfigError(f"unknown device {name!r} for {flag}: use {DEVICE_NAMES}")
-    if name == "cpu":
+    if on_cpu(name):
         return name
     if not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, but no GPU is visible"
@@ -41,16 +46,15 @@ def check_device(name: str, flag: str = "--device") -> str:
 def check_served_device(device: str, runtime: str, flag: str = "--device") -> str:
     """A server's device: it exists here, and its runtime runs there (llama.cpp and int8: the CPU only)."""
     check_device(device, flag)
-    if device != "cpu" and not declared(runtime).devices:
+    if not on_cpu(device) and not declared(runtime).devices:
         raise ConfigError(f"runtime {runtime} runs on the CPU only: use {flag} cpu, or runtime "
                           f"{', '.join(r.name for r in runtimes() if r.devices)} on {device}")
     return device
 
 
-def check_served_cache(kv_cache: str, runtime: str, flag: str = "--kv-cache") -> str:
+def check_served_cache(kv_cache: ServerCache, runtime: str, flag: str = "--kv-cache") -> ServerCache:
     """A server's KV cache: the torch runtime's choice; the other runtimes keep their own (auto: whatever they keep)."""
-    if parse(ServerCache, kv_cache, flag.lstrip("-")) not in (ServerCache.AUTO, ServerCache.DYNAMIC) \
-            and not declared(runtime).caches:
+    if kv_cache not in (ServerCache.AUTO, ServerCache.DYNAMIC) and not declared(runtime).caches:
         raise ConfigError(f"{flag} {kv_cache} is the {', '.join(r.name for r in runtimes() if r.caches)} runtime's; "
                           f"{runtime} keeps its own cache: drop {flag}")
     return kv_cache
@@ -109,16 +113,14 @@ SERVER_CACHES = choices(ServerCache)
 STEPS = choices(Steps)  # what kv_cache x cuda_graphs x device resolve to
 
 
-def steps_of(kv_cache: KVCache | str, device: str, cuda_graphs: CudaGraphs | str = CudaGraphs.ON,
-             static_capable: bool = True) -> Steps:
+def steps_of(kv_cache: KVCache, device: str, cuda_graphs: CudaGraphs = CudaGraphs.ON, static_capable: bool = True) -> Steps:
     """What runs a model's forwards: `dynamic` (transformers' DynamicCache, eager), `static` (a preallocated
     cache, eager), `compiled` (the static cache's forward under torch.compile) or `graphs` (the static cache's
     1-token and k+1-token forwards replayed as CUDA graphs). auto: graphs on CUDA (dynamic with cuda_graphs
     off, or for a model the static cache does not run: `static_capable` false), dynamic on the CPU."""
-    kv_cache, cuda_graphs = parse(KVCache, kv_cache, "kv_cache"), parse(CudaGraphs, cuda_graphs, "cuda_graphs")
-    graphs = is_cuda(device) and cuda_graphs is CudaGraphs.ON
-    if kv_cache is KVCache.AUTO:
+    graphs = is_cuda(device) and cuda_graphs == CudaGraphs.ON
+    if kv_cache == KVCache.AUTO:
         return Steps.GRAPHS if graphs and static_capable else Steps.DYNAMIC
-    if kv_cache is KVCache.STATIC and graphs:
+    if kv_cache == KVCache.STATIC and graphs:
         return Steps.GRAPHS
-    return Steps(kv_cache.value)
+    return Steps(kv_cache)

@@ -32,6 +32,7 @@ from specdec.core.tree import TokenTree, greedy_path
 from specdec.core.verdict import CloudLost, InFlight, Route, Verdict
 from specdec.core.verifier import CachedVerifier, make_verifier
 from specdec.errors import SpecdecError
+from specdec.settings import OnCloudLoss
 
 
 class CloudSession(Protocol):
@@ -268,6 +269,6 @@ class EdgeFallbackLink(CloudLink):
         return InFlight(lambda: None)
 
 
-def open_link(cloud: Cloud, opening: tuple, on_loss: str = "fail") -> CloudLink:
-    """on_loss (config.ON_CLOUD_LOSS): "fail" raises CloudLost, "edge" goes on edge-only."""
-    return EdgeFallbackLink(cloud, opening) if on_loss == "edge" else CloudLink(cloud, opening)
+def open_link(cloud: Cloud, opening: tuple, on_loss: OnCloudLoss = OnCloudLoss.FAIL) -> CloudLink:
+    """on_loss: FAIL raises CloudLost, EDGE goes on edge-only."""
+    return EdgeFallbackLink(cloud, opening) if on_loss == OnCloudLoss.EDGE else CloudLink(cloud, opening)

@@ -11,12 +11,13 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 
 from specdec.backends.base import DTYPES
-from specdec.backends.devices import CUDA_GRAPHS, DEVICE_NAMES, KV_CACHES, check_device
+from specdec.backends.devices import CUDA_GRAPHS, DEVICE_NAMES, KV_CACHES, check_device, on_cpu
 from specdec.core.block_length import SCHEDULES, parse_stop
 from specdec.core.drafters import DRAFTERS, describe_options, drafter_options
-from specdec.core.policies import POLICIES
+from specdec.core.policies import POLICIES, policies_that, traits
 from specdec.core.verifier import VERIFIERS
 from specdec.errors import ConfigError
 from specdec.runtime_registry import (
@@ -29,12 +30,24 @@ from specdec.runtime_registry import (
     runtime_parts,
     runtimes,
 )
-from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, Mode, OnCloudLoss, choices, parse_fields
+from specdec.settings import (
+    CudaGraphs,
+    ExtraBuffers,
+    KVCache,
+    Mode,
+    OnCloudLoss,
+    Overlap,
+    Profile,
+    Uncertainty,
+    choices,
+    parse_fields,
+    parse_switch,
+)
 
 MODES = choices(Mode)
 ROLES = {"edge": ("edge",), "cloud": ("cloud",), "spec": ("edge", "cloud")}  # the models each mode loads
-CONSTRAINT_PROFILES = ("none", "zh")
-UNCERTAINTY = ("max", "mean", "first")
+CONSTRAINT_PROFILES = choices(Profile)
+UNCERTAINTY = choices(Uncertainty)
 DEFAULT_RUNTIME = default_runtime()  # what runs a model when no runtime is said (specdec/runtimes)
 RUNTIMES_HELP = "; ".join(f"{r.name}: {r.summary}" for r in runtimes())
 # e.g. llama.cpp's plain steps and the kernels' exact blocks
@@ -68,6 +81,8 @@ def _type_name(hint) -> str:
         return f"a list of {_type_name(args[0]).removeprefix('an ').removeprefix('a ')}s"
     if args and typing.get_origin(hint) is not tuple:
         return " or ".join(_type_name(arg) for arg in args) + (" (or unset)" if len(args) < len(typing.get_args(hint)) else "")
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        return f"one of {', '.join(hint)}"
     return _TYPE_NAMES.get(hint, getattr(hint, "__name__", str(hint)))
 
 
@@ -93,7 +108,7 @@ def check_choices(config) -> None:
 class EngineConfig:
     """Which models run and how prompts reach them."""
 
-    mode: str = field(metadata={"help": "edge or cloud alone (the baselines), or spec: edge drafts, cloud verifies",
+    mode: Mode = field(metadata={"help": "edge or cloud alone (the baselines), or spec: edge drafts, cloud verifies",
                                 "choices": MODES})
     edge: str | None = field(default=None, metadata={"help": "edge (draft) model: registry alias, local directory or hub id"})
     cloud: str | None = field(default=None, metadata={"help": "cloud (verify) model: registry alias, local directory or hub id"})
@@ -106,14 +121,14 @@ class EngineConfig:
         "help": "what runs the cloud loaded here, as --edge-runtime; spec mode: also PLAIN+BLOCKS (two runtimes, e.g. "
                 f"{PAIR_EXAMPLE}), the model held in both, plain steps in the first, blocks in the second",
         "choices": RuntimeChoices(pairs=True), "canonical": canonical_runtime})
-    constraints: str = field(default="none", metadata={"help": "decoding profile (zh: one short Chinese sentence)",
+    constraints: Profile = field(default=Profile.NONE, metadata={"help": "decoding profile (zh: one short Chinese sentence)",
                                                         "choices": CONSTRAINT_PROFILES})
     chat_template: bool = field(default=True, metadata={"help": "wrap the prompt in the tokenizer's chat template, "
                                                                 "when it has one (off: the text goes in raw)"})
     cloud_url: str | None = field(default=None, metadata={
         "help": "spec mode: verify on a `specbench serve` server at HOST:PORT instead of loading the cloud model here "
                 "(edge mode never contacts it)"})
-    llamacpp_extra_buffers: str = field(default=ExtraBuffers.AUTO, metadata={
+    llamacpp_extra_buffers: ExtraBuffers = field(default=ExtraBuffers.AUTO, metadata={
         "help": "llama.cpp's extra buffer types (weight repacking, AMX tiles) for the models run in llamacpp here: "
                 "auto (only after a one-time probe in a child process says they run on this machine), on (llama.cpp's "
                 "default) or off (its --no-repack); docs/runtimes.md", "choices": choices(ExtraBuffers)})
@@ -122,23 +137,21 @@ class EngineConfig:
     cloud_device: str = field(default="cpu", metadata={
         "help": f"where the cloud's torch model loaded here runs: {DEVICE_NAMES} (with --cloud-url the server's "
                 "`specbench serve --device` says); docs/gpu.md"})
-    kv_cache: str = field(default=KVCache.AUTO, metadata={
+    kv_cache: KVCache = field(default=KVCache.AUTO, metadata={
         "help": "the torch models' KV cache: dynamic (transformers' DynamicCache), static (preallocated, exact crops), "
                 "compiled (static, its forward under torch.compile) or auto (static with captured steps on CUDA, "
                 "dynamic on the CPU); docs/gpu.md", "choices": KV_CACHES})
-    cuda_graphs: str = field(default=CudaGraphs.ON, metadata={
+    cuda_graphs: CudaGraphs = field(default=CudaGraphs.ON, metadata={
         "help": "on CUDA with a static KV cache: replay the 1-token and k+1-token forwards as captured CUDA graphs "
                 "(on), or run them eagerly (off)", "choices": CUDA_GRAPHS})
 
     def __post_init__(self) -> None:
+        parse_fields(self)  # typed from here on; a member is still its word in records and the protocol
         check_types(self)
         for role in ("edge_runtime", "cloud_runtime"):  # an old runtime name is today's
             object.__setattr__(self, role, canonical_runtime(getattr(self, role)))
         check_choices(self)
-        # Typed from here on: an enum member is still its word (`str` in the annotation, the records and the
-        # protocol), so the point's types and the flags built from these fields stay as they were.
-        parse_fields(self, kv_cache=KVCache, cuda_graphs=CudaGraphs, llamacpp_extra_buffers=ExtraBuffers)
-        if self.remote_cloud and self.cloud_device != "cpu":
+        if self.remote_cloud and not on_cpu(self.cloud_device):
             raise ConfigError("--cloud-device chooses where a cloud loaded here runs; with --cloud-url the server's "
                               "model runs where that server was started (`specbench serve --device`): drop --cloud-device")
         for role in self.roles:
@@ -168,7 +181,7 @@ class EngineConfig:
         """The role's device exists here, and its runtime runs there (llama.cpp and dynamic int8 on the CPU only)."""
         device = check_device(getattr(self, f"{role}_device"), f"--{role}-device")
         runtime = getattr(self, f"{role}_runtime")
-        if device != "cpu" and not all(declared(part).devices for part in runtime_parts(runtime)):
+        if not on_cpu(device) and not all(declared(part).devices for part in runtime_parts(runtime)):
             on_devices = ", ".join(r.name for r in runtimes() if r.devices)
             raise ConfigError(f"--{role}-runtime {runtime} runs on the CPU only: use --{role}-device cpu, or "
                               f"--{role}-runtime {on_devices} on {device}")
@@ -185,19 +198,12 @@ class EngineConfig:
 
 
 ON_CLOUD_LOSS = choices(OnCloudLoss)
-OVERLAP = (True, False, "auto")
+def parse_overlap(value: object) -> bool | Overlap:
+    """An overlap setting from a flag, TOML or a sweep's list: auto, or true/false (on/off, yes/no, 1/0); ValueError
+    for anything else."""
+    return Overlap.AUTO if str(value).strip().lower() == Overlap.AUTO else parse_switch(value)
 
 
-def parse_overlap(value) -> bool | str:
-    """An overlap setting from a flag, TOML or a sweep's list: auto, or true/false (on/off, yes/no, 1/0)."""
-    if isinstance(value, bool) or value == "auto":
-        return value
-    text = str(value).strip().lower()
-    if text == "auto":
-        return "auto"
-    if text not in ("true", "false", "on", "off", "yes", "no", "1", "0"):
-        raise ValueError(value)
-    return text in ("true", "on", "yes", "1")
 # Sampling below this temperature is greedy up to rounding, and far below it `logits / T` overflows
 # to inf and the distribution turns NaN (a session at 1e-40 made torch.multinomial raise): refused.
 MIN_TEMPERATURE = 1e-2
@@ -210,20 +216,22 @@ class DeployConfig:
     token_file: str | None = field(default=None, metadata={"help": "file holding the server's shared secret"})
     cloud_timeout_s: float = field(default=60.0, metadata={
         "help": "seconds to wait for one verdict before the cloud counts as lost", "flags": ("--cloud-timeout",)})
-    on_cloud_loss: str = field(default=OnCloudLoss.FAIL, metadata={
+    on_cloud_loss: OnCloudLoss = field(default=OnCloudLoss.FAIL, metadata={
         "help": "the server is lost mid-generation: record the prompt failed, or finish it edge-only (degraded)",
         "choices": ON_CLOUD_LOSS})
-    overlap: bool | str = field(default="auto", metadata={
+    overlap: bool | Overlap = field(default=Overlap.AUTO, metadata={
         "help": "with --cloud-url: draft the next block while the server verifies the last one: auto (only "
                 "while the cycles measured so far say it pays, specdec/core/overlap.py), true or false",
         "parse": "overlap"})
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "overlap", parse_overlap(self.overlap))
+        except ValueError:
+            raise ConfigError(f"overlap must be auto, true or false, got {self.overlap!r}") from None
+        parse_fields(self)
         check_types(self)
         check_choices(self)
-        parse_fields(self, on_cloud_loss=OnCloudLoss)
-        if self.overlap not in OVERLAP:
-            raise ConfigError(f"overlap must be auto, true or false, got {self.overlap!r}")
         if not self.cloud_timeout_s > 0:
             raise ConfigError(f"cloud_timeout_s must be > 0 seconds, got {self.cloud_timeout_s}")
 
@@ -264,7 +272,7 @@ class SpecConfig:
                                                         "choices": tuple(POLICIES)})
     verifier: str = field(default="cached", metadata={"help": "how the cloud keeps its state between calls "
                                                                "(specdec/core/verifier.py)", "choices": tuple(VERIFIERS)})
-    uncertainty: str = field(default="max", metadata={"help": "a block's uncertainty from its token entropies",
+    uncertainty: Uncertainty = field(default=Uncertainty.MAX, metadata={"help": "a block's uncertainty from its token entropies",
                                                        "choices": UNCERTAINTY})
     punct_trigger: float | None = field(
         default=None, metadata={"help": "also escalate blocks whose punctuation density exceeds this (0.4 flags "
@@ -295,6 +303,7 @@ class SpecConfig:
     )
 
     def __post_init__(self) -> None:
+        parse_fields(self)
         check_types(self)
         if not isinstance(self.k, int) or self.k < 1:
             raise ConfigError(f"k must be >= 1, got {self.k}")
@@ -307,14 +316,15 @@ class SpecConfig:
         check_choices(self)
         if self.draft_topn is not None and (not isinstance(self.draft_topn, int) or self.draft_topn < 1):
             raise ConfigError(f"draft_topn must be an integer >= 1 (or unset for the full distribution), got {self.draft_topn}")
-        if self.draft_topn is not None and self.policy != "sample":
-            raise ConfigError("draft_topn truncates sampled drafts: use it with --policy sample, or leave it unset")
+        if self.draft_topn is not None and not traits(self.policy).samples:
+            raise ConfigError(f"draft_topn truncates sampled drafts: use it with --policy "
+                              f"{' or '.join(policies_that('samples'))}, or leave it unset")
         parse_stop(self.draft_stop)
         if self.punct_trigger is not None and not 0.0 <= self.punct_trigger <= 1.0:
             raise ConfigError(f"punct_trigger is a density in [0, 1], got {self.punct_trigger}")
         drafter_options(self.drafter, self.drafter_options)  # one the drafter does not take is refused here
 
     def check_decoding(self, decode: DecodeConfig) -> None:
-        if self.policy == "sample" and not decode.do_sample:
-            raise ConfigError("policy 'sample' needs temperature > 0: set --temperature, or use --policy greedy for greedy "
-                              "decoding")
+        if traits(self.policy).samples and not decode.do_sample:
+            raise ConfigError(f"policy {self.policy!r} needs temperature > 0: set --temperature, or use --policy "
+                              f"{' or '.join(policies_that('argmax'))} for greedy decoding")

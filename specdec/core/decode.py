@@ -33,14 +33,16 @@ from specdec.core.drafters.model import ModelDrafter
 from specdec.core.escalation import should_escalate
 from specdec.core.history import History
 from specdec.core.overlap import OverlapGovernor
+from specdec.core.policies import policies_that, traits
 from specdec.core.processors import Constraints
 from specdec.core.sampling import choose, distribution, entropy_nats
 from specdec.core.session import AcceptedSequence, Session
 from specdec.core.trace import Counters, Cycle, Generation
 from specdec.core.two_runtime import Router, TwoRuntimeCloud
 from specdec.core.verdict import Verdict
+from specdec.core.verifier import VERIFIERS, verifies_trees
 from specdec.errors import ConfigError
-from specdec.settings import OnCloudLoss, parse_fields
+from specdec.settings import OnCloudLoss, Overlap, parse_fields
 
 NO_CONSTRAINTS = Constraints()
 
@@ -54,12 +56,12 @@ class SpecOptions:
     constraints: Constraints = NO_CONSTRAINTS
     punct_density: Callable[[list[int]], float] | None = None  # draft ids -> density, for `spec.punct_trigger`
     on_cloud_loss: OnCloudLoss = OnCloudLoss.FAIL  # fail: raise CloudLost; edge: finish edge-only
-    overlap: bool | str = False  # draft ahead while a remote cloud verifies: True, False or "auto" (build_drafter)
+    overlap: bool | Overlap = False  # draft ahead while a remote cloud verifies: True, False or auto (build_drafter)
     governor: OverlapGovernor | None = None  # auto's judge (a fresh one if None)
     history: History | None = None  # the engine's earlier requests' measurements (None: a fresh one)
 
     def __post_init__(self) -> None:
-        parse_fields(self, on_cloud_loss=OnCloudLoss)
+        parse_fields(self)
 
 
 @torch.inference_mode()
@@ -92,12 +94,13 @@ def check_trees(drafter: Drafter, cloud: Cloud, spec: SpecConfig, decode: Decode
     if not cloud.accepts_trees:
         raise ConfigError(f"drafter {spec.drafter!r} proposes token trees (branches > 1), which this cloud verifies "
                           "only as chains (a kernels runtime in this process verifies trees): use branches=1")
-    if spec.policy != "greedy" or decode.do_sample or spec.verifier != "cached":
-        raise ConfigError("token trees are verified greedily on a cached verifier: use --policy greedy, temperature 0 "
-                          "and --verifier cached, or branches=1")
+    if not traits(spec.policy).argmax or decode.do_sample or not verifies_trees(spec.verifier):
+        argmax, verifiers = policies_that("argmax"), [name for name in VERIFIERS if verifies_trees(name)]
+        raise ConfigError(f"token trees are verified greedily on a cached verifier: use --policy {' or '.join(argmax)}, "
+                          f"temperature 0 and --verifier {' or '.join(verifiers)}, or branches=1")
 
 
-def build_drafter(spec: SpecConfig, context: DraftContext, overlap: bool | str = False,
+def build_drafter(spec: SpecConfig, context: DraftContext, overlap: bool | Overlap = False,
                   governor: OverlapGovernor | None = None) -> Drafter:
     """The drafter `spec` names with its options, for one generation. overlap True: it drafts ahead while a
     remote cloud verifies (refused for one that cannot); "auto": it does where it can and `governor` (a
@@ -111,7 +114,7 @@ def build_drafter(spec: SpecConfig, context: DraftContext, overlap: bool | str =
                               "can): use --overlap auto or false")
         return drafter
     assert isinstance(drafter, ModelDrafter)  # the one drafter registered as drafting ahead (DRAFTS_AHEAD)
-    return DraftAhead(drafter, (governor or OverlapGovernor(spec.k)) if overlap == "auto" else None)
+    return DraftAhead(drafter, (governor or OverlapGovernor(spec.k)) if overlap == Overlap.AUTO else None)
 
 
 def run_cycles(drafter: Drafter, link: CloudLink, seq: AcceptedSequence, spec: SpecConfig, constraints: Constraints,

@@ -4,13 +4,14 @@ from __future__ import annotations
 import torch
 
 from specdec.core.config import SpecConfig
+from specdec.settings import Uncertainty
 
 
-def block_uncertainty(entropies_nats: torch.Tensor, how: str) -> torch.Tensor:
+def block_uncertainty(entropies_nats: torch.Tensor, how: Uncertainty) -> torch.Tensor:
     """[n] token entropies -> scalar block uncertainty (nats)."""
-    if how == "max":
+    if how == Uncertainty.MAX:
         return entropies_nats.max()
-    if how == "mean":
+    if how == Uncertainty.MEAN:
         return entropies_nats.mean()
     return entropies_nats[0]
 

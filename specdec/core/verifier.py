@@ -15,20 +15,24 @@ from specdec.backends.prompt import Prompt
 from specdec.core.session import AcceptedSequence, Session
 from specdec.core.tree import TokenTree
 
-VERIFIERS: dict[str, type] = {}  # --verifier name -> class(backend, prompt)
+VERIFIERS: dict[str, type] = {}
+_TREES: set[str] = set()  # verifiers registered with verifies_trees=True  # --verifier name -> class(backend, prompt)
 
 
-def register_verifier(name: str):
-    """Class decorator: file a verifier under its `--verifier` name."""
+def register_verifier(name: str, *, verifies_trees: bool = False):
+    """Class decorator: file a verifier under its `--verifier` name; `verifies_trees`: it has tree_logits and
+    commit_path (token trees verify on it)."""
 
     def register(cls: type) -> type:
         VERIFIERS[name] = cls
+        if verifies_trees:
+            _TREES.add(name)
         return cls
 
     return register
 
 
-@register_verifier("cached")
+@register_verifier("cached", verifies_trees=True)
 class CachedVerifier:
     """The cloud keeps a KV cache of the accepted prefix, audio included from its prefill.
     The first call prefills the prompt and verifies its draft in one forward. Each call feeds only the accepted tokens it
@@ -124,6 +128,11 @@ class StatelessVerifier:
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:
         """Nothing is cached."""
+
+
+def verifies_trees(kind: str) -> bool:
+    """Whether the verifier `kind` verifies token trees (its registration says)."""
+    return kind in _TREES
 
 
 def make_verifier(kind: str, backend: Backend, prompt: Prompt) -> CachedVerifier | StatelessVerifier:

@@ -20,7 +20,7 @@ import torch
 from safetensors import SafetensorError
 
 from specdec.backends.base import DTYPES, Backend
-from specdec.backends.devices import check_device, steps_of
+from specdec.backends.devices import check_device, on_cpu, steps_of
 from specdec.backends.prompt import Prompt
 from specdec.errors import ConfigError, InputError, ModelError
 from specdec.models import fetch as fetching
@@ -28,7 +28,7 @@ from specdec.models import integrity, registry
 from specdec.models.architecture import NoTokenizer, build_architecture, is_architecture
 from specdec.models.derive import split_name
 from specdec.runtime_registry import check_file, declared, default_runtime, runtimes
-from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, parse, parse_fields
+from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, Steps, parse, parse_fields
 
 # Hub ids as the hub validates them: two names that start with a letter or digit.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
@@ -210,13 +210,18 @@ class LoadSettings:
             object.__setattr__(self, "runtime", declared(self.runtime).name)
         except ConfigError as e:
             raise ModelError(str(e)) from None
-        parse_fields(self, kv_cache=KVCache, cuda_graphs=CudaGraphs, extra_buffers=ExtraBuffers)
+        parse_fields(self)
+
+    def steps(self, static_capable: bool = True) -> Steps:
+        """What runs the torch runtime's forwards, from the KV cache, the graphs and the device (devices.steps_of):
+        the one place a load reads them."""
+        return steps_of(self.kv_cache, self.device, self.cuda_graphs, static_capable)
 
     def identity(self) -> tuple:
         """What tells two loads apart: a setting the runtime does not take is left out (a KV cache for llama.cpp),
         and the cache and graphs as the steps they resolve to (auto on the CPU is the dynamic cache: one load)."""
         runtime = declared(self.runtime)
-        steps = steps_of(self.kv_cache, self.device, self.cuda_graphs) if runtime.caches else None
+        steps = self.steps() if runtime.caches else None
         return (runtime.name, self.dtype, self.device, steps, self.extra_buffers if runtime.extra_buffers else None,
                 self.sessions)
 
@@ -243,7 +248,7 @@ def load(name: str, settings: LoadSettings, log: Callable[[str], object] = print
     hf_logging.disable_progress_bar()  # a sub-second bar per load is noise in run logs
     check_device(settings.device, "device")
     runtime = declared(settings.runtime)
-    if settings.device != "cpu" and not runtime.devices:
+    if not on_cpu(settings.device) and not runtime.devices:
         on_devices = ", ".join(r.name for r in runtimes() if r.devices)
         raise ModelError(f"runtime {runtime.name} runs on the CPU only: device {settings.device} takes runtime "
                          f"{on_devices}")
@@ -262,7 +267,7 @@ def load_architecture(name: str, settings: LoadSettings) -> LoadedModel:
 
     start = time.perf_counter()
     model = build_architecture(name, DTYPES[settings.dtype], settings.device)
-    steps = steps_of(settings.kv_cache, settings.device, settings.cuda_graphs, static_capable(model))
+    steps = settings.steps(static_capable(model))
     backend = causal_backend(model, name, steps, settings.sessions)
     return LoadedModel(name, name, backend, NoTokenizer(name), time.perf_counter() - start, runtime=default_runtime())
 

@@ -20,6 +20,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from specdec.backends.prompt import Prompt
 from specdec.core.config import DecodeConfig, SpecConfig
+from specdec.core.policies import traits
 from specdec.core.processors import Constraints
 from specdec.core.running import ema
 from specdec.core.session import AcceptedSequence
@@ -263,7 +264,7 @@ class RemoteCloud:
             eos_ids=list(self.settings.eos_ids), vocab=vocab,
             features=pack_tensors(prompt.features) if prompt.features else None,
         )
-        return RemoteCloudSession(self, opening, spec.policy == "sample", spec.draft_topn)
+        return RemoteCloudSession(self, opening, traits(spec.policy).samples, spec.draft_topn)
 
 
 @dataclass

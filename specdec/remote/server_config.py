@@ -41,7 +41,7 @@ class ServedModel:
                 "eagerly (off)", "choices": CUDA_GRAPHS})
 
     def __post_init__(self) -> None:
-        parse_fields(self, kv_cache=ServerCache, cuda_graphs=CudaGraphs)
+        parse_fields(self)
         runtime = served_runtime(self.model, self.runtime)
         object.__setattr__(self, "runtime", runtime)
         check_served_device(self.device, runtime)

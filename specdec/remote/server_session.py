@@ -18,6 +18,7 @@ from specdec.backends.prompt import Prompt
 from specdec.constraint_profiles import build_constraints
 from specdec.core.cloud import LocalCloudSession
 from specdec.core.config import DecodeConfig, SpecConfig
+from specdec.core.policies import traits
 from specdec.core.session import AcceptedSequence
 from specdec.core.shared_forward import BatchRow
 from specdec.core.verdict import Verdict
@@ -25,6 +26,7 @@ from specdec.errors import SpecdecError
 from specdec.models.loading import LoadedModel
 from specdec.remote.payloads import unpack_probs, unpack_tensors
 from specdec.remote.protocol import Followed, Open, ProtocolError, Verify, check_token_ids
+from specdec.settings import Profile, parse
 
 # The server's sampling stream must not be the edge's: seeding both with the same seed would feed
 # the acceptance test the very uniforms that drew the draft tokens.
@@ -63,7 +65,8 @@ class ServerSession:
     def __init__(self, model: LoadedModel, opening: Open) -> None:
         spec, decode_config, features = session_settings(model, opening)
         self.vocab, self.policy = opening.vocab, opening.policy
-        self.constraints = build_constraints(model, opening.constraints, self.vocab, frozenset(opening.eos_ids))
+        profile = parse(Profile, opening.constraints, "constraints")  # Open.check allowed it: the word becomes its member
+        self.constraints = build_constraints(model, profile, self.vocab, frozenset(opening.eos_ids))
         prompt = Prompt(torch.tensor(opening.prompt_ids, dtype=torch.long), features)
         generator = torch.Generator().manual_seed((opening.seed + CLOUD_SEED_OFFSET) % SEED_RANGE)
         # Mirror of the edge's accepted sequence: it grows by `new` and by the accepted draft tokens.
@@ -108,7 +111,7 @@ class ServerSession:
 
     def next_step(self) -> BatchRow:
         """A next-token step of cloud-only serving: a block with no draft."""
-        no_draft = torch.empty(0, self.vocab) if self.policy == "sample" else None
+        no_draft = torch.empty(0, self.vocab) if traits(self.policy).samples else None
         self.edge_takes_the_token, self.following = False, None
         return BatchRow(self.cloud.verifier, self.seq, torch.empty(0, dtype=torch.long), no_draft)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import cast
 
 from specdec.backends.base import DTYPES
-from specdec.backends.devices import steps_of
+from specdec.backends.devices import on_cpu
 from specdec.errors import ModelError
 from specdec.models import integrity, registry
 from specdec.models.convert_ct2 import CT2_FILES, ensure_whisper
@@ -58,12 +58,11 @@ def load(name: str, settings: LoadSettings, log: Callable[[str], object] = print
     from specdec.backends.whisper import WHISPER_MODEL_TYPES, WhisperBackend, load_whisper, whisper_feature_extractor
 
     dtype, device = settings.dtype, settings.device
-    kv_cache, cuda_graphs, sessions = settings.kv_cache, settings.cuda_graphs, settings.sessions
     base, ops = split_name(registry.expand(name))
     derives = declared(settings.runtime).derives
     if derives is not None and not set(INT8_OPS) & set(ops):
         ops = (*ops, derives)
-    if ops and device != "cpu":
+    if ops and not on_cpu(device):
         raise ModelError(f"{name}: @{'+'.join(ops)} derives dynamic int8 layers, which run on the CPU only: use device cpu")
     location = resolve(base, log=log)
     if isinstance(location, Path) and all((location / f).is_file() for f in CT2_FILES):
@@ -89,7 +88,7 @@ def load(name: str, settings: LoadSettings, log: Callable[[str], object] = print
     if config.model_type in WHISPER_MODEL_TYPES:
         with load_errors(name, location):
             model = load_whisper(location, DTYPES[run_dtype], name=name).model
-        backend = placed(WhisperBackend(derive(model, ops), name=name), device, steps_of(kv_cache, device, cuda_graphs, False))
+        backend = placed(WhisperBackend(derive(model, ops), name=name), device, settings.steps(False))
         feature_extractor = whisper_feature_extractor(location, config.num_mel_bins)
     elif config.model_type in OMNI_MODEL_TYPES:
         if ops:
@@ -97,7 +96,7 @@ def load(name: str, settings: LoadSettings, log: Callable[[str], object] = print
                              f"implemented for the Omni thinker: use runtime {TORCH.name}")
         with load_errors(name, location):
             backend = load_omni_thinker(location, DTYPES[dtype], name=name)
-        backend = placed(backend, device, steps_of(kv_cache, device, cuda_graphs, False))
+        backend = placed(backend, device, settings.steps(False))
         feature_extractor = default_feature_extractor()
     else:
         with load_errors(name, location), verbosity(hf_logging, hf_logging.ERROR):  # its load report: ours below
@@ -105,10 +104,10 @@ def load(name: str, settings: LoadSettings, log: Callable[[str], object] = print
             model, info = cast(tuple[PreTrainedModel, dict], AutoModelForCausalLM.from_pretrained(
                 location, dtype=DTYPES[run_dtype], output_loading_info=True, ignore_mismatched_sizes=True))
         check_weights(name, location, info)
-        steps = steps_of(kv_cache, device, cuda_graphs, static_capable(model) and not ops)
+        steps = settings.steps(static_capable(model) and not ops)
         if ops and steps != Steps.DYNAMIC:
             raise ModelError(f"{name}: a static KV cache runs the torch runtime's float weights, not @{'+'.join(ops)}: "
                              "use kv_cache dynamic or auto")
-        backend = causal_backend(derive(model, ops).to(device), name, steps, sessions)
+        backend = causal_backend(derive(model, ops).to(device), name, steps, settings.sessions)
     return LoadedModel(name, location, backend, tokenizer, time.perf_counter() - start, feature_extractor,
                        runtime_of(ops))  # `NAME@int8` runs int8 whatever was asked

@@ -13,17 +13,17 @@ from pathlib import Path
 
 from bench.core.network import profile
 from bench.core.prompts import PromptInputs
-from specdec.backends.devices import CUDA_GRAPHS, SERVER_CACHES, check_served_cache, check_served_device
+from specdec.backends.devices import CUDA_GRAPHS, SERVER_CACHES, check_served_cache, check_served_device, on_cpu
 from specdec.core.config import DeployConfig, EngineConfig, SpecConfig, check_types
+from specdec.core.policies import POLICIES, traits
 from specdec.errors import ConfigError
 from specdec.models.architecture import is_architecture
 from specdec.remote.protocol import parse_address
 from specdec.remote.server_config import ServeConfig
 from specdec.runtime_registry import RuntimeChoices, canonical_runtime, check_name, served_runtime
-from specdec.settings import CudaGraphs, ServerCache, parse_fields
+from specdec.settings import CudaGraphs, Profile, ServerCache, parse_fields
 
 MAX_CLIENTS = 256
-REPLAYABLE_POLICIES = ("greedy", "threshold")  # deterministic verdicts: a replay can check each one
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class FleetConfig:
         "help": "server started by the fleet: pin it to these cores, e.g. 1 (edge processes get the others)"})
     dtype: str = EngineConfig.dtype
     chat_template: bool = EngineConfig.chat_template
-    constraints: str = EngineConfig.constraints
+    constraints: Profile = EngineConfig.constraints
     limit: int | None = PromptInputs.limit
     repeats: int = field(default=1, metadata={
         "help": "measure every fleet size this many times (sizes interleaved), for the spread of its ratios"})
@@ -84,7 +84,7 @@ class FleetConfig:
     def __post_init__(self) -> None:
         if isinstance(self.clients, list):
             object.__setattr__(self, "clients", tuple(self.clients))
-        parse_fields(self, kv_cache=ServerCache, cuda_graphs=CudaGraphs)
+        parse_fields(self)
         check_types(self)
         if self.cloud_runtime is not None:
             check_name(self.cloud_runtime, "cloud_runtime")
@@ -96,7 +96,7 @@ class FleetConfig:
             raise ConfigError("a fleet needs its server: give --cloud MODEL (the fleet starts it) or --cloud-url HOST:PORT")
         if self.cloud_url is not None:
             parse_address(self.cloud_url, "--cloud-url")
-            if self.cloud_runtime is not None or self.cloud_device != "cpu" or self.kv_cache != ServerCache.AUTO:
+            if self.cloud_runtime is not None or not on_cpu(self.cloud_device) or self.kv_cache != ServerCache.AUTO:
                 raise ConfigError("--cloud-runtime, --cloud-device and --kv-cache choose how the server the fleet starts "
                                   "runs; a --cloud-url server runs as it was started (`serve --runtime --device "
                                   "--kv-cache`): drop them")
@@ -126,6 +126,7 @@ class FleetConfig:
         ServeConfig(max_batch=self.max_batch, batch_window_ms=self.batch_window_ms)  # validates both
 
     def check_spec(self, spec: SpecConfig) -> None:
-        if self.edge_replay is not None and spec.policy not in REPLAYABLE_POLICIES:
-            raise ConfigError(f"--edge-replay needs a deterministic policy ({' or '.join(REPLAYABLE_POLICIES)}), got "
+        if self.edge_replay is not None and traits(spec.policy).samples:  # a drawn verdict: no replay checks it
+            replayable = [name for name in POLICIES if not traits(name).samples]
+            raise ConfigError(f"--edge-replay needs a deterministic policy ({' or '.join(replayable)}), got "
                               f"{spec.policy!r}: a sampled verdict cannot be checked against a recording")

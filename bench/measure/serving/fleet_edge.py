@@ -16,10 +16,11 @@ from specdec.core.config import DecodeConfig, DeployConfig, SpecConfig
 from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError
+from specdec.settings import Mode
 
 
 def main(job: dict) -> int:
-    engine = Engine(mode="spec", edge=job["edge"], cloud_url=job["url"], dtype=job["dtype"],
+    engine = Engine(mode=Mode.SPEC, edge=job["edge"], cloud_url=job["url"], dtype=job["dtype"],
                     chat_template=job["chat_template"], constraints=job["constraints"],
                     spec=SpecConfig(**job["spec"]), decode=DecodeConfig(**job["decode"]),
                     deploy=DeployConfig(token_file=job["token_file"], cloud_timeout_s=job["cloud_timeout_s"]),

@@ -13,6 +13,7 @@ from bench.derive import metrics
 from bench.derive.health import chrf
 from bench.derive.summary import plain_name
 from bench.read.report.pareto import FRONTS, front_members, set_name
+from specdec.core.policies import policies_that
 from specdec.errors import InputError
 from specdec.settings import Mode
 
@@ -121,7 +122,7 @@ def plain_decoding_notes(summary: pd.DataFrame, labels: pd.Series) -> list[str]:
     return notes
 
 
-LOSSLESS_POLICIES = ("greedy", "sample")  # their text is the verifier's own (greedy) or its distribution (sample)
+LOSSLESS_POLICIES = policies_that("lossless")  # their text is the verifier's own (greedy) or its distribution (sample)
 
 
 def _lossless_note(spec: pd.DataFrame, labels: pd.Series) -> str:

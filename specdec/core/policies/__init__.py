@@ -19,9 +19,18 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from specdec.core.policies.registry import POLICIES, Policy, make_policy, needs_probs, register_policy
+from specdec.core.policies.registry import (
+    POLICIES,
+    Policy,
+    PolicyTraits,
+    make_policy,
+    needs_probs,
+    policies_that,
+    register_policy,
+    traits,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["POLICIES", "Policy", "make_policy", "needs_probs", "register_policy"]
+__all__ = ["POLICIES", "Policy", "PolicyTraits", "make_policy", "needs_probs", "policies_that", "register_policy", "traits"]

@@ -16,7 +16,7 @@ from specdec.core.policies.registry import register_policy
 from specdec.core.sampling import accepted_prefix
 
 
-@register_policy("sample")
+@register_policy("sample", samples=True, lossless=True)
 def speculative_sample(draft_tokens, draft_probs, cloud_logits, cloud_probs, do_sample, generator):
     n = draft_tokens.numel()
     if draft_probs is None:  # a point mass per token: [n, V] one-hot
