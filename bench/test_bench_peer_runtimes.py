@@ -4,13 +4,13 @@
         pytest bench/test_bench_peer_runtimes.py --benchmark-only -m realmodel -s
 
 llama-cpp-python's plain greedy generation (flash attention on as in specbench's backend, and off as
-`Llama` defaults), specbench's plain decoding in llama.cpp and torch-int8, llama.cpp's speculative
+`Llama` defaults), specbench's plain decoding in llama.cpp and torch's dynamic int8, llama.cpp's speculative
 example (left out, with one line saying why, when SPECBENCH_LLAMA_SPECULATIVE is unset: build it with
 `python -m bench.measure.peers.llama_speculative build --out DIR`), llama-cpp-python's prompt lookup,
 specbench's spec across runtimes (the model drafter and prompt lookup).
 Prompts from SPECBENCH_PEER_SETS (default `code,zh-describe,en-chat`; e.g.
-`spec-bench:../shared/spec-bench/question-dev.jsonl:summarization`), specbench's plain decoding and
-verifiers in SPECBENCH_PEER_RUNTIMES (default `llamacpp,torch-int8`): SPECBENCH_PEER_PROMPTS per set (default 3),
+`spec-bench:../shared/spec-bench/question-dev.jsonl:summarization`), specbench's plain decoding and verifiers in
+SPECBENCH_PEER_RUNTIMES (default: llama.cpp and torch's dynamic int8): SPECBENCH_PEER_PROMPTS per set (default 3),
 SPECBENCH_PEER_TOKENS new tokens (default 48), SPECBENCH_PEER_THREADS (default 2), the example's speculation types
 in SPECBENCH_PEER_LLAMA_SPEC (default `draft-simple`; its draft-free `ngram-simple`, `ngram-mod` too, at their
 defaults, or `ngram-simple-short`, `ngram-mod-short`), llama-cpp-python's ways in SPECBENCH_PEER_LLAMA_PYTHON (default

@@ -145,13 +145,13 @@ def known(name: str) -> Runtime | None:
 
 
 def canonical_runtime(runtime: str) -> str:
-    """A runtime (or PLAIN+BLOCKS pair) with every old name replaced by today's: `vnni-int4` -> `kernels-int4`."""
+    """A runtime (or PLAIN+BLOCKS pair) with every old name (a declaration's alias) replaced by the name it declares."""
     _declared()
     return "+".join(_ALIASES.get(part, part) for part in runtime.split("+"))
 
 
 def runtime_parts(runtime: str) -> tuple[str, ...]:
-    """`llamacpp+torch-int8` -> ("llamacpp", "torch-int8"): (plain steps', blocks') runtimes; one runtime -> (it,)."""
+    """`A+B` -> ("A", "B"): (plain steps', blocks') runtimes; one runtime -> (it,)."""
     return tuple(runtime.split("+"))
 
 

@@ -1,6 +1,6 @@
 """`specbench calibrate`: the command line of bench/measure/calibrate.py (docs/machines.md).
 
-    specbench calibrate [--models A,B] [--runtimes torch-int8,llamacpp,torch] [--threads N] [--rounds R] [--force]
+    specbench calibrate [--models A,B] [--runtimes A,B] [--threads N] [--rounds R] [--force]
         measures what this machine's file ($SPECBENCH_HOME/calibration/<machine_class>.json) lacks or holds
         stale, then prints the table: per runtime and model the step [p10-p90], the floor the weights'
         bytes set at the measured bandwidth, their ratio, and blocks of k+1 = 2, 5, 9 tokens in steps

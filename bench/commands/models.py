@@ -65,5 +65,5 @@ def cmd_verify(aliases: list[str]) -> int:
                          f"{' '.join(damaged)}` to fetch them again")
     if bad_gguf:
         raise ModelError(f"kept GGUF {bad_gguf[0]} differs from the registry's size or sha256: delete it, and the next "
-                         "llamacpp load joins it afresh from the verified parts")
+                         "llama.cpp load joins it afresh from the verified parts")
     return 0

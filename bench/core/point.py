@@ -118,7 +118,7 @@ class Point:
     edge: str | None = None  # the edge (draft) model: registry alias, local directory, hub id or .gguf file
     cloud: str | None = None  # the cloud (verify) model; once loaded, the name the engine (or its server) gives it
     dtype: str | None = None  # weights and activations of the torch runtime: bfloat16, float32, ...
-    edge_runtime: str | None = None  # what ran the edge: torch, torch-int8 or llamacpp
+    edge_runtime: str | None = None  # what ran the edge: a runtime's name (specdec/runtimes)
     cloud_runtime: str | None = None  # what ran the cloud, here or in the server (split)
     constraints: str | None = None  # the decoding profile: none, or zh (one short Chinese sentence)
     chat_template: bool | None = None  # the prompt goes through the tokenizer's chat template (once loaded: went)

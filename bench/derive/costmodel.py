@@ -11,7 +11,7 @@ One speculative cycle (k drafted tokens, j of them accepted, then a correction o
                                                                to propose, or `auto` withholding its block
 
 A draft-free drafter (prompt lookup, `auto`) has t_d ≈ 0 (a lookup costs microseconds: taken as 0). A
-cloud held in two runtimes (`llamacpp+torch-int8`) verifies blocks on V (the blocks' runtime) and takes
+cloud held in two runtimes (`PLAIN+BLOCKS`) verifies blocks on V (the blocks' runtime) and takes
 plain steps on V_plain (the other's cloud-only step); without one, V_plain = V. The catch-up feed a switch
 between them costs is not modelled: the prediction's error on such a point is what switching costs.
 

@@ -43,7 +43,7 @@ def read_fleet(out: Path) -> tuple[list[dict], list[dict], list[dict]]:
 
 def folder_runtime(out: Path) -> str:
     """The cloud runtime of a fleet folder whose levels predate `cloud_runtime`: its own server ran the
-    default (`serve`'s: llamacpp for a .gguf model, else torch), a --cloud-url server is unknown."""
+    default (`serve`'s: llama.cpp for a .gguf model, else torch), a --cloud-url server is unknown."""
     identity = Path(out) / "fleet.json"
     config = json.loads(identity.read_text(encoding="utf-8")).get("config", {}) if identity.is_file() else {}
     if config.get("cloud_runtime"):

@@ -65,9 +65,8 @@ def _figures(entries: dict[str, dict], value) -> str:
 
 
 def first_token_note(entries: dict[str, dict], chosen: str) -> str:
-    """`; first token: kernels-int4 prefills the calibration's 800-token prompt at 155 tok/s (fastest: torch-int8 189
-    tok/s)`, or "" where the chosen runtime's entry has no prefill measured (`prefill_tokens_per_s`, the median
-    round's rate)."""
+    """`; first token: A prefills the calibration's 800-token prompt at 155 tok/s (fastest: B 189 tok/s)`, or ""
+    where the chosen runtime's entry has no prefill measured (`prefill_tokens_per_s`, the median round's rate)."""
     rates = {r: e["prefill_tokens_per_s"] for r, e in entries.items() if e.get("prefill_tokens_per_s") is not None}
     if chosen not in rates:
         return ""

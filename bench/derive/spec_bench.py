@@ -45,8 +45,8 @@ def tokens_per_verify(t) -> float:
 
 
 def method_name(point) -> str:
-    """`prompt-lookup k=4 greedy · llamacpp → torch-int8`, `prompt-lookup[branches=4] k=4 greedy · → kernels-int4`
-    (the drafter's own settings where it has any) or `cloud-only in llamacpp`."""
+    """`prompt-lookup k=4 greedy · A → B` (the edge's runtime → the cloud's), `prompt-lookup[branches=4] k=4 greedy
+    · → B` (the drafter's own settings where it has any) or `cloud-only in torch bfloat16`."""
     if point["mode"] != Mode.SPEC:
         return plain_label(point)
     pairing = f"{runtime_name(point['edge_runtime'])} → {runtime_name(point['cloud_runtime'])}"

@@ -228,9 +228,9 @@ def runtime_name(value) -> str:
 
 
 def plain_name(point) -> str:
-    """`torch bfloat16`, `llamacpp`: which plain decoding a row is, by runtime, and by dtype where the runtime
-    takes one (torch-int8 computes in int8 and float32, llama.cpp in the GGUF's own types, whatever --dtype says);
-    `torch bfloat16, static KV cache` where a cache was chosen (auto is a run's default)."""
+    """`torch bfloat16`, or a runtime's name alone: which plain decoding a row is, by runtime, and by dtype where
+    the runtime takes one (torch's dynamic int8 computes in int8 and float32, llama.cpp in the GGUF's own types,
+    whatever --dtype says); `torch bfloat16, static KV cache` where a cache was chosen (auto is a run's default)."""
     runtime = runtime_name(point.get(RUNTIME_OF[point["mode"]], "-"))
     if runtime not in RuntimeChoices() or not declared(runtime).dtyped:
         return runtime
@@ -239,7 +239,7 @@ def plain_name(point) -> str:
 
 
 def plain_label(point) -> str:
-    """`cloud-only in llamacpp`: a plain decoding as a caption names it."""
+    """`cloud-only in torch bfloat16`: a plain decoding as a caption names it."""
     return f"{point['mode']}-only in {plain_name(point)}"
 
 

@@ -59,7 +59,7 @@ DEFAULT_CONFIG = Path(__file__).parent.parent / "configs" / "default.toml"  # it
 ROUNDS = 3
 CONTEXT = 128  # cached tokens every timed block is fed after
 PREFILL = 800  # tokens of a timed prompt: about a Spec-Bench RAG question's, where the prompt rate decides the first token
-TORCH_DTYPE = "bfloat16"  # runtime torch: the engine's CPU default (torch-int8 computes in float32 whatever it is)
+TORCH_DTYPE = "bfloat16"  # runtime torch: the engine's CPU default (dynamic int8 computes in float32 whatever it is)
 BANDWIDTH_BYTES = 1 << 30  # >= 1 GiB: far past any last-level cache (this machine reports 260 MiB of L3)
 BANDWIDTH_REPEATS = 5
 READ_STREAMS = (1, 2, 4, 8, 16)  # streams a thread for the kernels' read: the fastest count varies by processor
@@ -70,7 +70,8 @@ DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "llama_cpp": 
 
 
 # What an entry's measurement is: bumped when what is measured, or a runtime's own code here, changes (2: a
-# block against its steps, and torch-int8t's attention computed per query), so older entries are measured anew.
+# block against its steps, and torch's per-token int8 computing attention per query), so older entries are
+# measured anew.
 METHOD = 2
 
 
@@ -196,7 +197,7 @@ def measure_bandwidth(threads: int | None = None, size: int | None = None) -> fl
     kernel chosen), by torch's `sum` and, where the vnni kernels run, by their 64-byte loads in READ_STREAMS streams a
     thread; the fastest pass of all, since nothing makes a read faster than memory: a floor that a step beats is not a floor. (A
     `sum` at the calibration's 2 threads read 29.4 GB/s on the AMD EPYC of 2026-11-28, below what llama.cpp's step
-    streamed; one stream a thread read 25.7 GB/s on the Xeon that day, under the 27.2 GB/s kernels-int8's step streamed;
+    streamed; one stream a thread read 25.7 GB/s on the Xeon that day, under the int8 kernels' step's 27.2 GB/s;
     8 read 30.5-32, 16 29.6, 64 23.7.)"""
     cores = max(threads or 1, len(os.sched_getaffinity(0)))
     readers: list[Callable] = [lambda buffer: buffer.sum()]
@@ -307,7 +308,7 @@ def measure_entry(model: str, runtime: str, threads: int, rounds: int, read_byte
     """In this process: load `model` in `runtime`, time `rounds` rounds at `threads` threads. With `read_bytes`,
     the memory's bandwidth is read over a buffer that size just before each round and just after the last, and the
     best reading kept (`bandwidth_gbs`): a VM's speed drifts by a third over seconds (the AMD EPYC of 2026-11-29:
-    a reading a minute before read 32 GB/s, then kernels-int8's step streamed 38), so the step's floor is set by
+    a reading a minute before read 32 GB/s, then the int8 kernels' step streamed 38), so the step's floor is set by
     what the memory did around that step, not at the calibration's start."""
     torch.set_num_threads(threads)  # llama.cpp's backend takes its threads from torch's
     lm = load_model(model, TORCH_DTYPE, log=lambda message: None, runtime=runtime)

@@ -1,6 +1,6 @@
 """How far a runtime's logits and greedy text move from the model in torch float32 on the same weights.
 
-    python -m bench.measure.drift --model qwen2.5-coder-1.5b --runtimes kernels-int8,kernels-int4 --prompts code \
+    python -m bench.measure.drift --model qwen2.5-coder-1.5b --runtimes A,B --prompts code \
         --limit 3 --tokens 32 --out runs/drift.json
 
 Per prompt, torch float32 decodes `--tokens` greedy tokens (the reference continuation). Each runtime then

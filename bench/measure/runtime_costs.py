@@ -3,17 +3,17 @@ block, per model, runtime and thread count, timed interleaved (every configurati
 the order rotated each round), so a ratio between runtimes is measured under the same conditions.
 
     python -m bench.measure.runtime_costs --models qwen2.5-coder-0.5b,qwen2.5-coder-1.5b \
-        --runtimes torch,torch-int8,llamacpp --threads 1,2 --rounds 5 --out runs/runtime_costs
+        --runtimes A,B,C --threads 1,2 --rounds 5 --out runs/runtime_costs
 
 Each timed forward feeds a block at a `--context`-token cache (the shipped `code` prompts' text,
 tokenized, repeated to length) and is cropped back, so every block sees the same cache. Raw
 timings go to OUT/costs.jsonl as they are taken (a rerun skips the rounds already there); the table
 is derived from them afterwards: ms per token step (median over rounds, p10-p90), and a k+1-token
 block's cost in token steps for k = 1..8 (the ratio taken within a round, median and spread).
-torch runs in `--dtype` (bf16 by default, the engine's CPU default); torch-int8 is dynamic int8
-Linear layers in fp32 (`@int8`); llamacpp runs the registry's GGUF file as shipped (Q4_K_M).
-`kernels-int4:avx2` is kernels-int4 on one instruction-set path of the kernels (SPECBENCH_KERNELS while it
-loads): the paths of one CPU timed interleaved, e.g. `--runtimes kernels-int4:avx512-vnni,kernels-int4:avx2`.
+torch runs in `--dtype` (bf16 by default, the engine's CPU default); torch's dynamic int8 runtime is dynamic int8
+Linear layers in fp32 (`@int8`); llama.cpp runs the registry's GGUF file as shipped (Q4_K_M).
+`K:avx2` runs K, one of the kernels' runtimes, on one instruction-set path of the kernels (SPECBENCH_KERNELS while it
+loads): the paths of one CPU timed interleaved, e.g. `--runtimes K:avx512-vnni,K:avx2`.
 """
 from __future__ import annotations
 

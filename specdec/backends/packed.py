@@ -1,11 +1,11 @@
-"""Runtimes kernels-int8 and kernels-int4 (formerly vnni-int8 / vnni-int4): a Llama/Qwen2-style decoder on
+"""The kernels' int8 and int4 runtimes (formerly named for VNNI): a Llama/Qwen2-style decoder on
 specbench's own exact kernels (specdec/kernels/: one scalar reference, one vector path per instruction set, chosen
 for this CPU), whose verify blocks cost about one step and compute, bit for bit, the logits of the steps they stand
 for, the same bits on every processor.
 
 The model's folder is loaded in float32 and packed once (specdec/kernels/pack.py): q/k/v as one Linear, gate and up
-as one, every decoder Linear int8 per output column (kernels-int8) or int4 in groups of 32 with fp16 scales
-(kernels-int4: Q4_0's format, half the bytes); the output head is int8 in both (a tied head is the embedding
+as one, every decoder Linear int8 per output column (the int8 runtime) or int4 in groups of 32 with fp16 scales
+(the int4 runtime: Q4_0's format, half the bytes); the output head is int8 in both (a tied head is the embedding
 quantized; the embedding itself stays float32, a step reads one row of it). A forward is
 
     x = embed[ids]                                                   [n, hidden]

@@ -129,7 +129,7 @@ class EngineConfig:
         "help": "spec mode: verify on a `specbench serve` server at HOST:PORT instead of loading the cloud model here "
                 "(edge mode never contacts it)"})
     llamacpp_extra_buffers: ExtraBuffers = field(default=ExtraBuffers.AUTO, metadata={
-        "help": "llama.cpp's extra buffer types (weight repacking, AMX tiles) for the models run in llamacpp here: "
+        "help": "llama.cpp's extra buffer types (weight repacking, AMX tiles) for the models run in llama.cpp here: "
                 "auto (only after a one-time probe in a child process says they run on this machine), on (llama.cpp's "
                 "default) or off (its --no-repack); docs/runtimes.md", "choices": choices(ExtraBuffers)})
     edge_device: str = field(default="cpu", metadata={

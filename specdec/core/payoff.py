@@ -15,7 +15,7 @@ draft-free block (d = F = 0) this is τ̂ > t_block(n + 1) / t_plain(1).
 
 t_block, t_plain: a verify forward's mean seconds, blocks and plain steps apart, kept across an engine's
 requests (specdec/core/history.py): the machine's cost curve. On 2026-11-25, 2 threads, a 5-token block
-cost 1.07 token steps in torch-int8 and 2.9 in llama.cpp Q4_K_M, so the same acceptance pays in one
+cost 1.07 token steps in torch's dynamic int8 and 2.9 in llama.cpp Q4_K_M, so the same acceptance pays in one
 runtime and not the other. Until both are measured the ratio is the machine's calibrated block cost in
 steps where the engine was told it (Engine.assume_block_costs: the sweep passes its calibration's curve
 for the cloud's runtime), else 1. τ̂: the running mean (EMA, alpha 0.5) of tokens per verify of such

@@ -1,4 +1,4 @@
-"""The cloud model held in two runtimes (`--cloud-runtime PLAIN+BLOCKS`, e.g. llamacpp+torch-int8): plain
+"""The cloud model held in two runtimes (`--cloud-runtime PLAIN+BLOCKS`, e.g. llama.cpp, torch's dynamic int8): plain
 steps in A, the runtime whose one-token forward is fastest, blocks in B, whose (n + 1)-token forward is
 cheapest. Each keeps its own cache of the accepted prefix and catches up on what the other decided by one
 feed at its next call (its first call: the whole prompt). Each cycle names its runtime, a `Route`: a plain
@@ -172,7 +172,7 @@ class TwoRuntimeSession:
 @dataclass
 class TwoRuntimeCloud:
     """The cloud model in two runtimes: on 2026-11-25, 2 threads, a 5-token block cost 2.9 token steps in
-    llama.cpp Q4_K_M and 1.07 in torch-int8, whose single step is ~1.4x llama.cpp's. Memory: both copies of
+    llama.cpp Q4_K_M and 1.07 in torch's dynamic int8, whose single step is ~1.4x llama.cpp's. Memory: both copies of
     the weights (the 1.5B: ~1.1 GB GGUF + ~2 GB int8) and both KV caches. Only a drafter that asks a
     `Router` runs on it (drafters' `weighs_runtimes`)."""
 

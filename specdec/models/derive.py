@@ -16,7 +16,7 @@
            (Elhoushi et al. 2024; Zhang et al. 2023). Whisper only.
 
 e.g. `whisper-base@dec2`, `whisper-base@dec2+int8`, `/path/to/whisper@int8`, `qwen2.5-coder-1.5b@int8`
-(the same as `--cloud-runtime torch-int8`). Ops apply left to right. Nothing is written to disk: the
+(what torch's dynamic-int8 runtime runs). Ops apply left to right. Nothing is written to disk: the
 base is loaded, then transformed in memory. The registry's derived entries (`from` + `derive` in
 models.toml) name such pairs; both spellings load the same. A derived edge shares its base's
 tokenizer by construction, so it pairs with the base.

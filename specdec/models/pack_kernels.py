@@ -1,4 +1,4 @@
-"""Runtimes kernels-int8 / kernels-int4 from a model's folder: loaded in float32, packed for the kernels
+"""The kernels' int8 and int4 runtimes from a model's folder: loaded in float32, packed for the kernels
 (specdec/backends/packed.py), the float weights handed back. Nothing is written to disk: packing the 1.5B takes about
 30 s of its load, about what reading a kept copy would cost, and a copy would be one more artifact to keep fresh."""
 from __future__ import annotations

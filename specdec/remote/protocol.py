@@ -33,7 +33,7 @@ for a remote client unless the server shares its stats).
 since its last verdict: after a verdict it starts with that verdict's token); `base` = the edge's
 accepted length, so both sides check they agree. `verify.draft` may be empty: a plain step of the cloud
 (a draft-free drafter that found nothing to propose), whose verdict is accepted 0 and the next token.
-`ready.runtime` = what runs the model (torch, torch-int8, llamacpp; nil where the server cannot say); an
+`ready.runtime` = what runs the model (its runtime's name; nil where the server cannot say); an
 older server leaves it out, so a client reads a missing one as unknown. `ready.device` = where its torch
 model runs (cpu, cuda:0; cpu for llama.cpp); an older server leaves it out (it ran on the CPU).
 `verify.follow` = {accepted, token}: a verdict for the server to keep instead of its own, which it still

@@ -14,7 +14,7 @@ What it needs: a stateful IR (the KV cache inside the model's state, with the in
 tokenizer as IR (openvino_tokenizer.xml, openvino_detokenizer.xml): optimum-intel's exporter writes both,
 `optimum-cli export openvino --task text-generation-with-past --weight-format int4 --sym --group-size 128
 --ratio 1.0`, into `<model dir>/openvino-genai-int4/` (int4 symmetric, every Linear but the head, data-free: the
-same bits per weight as specbench's kernels-int4, in OpenVINO's own CPU kernels). The export is cached beside the
+same bits per weight as specbench's int4 kernels, in OpenVINO's own CPU kernels). The export is cached beside the
 model: a marker `specbench-peer-export.json`, written last, holds the command, the exporter's versions and each
 output file's size and sha256; a folder without it (an export cut short) is exported again.
 

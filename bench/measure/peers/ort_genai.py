@@ -9,10 +9,10 @@ forward, the agreeing prefix kept (its strings: "NGramLookup requires ngram_size
 (K) must be in [1, 16]"). It refuses repetition penalties and no_repeat_ngram_size with speculation; greedy
 needs neither.
 
-The graph is the builder's own, not the one specbench's `onnx-int4` backend runs: that one has an input
+The graph is the builder's own, not the one specbench's own ONNX int4 runtime runs: that one has an input
 `num_logits_to_keep` (a prefill computes the logits of its last rows only) which the Generator cannot feed.
 Both are the same int4 weights (block 32, symmetric, accuracy_level 4), so the Generator's plain decoding
-and specbench's `onnx-int4` differ only in the engine around the graph.
+and specbench's ONNX int4 runtime differ only in the engine around the graph.
 
 The timer runs from the prompt's first forward (append_tokens) to the last token; the first token's time
 is taken after the first generate_next_token.

@@ -27,7 +27,15 @@ from bench.core.prompts import PromptInputs, canonical_prompts, expand_prompt_se
 from bench.measure.caps import EdgeCaps
 from bench.measure.runtime_auto import has_auto
 from specdec.backends.devices import KV_CACHES
-from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, check_types, parse_overlap
+from specdec.core.config import (
+    PAIR_EXAMPLE,
+    DecodeConfig,
+    DeployConfig,
+    EngineConfig,
+    SpecConfig,
+    check_types,
+    parse_overlap,
+)
 from specdec.core.drafters import DRAFTS_AHEAD, WEIGHS_RUNTIMES
 from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import parse_address
@@ -99,7 +107,7 @@ class SweepConfig(RunSettings):
     plain_runtimes: tuple[str, ...] = field(default=(), metadata={
         "help": "also time plain decoding (the cloud-only and edge-only points) in these runtimes, beside the grid's "
                 "edge and cloud runtimes, so every speed-up can name the fastest plain decoding; speculative points "
-                "keep the grid's runtimes (e.g. llamacpp,torch-int8)"})
+                f"keep the grid's runtimes (e.g. {PAIR_EXAMPLE.replace('+', ',')})"})
     rows: tuple[dict, ...] = field(default=(), metadata={"toml_only": True, "help": (
         "more points beside the grid, one TOML table each ([[rows]]): axes to override, as lists, e.g. "
         "drafter = [\"prompt-lookup\"], k = [4]; the other axes keep the grid's values. For what the grid's "

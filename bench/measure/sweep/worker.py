@@ -309,7 +309,7 @@ def worker_main(config_dict: dict, group: list, out: str | None, urls: dict[str,
 
 def describe(point: Point, prompt_id: str) -> str:
     """What a generation runs, for a crash's line: `spec k=4 thr=0 policy=greedy drafter=model edge
-    llamacpp → cloud torch-int8 on prompt edit-text-03`, `edge in llamacpp on prompt p0`."""
+    A → cloud B on prompt edit-text-03`, `edge in A on prompt p0`."""
     def text(value) -> str:
         return f"{value:g}" if isinstance(value, float) else str(value)
 

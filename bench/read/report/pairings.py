@@ -51,7 +51,7 @@ READ = (
 @dataclass(frozen=True)
 class PlainFigure:
     """What `plot_vs_fastest_plain` drew: the file (None when nothing was: `reason` says why) and, per
-    prompt set, the plain decoding it compared with (`cloud-only in llamacpp, 17.2 tok/s`), and the
+    prompt set, the plain decoding it compared with (`cloud-only in torch bfloat16, 17.2 tok/s`), and the
     prompt sets left out because no plain decoding was measured on them."""
 
     path: Path | None

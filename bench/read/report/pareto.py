@@ -160,7 +160,7 @@ def point_labels(summary: pd.DataFrame) -> pd.Series:
     labels = []
     for index, row in summary.iterrows():
         named = spec_runtimes if row["mode"] == Mode.SPEC else runtimes
-        extra = [f"{axis.split('_')[0]} {row[axis]}" for axis in named if row[axis] != "-"]  # "edge llamacpp"
+        extra = [f"{axis.split('_')[0]} {row[axis]}" for axis in named if row[axis] != "-"]  # "edge <runtime>"
         if named_cache and cached[index]:
             extra.append(f"kv {row['kv_cache']}")  # "kv static"
         for axis in varying:

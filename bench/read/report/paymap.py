@@ -144,7 +144,7 @@ def measured_ways(summary: pd.DataFrame, row: pd.Series) -> tuple[dict, float]:
 
 def faster_cloud_elsewhere(summary: pd.DataFrame, row: pd.Series) -> tuple[str, float] | None:
     """The fastest cloud-only measured on `row`'s prompts when it is not the cloud-only of `row`'s own cloud
-    runtime and dtype and beats it: (`cloud-only in llamacpp`, tok/s), else None. The map's contest holds the
+    runtime and dtype and beats it: (`cloud-only in torch bfloat16`, tok/s), else None. The map's contest holds the
     pairing's own cloud-only; plain decoding in a faster runtime beats every cell its rate tops."""
     quickest, own = fastest_cloud(summary, row["prompts"]), baseline(summary, "cloud", row)
     if quickest is None or (len(own) and quickest.name in own.index):
