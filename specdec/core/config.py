@@ -50,7 +50,7 @@ CONSTRAINT_PROFILES = choices(Profile)
 UNCERTAINTY = choices(Uncertainty)
 DEFAULT_RUNTIME = default_runtime()  # what runs a model when no runtime is said (specdec/runtimes)
 RUNTIMES_HELP = "; ".join(f"{r.name}: {r.summary}" for r in runtimes())
-# e.g. llama.cpp's plain steps and the kernels' exact blocks
+# e.g. the plain steps of a runtime whose blocks drift, the blocks of an exact one (the first of each auto measures)
 PAIR_EXAMPLE = "+".join(next(r.name for r in runtimes() if r.measured_first and r.blocks_are_steps == exact)
                         for exact in (False, True))
 
