@@ -32,7 +32,7 @@ from specdec.engine import Engine
 from specdec.models.loading import load, load_model
 from specdec.models.registry import is_fetched
 from specdec.remote.background import BackgroundServer
-from specdec.settings import Mode
+from specdec.settings import DType, Mode
 
 GREEDY = SpecConfig(k=4, entropy_threshold=0.0, policy="greedy")
 
@@ -42,7 +42,7 @@ def quantiles(values: list[float]) -> dict:
     return {"p50": statistics.median(values), "p10": q[0], "p90": q[-1], "n": len(values)}
 
 
-def split_engine(edge: str, url: str, dtype: str, max_new_tokens: int, loader=load, overlap: bool = True) -> Engine:
+def split_engine(edge: str, url: str, dtype: DType, max_new_tokens: int, loader=load, overlap: bool = True) -> Engine:
     return Engine(mode=Mode.SPEC, edge=edge, cloud_url=url, dtype=dtype, spec=GREEDY,
                   decode=DecodeConfig(max_new_tokens=max_new_tokens), deploy=DeployConfig(overlap=overlap),
                   loader=loader, log=lambda m: None)
@@ -52,7 +52,7 @@ def test_protocol_overhead_tiny(benchmark, tiny_pair):
     """Loopback, no shaping, tiny pair: what one verify costs beyond the server's own time."""
     models = tiny_pair.models
     with BackgroundServer(models["cloud"]) as url:
-        engine = split_engine(models["edge"].location, url, "float32", 32, overlap=False)
+        engine = split_engine(models["edge"].location, url, DType.FLOAT32, 32, overlap=False)
         engine.load()
         generations = benchmark.pedantic(lambda: [engine.generate(t) for t in tiny_pair.workload.prompts],
                                          rounds=5, warmup_rounds=1, iterations=1)
@@ -81,7 +81,7 @@ def test_real_link(benchmark, real_cloud_url, preset):
     network = profile(preset)
     with BackgroundLink(network, (host, int(port))) as url:
         # Sequential: the link is measured alone, not beside drafting ahead on the edge's one core.
-        engine = split_engine(EDGE_ALIAS, url if preset != "none" else real_cloud_url, "bfloat16", 32, overlap=False)
+        engine = split_engine(EDGE_ALIAS, url if preset != "none" else real_cloud_url, DType.BFLOAT16, 32, overlap=False)
         engine.load()
         generations = benchmark.pedantic(lambda: [engine.generate(t) for t in texts], rounds=1, iterations=1)
         engine.close()
@@ -103,7 +103,7 @@ def test_real_split_vs_inproc(benchmark, real_cloud_url):
     loader = cached_loader()  # one copy of the edge weights for both engines
     inproc = Engine(mode=Mode.SPEC, edge=EDGE_ALIAS, cloud=CLOUD_ALIAS, dtype="bfloat16", spec=GREEDY,
                     decode=DecodeConfig(max_new_tokens=32), loader=loader, log=lambda m: None)
-    split = split_engine(EDGE_ALIAS, real_cloud_url, "bfloat16", 32, loader)
+    split = split_engine(EDGE_ALIAS, real_cloud_url, DType.BFLOAT16, 32, loader)
     placements = {"inproc": ([0, 1], inproc), "split": ([0], split)}
     for _, engine in placements.values():
         engine.load()

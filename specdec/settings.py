@@ -27,6 +27,13 @@ class Mode(StrEnum):
     SPEC = "spec"  # the edge drafts, the cloud verifies
 
 
+class DType(StrEnum):
+    """What a torch backend's weights and activations are in (specdec/backends/base.py's DTYPES: the torch dtype)."""
+
+    FLOAT32 = "float32"  # exactness checks; what the registry stores
+    BFLOAT16 = "bfloat16"  # the CPU default
+
+
 class KVCache(StrEnum):
     """A torch model's KV cache (specdec/backends/devices.py's steps_of says what each runs)."""
 

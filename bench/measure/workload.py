@@ -28,7 +28,7 @@ from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.loading import LoadedModel, LoadSettings, load_model
-from specdec.settings import Mode
+from specdec.settings import DType, Mode
 
 EDGE_ALIAS, CLOUD_ALIAS = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 TINY = "tiny"  # the edge/cloud name of the in-process pair (bench/measure/tinypair.py)
@@ -55,7 +55,7 @@ BackendWrap = Callable[[str, str, Backend], Backend]
 class Workload:
     suite: str = field(metadata={"help": "tiny (in-process random pair, fp32) or real (the Qwen pair, bf16)"})
     prompts: tuple[str, ...] = field(metadata={"help": "prompt texts, run in this order"})
-    dtype: str = "float32"
+    dtype: DType = DType.FLOAT32
     edge: str = TINY
     cloud: str = TINY
     max_new_tokens: int = 32
@@ -98,7 +98,7 @@ def real_workload(**changes) -> Workload:
     k=4, verify every block, ONE thread: with 2 threads on 2 shared cores, OpenMP stragglers slow
     the many small edge forwards more than the cloud's, and every ratio fell ~30 % under load."""
     prompts = tuple(r.prompt for r in load_prompts("code")[:2])
-    base = Workload(suite="real", prompts=prompts, dtype="bfloat16", edge=EDGE_ALIAS, cloud=CLOUD_ALIAS,
+    base = Workload(suite="real", prompts=prompts, dtype=DType.BFLOAT16, edge=EDGE_ALIAS, cloud=CLOUD_ALIAS,
                     max_new_tokens=16, repeats=3, threads=1)
     return dataclasses.replace(base, **changes)
 

@@ -18,8 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from specdec.backends.prompt import Prompt
+from specdec.settings import DType
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a backend runs in, by name
+DTYPES: dict[str, torch.dtype] = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16}  # by name
 
 
 @runtime_checkable

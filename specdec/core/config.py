@@ -32,6 +32,7 @@ from specdec.runtime_registry import (
 )
 from specdec.settings import (
     CudaGraphs,
+    DType,
     ExtraBuffers,
     KVCache,
     Mode,
@@ -112,7 +113,7 @@ class EngineConfig:
                                 "choices": MODES})
     edge: str | None = field(default=None, metadata={"help": "edge (draft) model: registry alias, local directory or hub id"})
     cloud: str | None = field(default=None, metadata={"help": "cloud (verify) model: registry alias, local directory or hub id"})
-    dtype: str = field(default="bfloat16", metadata={"help": "weights and activations of the torch runtime (float32 "
+    dtype: DType = field(default=DType.BFLOAT16, metadata={"help": "weights and activations of the torch runtime (float32 "
                                                               "for exactness checks)", "choices": tuple(DTYPES)})
     edge_runtime: str = field(default=DEFAULT_RUNTIME, metadata={
         "help": f"what runs the edge (docs/runtimes.md): {RUNTIMES_HELP}", "choices": RuntimeChoices(),

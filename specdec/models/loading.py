@@ -28,7 +28,7 @@ from specdec.models import integrity, registry
 from specdec.models.architecture import NoTokenizer, build_architecture, is_architecture
 from specdec.models.derive import split_name
 from specdec.runtime_registry import check_file, declared, default_runtime, runtimes
-from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, Steps, parse, parse_fields
+from specdec.settings import CudaGraphs, DType, ExtraBuffers, KVCache, Steps, parse, parse_fields
 
 # Hub ids as the hub validates them: two names that start with a letter or digit.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
@@ -165,7 +165,7 @@ def cast_copy(location: Path | str, dtype: str, log: Callable[[str], object] = p
     footprint. So a bf16 copy is made once beside it; its weights are bit-identical to casting at load."""
     location = Path(location)
     marker = registry.read_marker(location)
-    if dtype == "float32" or marker is None:
+    if dtype == DType.FLOAT32 or marker is None:
         return location
     copy = location / dtype
     made = registry.read_marker(copy)
@@ -195,7 +195,7 @@ class LoadSettings:
     """How one model loads, parsed once where load_model's words come in: the runtime, the dtype, the device, and
     for the torch runtime its KV cache, captured graphs and a server's sessions; llama.cpp's extra buffers."""
 
-    dtype: str = "bfloat16"
+    dtype: DType = DType.BFLOAT16
     runtime: str = field(default_factory=default_runtime)
     device: str = "cpu"
     kv_cache: KVCache = KVCache.DYNAMIC
@@ -233,7 +233,8 @@ def load_model(name: str, dtype: str = "bfloat16", *, log: Callable[[str], objec
     specdec/models/architecture.py) and load it in `runtime` (specdec/runtimes; None: the one a model file needs, a
     `.gguf`'s, else the default): the words parsed once into LoadSettings, then `load`. Engine's loader; a server,
     which sizes its static cache by its sessions, builds its LoadSettings and calls `load`."""
-    settings = LoadSettings(dtype, runtime or default_runtime(name), device, parse(KVCache, kv_cache, "kv_cache"),
+    settings = LoadSettings(parse(DType, dtype, "dtype"), runtime or default_runtime(name), device,
+                            parse(KVCache, kv_cache, "kv_cache"),
                             parse(CudaGraphs, cuda_graphs, "cuda_graphs"),
                             parse(ExtraBuffers, llamacpp_extra_buffers, "extra_buffers"))
     return load(name, settings, log)

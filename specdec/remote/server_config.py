@@ -13,7 +13,7 @@ from specdec.backends.devices import CUDA_GRAPHS, SERVER_CACHES, check_served_ca
 from specdec.errors import ConfigError
 from specdec.models.loading import LoadSettings
 from specdec.runtime_registry import RuntimeChoices, canonical_runtime, default_runtime, runtimes, served_runtime
-from specdec.settings import CudaGraphs, KVCache, ServerCache, parse, parse_fields
+from specdec.settings import CudaGraphs, DType, KVCache, ServerCache, parse, parse_fields
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class ServedModel:
 
     model: str = field(metadata={"help": "cloud model: registry alias or local directory (arch:PATH.json: a "
                                          "random-weight architecture, for timing with --follow-verdicts)"})
-    dtype: str = field(default="bfloat16", metadata={"help": "the torch runtime's dtype", "choices": tuple(DTYPES)})
+    dtype: DType = field(default=DType.BFLOAT16, metadata={"help": "the torch runtime's dtype", "choices": tuple(DTYPES)})
     runtime: str | None = field(default=None, metadata={
         "help": "what runs the model: " + "; ".join(f"{r.name}: {r.summary}" for r in runtimes())
                 + f". Default: the runtime a model file needs (a .gguf path's), else {default_runtime()}",

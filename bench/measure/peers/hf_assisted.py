@@ -17,7 +17,7 @@ from bench.measure.workload import HF_DEFAULTS
 from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.models.loading import LoadedModel
-from specdec.settings import Mode
+from specdec.settings import DType, Mode
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Timed:
 def run_peer(edge: LoadedModel, cloud: LoadedModel, texts: list[str], max_new_tokens: int,
              configs=SPECBENCH + HF, assistants: dict[str, LoadedModel] | None = None) -> list[Timed]:
     helpers = {"edge": edge, **(assistants or {})}
-    engines = {c.name: Engine(mode=Mode.SPEC, edge=edge.name, cloud=cloud.name, dtype="bfloat16", spec=c.spec,
+    engines = {c.name: Engine(mode=Mode.SPEC, edge=edge.name, cloud=cloud.name, dtype=DType.BFLOAT16, spec=c.spec,
                               decode=DecodeConfig(max_new_tokens=max_new_tokens),
                               loader=lambda name, settings, log: edge if name == edge.name else cloud,
                               log=lambda m: None)

@@ -43,6 +43,7 @@ from specdec.models.convert_onnx import ensure_onnx
 from specdec.models.loading import LoadedModel, LoadSettings, load
 from specdec.models.registry import gguf_path, model_dir
 from specdec.runtime_registry import RuntimeChoices, default_runtime, names, runtimes
+from specdec.settings import DType
 
 LLAMA_CPP_PYTHON = "llama-cpp-python plain"
 LLAMA_PROMPT_LOOKUP = "llama-cpp-python prompt lookup (n-gram 2, 10 tokens)"  # LlamaPromptLookupDecoding's defaults
@@ -238,7 +239,7 @@ class Peer:
     plain: bool = False  # a plain decoding: a candidate for "the fastest plain decoding" every ratio is over
 
 
-def cached_loader(dtype: str, log: Callable[[str], object]) -> Callable[..., LoadedModel]:
+def cached_loader(dtype: DType, log: Callable[[str], object]) -> Callable[..., LoadedModel]:
     """An Engine loader that loads each (name, runtime) once, in `dtype`, for every engine that asks."""
     loaded: dict[tuple[str, str], LoadedModel] = {}
 
@@ -261,11 +262,11 @@ def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], se
     # the peers in other processes first: a missing one is refused before any model of this process loads, and
     # onnxruntime-genai's conversion (a builder child process of ~17 GB) runs before this process holds models
     starters = {name: external_peers(name, edge, cloud, threads, settings.engines) for name in settings.external}
-    loader = cached_loader("bfloat16", log)
+    loader = cached_loader(DType.BFLOAT16, log)
     decode = DecodeConfig(max_new_tokens=max_new_tokens)
 
     def engine_peer(name: str, reference: str | None, plain: bool = False, **options) -> Peer:
-        engine = Engine(dtype="bfloat16", decode=decode, loader=loader, log=lambda m: None, **options)
+        engine = Engine(dtype=DType.BFLOAT16, decode=decode, loader=loader, log=lambda m: None, **options)
 
         def run(i: int) -> Timed:
             start = time.perf_counter()

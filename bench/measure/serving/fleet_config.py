@@ -21,7 +21,7 @@ from specdec.models.architecture import is_architecture
 from specdec.remote.protocol import parse_address
 from specdec.remote.server_config import ServeConfig
 from specdec.runtime_registry import RuntimeChoices, canonical_runtime, check_name, served_runtime
-from specdec.settings import CudaGraphs, Profile, ServerCache, parse_fields
+from specdec.settings import CudaGraphs, DType, Profile, ServerCache, parse_fields
 
 MAX_CLIENTS = 256
 
@@ -74,7 +74,7 @@ class FleetConfig:
         "help": "server started by the fleet: wait this long for more requests before a forward"})
     cloud_cores: str | None = field(default=None, metadata={
         "help": "server started by the fleet: pin it to these cores, e.g. 1 (edge processes get the others)"})
-    dtype: str = EngineConfig.dtype
+    dtype: DType = EngineConfig.dtype
     chat_template: bool = EngineConfig.chat_template
     constraints: Profile = EngineConfig.constraints
     limit: int | None = PromptInputs.limit
