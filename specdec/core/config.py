@@ -270,9 +270,9 @@ class SpecConfig:
         default=0.1, metadata={"help": "threshold policy: accept while p_cloud(draft) >= this probability"}
     )
     policy: str = field(default="threshold", metadata={"help": "acceptance rule (specdec/core/policies/)",
-                                                        "choices": tuple(POLICIES)})
+                                                        "choices": POLICIES})  # the registry: one filed later is a choice too
     verifier: str = field(default="cached", metadata={"help": "how the cloud keeps its state between calls "
-                                                               "(specdec/core/verifier.py)", "choices": tuple(VERIFIERS)})
+                                                               "(specdec/core/verifier.py)", "choices": VERIFIERS})
     uncertainty: Uncertainty = field(default=Uncertainty.MAX, metadata={"help": "a block's uncertainty from its token entropies",
                                                        "choices": UNCERTAINTY})
     punct_trigger: float | None = field(
@@ -289,7 +289,7 @@ class SpecConfig:
     )
     k_schedule: str = field(
         default="constant", metadata={"help": "block length cap over time: constant k, or heuristic (+2 after a fully "
-                                              "accepted block, -1 otherwise; k is the cap)", "choices": tuple(SCHEDULES)}
+                                              "accepted block, -1 otherwise; k is the cap)", "choices": SCHEDULES}
     )
     drafter: str = field(
         default="model", metadata={"help": "what proposes a block (specdec/core/drafters/): model (the edge model), "
