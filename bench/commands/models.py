@@ -29,7 +29,7 @@ def cmd_models(args: argparse.Namespace) -> int:
             state = registry.state(entry.alias)
             source = f"derived: {entry.load_name}" if getattr(entry, "base", None) else entry.upstream
             gguf = ""
-            if entry.format == "gguf" and not getattr(entry, "base", None) and state != "not fetched":
+            if entry.format == registry.Format.GGUF and not getattr(entry, "base", None) and state != registry.State.NOT_FETCHED:
                 gguf = f"  [gguf {fetch.kept_gguf(entry.alias)[1]}]"  # its size only: `verify` hashes it
             print(f"{entry.alias:24} {entry.size / 1e6:8.0f} MB  {state:12} {source}  ({entry.license}){gguf}")
         return 0
@@ -46,7 +46,7 @@ def cmd_verify(aliases: list[str]) -> int:
     damaged, bad_gguf = [], []
     for alias in aliases or [e.alias for e in registry.list_models() if not e.base]:
         entry = registry.get(alias)
-        if registry.state(alias) == "not fetched":
+        if registry.state(alias) == registry.State.NOT_FETCHED:
             print(f"{alias:24} not fetched")
             continue
         problem = registry.damage(alias, hashes=True)
@@ -55,7 +55,7 @@ def cmd_verify(aliases: list[str]) -> int:
         print(f"{alias:24} {'damaged: ' + problem if problem else ok}", flush=True)
         if problem:
             damaged.append(entry.base or alias)
-        if entry.format == "gguf":  # the file llama.cpp runs, against the registry's sha256
+        if entry.format == registry.Format.GGUF:  # the file llama.cpp runs, against the registry's sha256
             path, kept = fetch.kept_gguf(alias, hashed=True)
             print(f"{'':24} {path.name}: {kept if kept != 'kept' else 'kept, sha256 ok'}", flush=True)
             if kept == "damaged":

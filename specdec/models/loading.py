@@ -145,9 +145,9 @@ def resolve(name: str, *, fetch: bool = True, log: Callable[[str], object] = pri
         return Path(name).expanduser()
     if registry.is_alias(name):
         state = registry.state(name)
-        if state == "fetched":
+        if state == registry.State.FETCHED:
             return registry.model_dir(name)
-        if state == "damaged":
+        if state == registry.State.DAMAGED:
             raise ModelError(registry.refetch_hint(name))
         if not fetch:
             raise ModelError(f"model {name!r} is not fetched yet: run `specbench models fetch {name}`")

@@ -10,6 +10,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,7 +27,22 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _INNER_PATH = re.compile(r"^[A-Za-z0-9_][\w.-]*(/[\w.-]+)*$")
 
 
-FORMATS = ("gguf", "ct2")
+class Format(StrEnum):
+    """What a registry entry's pinned file is."""
+
+    GGUF = "gguf"  # a llama.cpp file, dequantized to safetensors for torch
+    CT2 = "ct2"  # a CTranslate2 Whisper model.bin, converted to Hugging Face's layout
+
+
+class State(StrEnum):
+    """Where a registry model's converted copy stands (`state`)."""
+
+    FETCHED = "fetched"
+    NOT_FETCHED = "not fetched"
+    DAMAGED = "damaged"  # a converted copy whose files changed since
+
+
+FORMATS = tuple(Format)
 COMMON_KEYS = ("upstream", "family", "format", "parts", "size", "sha256", "dtype", "license", "role", "partner")
 FORMAT_KEYS = {"gguf": ("gguf_file",), "ct2": ("join", "files")}
 DERIVED_KEYS = ("from", "derive", "role", "partner")
@@ -39,7 +55,7 @@ class ModelEntry:
     alias: str
     upstream: str
     family: str
-    format: str  # "gguf" | "ct2"; a derived entry has its base's
+    format: Format  # a derived entry has its base's
     parts: tuple[str, ...]  # "package==version", in join order
     size: int  # bytes of the joined file
     sha256: str  # of the joined file
@@ -62,7 +78,8 @@ class ModelEntry:
                 raise bad(f"{name} must be a non-empty string")
         if self.format not in FORMATS:
             raise bad(f"format {self.format!r} is not supported: use 'gguf' or 'ct2'")
-        if self.format == "gguf" and ("/" in self.gguf_file or not self.gguf_file.endswith(".gguf")):
+        object.__setattr__(self, "format", Format(self.format))
+        if self.format == Format.GGUF and ("/" in self.gguf_file or not self.gguf_file.endswith(".gguf")):
             raise bad(f"gguf_file {self.gguf_file!r} must be a bare file name ending in .gguf")
         pinned = all(isinstance(p, str) and _PIN.match(p) for p in self.parts) if isinstance(self.parts, tuple) else False
         if not (self.parts and pinned):
@@ -77,7 +94,7 @@ class ModelEntry:
             raise bad(f"dtype {self.dtype!r} must be float32, bfloat16 or float16")
         if self.role not in ("edge", "cloud"):
             raise bad(f"role {self.role!r} must be 'edge' or 'cloud'")
-        if self.format == "ct2":
+        if self.format == Format.CT2:
             self._check_ct2(bad)
         if self.derive:
             try:
@@ -104,7 +121,7 @@ class ModelEntry:
     @property
     def joined_file(self) -> str:
         """Name of the verified joined file in the parts work dir."""
-        return self.gguf_file if self.format == "gguf" else JOINED_CT2
+        return self.gguf_file if self.format == Format.GGUF else JOINED_CT2
 
     @property
     def load_name(self) -> str:
@@ -207,7 +224,7 @@ def gguf_path(alias: str) -> Path:
     """Where a GGUF entry's joined, checksum-verified file is kept after conversion (llama.cpp runs
     it as shipped); a derived entry shares its base's."""
     entry = get(alias)
-    if entry.format != "gguf":
+    if entry.format != Format.GGUF:
         raise ModelError(f"model {alias!r} is a {entry.format} ({entry.family}) model, not a GGUF file: "
                          f"runtime {default_runtime('.gguf')} runs GGUF entries or a .gguf path")
     return home() / "gguf" / entry.gguf_file
@@ -239,18 +256,18 @@ def damage(alias: str, hashes: bool = False) -> str | None:
     return "; ".join(found) if found else None
 
 
-def state(alias: str) -> str:
-    """`fetched`, `not fetched`, or `damaged` (a converted copy whose files changed since)."""
+def state(alias: str) -> State:
+    """Whether the converted copy is fetched, not fetched, or damaged (its files changed since)."""
     marker = read_marker(model_dir(alias))
     if marker is None or marker.get("sha256") != get(alias).sha256:
-        return "not fetched"
-    return "damaged" if damage(alias) else "fetched"
+        return State.NOT_FETCHED
+    return State.DAMAGED if damage(alias) else State.FETCHED
 
 
 def is_fetched(alias: str) -> bool:
     """True once the converted copy is complete, was made from the registry's pinned file, and its
     files still have the sizes recorded then (hashes: `specbench models verify`)."""
-    return state(alias) == "fetched"
+    return state(alias) == State.FETCHED
 
 
 def refetch_hint(alias: str) -> str:
