@@ -14,9 +14,12 @@ import operator
 import types
 import typing
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from specdec.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 class Mode(StrEnum):
@@ -133,12 +136,12 @@ def as_words(hint: Any) -> Any:
     return hint
 
 
-def parse_fields(config: object) -> None:
+def parse_fields(config: DataclassInstance) -> None:
     """Parse every field of a frozen dataclass (`config`, in its __post_init__) that its type declares a settings enum
     into that enum, in place: a word from a flag, a TOML file or a record becomes its member, or one line naming the
     field and its values. Other values of a union (`bool | Overlap`'s True, `Profile | None`'s None) stay."""
     hints = typing.get_type_hints(type(config))
-    for f in dataclasses.fields(config):  # type: ignore[arg-type]  # called from dataclasses' __post_init__ only
+    for f in dataclasses.fields(config):
         kind, value = enum_of(hints[f.name]), getattr(config, f.name)
         if kind is not None and isinstance(value, str) and not isinstance(value, kind):
             object.__setattr__(config, f.name, parse(kind, value, f.name))
