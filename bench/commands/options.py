@@ -58,6 +58,12 @@ def parse_list(text: str) -> list[str]:
 PARSERS: dict[type, Callable[[str], Any]] = {int: int, float: parse_float, str: str, Path: Path}
 
 
+def parser_of(kind: type) -> Callable[[str], Any]:
+    """The parser of one flag value of type `kind`. A setting's enum takes its word (argparse checks the field's
+    choices, the config's __post_init__ parses it into the enum)."""
+    return PARSERS[str if isinstance(kind, type) and issubclass(kind, StrEnum) else kind]
+
+
 def parse_overlap_flag(text: str) -> bool | str:
     try:
         return parse_overlap(text)
@@ -137,7 +143,7 @@ def field_options(cls: type) -> list[Option]:
         elif kind is bool:  # one switch, both spellings: `--overlap` and `--no-overlap`
             options.append(Option(f.name, _flags(f, source), "switch", None, default, False, help_text, None))
         else:
-            parse = PARSERS[str if isinstance(kind, type) and issubclass(kind, StrEnum) else kind]  # enums: by choices
+            parse = parser_of(kind)
             if canonical := source.metadata.get("canonical"):  # an old name is today's before choices are checked
                 parse = _then(parse, canonical)
             parse = _comma_list(parse) if typing.get_origin(hints[f.name]) is tuple else parse
@@ -172,7 +178,7 @@ def sweep_options() -> list[Option]:
         elif kind is bool:
             options.append(Option(f.name, _flags(f, source), "switch", None, None, False, help_text, None))
         else:
-            parse = PARSERS[kind]
+            parse = parser_of(kind)
             if canonical := source.metadata.get("canonical"):  # an old name is today's before choices are checked
                 parse = _then(parse, canonical)
             parse = _comma_list(parse) if typing.get_origin(hints[f.name]) is tuple else parse

@@ -27,29 +27,48 @@ from __future__ import annotations
 import json
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench.core.prompts import SPEC_BENCH, PromptInputs, prompt_set_name
+from bench.core.prompts import SPEC_BENCH, PromptInputs, Turns, prompt_set_name
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.drafters import NEEDS_MODEL
 from specdec.runtime_registry import default_runtime, known, runtime_parts
-from specdec.settings import Mode
+from specdec.settings import Mode, choices
 
 RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConfig)
 # Run settings that say how a run reaches its models and prompts, not what it measures: the
 # server's address is recorded as `deployment`, the rest changes no output of a finished sample.
 NOT_MEASURED = ("cloud_url", "token_file", "cloud_timeout_s", "on_cloud_loss", "limit", "max_audio_s")
-# colocated: a spec point in one process pinned to the cloud's cores, the baseline of the split points
-# with the same pair and settings (a sweep adds it beside every split point).
-DEPLOYMENTS = ("inproc", "split", "colocated")
+
+
+class Deployment(StrEnum):
+    """Where a point's cloud ran (a record's `deployment`): parsed once where a sweep's list is read (SweepConfig),
+    compared as members past it. A member is still its word in records, keys and resumes."""
+
+    INPROC = "inproc"  # edge and cloud in one process
+    SPLIT = "split"  # the cloud behind `specbench serve`, over a link
+    # a spec point in one process pinned to the cloud's cores, the baseline of the split points
+    # with the same pair and settings (a sweep adds it beside every split point)
+    COLOCATED = "colocated"
+
+
+class SplitCores(StrEnum):
+    """How a sweep with split or co-located points placed its processes (a record's `split_cores`)."""
+
+    DISJOINT = "disjoint"  # the edge and the server on cores of their own, as two machines have
+    SHARED = "shared"  # both on every core (what every sweep did before the setting existed)
+
+
+DEPLOYMENTS = choices(Deployment)
 
 
 @dataclass(frozen=True)
 class _Placement:
     """The point's fields that are not run settings: where the cloud ran, and over what link."""
 
-    deployment: str = field(default="inproc", metadata={
+    deployment: Deployment = field(default=Deployment.INPROC, metadata={
         "help": "inproc (edge and cloud in one process), split (the cloud behind `specbench serve`) or colocated "
                 "(both in one process on the cloud's cores: the split points' baseline)",
         "choices": DEPLOYMENTS})
@@ -95,7 +114,7 @@ LABELLED = (("policy", ""), ("k", "k="), ("entropy_threshold", "thr="), ("accept
 
 def blank(values: dict) -> dict:
     """`values` with every field that does not apply at its mode and deployment set to None."""
-    mode, split = values.get("mode"), values.get("deployment") == "split"
+    mode, split = values.get("mode"), values.get("deployment") == Deployment.SPLIT
     off = {"edge": mode == Mode.CLOUD, "cloud": mode == Mode.EDGE}
 
     def applies(name: str) -> bool:
@@ -127,7 +146,7 @@ class Point:
     kv_cache: str | None = None  # the torch models' KV cache: auto, dynamic, static or compiled (docs/gpu.md)
     cuda_graphs: str | None = None  # on CUDA with a static cache: captured steps (on) or eager (off)
     # _Placement: where the cloud ran, and over what link
-    deployment: str | None = None  # inproc, split (the cloud behind `specbench serve`) or colocated (split's baseline)
+    deployment: Deployment | None = None  # inproc, split (the cloud behind `specbench serve`) or colocated (split's baseline)
     link: str | None = None  # split: the shaped link between edge and server: none, wifi, 4g, 5g or rtt=..,up=..
     # SpecConfig: spec mode only
     k: int | None = None  # draft tokens per block (the cap, under a k schedule)
@@ -150,17 +169,18 @@ class Point:
     seed: int | None = None  # seed of the sampling generator
     # PromptInputs
     prompts: str | None = None  # the prompt set: a shipped set's name, or a prompts file's resolved path
-    turns: str | None = None  # a conversation's later turns: all (each after the model's own answer) or first
+    turns: Turns | None = None  # a conversation's later turns: all (each after the model's own answer) or first
 
     @classmethod
-    def of(cls, engine, prompts: str, link: str | None = None, turns: str = "all") -> Point:
+    def of(cls, engine, prompts: str, link: str | None = None, turns: Turns = Turns.ALL) -> Point:
         """The point `engine` measures on the prompt set `prompts` (a sweep's split point adds its link;
         `turns`: PromptInputs.turns)."""
         sources = {EngineConfig: engine, SpecConfig: engine.spec, DeployConfig: engine.deploy,
                    DecodeConfig: engine.decode}
         values = {f.name: getattr(source, USED.get(f.name, f.name)) for settings, source in sources.items()
                   for f in fields(settings) if f.name in FIELDS}
-        values.update(prompts=prompts, link=link, turns=turns, deployment="split" if engine.remote_cloud else "inproc")
+        values.update(prompts=prompts, link=link, turns=turns,
+                      deployment=Deployment.SPLIT if engine.remote_cloud else Deployment.INPROC)
         return cls(**blank(values))
 
     @classmethod
@@ -219,7 +239,7 @@ class Point:
 
         drafts = self.drafter in (None, "-") or self.drafter in NEEDS_MODEL
         edge = parts(self.edge_runtime) if self.mode == Mode.EDGE or (self.mode == Mode.SPEC and drafts) else ()
-        here = self.mode == Mode.CLOUD or (self.mode == Mode.SPEC and self.deployment != "split")
+        here = self.mode == Mode.CLOUD or (self.mode == Mode.SPEC and self.deployment != Deployment.SPLIT)
         cloud = parts(self.cloud_runtime) if here else ()
         return any(runtime is not None and runtime.caches for runtime in map(known, (*edge, *cloud)))
 
