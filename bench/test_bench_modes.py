@@ -10,6 +10,7 @@ import warnings
 import pytest
 
 from bench.measure.workload import HF_ASSISTED, HF_ASSISTED_DEFAULTS, MODES, Pair, mode_metrics
+from specdec.settings import Mode
 
 TINY_ROUNDS, REAL_ROUNDS = 5, 2
 
@@ -23,11 +24,11 @@ def bench_mode(benchmark, pair: Pair, mode: str, rounds: int) -> dict:
             "threads": w.threads, **metrics,
             "tokens_per_s_median": metrics["new_tokens"] / benchmark.stats.stats.median}
     # Greedy decoding is lossless: every verifying mode must reproduce the cloud's own tokens.
-    if mode in ("spec", HF_ASSISTED, HF_ASSISTED_DEFAULTS):
-        cloud = [o.tokens for o in reference(pair, "cloud")]
+    if mode in (Mode.SPEC, HF_ASSISTED, HF_ASSISTED_DEFAULTS):
+        cloud = [o.tokens for o in reference(pair, Mode.CLOUD)]
         info["equals_cloud"] = [o.tokens for o in outputs] == cloud
     if mode in (HF_ASSISTED, HF_ASSISTED_DEFAULTS):
-        info["equals_engine_spec"] = [o.tokens for o in outputs] == [o.tokens for o in reference(pair, "spec")]
+        info["equals_engine_spec"] = [o.tokens for o in outputs] == [o.tokens for o in reference(pair, Mode.SPEC)]
     benchmark.extra_info.update(info)
     return info
 

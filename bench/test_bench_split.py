@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from bench.core.network import profile
+from bench.core.network import NO_LINK, profile
 from bench.core.prompts import load_prompts
 from bench.derive.split_timing import call_overheads_s, modelled_link_s
 from bench.measure.caps import pin_cores
@@ -72,7 +72,7 @@ def real_cloud_url():
 
 
 @pytest.mark.realmodel
-@pytest.mark.parametrize("preset", ["none", "4g", "wifi"])
+@pytest.mark.parametrize("preset", [NO_LINK, "4g", "wifi"])
 def test_real_link(benchmark, real_cloud_url, preset):
     """none: protocol overhead on loopback; 4g / wifi: measured link time vs the model's."""
     pin_cores([0])
@@ -81,13 +81,13 @@ def test_real_link(benchmark, real_cloud_url, preset):
     network = profile(preset)
     with BackgroundLink(network, (host, int(port))) as url:
         # Sequential: the link is measured alone, not beside drafting ahead on the edge's one core.
-        engine = split_engine(EDGE_ALIAS, url if preset != "none" else real_cloud_url, DType.BFLOAT16, 32, overlap=False)
+        engine = split_engine(EDGE_ALIAS, url if preset != NO_LINK else real_cloud_url, DType.BFLOAT16, 32, overlap=False)
         engine.load()
         generations = benchmark.pedantic(lambda: [engine.generate(t) for t in texts], rounds=1, iterations=1)
         engine.close()
     pin_cores([0, 1])
     overhead = quantiles([s * 1e3 for s in call_overheads_s(generations)])
-    ratios = [g.link_s / modelled_link_s(g, network) for g in generations] if preset != "none" else []
+    ratios = [g.link_s / modelled_link_s(g, network) for g in generations] if preset != NO_LINK else []
     info = {"preset": preset, "call_overhead_ms": overhead, "link_s": [g.link_s for g in generations],
             "modelled_link_s": [modelled_link_s(g, network) for g in generations], "measured_over_modelled": ratios}
     benchmark.extra_info.update(info)

@@ -118,7 +118,7 @@ def parse(kind: type[Setting], value: object, name: str) -> Setting:
 
 
 def enum_of(hint: object) -> type[StrEnum] | None:
-    """The settings enum a field's type names (`KVCache`, `bool | Overlap`, `Profile | None`), or None."""
+    """The settings enum a field's type names (`KVCache`, `bool | Overlap`, `Profile | None`, `tuple[Mode, ...]`), or None."""
     if isinstance(hint, type):
         return hint if issubclass(hint, StrEnum) else None
     kinds = [arg for arg in typing.get_args(hint) if isinstance(arg, type) and issubclass(arg, StrEnum)]

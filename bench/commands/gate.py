@@ -11,6 +11,7 @@ from pathlib import Path
 from bench.core.folder import writable_file
 from bench.derive.gate_verdict import (
     TOLERANCES,
+    Suite,
     baseline_path,
     choose_baseline,
     environment_notes,
@@ -24,11 +25,12 @@ from bench.measure.gate import _quiet_transformers, judge, measure, timing_summa
 from specdec.errors import InputError
 from specdec.machine import describe, fingerprint
 from specdec.models.registry import is_fetched
+from specdec.settings import choices, parse
 
 
 def add_gate_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("gate", help="regression gate: deterministic metrics and timing ratios vs a baseline")
-    p.add_argument("--suite", choices=sorted(TOLERANCES), default="tiny",
+    p.add_argument("--suite", choices=sorted(choices(Suite)), default=Suite.TINY,
                    help="tiny: in-process random pair, fp32 (seconds); real: the Qwen2.5-Coder pair, bf16 (minutes)")
     p.add_argument("--baseline", type=Path,
                    help="baseline JSON (default: bench/baselines/<suite>/<this machine's class>.json, else another "
@@ -44,35 +46,36 @@ def add_gate_parser(subparsers) -> argparse.ArgumentParser:
 def cmd_gate(args: argparse.Namespace, wrap=None) -> int:
     from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS, SUITES
 
+    suite = parse(Suite, args.suite, "suite")  # argparse checked the word: a Suite from here on
     here = fingerprint()
     path, missing = args.baseline, None
     if path is None and not args.update:
-        choice = choose_baseline(args.suite, here["machine_class"])
-        path, missing = choice.path, None if choice.own_class else no_baseline_line(args.suite, here)
+        choice = choose_baseline(suite, here["machine_class"])
+        path, missing = choice.path, None if choice.own_class else no_baseline_line(suite, here)
     if args.save:
         writable_file(args.save)  # before minutes of measuring, not after
     baseline = None
     if not args.update:
         baseline = read_gate_file(path)  # bad input fails before minutes of measuring
-        if baseline["suite"] != args.suite:
+        if baseline["suite"] != suite:
             raise InputError(f"baseline {path} is for suite {baseline['suite']!r}: pass --suite {baseline['suite']}")
-    if args.suite == "real":
+    if suite == Suite.REAL:
         if not (is_fetched(EDGE_ALIAS) and is_fetched(CLOUD_ALIAS)):
             raise InputError(f"the real suite needs the model pair: run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
     _quiet_transformers()
-    workload = SUITES[args.suite]()
-    _say(f"gate: measuring the {args.suite} suite ({len(workload.prompts)} prompts x {workload.max_new_tokens} tokens, "
+    workload = SUITES[suite]()
+    _say(f"gate: measuring the {suite} suite ({len(workload.prompts)} prompts x {workload.max_new_tokens} tokens, "
          f"{workload.repeats} repeats) ...")
     if baseline is None:  # --update
         current = measure(workload, wrap=wrap, log=_say)
     else:
-        current, checks = judge(baseline, workload, TOLERANCES[args.suite], wrap=wrap, log=_say)
+        current, checks = judge(baseline, workload, TOLERANCES[suite], wrap=wrap, log=_say)
     if args.save:
         write_gate_file(args.save, current)
     print(timing_summary(current))
     if baseline is None:  # --update
         # named after the machine the record carries (environment.fingerprint): never another class's file
-        path = path or baseline_path(args.suite, (machine_of(current) or here)["machine_class"])
+        path = path or baseline_path(suite, (machine_of(current) or here)["machine_class"])
         write_gate_file(path, current)
         print(f"baseline written: {path}")
         return 0

@@ -28,6 +28,7 @@ from bench.measure.sweep.sweep_config import SweepConfig
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig, parse_overlap
 from specdec.engine import Engine
 from specdec.errors import ConfigError
+from specdec.settings import Overlap
 
 # Where each setting is defined (its help, choices and aliases), for the sweep's copy of it.
 DEFINED_IN = {f.name: f for cls in RUN_SETTINGS for f in fields(cls)}
@@ -58,7 +59,13 @@ def parse_list(text: str) -> list[str]:
 PARSERS: dict[type, Callable[[str], Any]] = {int: int, float: parse_float, str: str, Path: Path}
 
 
-def parse_overlap_flag(text: str) -> bool | str:
+def parser_of(kind: type) -> Callable[[str], Any]:
+    """The parser of one flag value of type `kind`. A setting's enum takes its word (argparse checks the field's
+    choices, the config's __post_init__ parses it into the enum)."""
+    return PARSERS[str if isinstance(kind, type) and issubclass(kind, StrEnum) else kind]
+
+
+def parse_overlap_flag(text: str) -> bool | Overlap:
     try:
         return parse_overlap(text)
     except ValueError:
@@ -115,12 +122,6 @@ def _value_type(hint: Any) -> type:
     return typing.get_args(hint)[0] if typing.get_origin(hint) is tuple else hint
 
 
-def _parser(kind: type) -> Callable[[str], Any]:
-    """A flag's text as one value of `kind`; a settings enum is taken as its word and checked by its choices (the
-    config's __post_init__ parses it into its member)."""
-    return PARSERS[str if isinstance(kind, type) and issubclass(kind, StrEnum) else kind]
-
-
 def _flags(f: Field, source: Field) -> tuple[str, ...]:
     return (f"--{f.name.replace('_', '-')}", *source.metadata.get("flags", ()))
 
@@ -143,7 +144,7 @@ def field_options(cls: type) -> list[Option]:
         elif kind is bool:  # one switch, both spellings: `--overlap` and `--no-overlap`
             options.append(Option(f.name, _flags(f, source), "switch", None, default, False, help_text, None))
         else:
-            parse = _parser(kind)
+            parse = parser_of(kind)
             if canonical := source.metadata.get("canonical"):  # an old name is today's before choices are checked
                 parse = _then(parse, canonical)
             parse = _comma_list(parse) if typing.get_origin(hints[f.name]) is tuple else parse
@@ -178,7 +179,7 @@ def sweep_options() -> list[Option]:
         elif kind is bool:
             options.append(Option(f.name, _flags(f, source), "switch", None, None, False, help_text, None))
         else:
-            parse = _parser(kind)
+            parse = parser_of(kind)
             if canonical := source.metadata.get("canonical"):  # an old name is today's before choices are checked
                 parse = _then(parse, canonical)
             parse = _comma_list(parse) if typing.get_origin(hints[f.name]) is tuple else parse

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,15 @@ from bench.derive.summary import summarize
 from bench.measure.calibrate import calibration_path
 from specdec.errors import ConfigError, InputError
 from specdec.machine import fingerprint
+from specdec.settings import choices, parse
+
+
+class Cores(StrEnum):
+    """predict's --cores: where the split points' edge and server ran, overriding what their records say."""
+
+    SHARED = "shared"  # on the same cores (one machine emulating two)
+    SPLIT = "split"  # on cores of their own (a sweep's split_cores disjoint)
+
 
 USER_FLAGS = ("edge_ms_per_token", "verify_cost", "rtt_ms", "bandwidth_mbps")
 # what every finished record of `specbench run` / `sweep` holds and the summary reads from each one
@@ -41,7 +51,7 @@ def add_predict_parser(sub) -> None:
     p = sub.add_parser("predict", help="the cost model: predict a results folder's spec points from its baselines, "
                                        "or where speculation pays on your own numbers")
     p.add_argument("results", nargs="?", type=Path, help="a results folder (run or sweep) to predict")
-    p.add_argument("--cores", choices=("shared", "split"), default=None,
+    p.add_argument("--cores", choices=choices(Cores), default=None,
                    help="folder mode: whether the split points' edge and server shared cores or had their own; "
                         "default: as each point's records say (split_cores; older records: shared)")
     p.add_argument("--edge-ms-per-token", help="your edge: ms per drafted token (forward + sampling)")
@@ -68,7 +78,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.results is None and args.cores is not None:
         raise ConfigError("--cores applies to a RESULTS_DIR's split points: give the folder, or leave --cores out")
     if args.results is not None:
-        return predict_folder(args.results, None if args.cores is None else args.cores == "shared")
+        cores = None if args.cores is None else parse(Cores, args.cores, "--cores")  # argparse checked the word
+        return predict_folder(args.results, None if cores is None else cores == Cores.SHARED)
     if len(user) < len(USER_FLAGS) or args.acceptance_from is None:
         raise ConfigError("predict needs a RESULTS_DIR, or all of --edge-ms-per-token, --verify-cost A,B, --rtt-ms, "
                           "--bandwidth-mbps and --acceptance-from RESULTS_DIR")

@@ -49,9 +49,11 @@ class NetworkProfile:
 
 
 MBIT = 1e6
+# No network: the cloud is free to reach (the engine's own numbers). A link is an open format (a preset's name or
+# rtt=...,up=...,down=...), so this one name is the sentinel code compares a link with: a link at it is not shaped.
+NO_LINK = "none"
 PRESETS = {
-    # No network: the cloud is free to reach (the engine's own numbers).
-    "none": NetworkProfile("none", 0.0, math.inf, math.inf),
+    NO_LINK: NetworkProfile(NO_LINK, 0.0, math.inf, math.inf),
     # Home Wi-Fi on fixed broadband. Ookla Speedtest Global Index (2024): global median fixed
     # download ≈ 94 Mbit/s, upload ≈ 40–45 Mbit/s; Ookla market reports (2023) give fixed-line
     # multi-server latency medians of ≈ 10–15 ms, plus the Wi-Fi hop and a regional cloud: 20 ms.

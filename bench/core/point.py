@@ -27,29 +27,48 @@ from __future__ import annotations
 import json
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench.core.prompts import SPEC_BENCH, PromptInputs, prompt_set_name
+from bench.core.prompts import SPEC_BENCH, PromptInputs, Turns, prompt_set_name
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.drafters import NEEDS_MODEL
 from specdec.runtime_registry import default_runtime, known, runtime_parts
-from specdec.settings import Mode, as_words
+from specdec.settings import Mode, as_words, choices
 
 RUN_SETTINGS = (EngineConfig, PromptInputs, SpecConfig, DecodeConfig, DeployConfig)
 # Run settings that say how a run reaches its models and prompts, not what it measures: the
 # server's address is recorded as `deployment`, the rest changes no output of a finished sample.
 NOT_MEASURED = ("cloud_url", "token_file", "cloud_timeout_s", "on_cloud_loss", "limit", "max_audio_s")
-# colocated: a spec point in one process pinned to the cloud's cores, the baseline of the split points
-# with the same pair and settings (a sweep adds it beside every split point).
-DEPLOYMENTS = ("inproc", "split", "colocated")
+
+
+class Deployment(StrEnum):
+    """Where a point's cloud ran (a record's `deployment`): parsed once where a sweep's list is read (SweepConfig),
+    compared as members past it. A member is still its word in records, keys and resumes."""
+
+    INPROC = "inproc"  # edge and cloud in one process
+    SPLIT = "split"  # the cloud behind `specbench serve`, over a link
+    # a spec point in one process pinned to the cloud's cores, the baseline of the split points
+    # with the same pair and settings (a sweep adds it beside every split point)
+    COLOCATED = "colocated"
+
+
+class SplitCores(StrEnum):
+    """How a sweep with split or co-located points placed its processes (a record's `split_cores`)."""
+
+    DISJOINT = "disjoint"  # the edge and the server on cores of their own, as two machines have
+    SHARED = "shared"  # both on every core (what every sweep did before the setting existed)
+
+
+DEPLOYMENTS = choices(Deployment)
 
 
 @dataclass(frozen=True)
 class _Placement:
     """The point's fields that are not run settings: where the cloud ran, and over what link."""
 
-    deployment: str = field(default="inproc", metadata={
+    deployment: Deployment = field(default=Deployment.INPROC, metadata={
         "help": "inproc (edge and cloud in one process), split (the cloud behind `specbench serve`) or colocated "
                 "(both in one process on the cloud's cores: the split points' baseline)",
         "choices": DEPLOYMENTS})
@@ -71,9 +90,7 @@ def _run_fields() -> list[tuple[str, Any, type]]:
 
 
 SETTINGS = {f.name: f for cls in (*RUN_SETTINGS, _Placement) for f in fields(cls)}  # name -> where it is defined
-# name -> its type as a record and a sweep's grid hold it: a settings enum as its word (the run's config parses it)
-SETTING_TYPES = {name: as_words(hint) for cls in (*RUN_SETTINGS, _Placement)
-                 for name, hint in typing.get_type_hints(cls).items()}
+SETTING_TYPES = {name: hint for cls in (*RUN_SETTINGS, _Placement) for name, hint in typing.get_type_hints(cls).items()}
 AXES = ("mode", "k", "entropy_threshold", "accept_threshold", "policy", "verifier", "draft_stop", "k_schedule", "drafter",
         "drafter_options", "dtype", "prompts", "constraints", "edge_runtime", "cloud_runtime", "kv_cache", "deployment",
         "link", "overlap")
@@ -98,7 +115,7 @@ LABELLED = (("policy", ""), ("k", "k="), ("entropy_threshold", "thr="), ("accept
 
 def blank(values: dict) -> dict:
     """`values` with every field that does not apply at its mode and deployment set to None."""
-    mode, split = values.get("mode"), values.get("deployment") == "split"
+    mode, split = values.get("mode"), values.get("deployment") == Deployment.SPLIT
     off = {"edge": mode == Mode.CLOUD, "cloud": mode == Mode.EDGE}
 
     def applies(name: str) -> bool:
@@ -156,14 +173,15 @@ class Point:
     turns: str | None = None  # a conversation's later turns: all (each after the model's own answer) or first
 
     @classmethod
-    def of(cls, engine, prompts: str, link: str | None = None, turns: str = "all") -> Point:
+    def of(cls, engine, prompts: str, link: str | None = None, turns: str = Turns.ALL) -> Point:
         """The point `engine` measures on the prompt set `prompts` (a sweep's split point adds its link;
         `turns`: PromptInputs.turns)."""
         sources = {EngineConfig: engine, SpecConfig: engine.spec, DeployConfig: engine.deploy,
                    DecodeConfig: engine.decode}
         values = {f.name: getattr(source, USED.get(f.name, f.name)) for settings, source in sources.items()
                   for f in fields(settings) if f.name in FIELDS}
-        values.update(prompts=prompts, link=link, turns=turns, deployment="split" if engine.remote_cloud else "inproc")
+        values.update(prompts=prompts, link=link, turns=turns,
+                      deployment=Deployment.SPLIT if engine.remote_cloud else Deployment.INPROC)
         return cls(**blank(values))
 
     @classmethod
@@ -222,7 +240,7 @@ class Point:
 
         drafts = self.drafter in (None, "-") or self.drafter in NEEDS_MODEL
         edge = parts(self.edge_runtime) if self.mode == Mode.EDGE or (self.mode == Mode.SPEC and drafts) else ()
-        here = self.mode == Mode.CLOUD or (self.mode == Mode.SPEC and self.deployment != "split")
+        here = self.mode == Mode.CLOUD or (self.mode == Mode.SPEC and self.deployment != Deployment.SPLIT)
         cloud = parts(self.cloud_runtime) if here else ()
         return any(runtime is not None and runtime.caches for runtime in map(known, (*edge, *cloud)))
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from bench.core.audio import MAX_SECONDS
 from bench.core.folder import canonical_path
-from specdec.core.config import check_choices, check_types
+from specdec.core.config import check_types
 from specdec.errors import ConfigError, InputError
+from specdec.settings import choices, parse_fields
 
 SETS_DIR = Path(__file__).parent.parent / "prompts"
 SAMPLES_MANIFEST = Path(__file__).parent.parent / "samples" / "manifest.jsonl"  # shipped espeak-ng clips
@@ -30,7 +32,16 @@ PROMPT_TYPES = {
     "detailed": "请用一句中文描述说话人的音色、语速、语调和情绪。",
     "concise": "请用一句简短的中文概括说话人的声音特点和情绪。",
 }
-TURNS = ("all", "first")
+
+
+class Turns(StrEnum):
+    """Which of a conversation's turns a run asks (PromptInputs.turns; a record's `turns`)."""
+
+    ALL = "all"  # each later turn after the model's own answer, timed together (as Spec-Bench does)
+    FIRST = "first"  # the first turn only
+
+
+TURNS = choices(Turns)
 OPTIONAL_TEXT = ("system", "reference", "language", "prompt_type", "audio")
 
 # Spec-Bench (Xia et al. 2024, hemingkx/Spec-Bench `data/spec_bench/question.jsonl`): its six task
@@ -56,16 +67,16 @@ class PromptInputs:
     max_audio_s: float = field(default=MAX_SECONDS, metadata={
         "help": "refuse longer audio clips, in seconds (capped by the model's own window)",
         "flags": ("--max-audio-seconds",)})
-    turns: str = field(default="all", metadata={
+    turns: Turns = field(default=Turns.ALL, metadata={
         "help": "a conversation's later turns (Spec-Bench's MT-bench has two): all asks each after the model's own "
                 "answer and times them together, as Spec-Bench does; first asks the first turn only",
         "choices": TURNS})
 
     def __post_init__(self) -> None:
+        parse_fields(self)  # typed from here on (one line for an unknown word)
         check_types(self)
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit must be >= 1 (the first N prompts), got {self.limit}: leave it unset for all of them")
-        check_choices(self)
         if not self.max_audio_s > 0:
             raise ConfigError(f"max_audio_s must be > 0 seconds, got {self.max_audio_s}")
 

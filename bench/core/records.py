@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from bench.core.point import AXES
+from bench.core.point import AXES, Deployment
 from specdec.core.text import punctuation_density
 from specdec.core.trace import Generation
 from specdec.errors import InputError
@@ -88,7 +88,7 @@ class ResultRecord:
            peak_rss_bytes: int, gpu: dict[str, int] | None = None) -> ResultRecord:
         decode_tokens = max(generation.new_tokens - 1, 0)
         escalated = [cycle for cycle in generation.cycles if cycle.escalated]
-        split = point.get("deployment") == "split"
+        split = point.get("deployment") == Deployment.SPLIT
         lengths = [len(cycle.draft_tokens) for cycle in generation.cycles]
         peaks: dict[str, Any] = gpu or {}  # its peak_gpu_* fields (mypy matches a ** dict against every field)
         return cls(

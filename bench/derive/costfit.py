@@ -32,8 +32,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from bench.core.network import escalation_bytes, profile
-from bench.core.point import FIELDS
+from bench.core.network import NO_LINK, escalation_bytes, profile
+from bench.core.point import FIELDS, Deployment, SplitCores
 from bench.derive.costmodel import Acceptance, CostInputs, Link, Outcome, colocated, split
 from specdec.core.drafters import NEEDS_MODEL
 from specdec.errors import InputError
@@ -163,10 +163,10 @@ def _mean_per_call(group: list[dict], field: str) -> float | None:
 
 def link_inputs(records: list[dict], point: dict, group: list[dict], mean_drafted: float) -> dict:
     """The point's link (its `link` setting) with the protocol cost of the other split points."""
-    if point.get("deployment") != "split":
+    if point.get("deployment") != Deployment.SPLIT:
         return {}
-    shape = profile(str(point.get("link") or "none"))
-    split_group = [r for r in group if r.get("deployment") == "split"]
+    shape = profile(str(point.get("link") or NO_LINK))
+    split_group = [r for r in group if r.get("deployment") == Deployment.SPLIT]
     up, down = _mean_per_call(split_group, "wire_up_bytes"), _mean_per_call(split_group, "wire_down_bytes")
     if up is None or down is None:
         up, down = escalation_bytes(round(mean_drafted) + 1, 0, 2)
@@ -174,13 +174,13 @@ def link_inputs(records: list[dict], point: dict, group: list[dict], mean_drafte
     # A verdict that lands mid-forward waits for it, which is not the link's time: never from points that
     # draft ahead on every cycle, and from `overlap = "auto"` points (whose ahead cycles overlap the edge's
     # time with the wait) only when the folder has no sequential split point to take it from.
-    others = [r for r in records if r["mode"] == Mode.SPEC and r.get("deployment") == "split" and point_key(r) != own
+    others = [r for r in records if r["mode"] == Mode.SPEC and r.get("deployment") == Deployment.SPLIT and point_key(r) != own
               and r.get("cloud_calls") and r.get("overlap") is not True]
     sequential = [r for r in others if r.get("overlap") is False]
     protocol: list[float] = []
     bookkeeping: dict[int | None, list[float]] = {}
     for r in sequential or others:
-        other = profile(str(r.get("link") or "none"))
+        other = profile(str(r.get("link") or NO_LINK))
         per_call = (r.get("link_s") or 0.0) / r["cloud_calls"]
         protocol.append(per_call - other.transfer_s(r.get("wire_up_bytes", 0) / r["cloud_calls"],
                                                     r.get("wire_down_bytes", 0) / r["cloud_calls"]))
@@ -199,7 +199,7 @@ def link_inputs(records: list[dict], point: dict, group: list[dict], mean_drafte
 def cores_shared_of(point: dict) -> bool:
     """Whether a split point's edge and server shared cores, as its record says (`split_cores`; records
     written before it existed: shared, the sweep's placement then)."""
-    return point.get("split_cores", "shared") != "disjoint"
+    return point.get("split_cores", SplitCores.SHARED) != SplitCores.DISJOINT
 
 
 def plain_runtime_inputs(records: list[dict], point: dict) -> tuple[dict, dict]:
@@ -244,7 +244,7 @@ def predict_point(records: list[dict], point: dict, cores_shared: bool | None = 
 
 def predict_from(inputs: CostInputs, point: dict) -> float:
     """`predict_point` on inputs already fitted for `point`."""
-    if point.get("deployment") != "split":
+    if point.get("deployment") != Deployment.SPLIT:
         return colocated(inputs).tokens_per_s
     if point.get("overlap") == "auto":
         return max(split(replace(inputs, overlap=False)).tokens_per_s, split(replace(inputs, overlap=True)).tokens_per_s)

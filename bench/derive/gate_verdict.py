@@ -20,6 +20,7 @@ import json
 import math
 import statistics
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import TypeGuard
 
@@ -33,6 +34,14 @@ FALLBACK = "unknown-machine"  # <suite>/unknown-machine.json: measured before fi
 FORMAT = 1
 REQUIRED = ("format", "suite", "workload", "deterministic", "timing")
 NOT_JUDGED = "not judged: another machine"  # a timing check's rule against another machine's baseline
+
+
+class Suite(StrEnum):
+    """The gate's workloads (Workload.suite, `specbench gate --suite`, a gate file's `suite`; bench/measure/workload.py
+    builds each): defined here, below what measures and what reads a gate, as each has its tolerance and baselines."""
+
+    TINY = "tiny"  # an in-process random pair, fp32 (seconds)
+    REAL = "real"  # the Qwen2.5-Coder pair, bf16 (minutes)
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,8 @@ class Tolerance:
 # timing_margin: medians of unchanged code moved at most 3 % between tiny runs here, quiet or with a
 #   busy process beside the gate (bench/baselines/README.md); a 20 % slower edge or cloud forward
 #   moves its ratio to HF's own greedy loop by 15-17 %, far past 5 %.
-TOLERANCES = {"tiny": Tolerance(rate_abs=1e-9, timing_margin=0.05), "real": Tolerance(rate_abs=1e-9, timing_margin=0.05)}
+TOLERANCES = {Suite.TINY: Tolerance(rate_abs=1e-9, timing_margin=0.05),
+              Suite.REAL: Tolerance(rate_abs=1e-9, timing_margin=0.05)}
 
 
 @dataclass(frozen=True)

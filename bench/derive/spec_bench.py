@@ -29,7 +29,7 @@ import math
 
 import pandas as pd
 
-from bench.core.point import COLUMNS
+from bench.core.point import COLUMNS, Deployment
 from bench.core.prompts import SPEC_BENCH, prompt_set_name
 from bench.derive import metrics
 from bench.derive.summary import fastest_plain, load_rows, plain_label, runtime_name
@@ -52,7 +52,7 @@ def method_name(point) -> str:
     pairing = f"{runtime_name(point['edge_runtime'])} → {runtime_name(point['cloud_runtime'])}"
     if str(point.get("drafter")) in ("prompt-lookup", "ngram"):
         pairing = f"→ {runtime_name(point['cloud_runtime'])}"  # nothing runs on the edge but the lookup
-    where = "" if point.get("deployment") in ("inproc", "-", None) else f" · {point['deployment']}"
+    where = "" if point.get("deployment") in (Deployment.INPROC, "-", None) else f" · {point['deployment']}"
     threshold = "" if float(point["entropy_threshold"]) == 0 else f" thr={point['entropy_threshold']:g}"
     options = str(point.get("drafter_options") or "").strip("-")
     drafter = f"{point.get('drafter', 'model')}" + (f"[{options}]" if options else "")

@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from bench.core.point import COLUMNS, RUNTIME_OF
+from bench.core.point import COLUMNS, RUNTIME_OF, Deployment
 from bench.derive import metrics
 from bench.derive.health import chrf, error_rates, text_health, token_match_rate
 from bench.derive.scores import score_key
@@ -194,9 +194,9 @@ def colocated(table: pd.DataFrame, point) -> pd.DataFrame:
     """The rows of `table` of a split point's co-located baseline: the same pair, k, policy and
     thresholds (every other axis equal) run in one process on the cloud's cores; empty for any
     other point, or a folder written before the sweep measured it."""
-    if point.get("deployment") != "split" or "deployment" not in table:
+    if point.get("deployment") != Deployment.SPLIT or "deployment" not in table:
         return table.iloc[0:0]
-    match = table["deployment"] == "colocated"
+    match = table["deployment"] == Deployment.COLOCATED
     for column in COLUMNS:
         if column not in PLACED:
             match &= table[column] == point[column]
@@ -294,8 +294,8 @@ INTERVAL_OF_KIND: dict[str, Callable[..., tuple[float, float]]] = {
     "pooled": metrics.pooled_ratio_ci, "mean": metrics.mean_ci, "median": metrics.median_ci}
 # metric -> its baseline: the cloud-only or edge-only point of the same runtime, the fastest cloud-only, the
 # fastest plain decoding of either model, or (a split point's) co-located speculation on the cloud's cores
-SPEEDUPS = {"speedup_vs_cloud": "cloud", "speedup_vs_edge": "edge", "speedup_vs_fastest_cloud": "fastest_cloud",
-            "speedup_vs_fastest_plain": "fastest_plain", "speedup_vs_colocated": "colocated"}
+SPEEDUPS = {"speedup_vs_cloud": Mode.CLOUD, "speedup_vs_edge": Mode.EDGE, "speedup_vs_fastest_cloud": "fastest_cloud",
+            "speedup_vs_fastest_plain": "fastest_plain", "speedup_vs_colocated": Deployment.COLOCATED}
 FASTEST = {"fastest_cloud": fastest_cloud, "fastest_plain": fastest_plain}
 
 
@@ -332,7 +332,7 @@ def _intervals(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
             if mode in FASTEST:
                 fastest = FASTEST[mode](summary, point["prompts"])
                 base = summary.iloc[0:0] if fastest is None else fastest.to_frame().T
-            elif mode == "colocated":
+            elif mode == Deployment.COLOCATED:
                 base = colocated(summary, point)
             else:
                 base = baseline(summary, mode, point)

@@ -16,13 +16,13 @@ from tqdm import tqdm
 from bench.core.audio import MAX_SECONDS, SAMPLING_RATE, model_limits, read_audio
 from bench.core.folder import IDENTITY_FILES, claim, has_results, write_identity, writer
 from bench.core.point import Point
-from bench.core.prompts import PromptInputs, PromptRecord, load_prompts
+from bench.core.prompts import PromptInputs, PromptRecord, Turns, load_prompts
 from bench.core.records import ResultsFile, environment, node_info, result_record
 from bench.measure.trackers import LatencyTracker, PeakMemoryTracker, tracked
 from specdec.core.verdict import CloudLost
 from specdec.engine import Engine
 from specdec.errors import InputError
-from specdec.settings import Mode
+from specdec.settings import CudaGraphs, ExtraBuffers, KVCache, Mode
 
 
 class FailedSamples(InputError):
@@ -34,19 +34,19 @@ class FailedSamples(InputError):
 
 
 def run(engine: Engine, prompts: str, out: Path, progress: bool = True, limit: int | None = None,
-        max_audio_s: float = MAX_SECONDS, turns: str = "all") -> list[dict]:
+        max_audio_s: float = MAX_SECONDS, turns: Turns = Turns.ALL) -> list[dict]:
     """Generate for every prompt not already done (`ok`) in `out` for this point; return the new
     records. Raises FailedSamples after the last prompt if any were recorded as failed.
 
     Everything is checked before the folder is touched (settings, prompts) and before a model loads
     (the folder's lock and identity, bench/core/folder.py); the folder's run.json is written once the
     models are loaded and the point they give is known."""
-    PromptInputs(prompts, limit, max_audio_s, turns)
+    inputs = PromptInputs(prompts, limit, max_audio_s, turns)  # validated (a word given for `turns` parsed)
     records = load_prompts(prompts)[:limit]
-    asked = Point.of(engine, prompts, turns=turns).record()  # before the models load: as asked
+    asked = Point.of(engine, prompts, turns=inputs.turns).record()  # before the models load: as asked
     with writer(out):
         claim(out, "run", asked, before=before(asked))
-        return _run(engine, prompts, records, asked, out, progress, max_audio_s, turns)
+        return _run(engine, prompts, records, asked, out, progress, max_audio_s, inputs.turns)
 
 
 def before(point: dict) -> dict:
@@ -54,14 +54,15 @@ def before(point: dict) -> dict:
     with its extra buffers then: asked auto or on, or used on, matches; off does not)."""
     extra_buffers = point.get("llamacpp_extra_buffers")
     mode = point.get("mode")
-    return {"drafter": "model" if mode == Mode.SPEC else None, "turns": "all",
-            "llamacpp_extra_buffers": extra_buffers if extra_buffers in (None, "auto", "on") else "on",
+    return {"drafter": "model" if mode == Mode.SPEC else None, "turns": Turns.ALL,
+            "llamacpp_extra_buffers": extra_buffers if extra_buffers in (None, ExtraBuffers.AUTO, ExtraBuffers.ON)
+            else ExtraBuffers.ON,
             "edge_device": None if mode == Mode.CLOUD else "cpu", "cloud_device": None if mode == Mode.EDGE else "cpu",
-            "kv_cache": "auto", "cuda_graphs": "on", "drafter_options": "" if mode == Mode.SPEC else None}
+            "kv_cache": KVCache.AUTO, "cuda_graphs": CudaGraphs.ON, "drafter_options": "" if mode == Mode.SPEC else None}
 
 
 def _run(engine: Engine, prompts: str, records: list[PromptRecord], asked: dict, out: Path, progress: bool,
-         max_audio_s: float, turns: str) -> list[dict]:
+         max_audio_s: float, turns: Turns) -> list[dict]:
     results = ResultsFile(out / "results.jsonl")
     done = {row["id"] for row in results.read() if row.get("status") == "ok"}
     todo = [r for r in records if r.id not in done]
@@ -134,7 +135,7 @@ def generate_one(engine: Engine, record: PromptRecord, point: dict, results: Res
         latency, memory = LatencyTracker(), PeakMemoryTracker(reset=False)
         with tracked(memory, latency):
             generation = engine.generate(record.prompt, record.system, waveform, rate, language=record.language,
-                                         follow_ups=record.turns[1:] if point.get("turns") != "first" else ())
+                                         follow_ups=record.turns[1:] if point.get("turns") != Turns.FIRST else ())
     except (InputError, CloudLost) as e:  # this sample alone: record it and go on
         row = {"id": record.id, **point, "status": "failed", "error": str(e), **labels}
         results.append(row)

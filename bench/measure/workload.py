@@ -21,6 +21,7 @@ from transformers import GenerationConfig
 
 from bench.core.prompts import load_prompts
 from bench.derive import metrics
+from bench.derive.gate_verdict import Suite
 from bench.derive.health import text_health
 from bench.measure import tinypair
 from specdec.backends.base import Backend
@@ -28,7 +29,7 @@ from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.loading import LoadedModel, LoadSettings, load_model
-from specdec.settings import DType, Mode
+from specdec.settings import DType, Mode, parse_fields
 
 EDGE_ALIAS, CLOUD_ALIAS = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 TINY = "tiny"  # the edge/cloud name of the in-process pair (bench/measure/tinypair.py)
@@ -53,7 +54,7 @@ BackendWrap = Callable[[str, str, Backend], Backend]
 
 @dataclass(frozen=True)
 class Workload:
-    suite: str = field(metadata={"help": "tiny (in-process random pair, fp32) or real (the Qwen pair, bf16)"})
+    suite: Suite = field(metadata={"help": "tiny (in-process random pair, fp32) or real (the Qwen pair, bf16)"})
     prompts: tuple[str, ...] = field(metadata={"help": "prompt texts, run in this order"})
     dtype: DType = DType.FLOAT32
     edge: str = TINY
@@ -68,8 +69,10 @@ class Workload:
     threads: int = field(default=1, metadata={"help": "torch intra-op threads"})
 
     def __post_init__(self) -> None:
-        if self.suite not in ("tiny", "real"):
-            raise ConfigError(f"unknown suite {self.suite!r}: use tiny or real")
+        try:
+            parse_fields(self)  # a Suite from here on
+        except ConfigError:
+            raise ConfigError(f"unknown suite {self.suite!r}: use tiny or real") from None
         if not self.prompts:
             raise ConfigError("a workload needs at least one prompt")
         if self.repeats < 1:
@@ -90,7 +93,7 @@ class Workload:
 def tiny_workload(**changes) -> Workload:
     """The gate's tiny suite: 4 prompts x 32 tokens on the fp32 tiny pair, greedy, k=4, verify all.
     A pass takes 0.1-0.4 s, so 9 repeats: the medians must hold up while other processes run."""
-    return dataclasses.replace(Workload(suite="tiny", prompts=tinypair.PROMPTS, repeats=9), **changes)
+    return dataclasses.replace(Workload(suite=Suite.TINY, prompts=tinypair.PROMPTS, repeats=9), **changes)
 
 
 def real_workload(**changes) -> Workload:
@@ -98,12 +101,12 @@ def real_workload(**changes) -> Workload:
     k=4, verify every block, ONE thread: with 2 threads on 2 shared cores, OpenMP stragglers slow
     the many small edge forwards more than the cloud's, and every ratio fell ~30 % under load."""
     prompts = tuple(r.prompt for r in load_prompts("code")[:2])
-    base = Workload(suite="real", prompts=prompts, dtype=DType.BFLOAT16, edge=EDGE_ALIAS, cloud=CLOUD_ALIAS,
+    base = Workload(suite=Suite.REAL, prompts=prompts, dtype=DType.BFLOAT16, edge=EDGE_ALIAS, cloud=CLOUD_ALIAS,
                     max_new_tokens=16, repeats=3, threads=1)
     return dataclasses.replace(base, **changes)
 
 
-SUITES = {"tiny": tiny_workload, "real": real_workload}
+SUITES = {Suite.TINY: tiny_workload, Suite.REAL: real_workload}
 
 
 @dataclass
@@ -131,7 +134,7 @@ class Pair:
         self.workload = workload
         self._tmp = None
         names = {"edge": workload.edge, "cloud": workload.cloud}
-        if workload.suite == "tiny":
+        if workload.suite == Suite.TINY:
             self._tmp = tempfile.TemporaryDirectory(prefix="specbench-tiny-")
             names = tinypair.save_pair(self._tmp.name, edge_noise=workload.edge_noise)
         self.models = {role: load_model(name, workload.dtype, log=log) for role, name in names.items()}

@@ -34,6 +34,7 @@ from bench.derive.gate_verdict import (
     NOT_JUDGED,
     TOLERANCES,
     Check,
+    Suite,
     machine_of,
     other_machine,
     read_gate_file,
@@ -46,7 +47,7 @@ from bench.read.report import page
 from bench.read.report.fonts import subplots
 from specdec.errors import InputError
 
-DTYPE_SUITE = {"float32": "tiny", "bfloat16": "real"}
+DTYPE_SUITE = {"float32": Suite.TINY, "bfloat16": Suite.REAL}
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def compare_results(base_dir: Path, current_dir: Path) -> list[Row]:
     rows = []
     for label in common:
         b, c = base_points[label], now_points[label]
-        tolerance = TOLERANCES[DTYPE_SUITE.get(b["dtype"], "real")]
+        tolerance = TOLERANCES[DTYPE_SUITE.get(b["dtype"], Suite.REAL)]
         rows.append(Row(label, "tokens_sha256", base_hash.get(label), now_hash.get(label), None, True,
                         base_hash.get(label) == now_hash.get(label), "exact"))
         for judged in compared():  # bench/core/metric_registry.py: which way is better, how it is judged

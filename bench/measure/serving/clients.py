@@ -22,6 +22,7 @@ import msgspec
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from bench.core.point import Deployment
 from specdec.core.verdict import CloudLost
 from specdec.errors import InputError
 from specdec.remote.protocol import (
@@ -36,6 +37,7 @@ from specdec.remote.protocol import (
     decode,
     encode,
 )
+from specdec.settings import Mode
 
 SENT = {cls.kind(): cls for cls in REQUESTS}  # a request's type by its tag
 RECEIVED = {cls.kind(): cls for cls in REPLIES}
@@ -71,7 +73,7 @@ class Script:
 def script_of(record: dict) -> Script:
     """The replay script of a split record; an InputError names what is missing."""
     where = f"record {record.get('id')!r}"
-    if record.get("deployment") != "split" or record.get("mode") != "spec" or record.get("status") != "ok":
+    if record.get("deployment") != Deployment.SPLIT or record.get("mode") != Mode.SPEC or record.get("status") != "ok":
         raise InputError(f"{where} is not a finished split spec generation: record one with `specbench run --mode spec "
                          "--cloud-url ...`")
     if not record.get("prompt_ids") or "trace" not in record:

@@ -25,8 +25,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from bench.core.folder import IDENTITY_FILES, claim, differences, has_results, write_identity, writer
-from bench.core.network import profile
-from bench.core.point import FIELDS
+from bench.core.network import NO_LINK, profile
+from bench.core.point import FIELDS, Deployment
 from bench.core.prompts import load_prompts
 from bench.core.records import ResultsFile, environment, read_records
 from bench.derive.fleet_summary import BATCHES, LEVELS, UNKNOWN_RUNTIME, summarize_fleet
@@ -97,8 +97,8 @@ def replay_scripts(config: FleetConfig, settings: dict, prompts: list[str]) -> d
     # A replayed record shares every point field the fleet sets (the rest, e.g. overlap, is the recording's own).
     fleet_sets = {**settings["spec"], **settings["decode"], "dtype": config.dtype, "constraints": config.constraints}
     wanted = {name: value for name, value in fleet_sets.items() if name in FIELDS}
-    records = [r for r in read_records(source) if r.get("deployment") == "split" and r.get("status") == "ok"
-               and r.get("mode") == "spec" and r.get("prompts") == config.prompts and r.get("repeat", 0) == 0]
+    records = [r for r in read_records(source) if r.get("deployment") == Deployment.SPLIT and r.get("status") == "ok"
+               and r.get("mode") == Mode.SPEC and r.get("prompts") == config.prompts and r.get("repeat", 0) == 0]
     matching = [r for r in records if all(r.get(name) == value for name, value in wanted.items())]
     scripts = {r["id"]: script_of(r) for r in matching}
     missing = [p for p in prompts if p not in scripts]
@@ -139,7 +139,7 @@ class Fleet:
     async def run(self, plan: list[tuple[str, int, int]]) -> None:
         async with AsyncExitStack() as stack:
             self.url = self.server_url
-            if self.config.link != "none":  # every client's connection shaped on its own
+            if self.config.link != NO_LINK:  # every client's connection shaped on its own
                 stop, listening = asyncio.Event(), asyncio.get_running_loop().create_future()
                 host, port = self.server_url.rsplit(":", 1)
                 link = Link(profile(self.config.link), (host.strip("[]"), int(port)))
@@ -221,7 +221,7 @@ class Fleet:
         """Cloud-only serving after edge processes: the prompts and lengths of this fleet's own spec generations."""
         scripts = {}
         for record in self.results.read():
-            if record.get("mode") == "spec" and record.get("status") == "ok" and record["id"] not in scripts:
+            if record.get("mode") == Mode.SPEC and record.get("status") == "ok" and record["id"] not in scripts:
                 scripts[record["id"]] = script_of(record)
         missing = [p for p in self.prompts if p not in scripts]
         if missing:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.core.network import profile
+from bench.core.network import NO_LINK, profile
 from bench.core.prompts import PromptInputs
 from specdec.backends.devices import CUDA_GRAPHS, SERVER_CACHES, check_served_cache, check_served_device, on_cpu
 from specdec.core.config import DeployConfig, EngineConfig, SpecConfig, check_types
@@ -66,7 +66,7 @@ class FleetConfig:
     rate: float | None = field(default=None, metadata={
         "help": "open loop: prompts arrive at this many per second across the fleet (Poisson); "
                 "unset: closed loop, each client starts its next prompt when one finishes"})
-    link: str = field(default="none", metadata={
+    link: str = field(default=NO_LINK, metadata={
         "help": "a shaped link per client (none, wifi, 4g, 5g, or rtt=40ms,up=10mbit,down=50mbit)"})
     max_batch: int = field(default=ServeConfig.max_batch, metadata={
         "help": "server started by the fleet: most verify requests of different sessions in one forward"})

@@ -52,11 +52,12 @@ from bench.measure.sweep.messages import (
     is_exit,
     unknown,
 )
-from bench.measure.sweep.sweep_config import SweepConfig
+from bench.measure.sweep.sweep_config import RAY_HERE, SweepConfig
 from bench.measure.sweep.worker import worker_main
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models import registry
 from specdec.remote.protocol import parse_address
+from specdec.settings import Mode
 
 RETRIES = 2  # losses of one task's worker or node before the sweep stops
 RUNTIME_BYTES = 1 << 30  # a worker's Python + torch + transformers before any weights (measured ~0.6 GiB)
@@ -99,7 +100,7 @@ def joined(address: str | None) -> Iterator[object]:
         else:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError, ValueError) as e:
-        where = "no Ray cluster runs on this machine" if address == "auto" else f"cannot join the Ray cluster at {address}"
+        where = "no Ray cluster runs on this machine" if address == RAY_HERE else f"cannot join the Ray cluster at {address}"
         raise ConfigError(f"{where} ({first_line(e)}): start one with `ray start --head`, or drop --ray-address to "
                           "start one for this sweep") from None
     finally:
@@ -146,8 +147,8 @@ def memory_request(config: SweepConfig, points: list[Point]) -> int:
     modes, dtype = {p.mode for p in points}, points[0].dtype
     scale = 0.5 if dtype == "bfloat16" else 1.0
     edge = (config.edge_memory_gb * (1 << 30) if config.edge_memory_gb else stored_bytes(config.edge) * scale) \
-        if modes - {"cloud"} else 0
-    cloud = stored_bytes(config.cloud) * scale if modes - {"edge"} else 0
+        if modes - {Mode.CLOUD} else 0
+    cloud = stored_bytes(config.cloud) * scale if modes - {Mode.EDGE} else 0
     return int(RUNTIME_BYTES + edge + cloud)
 
 

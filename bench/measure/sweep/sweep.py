@@ -20,8 +20,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.core.folder import IDENTITY_FILES, MACHINE_FILE, claim, has_results, write_identity, writer
-from bench.core.network import profile
-from bench.core.point import AXES, Point, given
+from bench.core.network import NO_LINK, profile
+from bench.core.point import AXES, Deployment, Point, given
 from bench.core.prompts import load_prompts
 from bench.core.records import ResultsFile, environment, read_records
 from bench.derive.scores import read_scores
@@ -32,7 +32,7 @@ from bench.measure.launch import ServerProcess, WorkerProcess, death_line, nativ
 from bench.measure.link import BackgroundLink
 from bench.measure.sweep.cluster import RayExecutor, ray_executor
 from bench.measure.sweep.messages import Exit, Failed, OverCap, PointDone, Running, Tick, is_exit, unknown
-from bench.measure.sweep.sweep_config import SweepConfig, service_key
+from bench.measure.sweep.sweep_config import Executor, SweepConfig, service_key
 from bench.measure.sweep.worker import worker_main, worker_runtimes
 from specdec.errors import SpecdecError
 from specdec.remote.protocol import parse_address
@@ -56,7 +56,7 @@ def run_sweep(config: SweepConfig, out: Path, progress: bool = True, machine: di
     prompts = {name: load_prompts(name)[: config.limit] for name in config.prompt_sets()}
     with ExitStack() as placement:
         # --executor ray: the cluster is joined and checked for room before the folder is touched
-        cluster = placement.enter_context(ray_executor(config)) if config.executor == "ray" else None
+        cluster = placement.enter_context(ray_executor(config)) if config.executor == Executor.RAY else None
         with writer(out):
             claim(out, "sweep", settings, before=BEFORE, listed=AXES)
             if not (has_results(out) and (out / IDENTITY_FILES["sweep"]).is_file()):
@@ -112,7 +112,7 @@ def start_split_services(config: SweepConfig, points: list[Point], services: Exi
     SweepConfig.cloud_core_ids), reused by every point, or `cloud_url`; one shaped link per (server, link
     preset). -> {service_key: HOST:PORT the edge connects to}."""
     needed = sorted({(given(p.dtype, "dtype"), given(p.cloud_runtime, "cloud_runtime"), given(p.link, "link"))
-                     for p in points if p.deployment == "split"})
+                     for p in points if p.deployment == Deployment.SPLIT})
     servers, urls = {}, {}
     cloud_ids = config.cloud_core_ids()
     cloud_cores = ",".join(map(str, cloud_ids)) if cloud_ids else None
@@ -121,7 +121,7 @@ def start_split_services(config: SweepConfig, points: list[Point], services: Exi
             servers[(dtype, runtime)] = config.cloud_url or services.enter_context(
                 ServerProcess(config.cloud, dtype, cloud_cores, "--runtime", runtime, "--device", config.cloud_device))
         host, port = parse_address(servers[(dtype, runtime)], "--cloud-url")
-        shaped = link != "none"
+        shaped = link != NO_LINK
         urls[service_key(Point(dtype=dtype, cloud_runtime=runtime, link=link))] = services.enter_context(
             BackgroundLink(profile(link), (host, port))) if shaped else servers[(dtype, runtime)]
     return urls

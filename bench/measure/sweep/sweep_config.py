@@ -16,13 +16,25 @@ import tomllib
 import typing
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 from types import GenericAlias
 from typing import Any
 
 from bench.core.folder import canonical_path
-from bench.core.network import profile
-from bench.core.point import AXES, DEPLOYMENTS, FIELDS, RUNTIME_OF, SETTING_TYPES, SETTINGS, Point, blank, given
+from bench.core.network import NO_LINK, profile
+from bench.core.point import (
+    AXES,
+    FIELDS,
+    RUNTIME_OF,
+    SETTING_TYPES,
+    SETTINGS,
+    Deployment,
+    Point,
+    SplitCores,
+    blank,
+    given,
+)
 from bench.core.prompts import PromptInputs, canonical_prompts, expand_prompt_sets, rejoin_categories
 from bench.measure.caps import EdgeCaps
 from bench.measure.runtime_auto import has_auto
@@ -40,19 +52,30 @@ from specdec.core.drafters import DRAFTS_AHEAD, WEIGHS_RUNTIMES
 from specdec.errors import ConfigError, InputError
 from specdec.remote.protocol import parse_address
 from specdec.runtime_registry import canonical_runtime, check_name, runtime_parts
-from specdec.settings import Mode
+from specdec.settings import Mode, choices, enum_of, parse, parse_switch
 
 CONFIGS_DIR = Path(__file__).parents[2] / "configs"
-EXECUTORS = ("local", "ray")
-SPLIT_CORES = ("disjoint", "shared")
+
+
+class Executor(StrEnum):
+    """What runs a sweep's points (SweepConfig.executor)."""
+
+    LOCAL = "local"  # worker processes on this machine
+    RAY = "ray"  # each group of points as Ray tasks on a cluster
+
+
+EXECUTORS = choices(Executor)
+SPLIT_CORES = choices(SplitCores)
+# --ray-address auto: the cluster `ray start` runs on this machine (any other address is HOST:PORT of its head).
+RAY_HERE = "auto"
 # The deployments whose cloud runs on the cloud's cores: a split point's server, and a co-located point
 # (the same pair in one process, pinned where that server runs).
-ON_CLOUD_CORES = ("split", "colocated")
+ON_CLOUD_CORES = (Deployment.SPLIT, Deployment.COLOCATED)
 # Where a sweep runs, not what it measures: left out of the results folder's identity, so a sweep
 # started on a cluster resumes on a laptop and the other way round.
 PLACEMENT = ("executor", "ray_address")
 # The sweep's own default where a run has none, or where a sweep's differs from a run's.
-SWEEP_DEFAULTS = {"mode": ("cloud", "edge", "spec"), "prompts": ("zh-describe",), "link": ("none",)}
+SWEEP_DEFAULTS = {"mode": (Mode.CLOUD, Mode.EDGE, Mode.SPEC), "prompts": ("zh-describe",), "link": (NO_LINK,)}
 SWEEP_HELP = {"cloud_url": "split points: verify on this running server instead of starting one"}
 
 
@@ -93,11 +116,11 @@ class SweepConfig(RunSettings):
     cloud_cores: int | None = field(default=None, metadata={
         "help": "split points: CPU cores of the server the sweep starts (the machine's last N; --edge-cores takes "
                 "the first N)"})
-    network: str = field(default="none", metadata={
+    network: str = field(default=NO_LINK, metadata={
         "help": "modelled network for in-process points (split points are modelled on their link): "
                 "none, wifi, 4g, 5g, or rtt=40ms,up=10mbit,down=50mbit"})
     edge_cores: int | None = field(default=None, metadata={"help": "CPU cores of the edge worker"})
-    split_cores: str = field(default="disjoint", metadata={
+    split_cores: SplitCores = field(default=SplitCores.DISJOINT, metadata={
         "help": "split and co-located points: disjoint gives the edge and the server cores of their own, as two "
                 "machines have (the first half / the rest unless --edge-cores / --cloud-cores say; threads = cores); "
                 "shared lets both use every core (the report labels it shared)", "choices": SPLIT_CORES})
@@ -112,7 +135,7 @@ class SweepConfig(RunSettings):
         "more points beside the grid, one TOML table each ([[rows]]): axes to override, as lists, e.g. "
         "drafter = [\"prompt-lookup\"], k = [4]; the other axes keep the grid's values. For what the grid's "
         "product would multiply needlessly: a draft-free drafter has no entropy, so every threshold is one point")})
-    executor: str = field(default="local", metadata={
+    executor: Executor = field(default=Executor.LOCAL, metadata={
         "help": "local: worker processes on this machine; ray: each group of points as Ray tasks on a cluster "
                 "(pip install -e '.[cluster]')", "choices": EXECUTORS})
     ray_address: str | None = field(default=None, metadata={
@@ -120,28 +143,24 @@ class SweepConfig(RunSettings):
                 "head; unset: start a Ray instance sized to this machine"})
 
     def __post_init__(self) -> None:
+        self._parse_settings()
         check_types(self)
         for axis in AXES:
             if not getattr(self, axis):
                 raise ConfigError(f"sweep axis {axis!r} is empty: give at least one value")
-        if ("spec" in self.mode or "edge" in self.mode) and not self.edge:
+        if (Mode.SPEC in self.mode or Mode.EDGE in self.mode) and not self.edge:
             raise ConfigError("the sweep has edge or spec points but no edge model: set edge = MODEL")
-        if ("spec" in self.mode or "cloud" in self.mode) and not self.cloud:
+        if (Mode.SPEC in self.mode or Mode.CLOUD in self.mode) and not self.cloud:
             raise ConfigError("the sweep has cloud or spec points but no cloud model: set cloud = MODEL")
-        unknown = sorted(set(self.deployment) - set(DEPLOYMENTS))
-        if unknown:
-            raise ConfigError(f"unknown deployment {unknown[0]!r}: use one of {', '.join(DEPLOYMENTS)}")
         for link in self.link:
             profile(link)
         if self.cloud_cores is not None and not 1 <= self.cloud_cores <= len(os.sched_getaffinity(0)):
             raise ConfigError(f"--cloud-cores must be between 1 and {len(os.sched_getaffinity(0))}, got {self.cloud_cores}")
-        if self.split_cores not in SPLIT_CORES:
-            raise ConfigError(f"unknown split_cores {self.split_cores!r}: use one of {', '.join(SPLIT_CORES)}")
         self.core_counts()
-        if "split" in self.deployment and any(len(runtime_parts(r)) > 1 for r in self.cloud_runtime):
+        if Deployment.SPLIT in self.deployment and any(len(runtime_parts(r)) > 1 for r in self.cloud_runtime):
             raise ConfigError("a cloud held in two runtimes (cloud_runtime PLAIN+BLOCKS) runs in process: a split "
                               "point's server runs one runtime; drop deployment split or give single runtimes")
-        if self.cloud_url and len(self.cloud_runtime) > 1 and "split" in self.deployment:
+        if self.cloud_url and len(self.cloud_runtime) > 1 and Deployment.SPLIT in self.deployment:
             raise ConfigError("--cloud-url is one running server, in the runtime it was started with: give one "
                               "--cloud-runtime (what that server runs), or drop --cloud-url and the sweep starts a "
                               "server per runtime")
@@ -163,9 +182,19 @@ class SweepConfig(RunSettings):
             self.decode_config(point)
         for prompts in self.prompt_sets():
             PromptInputs(prompts, self.limit, self.max_audio_s, self.turns)
-        if self.executor == "local":  # on a cluster the caps are checked against the node a task lands on
+        if self.executor == Executor.LOCAL:  # on a cluster the caps are checked against the node a task lands on
             self.caps()
         profile(self.network)
+
+    def _parse_settings(self) -> None:
+        """Each field typed as a setting's enum (ENUM_FIELDS) parsed into it, each value of an axis's tuple, before
+        check_types: a TOML file and the flags give words, an unknown one is one line naming the setting."""
+        for name, kind in ENUM_FIELDS.items():
+            value = getattr(self, name)
+            if isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(parse(kind, v, name) for v in value))
+            elif name not in AXES and value is not None:  # an axis that is no tuple is check_types' to name
+                object.__setattr__(self, name, parse(kind, value, name))
 
     def _check_kv_caches(self) -> None:
         """Every kv_cache asked for (the grid's and the rows') is a cache, and changes what some point runs."""
@@ -184,13 +213,11 @@ class SweepConfig(RunSettings):
                               "--kv-cache, or add torch to --cloud-runtime or --edge-runtime")
 
     def _check_executor(self) -> None:
-        if self.executor not in EXECUTORS:
-            raise ConfigError(f"unknown executor {self.executor!r}: use one of {', '.join(EXECUTORS)}")
-        if self.ray_address is not None and self.executor != "ray":
+        if self.ray_address is not None and self.executor != Executor.RAY:
             raise ConfigError("--ray-address is for --executor ray: add --executor ray, or drop --ray-address")
-        if self.executor != "ray":
+        if self.executor != Executor.RAY:
             return
-        if self.ray_address not in (None, "auto"):
+        if self.ray_address not in (None, RAY_HERE):
             parse_address(self.ray_address, "--ray-address")
         if self.places_cloud():
             raise ConfigError("--executor ray runs in-process points only: a split point's server and shaped link run "
@@ -244,7 +271,7 @@ class SweepConfig(RunSettings):
                 try:
                     value = tuple(cast(v) for v in value) if cast else value
                 except (TypeError, ValueError):
-                    kinds: dict[object, str] = {parse_bool: "true/false values", parse_int: "integers",
+                    kinds: dict[object, str] = {parse_switch: "true/false values", parse_int: "integers",
                                                 parse_overlap: "auto/true/false values"}
                     kind = kinds.get(cast, "numbers")
                     raise ConfigError(f"{source}: {key} must be a list of {kind}, got {list(value)}") from None
@@ -305,21 +332,21 @@ class SweepConfig(RunSettings):
         for combo in (c for grid in grids for c in itertools.product(*(grid[axis] for axis in AXES))):
             values = dict(zip(AXES, combo))
             if values["mode"] != Mode.SPEC:
-                values["deployment"] = "inproc"
+                values["deployment"] = Deployment.INPROC
             if len(runtime_parts(values["cloud_runtime"])) > 1 and values["mode"] != Mode.SPEC:
                 for runtime in runtime_parts(values["cloud_runtime"]):  # a two-runtime cloud's plain decodings: each
                     add({**values, "cloud_runtime": runtime})
                 continue
             if len(runtime_parts(values["cloud_runtime"])) > 1 and values["drafter"] not in WEIGHS_RUNTIMES:
                 continue  # only a drafter that weighs the switches runs on a two-runtime cloud (specdec.engine)
-            if values["deployment"] == "split" and values["overlap"] is True and values["drafter"] not in DRAFTS_AHEAD:
+            if values["deployment"] == Deployment.SPLIT and values["overlap"] is True and values["drafter"] not in DRAFTS_AHEAD:
                 continue  # only a drafter that can draft ahead takes overlap true (specdec.engine refuses the rest)
             add(values)
             if values["mode"] in RUNTIME_OF:  # the same baseline in every extra runtime asked for
                 for runtime in self.plain_runtimes:
                     add({**values, RUNTIME_OF[values["mode"]]: runtime})
-            if values["deployment"] == "split":
-                add({**values, "deployment": "colocated"})
+            if values["deployment"] == Deployment.SPLIT:
+                add({**values, "deployment": Deployment.COLOCATED})
         return points
 
     def setting(self, point: Point, name: str):
@@ -336,7 +363,7 @@ class SweepConfig(RunSettings):
         values: dict[str, Any] = {
             f.name: f.default if f.name in AXES and getattr(point, f.name) is None else self.setting(point, f.name)
             for f in fields(EngineConfig)}
-        if point.deployment == "split":  # the sweep's server runs the cloud in the point's runtime, on its device
+        if point.deployment == Deployment.SPLIT:  # the sweep's server runs the cloud in the point's runtime, on its device
             values.update(cloud_url=cloud_url, cloud_runtime=EngineConfig.cloud_runtime, cloud_device=EngineConfig.cloud_device)
         else:
             values["cloud_url"] = None
@@ -344,12 +371,12 @@ class SweepConfig(RunSettings):
 
     def deploy_config(self, point: Point) -> DeployConfig:
         values = {f.name: self.setting(point, f.name) for f in fields(DeployConfig) if f.name != "overlap"}
-        overlap = self.setting(point, "overlap") if point.deployment == "split" else DeployConfig.overlap
+        overlap = self.setting(point, "overlap") if point.deployment == Deployment.SPLIT else DeployConfig.overlap
         return DeployConfig(**values, overlap=overlap)
 
     def network_of(self, point: Point) -> str:
         """The network a point's latency is modelled on: its link when split, else `network`."""
-        return given(point.link, "link") if point.deployment == "split" else self.network
+        return given(point.link, "link") if point.deployment == Deployment.SPLIT else self.network
 
     def spec_config(self, point: Point) -> SpecConfig:
         if point.mode != Mode.SPEC:
@@ -370,7 +397,7 @@ class SweepConfig(RunSettings):
         """(edge cores, cloud cores) as used: with split or co-located points and `split_cores` disjoint,
         the edge takes the machine's first cores and the cloud the rest, none shared (the first half
         and the rest by default: on 2 cores, core 0 and core 1); None = every core."""
-        if self.split_cores == "shared" or not self.places_cloud():
+        if self.split_cores == SplitCores.SHARED or not self.places_cloud():
             return self.edge_cores, self.cloud_cores
         available = len(os.sched_getaffinity(0))
         if available < 2:
@@ -397,9 +424,15 @@ def service_key(point: Point) -> str:
 _HINTS = typing.get_type_hints(SweepConfig)
 
 
+# The fields that hold a setting's enum -> that enum: parsed where the sweep's settings enter (__post_init__).
+ENUM_FIELDS = {name: kind for name, hint in _HINTS.items() if (kind := enum_of(hint)) is not None}
+
+
 def _axis_values(axis: str, values) -> tuple:
-    """A row's axis values as the grid holds them: a tuple, numbers parsed."""
+    """A row's axis values as the grid holds them: a tuple, numbers and enums parsed."""
     values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
+    if axis in ENUM_FIELDS:
+        return tuple(parse(ENUM_FIELDS[axis], v, axis) for v in values)
     cast = NUMERIC_AXES.get(axis)
     try:
         return tuple(cast(v) for v in values) if cast else values
@@ -424,17 +457,7 @@ def parse_number(value) -> float:
     return float(value)
 
 
-def parse_bool(value) -> bool:
-    """A bool axis value from TOML (a bool) or a flag (text)."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text not in ("true", "false", "on", "off", "yes", "no", "1", "0"):
-        raise ValueError(value)
-    return text in ("true", "on", "yes", "1")
-
-
-_PARSERS = {int: parse_int, float: parse_number, bool: parse_bool}
+_PARSERS = {int: parse_int, float: parse_number, bool: parse_switch}
 NUMERIC_AXES: dict[str, Callable[[Any], object]] = {
     axis: _PARSERS[typing.get_args(_HINTS[axis])[0]] for axis in AXES if typing.get_args(_HINTS[axis])[0] in _PARSERS}
 NUMERIC_AXES.update({axis: parse_overlap for axis in AXES if SETTINGS[axis].metadata.get("parse") == "overlap"})

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench.core.folder import MACHINE_FILE, os_error_line
 from bench.core.network import NetworkProfile, network_cost, profile
-from bench.core.point import Point, given
+from bench.core.point import Deployment, Point, given
 from bench.core.prompts import PromptRecord, load_prompts
 from bench.core.records import ResultsFile, node_info
 from bench.measure.caps import OVER_MEMORY_EXIT, EdgeCaps, MemoryWatchdog, pin_cores
@@ -39,7 +39,7 @@ from specdec.engine import Engine
 from specdec.errors import InputError, SpecdecError
 from specdec.models.loading import LoadedModel, LoadSettings, load
 from specdec.runtime_registry import runtime_parts
-from specdec.settings import Mode
+from specdec.settings import KVCache, Mode
 
 
 def weight_bytes(model: LoadedModel) -> int:
@@ -104,7 +104,7 @@ class Placement:
         self.pinned = self.edge_ids
 
     def cores(self, point: Point) -> list[int]:
-        if self.cloud_ids and (point.mode == Mode.CLOUD or point.deployment == "colocated"):
+        if self.cloud_ids and (point.mode == Mode.CLOUD or point.deployment == Deployment.COLOCATED):
             return self.cloud_ids
         return self.edge_ids
 
@@ -154,7 +154,7 @@ def measured_fields(engine: Engine, point: Point) -> dict:
     """The point's settings as its engine runs them (Point.of), with where its cloud runs."""
     measured = Point.of(engine, given(point.prompts, "prompts"), point.link,
                         given(point.turns, "turns")).record(sweep=True)
-    if point.deployment == "split":  # the engine reaches the cloud by URL; the sweep's server ran it so
+    if point.deployment == Deployment.SPLIT:  # the engine reaches the cloud by URL; the sweep's server ran it so
         measured["cloud_runtime"] = point.cloud_runtime
     measured["deployment"] = point.deployment  # a co-located point's engine is in process, as inproc's
     return measured
@@ -317,9 +317,9 @@ def describe(point: Point, prompt_id: str) -> str:
         what = (f"spec k={point.k} thr={text(point.entropy_threshold)} policy={point.policy} drafter={point.drafter} "
                 f"edge {point.edge_runtime} → cloud {point.cloud_runtime}")
     else:
-        what = f"{point.mode} in {point.edge_runtime if point.mode == 'edge' else point.cloud_runtime}"
-    where = f" ({point.deployment})" if point.deployment not in (None, "inproc") else ""
-    cache = f", {point.kv_cache} KV cache" if point.kv_cache not in (None, "auto") and point.caches_here() else ""
+        what = f"{point.mode} in {point.edge_runtime if point.mode == Mode.EDGE else point.cloud_runtime}"
+    where = f" ({point.deployment})" if point.deployment not in (None, Deployment.INPROC) else ""
+    cache = f", {point.kv_cache} KV cache" if point.kv_cache not in (None, KVCache.AUTO) and point.caches_here() else ""
     return f"{what}{cache}{where} on prompt {prompt_id}"
 
 
@@ -327,7 +327,7 @@ def worker_runtimes(point: Point) -> list[str]:
     """The runtimes that run inside the worker at `point`: a crash there is in one of them (a split
     point's cloud runs in the server, not here)."""
     edge = [point.edge_runtime] if point.mode != Mode.CLOUD else []
-    cloud = [point.cloud_runtime] if point.mode != Mode.EDGE and point.deployment != "split" else []
+    cloud = [point.cloud_runtime] if point.mode != Mode.EDGE and point.deployment != Deployment.SPLIT else []
     return [runtime for runtime in dict.fromkeys(edge + cloud) if runtime is not None]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.core.point import Deployment
 from bench.core.prompts import SPEC_BENCH
 from bench.derive.spec_bench import categories, cell_text, fastest_per_category, first_token_text, spec_bench_table
 from bench.derive.summary import load_rows
@@ -105,7 +106,7 @@ def _figures(inputs: ReportInputs, labels: pd.Series, per_position: pd.DataFrame
         add(cycles.plot_cycles(inputs.rows, figures_dir / "cycles.png"), "cycles",
             "Per-cycle timelines, one typical question per Spec-Bench category", cycles.READ,
             "Per-cycle timelines: needs a speculative and a plain decoding of one Spec-Bench question.")
-    if "deployment" in summary and (summary["deployment"] == "split").any():
+    if "deployment" in summary and (summary["deployment"] == Deployment.SPLIT).any():
         add(deployment.plot_network(summary, labels, figures_dir / "network_modelled_vs_measured.png"), "network",
             "Network time: modelled vs measured", deployment.NETWORK_READ,
             "Network time: no split point crossed a shaped link.")

@@ -21,6 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from bench.core.point import Deployment
 from bench.read.report.fonts import subplots
 
 NETWORK_READ = (
@@ -64,7 +65,7 @@ def segments(trace: list[dict]) -> dict[str, list[tuple[str, float, float]]]:
 
 def pick_pair(rows: pd.DataFrame) -> tuple[dict, dict] | None:
     """A sequential and an overlapped split record of one prompt at otherwise equal settings."""
-    split = rows[(rows.get("deployment") == "split") & (rows["status"] == "ok")] if "deployment" in rows else rows[:0]
+    split = rows[(rows.get("deployment") == Deployment.SPLIT) & (rows["status"] == "ok")] if "deployment" in rows else rows[:0]
     if split.empty or "overlap" not in split:
         return None
     keys = [c for c in ("prompts", "id", "k", "entropy_threshold", "policy", "link", "dtype") if c in split]

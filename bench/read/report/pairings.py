@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from bench.core.point import Deployment
 from bench.derive.summary import colocated, fastest_edge, fastest_plain, plain_label, runtime_name
 from bench.read.report.fonts import subplots
 from bench.read.report.pareto import pareto_mask, set_name
@@ -33,8 +34,9 @@ FASTEST_KEPT = 4  # the fastest points drawn beside the front of a trimmed row
 SPEEDUP = "speedup_vs_fastest_plain"
 CALLS = "cloud_calls_per_token"
 # deployment -> (marker, legend text); records from before the axis read "-", in one process
-MARKERS = {"split": ("o", "split (edge and server apart)"), "colocated": ("s", "co-located (both on the cloud's cores)"),
-           "inproc": ("D", "in one process")}
+MARKERS = {Deployment.SPLIT: ("o", "split (edge and server apart)"),
+           Deployment.COLOCATED: ("s", "co-located (both on the cloud's cores)"),
+           Deployment.INPROC: ("D", "in one process")}
 NO_PLAIN = ("no plain decoding of the cloud model (cloud-only) was measured on the spec points' prompts: rerun the sweep "
             "with --mode edge,cloud,spec")
 NO_SPEC = "no speculative point was measured: rerun the sweep with --mode edge,cloud,spec"
@@ -126,9 +128,9 @@ def plot_vs_fastest_plain(summary: pd.DataFrame, labels: pd.Series, path: Path) 
         if CALLS in points:
             calls_ax.errorbar(points[CALLS], y, xerr=_interval(points, CALLS), fmt="none", ecolor="#868e96",
                               elinewidth=1.2, capsize=3, zorder=1)
-        placed = points["deployment"].astype(str) if "deployment" in points else pd.Series("inproc", index=points.index)
+        placed = points["deployment"].astype(str) if "deployment" in points else pd.Series(Deployment.INPROC, index=points.index)
         for deployment, (marker, _legend) in MARKERS.items():
-            at = (placed == deployment) | ((deployment == "inproc") & ~placed.isin(list(MARKERS)))
+            at = (placed == deployment) | ((deployment == Deployment.INPROC) & ~placed.isin(list(MARKERS)))
             if not at.any():
                 continue
             shown.add(deployment)

@@ -26,8 +26,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from bench.core.network import profile
-from bench.core.point import COLUMNS
+from bench.core.network import NO_LINK, profile
+from bench.core.point import COLUMNS, Deployment
 from bench.derive.costfit import acceptance, acceptance_group, columns_key, fit_inputs, predict_from, predict_point, spec_points
 from bench.derive.costmodel import CostInputs, cloud_only, colocated
 from bench.derive.regions import (
@@ -123,7 +123,7 @@ def pairing_of(row) -> str:
 
 def _partners(summary: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
     """A split point's co-located alternatives: the same settings but where it ran (colocated or inproc)."""
-    match = (summary["mode"] == Mode.SPEC) & summary["deployment"].isin(["colocated", "inproc"])
+    match = (summary["mode"] == Mode.SPEC) & summary["deployment"].isin([Deployment.COLOCATED, Deployment.INPROC])
     for column in COLUMNS:
         if column not in PLACED:
             match &= summary[column] == row[column]
@@ -132,21 +132,21 @@ def _partners(summary: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
 
 def measured_ways(summary: pd.DataFrame, row: pd.Series) -> tuple[dict, float]:
     """(lossless way -> measured tokens/s, edge-only tokens/s) for a spec point's summary row."""
-    split = row["deployment"] == "split"
+    split = row["deployment"] == Deployment.SPLIT
     found = {"split" if split else "co-located": float(row["tokens_per_s"])}
     if split and len(_partners(summary, row)):
         found["co-located"] = float(_partners(summary, row)["tokens_per_s"].max())
-    rates = {mode: baseline(summary, mode, row)["tokens_per_s"] for mode in ("cloud", "edge")}
-    if len(rates["cloud"]):
-        found["cloud-only"] = float(rates["cloud"].iloc[0])
-    return found, float(rates["edge"].iloc[0]) if len(rates["edge"]) else float("nan")
+    rates = {mode: baseline(summary, mode, row)["tokens_per_s"] for mode in (Mode.CLOUD, Mode.EDGE)}
+    if len(rates[Mode.CLOUD]):
+        found["cloud-only"] = float(rates[Mode.CLOUD].iloc[0])
+    return found, float(rates[Mode.EDGE].iloc[0]) if len(rates[Mode.EDGE]) else float("nan")
 
 
 def faster_cloud_elsewhere(summary: pd.DataFrame, row: pd.Series) -> tuple[str, float] | None:
     """The fastest cloud-only measured on `row`'s prompts when it is not the cloud-only of `row`'s own cloud
     runtime and dtype and beats it: (`cloud-only in torch bfloat16`, tok/s), else None. The map's contest holds the
     pairing's own cloud-only; plain decoding in a faster runtime beats every cell its rate tops."""
-    quickest, own = fastest_cloud(summary, row["prompts"]), baseline(summary, "cloud", row)
+    quickest, own = fastest_cloud(summary, row["prompts"]), baseline(summary, Mode.CLOUD, row)
     if quickest is None or (len(own) and quickest.name in own.index):
         return None
     if len(own) and float(quickest["tokens_per_s"]) <= float(own["tokens_per_s"].max()):
@@ -166,7 +166,7 @@ def _model_way(records: list[dict], point: dict, measured: dict, x: CostInputs, 
     except UNFITTABLE:
         return fastest(x, alpha, (int(point["k"]),), rtt_s, tuple(w for w in LOSSLESS if w in measured))
     model = {"co-located": colocated(own).tokens_per_s, "cloud-only": cloud_only(own).tokens_per_s}
-    if point.get("deployment") == "split":
+    if point.get("deployment") == Deployment.SPLIT:
         model["split"] = predict_from(own, point)
     return max((w for w in LOSSLESS if w in measured), key=lambda w: model[w])  # model has each way measured has
 
@@ -182,7 +182,7 @@ def build_panels(records: list[dict], summary: pd.DataFrame, labels: pd.Series) 
         groups.setdefault((pairing_of(point), point["prompts"]), []).append(point)
     for (pairing, prompts), members in groups.items():
         x, failures = None, []
-        for candidate in sorted(members, key=lambda p: p.get("deployment") != "split"):  # a split point gives the link
+        for candidate in sorted(members, key=lambda p: p.get("deployment") != Deployment.SPLIT):  # a split point gives the link
             try:
                 x, rep = fit_inputs(records, candidate), candidate
                 break
@@ -191,11 +191,11 @@ def build_panels(records: list[dict], summary: pd.DataFrame, labels: pd.Series) 
         if x is None:  # no point of the panel could be fitted: the first reason says what to add
             hints.append(failures[0])
             continue
-        if rep.get("deployment") != "split":  # the lines' split edge is hypothetical: on a machine of its own
+        if rep.get("deployment") != Deployment.SPLIT:  # the lines' split edge is hypothetical: on a machine of its own
             x = replace(x, cores_shared=False)
         ks = tuple(sorted({int(p["k"]) for p in members}))
         best = max(members, key=lambda p: rows[columns_key(p.get(c) for c in COLUMNS)]["tokens_per_s"])
-        ways = LOSSLESS if any(p.get("deployment") == "split" for p in members) else LOSSLESS[1:]
+        ways = LOSSLESS if any(p.get("deployment") == Deployment.SPLIT for p in members) else LOSSLESS[1:]
         placed = []
         for point in members:
             row = rows[columns_key(point.get(c) for c in COLUMNS)]
@@ -205,12 +205,12 @@ def build_panels(records: list[dict], summary: pd.DataFrame, labels: pd.Series) 
                 alpha = None
             if alpha is None:  # no block verified: nowhere on the acceptance axis
                 continue
-            rtt_s = profile(str(point.get("link") or "none")).rtt_s if point.get("deployment") == "split" else 0.0
+            rtt_s = profile(str(point.get("link") or NO_LINK)).rtt_s if point.get("deployment") == Deployment.SPLIT else 0.0
             measured, edge = measured_ways(summary, row)
-            placed.append(Placed(labels[row.name], int(point["k"]), point.get("deployment") == "split", rtt_s, alpha,
+            placed.append(Placed(labels[row.name], int(point["k"]), point.get("deployment") == Deployment.SPLIT, rtt_s, alpha,
                                  measured, edge, fastest(x, alpha, ks, rtt_s, ways),
                                  _model_way(records, point, measured, x, alpha, rtt_s)))
-        link_text = str(rep.get("link")) if rep.get("deployment") == "split" else "none measured"
+        link_text = str(rep.get("link")) if rep.get("deployment") == Deployment.SPLIT else "none measured"
         panels.append(Panel(pairing, prompts, x, ks, int(best["k"]), ways, link_text, tuple(placed),
                             faster_cloud_elsewhere(summary, rows[columns_key(best.get(c) for c in COLUMNS)])))
     return panels, list(dict.fromkeys(hints))

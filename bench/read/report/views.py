@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from bench.core.point import COLUMNS
+from bench.core.point import COLUMNS, Deployment, SplitCores
 from bench.core.prompts import load_prompts
 from bench.derive import metrics
 from bench.derive.health import chrf
@@ -167,7 +167,7 @@ def sample_points(summary: pd.DataFrame, recommendations: pd.DataFrame, prompts:
     the latency / chrF front, fastest first), cloud-only last, as the reference."""
     points = summary[summary["prompts"] == prompts]
     recommended = recommendations[(recommendations["prompts"] == prompts) & recommendations["point"].notna()]
-    spec = [p for p in dict.fromkeys(recommended["point"]) if summary.at[p, "mode"] == "spec"]
+    spec = [p for p in dict.fromkeys(recommended["point"]) if summary.at[p, "mode"] == Mode.SPEC]
     if not spec:
         front = points[front_members(points, FRONTS[0]) & (points["mode"] == Mode.SPEC)]
         spec = list(front.sort_values("latency_p50_s", kind="stable").index)
@@ -218,15 +218,15 @@ def prompt_texts(prompts: str) -> dict[str, str]:
 def split_notes(summary: pd.DataFrame, labels: pd.Series) -> list[str]:
     """Where split points ran (cores disjoint, as two machines, or shared, said as such) and, per split
     point, its speed-up against cloud-only and against its co-located point, each with its interval."""
-    if "deployment" not in summary or not (summary["deployment"] == "split").any():
+    if "deployment" not in summary or not (summary["deployment"] == Deployment.SPLIT).any():
         return []
-    split = summary[summary["deployment"] == "split"]
+    split = summary[summary["deployment"] == Deployment.SPLIT]
     placements = {str(p) for p in split.get("split_cores", pd.Series(["-"])) if str(p) != "-"}
     notes = []
-    if placements == {"disjoint"}:
+    if placements == {SplitCores.DISJOINT}:
         notes.append("Split points emulate two machines: the edge and the server ran on cores of their own "
                      "(disjoint), each with as many threads as cores.")
-    elif "shared" in placements:
+    elif SplitCores.SHARED in placements:
         notes.append("Split points ran with SHARED cores: the edge and the server competed for the same cores, so they "
                      "do not emulate two machines (drafting ahead then slows the server).")
     else:
