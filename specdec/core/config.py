@@ -199,6 +199,8 @@ class EngineConfig:
 
 
 ON_CLOUD_LOSS = choices(OnCloudLoss)
+
+
 def parse_overlap(value: object) -> bool | Overlap:
     """An overlap setting from a flag, TOML or a sweep's list: auto, or true/false (on/off, yes/no, 1/0); ValueError
     for anything else."""
