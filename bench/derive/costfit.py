@@ -37,7 +37,7 @@ from bench.core.point import FIELDS, Deployment, SplitCores
 from bench.derive.costmodel import Acceptance, CostInputs, Link, Outcome, colocated, split
 from specdec.core.drafters import NEEDS_MODEL
 from specdec.errors import InputError
-from specdec.settings import Mode
+from specdec.settings import Mode, Overlap
 
 DEPLOYMENT = ("deployment", "link", "overlap")  # what acceptance does not depend on
 BASELINE_FIX = "rerun the sweep with --mode edge,cloud,spec"
@@ -246,7 +246,7 @@ def predict_from(inputs: CostInputs, point: dict) -> float:
     """`predict_point` on inputs already fitted for `point`."""
     if point.get("deployment") != Deployment.SPLIT:
         return colocated(inputs).tokens_per_s
-    if point.get("overlap") == "auto":
+    if point.get("overlap") == Overlap.AUTO:
         return max(split(replace(inputs, overlap=False)).tokens_per_s, split(replace(inputs, overlap=True)).tokens_per_s)
     return split(inputs).tokens_per_s
 

@@ -37,13 +37,14 @@ from bench.measure.peers.llama_speculative import SPEC_SETTINGS, SPEC_TYPES, run
 from bench.measure.peers.ort_genai import VARIANT, OrtGenai, ort_genai_name
 from bench.measure.peers.peer_worker import PeerWorker
 from specdec.core.config import DecodeConfig, SpecConfig
+from specdec.core.drafters import NEEDS_MODEL
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.convert_onnx import ensure_onnx
 from specdec.models.loading import LoadedModel, LoadSettings, load
 from specdec.models.registry import gguf_path, model_dir
 from specdec.runtime_registry import RuntimeChoices, default_runtime, names, runtimes
-from specdec.settings import DType
+from specdec.settings import DType, Mode
 
 LLAMA_CPP_PYTHON = "llama-cpp-python plain"
 LLAMA_PROMPT_LOOKUP = "llama-cpp-python prompt lookup (n-gram 2, 10 tokens)"  # LlamaPromptLookupDecoding's defaults
@@ -275,7 +276,7 @@ def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], se
                          extra={"ttft_s": generation.ttft_s})
         return Peer(name, reference, run, plain)
 
-    peers = [engine_peer(cloud_only(runtime), None, True, mode="cloud", cloud=cloud, cloud_runtime=runtime)
+    peers = [engine_peer(cloud_only(runtime), None, True, mode=Mode.CLOUD, cloud=cloud, cloud_runtime=runtime)
              for runtime in cloud_runtimes]
     llamacpp_plain = cloud_only(gguf_runtime()) if gguf_runtime() in cloud_runtimes else None
     # llama.cpp's speculation (llama-cpp-python's lookup, the example) against llama.cpp's own plain decoding
@@ -314,13 +315,13 @@ def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], se
         peers.append(Peer(llama_peer_name(spec_type), llama_reference, run_example))
     for edge_runtime, cloud_runtime, k, drafter in spec_peers(cloud_runtimes, settings.spec_modes):
         spec = SpecConfig(k=k, entropy_threshold=0, policy="greedy", drafter=drafter)
-        if drafter == "model":
+        if drafter in NEEDS_MODEL:
             peers.append(engine_peer(f"specbench {edge_runtime} -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
-                                     mode="spec", edge=edge, cloud=cloud, edge_runtime=edge_runtime,
+                                     mode=Mode.SPEC, edge=edge, cloud=cloud, edge_runtime=edge_runtime,
                                      cloud_runtime=cloud_runtime, spec=spec))
         else:  # draft-free: no edge model; the engine drafts from the context
             peers.append(engine_peer(f"specbench {drafter} -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
-                                     mode="spec", edge=edge, cloud=cloud, edge_runtime=gguf_runtime(),
+                                     mode=Mode.SPEC, edge=edge, cloud=cloud, edge_runtime=gguf_runtime(),
                                      cloud_runtime=cloud_runtime, spec=spec))
     for start in starters.values():
         peers += start(ids, max_new_tokens, eos_ids, decoded, workers, settings.sink.parent)

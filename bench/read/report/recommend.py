@@ -21,6 +21,7 @@ import pandas as pd
 
 from bench.core.metric_registry import lower_is_better
 from bench.read.report.pareto import point_labels, set_name
+from specdec.core.policies import policies_that
 from specdec.core.text import PUNCT_DENSITY_HEALTHY
 from specdec.runtime_registry import default_runtime, runtimes
 from specdec.settings import Mode
@@ -159,7 +160,7 @@ def drifting_runtimes() -> dict[str, str]:
 def precision_notes(summary: pd.DataFrame) -> list[str]:
     """Plain words for greedy spec points whose text is not their cloud's own: in bf16 torch, and with a
     quantized cloud runtime, that is the arithmetic, not the acceptance rule, and fp32 torch shows it."""
-    greedy = summary[(summary["mode"] == Mode.SPEC) & (summary["policy"] == "greedy")]
+    greedy = summary[(summary["mode"] == Mode.SPEC) & (summary["policy"].isin(policies_that("argmax")))]
     drifting, default = drifting_runtimes(), default_runtime()
     runtime = greedy["cloud_runtime"].where(greedy["cloud_runtime"].isin(drifting), default) \
         if "cloud_runtime" in greedy else pd.Series(default, index=greedy.index)
