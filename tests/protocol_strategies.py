@@ -77,7 +77,8 @@ def well_typed(kind: str) -> st.SearchStrategy[dict]:
     if kind == "verify":
         return st.fixed_dictionaries({"base": mostly(st.integers(0, 24), st.integers(*INT64)), "new": tokens,
                                       "draft": st.lists(st.integers(0, VOCAB - 1), max_size=5),
-                                      "follow": mostly(st.none(), followed)}).flatmap(
+                                      "follow": mostly(st.none(), followed),
+                                      "parents": mostly(st.none(), st.lists(st.integers(-2, 5), max_size=6))}).flatmap(
             lambda m: probs_bytes(len(m["draft"])).map(lambda probs: {**m, "probs": probs}))
     if kind == "stats":
         return st.fixed_dictionaries({"since": mostly(st.integers(0, 8), st.integers(*INT64))})

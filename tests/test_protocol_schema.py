@@ -57,9 +57,9 @@ SCHEMA_1_KEYS = [
 
 
 # Optional fields added within schema 1 since (an older peer skips them; without them a message decodes with
-# their defaults): a verdict to keep, the server's word that it keeps one, and the KV cache it keeps
-# (specdec/remote/protocol.py).
-ADDED = {"verify": {"follow"}, "ready": {"follows", "kv_cache"}, "verdict": {"agreed"}}
+# their defaults): a verdict to keep, the server's word that it keeps one, the KV cache it keeps, and token trees
+# (a verify's parents, the server's word that it verifies them, the verdict's kept path) (specdec/remote/protocol.py).
+ADDED = {"verify": {"follow", "parents"}, "ready": {"follows", "kv_cache", "trees"}, "verdict": {"agreed", "path"}}
 
 
 @pytest.mark.parametrize("message,keys", SCHEMA_1_KEYS, ids=lambda m: type(m).__name__ if not isinstance(m, set) else "")
@@ -81,11 +81,22 @@ def test_an_older_servers_ready_without_runtime_and_device_decodes_with_their_de
 
 
 def test_messages_of_a_peer_without_the_added_fields_decode_with_their_defaults():
-    assert decode(raw_encode("verify", base=2, new=[], draft=[5], probs=None), Verify).follow is None
-    assert decode(raw_encode("ready", schema=SCHEMA, model="m", vocab_size=64, tokenizer_sha256="x", accepts_audio=False),
-                  Ready).follows is False
+    verify = decode(raw_encode("verify", base=2, new=[], draft=[5], probs=None), Verify)
+    assert verify.follow is None and verify.parents is None  # an older client's verify: a chain
+    ready = decode(raw_encode("ready", schema=SCHEMA, model="m", vocab_size=64, tokenizer_sha256="x", accepts_audio=False),
+                   Ready)
+    assert ready.follows is False and ready.trees is False  # an older server: chains only
     reply = decode(raw_encode("verdict", accepted=1, token=5, tokens_in=3, compute_s=0.5, queue_s=0.0), VerdictReply)
-    assert reply.agreed is None
+    assert reply.agreed is None and reply.path is None
+
+
+def test_a_tree_travels_and_one_without_a_parent_per_token_or_with_a_follow_is_refused():
+    verify = Verify(base=2, new=[], draft=[5, 6, 7], parents=[-1, 0, -1])
+    assert decode(encode(verify), Verify) == verify and raw_decode(encode(verify))["parents"] == [-1, 0, -1]
+    with pytest.raises(ProtocolError, match=r"^verify: a tree needs one parent per draft token: 2 tokens, 1 parents$"):
+        decode(raw_encode("verify", base=2, new=[], draft=[5, 6], parents=[-1]), Verify)
+    with pytest.raises(ProtocolError, match=r"^verify: follow keeps a chain's verdict; a tree's cannot be followed$"):
+        decode(raw_encode("verify", base=2, new=[], draft=[5], parents=[-1], follow={"accepted": 0}), Verify)
 
 
 def test_a_followed_verdict_travels_and_one_the_draft_cannot_hold_is_refused():

@@ -61,7 +61,8 @@ class CloudSession(Protocol):
 class SplitSession(CloudSession, Protocol):
     """A remote session: it also splits `verify` in three, so the edge can draft while it waits."""
 
-    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> None: ...
+    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+             tree: TokenTree | None = None) -> None: ...
 
     def ready(self) -> bool:
         """Has the verdict arrived? Never blocks."""
@@ -79,7 +80,8 @@ class Cloud(Protocol):
 
     @property
     def accepts_trees(self) -> bool:
-        """Verifies token trees (LocalCloudSession.verify_tree); a server and a two-runtime cloud verify chains."""
+        """Verifies token trees (LocalCloudSession.verify_tree, or a server whose runtime does); a two-runtime cloud
+        verifies chains."""
         ...
 
     def open(self, prompt: Prompt, spec: SpecConfig, decode: DecodeConfig, constraints: Constraints, vocab: int,
@@ -122,8 +124,14 @@ class LocalCloudSession:
         walk down the cloud's argmax (specdec/core/tree.py), the accepted path committed to the cloud's cache."""
         verifier = self.verifier
         assert isinstance(verifier, CachedVerifier)  # check_trees: a tree goes to a cached verifier only
-        logits = verifier.tree_logits(seq, tree)[:, : self.vocab]
-        logits = process_prefixed(logits, tree.prefixes(seq.generated), self.constraints)
+        return self.decide_tree(seq, tree, verifier.tree_logits(seq, tree))
+
+    def decide_tree(self, seq: AcceptedSequence, tree: TokenTree, logits: torch.Tensor) -> Verdict:
+        """A tree's verdict from its logits [1 + nodes, V] (computed here or by a server's batch), the kept path
+        committed to the cache (the caller's rollback then crops past it)."""
+        verifier = self.verifier
+        assert isinstance(verifier, CachedVerifier)
+        logits = process_prefixed(logits[:, : self.vocab], tree.prefixes(seq.generated), self.constraints)
         self.check_allowed(logits)
         path, next_token = greedy_path(tree, logits)
         verifier.commit_path(tree, path)
@@ -219,17 +227,17 @@ class CloudLink:
             verdict.sent_at, verdict.read_at = sent_at, time.perf_counter()
             return verdict
 
-        if tree is not None:
-            assert isinstance(session, LocalCloudSession)  # the one session whose cloud accepts trees
+        round_trip_s = session.round_trip_s
+        if tree is not None and round_trip_s is None:  # in process: the one local session whose cloud takes trees
+            assert isinstance(session, LocalCloudSession)
             verdict = stamped(session.verify_tree(seq, tree))
             return InFlight(lambda: verdict)
-        round_trip_s = session.round_trip_s
         if round_trip_s is None:  # in process: decided now
             routed = () if route is None else (route,)
             verdict = stamped(session.verify(seq, draft_tokens, draft_probs, *routed))
             return InFlight(lambda: verdict)
         assert isinstance(session, SplitSession)  # a round trip to overlap with: a remote session, which splits verify
-        session.send(seq, draft_tokens, draft_probs)
+        session.send(seq, draft_tokens, draft_probs, *(() if tree is None else (tree,)))  # a chains-only one takes 3
         return InFlight(lambda: stamped(session.receive()), session.ready, sent_at + round_trip_s)
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:

@@ -24,6 +24,7 @@ import torch
 from specdec.backends.base import Backend
 from specdec.backends.devices import clock
 from specdec.core.session import AcceptedSequence
+from specdec.core.tree import TokenTree
 from specdec.core.verifier import CachedVerifier, StatelessVerifier
 from specdec.errors import SpecdecError
 
@@ -38,6 +39,7 @@ class BatchRow:
     seq: AcceptedSequence
     draft_tokens: torch.Tensor  # [n], n >= 0 (0: a plain next-token step, as in cloud-only serving)
     draft_probs: torch.Tensor | None = None
+    tree: TokenTree | None = None  # draft_tokens are this tree's nodes: verified in a forward of its own
 
 
 class RowFailed(SpecdecError):
@@ -88,7 +90,7 @@ def batch_logits(backend: Backend, rows: list[BatchRow]) -> tuple[list[torch.Ten
     plans = {}
     if len(rows) > 1 and shares_forwards(backend):
         plans = {i: plan for i, row in enumerate(rows)
-                 if (plan := row.verifier.block(row.seq, row.draft_tokens)) is not None}
+                 if row.tree is None and (plan := row.verifier.block(row.seq, row.draft_tokens)) is not None}
     device = backend.device  # a CUDA forward is timed after its queue drains
     for group in length_groups({i: plan[1].numel() for i, plan in plans.items()}):
         start = clock(device)
@@ -106,7 +108,11 @@ def batch_logits(backend: Backend, rows: list[BatchRow]) -> tuple[list[torch.Ten
         row_logits = logits[i]
         if row_logits is None:
             start = clock(device)
-            row_logits = row.verifier.logits(row.seq, row.draft_tokens)
+            if row.tree is not None:  # the session checked it verifies trees (a cached verifier)
+                assert isinstance(row.verifier, CachedVerifier)
+                row_logits = row.verifier.tree_logits(row.seq, row.tree)
+            else:
+                row_logits = row.verifier.logits(row.seq, row.draft_tokens)
             fed = row.verifier.last_tokens_in
             forwards.append(Forward((i,), fed, fed, start, clock(device) - start))
         computed.append(row_logits)

@@ -24,6 +24,7 @@ from specdec.core.policies import traits
 from specdec.core.processors import Constraints
 from specdec.core.running import ema
 from specdec.core.session import AcceptedSequence
+from specdec.core.tree import TokenTree
 from specdec.core.verdict import CloudLost, Verdict
 from specdec.errors import ConfigError
 from specdec.remote.payloads import pack_probs, pack_tensors
@@ -246,7 +247,8 @@ class RemoteCloud:
 
     @property
     def accepts_trees(self) -> bool:
-        return False  # chains only: the protocol carries no tree yet
+        """The server's runtime verifies token trees (`ready.trees`; an older server's missing word: chains only)."""
+        return self._ready().trees
 
     def open(self, prompt: Prompt, spec: SpecConfig, decode_config: DecodeConfig, constraints: Constraints, vocab: int,
              generator: torch.Generator) -> RemoteCloudSession:
@@ -267,6 +269,18 @@ class RemoteCloud:
         return RemoteCloudSession(self, opening, traits(spec.policy).samples, spec.draft_topn)
 
 
+def kept_path(tree: TokenTree, reply: VerdictReply) -> tuple[int, ...]:
+    """A tree's verdict's path, checked to be `accepted` nodes of the tree that was sent, root to leaf, each the
+    child of the one before: a server cannot make the edge keep tokens it did not propose."""
+    path = reply.path
+    if path is None or len(path) != reply.accepted:
+        raise ProtocolError(f"verdict.path must list the {reply.accepted} kept nodes of the tree sent, got {path}")
+    for depth, node in enumerate(path):
+        if not 0 <= node < tree.size or tree.parents[node] != (path[depth - 1] if depth else -1):
+            raise ProtocolError(f"verdict.path {path} is no path from the root of the tree sent")
+    return tuple(path)
+
+
 @dataclass
 class PendingVerify:
     """The block in flight: what was sent, and the socket's counts and clock when it left."""
@@ -277,6 +291,7 @@ class PendingVerify:
     base: int  # the edge's accepted length the block extends
     drafted: int  # its draft tokens: the verdict accepts at most these
     with_open: bool  # the session's `open` went with it (its features: once per session)
+    tree: TokenTree | None = None  # the block's tree (its tokens are the nodes); None: a chain
 
 
 class RemoteCloudSession:
@@ -298,19 +313,21 @@ class RemoteCloudSession:
         self.send(seq, draft_tokens, draft_probs)
         return self.receive()
 
-    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
+    def send(self, seq: AcceptedSequence, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+             tree: TokenTree | None = None) -> None:
         """Send a block (and, the first time, the session's `open` right before it); the verdict
-        is read by `receive`, so the edge can draft meanwhile."""
+        is read by `receive`, so the edge can draft meanwhile. `tree`: the tokens are its nodes (the server's
+        `ready.trees` said it verifies them)."""
         cloud, sock = self.cloud, self.cloud._socket()
         self.pending = PendingVerify(sock.sent, sock.received, time.perf_counter(), seq.length, draft_tokens.numel(),
-                                     with_open=self.opening is not None)
+                                     with_open=self.opening is not None, tree=tree)
         if self.opening is not None:
             cloud.send(self.opening)
             self.opening = None
         # A draft-free block has no distributions: the server takes each token as a point mass.
         probs = pack_probs(draft_probs.cpu(), self.topn) if self.send_probs and draft_probs is not None else None
         cloud.send(Verify(base=seq.length, new=seq.ids[self.server_length:].tolist(), draft=draft_tokens.tolist(),
-                          probs=probs))
+                          probs=probs, parents=None if tree is None else list(tree.parents)))
 
     def ready(self) -> bool:
         """Has the verdict arrived? Never blocks."""
@@ -324,6 +341,7 @@ class RemoteCloudSession:
         try:
             within("verdict.accepted", reply.accepted, 0, pending.drafted)
             within("verdict.token", reply.token, 0, self.vocab - 1)
+            path = () if pending.tree is None else kept_path(pending.tree, reply)
         except ProtocolError as e:
             self.cloud.violated(str(e))
         # Send -> the verdict's last byte on the socket: the round trip itself, even when the edge
@@ -337,7 +355,7 @@ class RemoteCloudSession:
             accepted=reply.accepted, next_token=reply.token, tokens_in=reply.tokens_in,
             sent_features=pending.with_open and self.has_features,  # once per session: the server keeps them
             wire_up_bytes=sock.sent - pending.sent_bytes, wire_down_bytes=sock.received - pending.received_bytes,
-            wait_s=wait_s, server_queue_s=reply.queue_s,
+            wait_s=wait_s, server_queue_s=reply.queue_s, path=path,
         )
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:

@@ -69,7 +69,8 @@ async def on_verify(server: Server, ws: ServerConnection, verify: Verify) -> Non
     await ws.send(encode(VerdictReply(accepted=served.verdict.accepted, token=served.verdict.next_token,
                                  tokens_in=served.verdict.tokens_in, compute_s=served.compute_s,
                                  queue_s=served.queue_s, batch=served.batch_rows,
-                                 agreed=session.agreed)))
+                                 agreed=session.agreed,
+                                 path=list(served.verdict.path) if verify.parents is not None else None)))
     session.last_active = time.monotonic()
 
 

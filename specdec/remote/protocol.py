@@ -5,10 +5,10 @@ the connection, or the server's idle TTL, whichever comes first.
 
   edge -> cloud (`Request`)                             cloud -> edge (`Reply`)
   Hello  {schema, token}                                Ready   {schema, model, vocab_size, tokenizer_sha256, accepts_audio,
-                                                                 runtime, device, follows}
+                                                                 runtime, device, follows, trees}
   Open   {prompt_ids, settings..., features}            (no reply: sent back to back with the first verify)
-  Verify {base, new, draft, probs, follow}              VerdictReply {accepted, token, tokens_in, compute_s, queue_s, batch,
-                                                                        agreed}
+  Verify {base, new, draft, probs, follow, parents}     VerdictReply {accepted, token, tokens_in, compute_s, queue_s, batch,
+                                                                        agreed, path}
   Generate {}                                           Generated {tokens, stopped_by, queue_s[], compute_s[], batch[]}
   StatsRequest {since}                                  StatsReply {batches: [{t_s, rows, tokens, max_block, positions,
                                                                  forward_s}], next, live: {connections, sessions, tasks} or nil}
@@ -40,6 +40,11 @@ model runs (cpu, cuda:0; cpu for llama.cpp); an older server leaves it out (it r
 computes and reports in `verdict.agreed`. Only a server started with --follow-verdicts takes it (`ready.follows`
 says so; another refuses with `no_follow`): it lets a replayed edge time a random-weight architecture of the
 real size with the recorded acceptance (docs/gpu.md).
+`verify.parents` = a token tree's (specdec/core/tree.py): `draft` holds its nodes, parents[i] node i's parent (-1:
+the last accepted token), each before its child; the verdict's `path` = the nodes it kept, root to leaf (accepted of
+them). Only a server whose `ready.trees` says it verifies trees takes one (another refuses with `no_trees`), under
+a policy that accepts by the argmax, greedy, on a cached verifier; an older client sends none (chains), and a
+newer client reads an older server's missing `trees` as chains only.
 `probs` (sample policy only) = the draft distributions the tokens were drawn from (payloads.py): [n, V] float32, or
 the top-N rows as (index, value) when the edge drafts from a top-N truncated distribution; nil for a
 draft-free block (prompt lookup and the like), whose tokens the policy takes as point masses.
@@ -79,6 +84,7 @@ ERROR_CODES = {
     "idle": "a connection without a session idled too long",
     "expired": "a session idled past the server's TTL",
     "no_follow": "verify.follow sent to a server not started with --follow-verdicts",
+    "no_trees": "a token tree sent to a server whose runtime or session verifies chains only",
     "verify_failed": "this session's verdict failed (its settings or policy); other sessions go on",
     "shutdown": "the server is stopping",
     "refused": "the session's own failure, not one of the above",
@@ -196,8 +202,15 @@ class Verify(Request, tag="verify", frozen=True):
     draft: Annotated[list[int], msgspec.Meta(max_length=MAX_DRAFT_TOKENS)]
     probs: bytes | None = None  # the draft distributions (payloads.pack_probs); nil: a draft-free block
     follow: Followed | None = None  # keep this verdict (a server started with --follow-verdicts only); nil: its own
+    parents: list[int] | None = None  # a token tree's, one per draft token (-1: the root); nil: a chain
 
     def check(self) -> None:
+        if self.parents is not None:
+            if len(self.parents) != len(self.draft):
+                raise ProtocolError(f"verify: a tree needs one parent per draft token: {len(self.draft)} tokens, "
+                                    f"{len(self.parents)} parents")
+            if self.follow is not None:
+                raise ProtocolError("verify: follow keeps a chain's verdict; a tree's cannot be followed")
         if self.follow is not None:
             within("verify.follow.accepted", self.follow.accepted, 0, len(self.draft))
             if self.follow.token is not None:
@@ -230,6 +243,7 @@ class Ready(Reply, tag="ready", frozen=True):
     device: str = "cpu"  # an older server leaves it out: it ran on the CPU
     follows: bool = False  # it keeps a verify's `follow` verdict (serve --follow-verdicts); an older server does not
     kv_cache: str | None = None  # the torch runtime's: dynamic or static (serve --kv-cache auto resolved); else unknown
+    trees: bool = False  # it verifies token trees (verify.parents); an older server leaves it out: chains only
 
     def check(self) -> None:
         within("ready.vocab_size", self.vocab_size, 1, None)
@@ -243,6 +257,7 @@ class VerdictReply(Reply, tag="verdict", frozen=True):
     queue_s: float
     batch: int = 1
     agreed: bool | None = None  # a followed verify: was the server's own verdict the one it kept? nil: not followed
+    path: list[int] | None = None  # a tree's kept nodes, root to leaf; nil: a chain's verdict
 
     def check(self) -> None:
         for name in ("accepted", "token", "tokens_in", "compute_s", "queue_s"):

@@ -56,7 +56,7 @@ class VerifierServer:
         ready = Ready(schema=SCHEMA, model=model.name, vocab_size=model.backend.vocab_size,
                       tokenizer_sha256=tokenizer_sha256(model.tokenizer), accepts_audio=model.backend.accepts_audio,
                       runtime=model.runtime, device=str(model.backend.device or "cpu"), follows=config.follow_verdicts,
-                      kv_cache=server_cache(model.backend))
+                      kv_cache=server_cache(model.backend), trees=model.backend.accepts_trees)
         # A client on this machine gets the model's folder (`specbench score` loads the cloud from the
         # records); one elsewhere only the folder's name: the server's file layout is not its business.
         self.ready = encode(ready)

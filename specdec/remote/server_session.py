@@ -21,8 +21,10 @@ from specdec.core.config import DecodeConfig, SpecConfig
 from specdec.core.policies import traits
 from specdec.core.session import AcceptedSequence
 from specdec.core.shared_forward import BatchRow
+from specdec.core.tree import TokenTree
 from specdec.core.verdict import Verdict
-from specdec.errors import SpecdecError
+from specdec.core.verifier import verifies_trees
+from specdec.errors import InputError, SpecdecError
 from specdec.models.loading import LoadedModel
 from specdec.remote.payloads import unpack_probs, unpack_tensors
 from specdec.remote.protocol import Followed, Open, ProtocolError, Verify, check_token_ids
@@ -72,6 +74,9 @@ class ServerSession:
         # Mirror of the edge's accepted sequence: it grows by `new` and by the accepted draft tokens.
         self.seq = AcceptedSequence(prompt.input_ids, decode_config.max_new_tokens)
         self.cloud = LocalCloudSession(model.backend, prompt, spec, decode_config, self.constraints, self.vocab, generator)
+        # Token trees are verified greedily on a cached verifier, in a runtime that verifies them (as in process).
+        self.trees = (model.backend.accepts_trees and traits(spec.policy).argmax and not decode_config.do_sample
+                      and verifies_trees(spec.verifier))
         # The last verdict's correction or bonus: the edge's next `new` carries it back, and a
         # `generate` after a verify takes it into the mirror first (the cache has seen every token of
         # the mirror then: the step needs at least one it has not).
@@ -88,8 +93,10 @@ class ServerSession:
         if self.seq.length + len(new) != verify.base:
             raise ProtocolError(f"verify: base {verify.base} != server length {self.seq.length} + {len(new)} new tokens",
                                 code="out_of_sync")
-        if len(new) + len(draft) > self.seq.remaining:
-            raise ProtocolError(f"verify: a draft of at most {self.seq.remaining - len(new)} tokens expected, got {len(draft)}")
+        tree = self.tree_of(verify)
+        longest = max(tree.depths, default=0) if tree is not None else len(draft)  # what the verdict can keep
+        if len(new) + longest > self.seq.remaining:
+            raise ProtocolError(f"verify: a draft of at most {self.seq.remaining - len(new)} tokens expected, got {longest}")
         if self.pending is not None and not new:  # the cache has seen every accepted token: nothing to predict from
             raise ProtocolError(f"verify: new must carry the last verdict's token ({self.pending})", code="out_of_sync")
         # No `probs`: a draft-free block, each token a point mass (specdec/core/policies/sample.py).
@@ -98,7 +105,20 @@ class ServerSession:
             check_token_ids("follow.token", [verify.follow.token], self.vocab)
         self.seq.extend(new)
         self.pending, self.edge_takes_the_token, self.following, self.agreed = None, True, verify.follow, None
-        return BatchRow(self.cloud.verifier, self.seq, torch.tensor(draft, dtype=torch.long), probs)
+        return BatchRow(self.cloud.verifier, self.seq, torch.tensor(draft, dtype=torch.long), probs, tree)
+
+    def tree_of(self, verify: Verify) -> TokenTree | None:
+        """The token tree a verify carries (its parents), checked against what this session verifies; None: a chain."""
+        if verify.parents is None:
+            return None
+        if not self.trees:
+            raise ProtocolError("verify: this session verifies chains only (a tree needs a runtime that verifies "
+                                "trees, the greedy policy, temperature 0 and the cached verifier): send a chain",
+                                code="no_trees")
+        try:
+            return TokenTree(torch.tensor(verify.draft, dtype=torch.long), tuple(verify.parents))
+        except InputError as e:
+            raise ProtocolError(f"verify: {e}") from None
 
     def take_pending(self) -> int | None:
         """Before cloud-only steps: the last verdict's token joins the mirror, as the edge took it
@@ -125,11 +145,15 @@ class ServerSession:
         tokens join the mirror and the cache is cropped to exactly that prefix (the correction, bonus or
         next token arrives with the next `new`). A `generate` step: the token joins the mirror (the cache
         holds every position before it). A followed verify keeps the given verdict (`follow`)."""
-        verdict = self.cloud.decide(self.seq, row.draft_tokens, row.draft_probs, logits)
+        if row.tree is not None:  # its kept path joins the cache as a chain would (decide_tree commits it)
+            verdict = self.cloud.decide_tree(self.seq, row.tree, logits)
+        else:
+            verdict = self.cloud.decide(self.seq, row.draft_tokens, row.draft_probs, logits)
         if self.following is not None:  # its own verdict decided (the same work), the given one kept
             verdict = self.follow(verdict)
         if self.edge_takes_the_token:  # a verify, an empty block (a draft-free drafter's plain step) included
-            self.seq.extend(row.draft_tokens[: verdict.accepted].tolist())
+            kept = row.draft_tokens[list(verdict.path)] if row.tree is not None else row.draft_tokens[: verdict.accepted]
+            self.seq.extend(kept.tolist())
             self.cloud.rollback(self.seq.length, self.seq)
             self.pending = verdict.next_token
         else:
