@@ -127,7 +127,7 @@ class LosesTheCloud:
             round_trip_s = 30.0
             compute_s = 0.0
 
-            def send(self, seq, draft_tokens, draft_probs):
+            def send(self, seq, draft_tokens, draft_probs, tree=None):
                 outer.calls += 1
                 self.block = (seq, draft_tokens, draft_probs)
 

@@ -237,7 +237,7 @@ class CloudLink:
             verdict = stamped(session.verify(seq, draft_tokens, draft_probs, *routed))
             return InFlight(lambda: verdict)
         assert isinstance(session, SplitSession)  # a round trip to overlap with: a remote session, which splits verify
-        session.send(seq, draft_tokens, draft_probs, *(() if tree is None else (tree,)))  # a chains-only one takes 3
+        session.send(seq, draft_tokens, draft_probs, tree)
         return InFlight(lambda: stamped(session.receive()), session.ready, sent_at + round_trip_s)
 
     def rollback(self, length: int, seq: AcceptedSequence) -> None:
