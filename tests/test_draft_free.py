@@ -68,7 +68,7 @@ def looping_prompt(seed: int) -> Prompt:
     return Prompt(torch.cat([phrase, torch.randint(0, 96, (3,), generator=generator), phrase]))
 
 
-@pytest.mark.parametrize("drafter", ["prompt-lookup", "ngram", "hybrid"])
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "ngram", "suffix", "hybrid"])
 @pytest.mark.parametrize("verifier", ["cached", "stateless"])
 def test_greedy_with_each_drafter_is_the_clouds_greedy(pair, drafter, verifier):
     edge, cloud = pair
@@ -83,11 +83,14 @@ def test_greedy_with_each_drafter_is_the_clouds_greedy(pair, drafter, verifier):
         made_by |= {c.drafter for c in generation.cycles}
         kept += generation.counters.num_accepted_tokens
     assert kept > 0  # draft tokens were accepted, not only the cloud's own
-    expected = {"prompt-lookup": {"prompt-lookup"}, "ngram": {"ngram"}, "hybrid": {"prompt-lookup", "model"}}[drafter]
+    expected = {"prompt-lookup": {"prompt-lookup"}, "ngram": {"ngram"}, "suffix": {"suffix"},
+                "hybrid": {"prompt-lookup", "model"}}[drafter]
     # the hybrid's model drafts until its costs are measured, then only while its blocks pay (else plain steps)
     assert expected <= made_by <= expected | ({"plain"} if drafter == "hybrid" else set())
     if drafter == "ngram":
         assert history.drafters["ngram"].next  # the counts carry across generations
+    if drafter == "suffix":
+        assert len(history.drafters["suffix"].outputs.parts) == 6  # each generation's output joined the global corpus
 
 
 def hybrid_costs(draft_s: float, tau: float, edge_s_per_token: float = 0.0, weight: int = 1):

@@ -72,6 +72,22 @@ def test_trees_and_chains_through_a_server_equal_in_process_and_the_clouds_own_g
         assert multi and any(not tree.is_chain for tree in multi), "no tree with two branches reached the server"
 
 
+@pytest.mark.parametrize("options", ["tree_nodes=6,spec_factor=0", "tree_nodes=6,by_cost=1"])
+def test_the_suffix_drafters_trees_through_a_server_are_the_clouds_own_greedy_decoding(pair, kernels_server, options):
+    """Its global corpus carries across the engine's requests on the edge; sized by cost, its choices follow measured
+    times (a server's differ from in-process), so only the tokens are compared there."""
+    spec = SpecConfig(k=4, entropy_threshold=0, policy="greedy", drafter="suffix", drafter_options=options)
+    common = dict(dtype="float32", spec=spec, decode=DECODE, **QUIET)
+    split = generations(Engine(mode="spec", edge=pair["edge"], cloud_url=kernels_server, **common))
+    local = generations(Engine(mode="spec", cloud=pair["cloud"], cloud_runtime="kernels-int8", **common))
+    own = generations(Engine(mode="cloud", cloud=pair["cloud"], cloud_runtime="kernels-int8", dtype="float32",
+                             decode=DECODE, **QUIET))
+    assert [g.tokens for g in split] == [g.tokens for g in local] == [g.tokens for g in own]
+    if "by_cost" not in options:
+        assert [decisions(g) for g in split] == [decisions(g) for g in local]
+    assert sum(g.counters.num_accepted_tokens for g in split) > 0
+
+
 def test_a_server_that_verifies_chains_says_so_and_refuses_a_tree_in_one_line(pair):
     with BackgroundServer(load_model(pair["cloud"], "float32", **QUIET)) as url:  # torch: chains only
         engine = Engine(mode="spec", edge=pair["edge"], cloud_url=url, dtype="float32", spec=lookup(4),

@@ -39,6 +39,14 @@ class VerifyCosts:
         record = self.seconds.get((route, tokens_fed))
         return None if record is None else record.mean
 
+    def block_steps(self, prior: dict[int, float]) -> dict[int, float]:
+        """Each block size's cost in plain steps (rows fed -> steps): measured where a block of that size and a plain
+        step both were, else `prior` (the machine's calibration)."""
+        step = self.mean(Route.STEP, 1)
+        measured = {} if step is None else {rows: record.mean / step for (route, rows), record in self.seconds.items()
+                                             if route is Route.BLOCK and record.mean is not None}
+        return {**prior, **measured}
+
     def nearest(self, route: Route, tokens_fed: int) -> float | None:
         """The mean at `tokens_fed`, else at the nearest size measured on `route` (the smaller of two as near);
         None when nothing was."""

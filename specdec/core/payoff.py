@@ -29,6 +29,7 @@ cost more per token than an int8 step on MT-bench, and on a 900-token article it
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -72,3 +73,34 @@ def block_pays(e: BlockEvidence) -> bool:
     """Send the block: it costs less than a plain step per token, and what it saves pays for any feed."""
     saved_steps = 1.0 - steps_per_token(e)
     return saved_steps > 0 and (not e.feed_s or feed_pays(saved_steps * measured_step_s(e), e.tokens_left, e.feed_s))
+
+
+def steps_at(known: Mapping[int, float], rows: int) -> float:
+    """A verify block's cost over `rows` tokens fed, in plain steps, from the sizes `known` (rows -> steps; 1 row is
+    1 step): the known value, else the line between the nearest known sizes around it, else past the largest the
+    line from 1 row through it (a block never costs less than a step)."""
+    points = {1: 1.0, **known}
+    if rows in points:
+        return points[rows]
+    low = max(size for size in points if size < rows)
+    high = min((size for size in points if size > rows), default=None)
+    if high is None:  # past the largest known size: the line from 1 row through it
+        low, high = 1, low
+    if high == low:  # nothing known but a step
+        return 1.0
+    slope = (points[high] - points[low]) / (high - low)
+    return max(1.0, points[low] + slope * (rows - low))
+
+
+def best_prefix(scores: Sequence[float], calibration: float, steps: Callable[[int], float]) -> int:
+    """How many of a drafter's best-first nodes to send, 0 meaning none (a plain step): the n that maximises the
+    tokens a verify is expected to yield, 1 + calibration · Σ_{i<n} scores_i (a node's score: the chance it is kept),
+    per plain step a block of n + 1 rows costs (`steps`); a plain step yields 1 token a step, so n = 0 unless a block
+    beats it."""
+    best, best_rate, tokens = 0, 1.0, 1.0
+    for n, score in enumerate(scores, 1):
+        tokens += calibration * score
+        rate = tokens / steps(n + 1)
+        if rate > best_rate:
+            best, best_rate = n, rate
+    return best

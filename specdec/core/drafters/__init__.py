@@ -5,6 +5,8 @@ package imports every module beside it, so a new drafter is one new file.
     ahead.py   a model drafter that also drafts the next block while a remote cloud verifies this one
     prompt_lookup.py  the longest recurring suffix of prompt + output proposes what followed it (no model)
     ngram.py   the most frequent continuations counted over an engine's prompts and outputs (no model)
+    suffix.py  suffix decoding: the longest suffix's continuations in this request and in earlier outputs, kept
+               apart, scored by frequency into a tree or chain (no model)
     hybrid.py  prompt lookup when it matches, the edge model otherwise while its blocks pay (core/payoff.py)
     auto.py    prompt lookup only while its blocks pay for their verify cost (core/payoff.py); plain steps
                otherwise, or where the router says on a cloud held in two runtimes (core/two_runtime.py)
