@@ -44,3 +44,37 @@ def test_threads_that_are_not_counts_are_one_line(tmp_path, capsys):
         main(["--threads", "a", "--out", str(tmp_path / "c")])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--threads must list whole numbers >= 1" in err and "Traceback" not in err
+
+
+def test_timings_of_another_version_are_timed_anew_and_left_out_of_the_table(pair, tmp_path, capsys):
+    """A rerun after the runtime changed (a package upgraded, the kernels' sources edited) does not take the old
+    rounds as done, and the table shows only this run's configurations at their current version."""
+    out = tmp_path / "costs"
+    args = ["--models", pair["edge"], "--runtimes", "torch", "--threads", "1", "--dtype", "float32", "--context", "8",
+            "--rounds", "1", "--out", str(out)]
+    assert main(args) == 0
+    path = out / "costs.jsonl"
+    old = json.loads(path.read_text().splitlines()[0])
+    assert "torch" in old["version"] and "machine" in old["version"]
+    path.write_text(json.dumps({**old, "version": "torch 0.0; machine elsewhere"}) + "\n"
+                    + json.dumps({**old, "runtime": "torch-int8"}) + "\n")  # another version; a runtime not asked for
+    capsys.readouterr()
+    assert main(args) == 0
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 3 and rows[-1]["version"] == old["version"]  # timed again at the current version
+    printed = capsys.readouterr().out
+    assert "| torch | 1 | 1 |" in printed and "torch-int8" not in printed
+
+
+def test_a_kernels_path_is_timed_under_its_own_name_and_version(pair, tmp_path, capsys):
+    """`K:PATH` (the kernels on one instruction-set path) is timed and named so, and its version is the path's sources."""
+    from specdec.kernels import runnable_paths, source_digest
+
+    if "avx2" not in runnable_paths():
+        pytest.skip("this CPU runs no AVX2 path")
+    out = tmp_path / "costs"
+    assert main(["--models", pair["edge"], "--runtimes", "kernels-int8:avx2", "--threads", "1", "--context", "8",
+                 "--rounds", "1", "--out", str(out)]) == 0
+    row = json.loads((out / "costs.jsonl").read_text().splitlines()[0])
+    assert row["runtime"] == "kernels-int8:avx2" and f"kernels avx2 {source_digest('avx2')}" in row["version"]
+    assert "| kernels-int8:avx2 | 1 | 1 |" in capsys.readouterr().out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 BLOCKS = range(2, 10)  # k + 1 for k = 1..8
@@ -32,12 +33,14 @@ def block_steps(rounds: list[dict]) -> dict[int, list[float]]:
     return {n: [r["block_s"][str(n)] / s for r, s in zip(rounds, steps)] for n in BLOCKS}
 
 
-def table(path: Path) -> str:
-    """Per (model, runtime, threads): step ms and each k+1 block in token steps, median [p10-p90] over rounds."""
+def table(path: Path, keep: Callable[[dict], bool] = lambda row: True) -> str:
+    """Per (model, runtime, threads): step ms and each k+1 block in token steps, median [p10-p90] over rounds, of the
+    rows `keep` keeps (runtime_costs: this run's configurations at their current version)."""
     rows: dict[tuple, list[dict]] = {}
     for line in path.read_text().splitlines():
         row = json.loads(line)
-        rows.setdefault((row["model"], row["runtime"], row["threads"]), []).append(row)
+        if keep(row):
+            rows.setdefault((row["model"], row["runtime"], row["threads"]), []).append(row)
     lines = ["model | runtime | threads | rounds | ms per token step | tok/s | "
              + " | ".join(f"k={n - 1} block (steps)" for n in BLOCKS),
              "--- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in BLOCKS)]

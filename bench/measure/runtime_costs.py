@@ -7,9 +7,12 @@ the order rotated each round), so a ratio between runtimes is measured under the
 
 Each timed forward feeds a block at a `--context`-token cache (the shipped `code` prompts' text,
 tokenized, repeated to length) and is cropped back, so every block sees the same cache. Raw
-timings go to OUT/costs.jsonl as they are taken (a rerun skips the rounds already there); the table
-is derived from them afterwards: ms per token step (median over rounds, p10-p90), and a k+1-token
-block's cost in token steps for k = 1..8 (the ratio taken within a round, median and spread).
+timings go to OUT/costs.jsonl as they are taken (a rerun skips the rounds already there, of the same version: the
+runtime's packages and, for the kernels, their path and sources' digest, on the same machine class); the table
+is derived from this run's configurations at their current version afterwards: ms per token step (median over rounds,
+p10-p90), and a k+1-token block's cost in token steps for k = 1..8 (the ratio taken within a round, median and
+spread). Rows of another version stay in the file and out of the table: a rerun after a kernel change times anew
+(it used to print the timings of the sources before the change as if they were the new ones).
 torch runs in `--dtype` (bf16 by default, the engine's CPU default); torch's dynamic int8 runtime is dynamic int8
 Linear layers in fp32 (`@int8`); llama.cpp runs the registry's GGUF file as shipped (Q4_K_M).
 `K:avx2` runs K, one of the kernels' runtimes, on one instruction-set path of the kernels (SPECBENCH_KERNELS while it
@@ -31,6 +34,8 @@ from bench.derive.runtime_cost_table import BLOCKS, table
 from specdec.backends.devices import clock
 from specdec.backends.prompt import Prompt
 from specdec.errors import SpecdecError
+from specdec.kernels import source_digest
+from specdec.machine import fingerprint
 from specdec.models.loading import load_model
 from specdec.runtime_registry import declared, runtimes
 
@@ -76,6 +81,25 @@ def time_round(backend, state, ids: torch.Tensor, context: int) -> dict:
     return {"step_s": steps, "block_s": {str(n): s for n, s in blocks.items()}}
 
 
+def installed_versions() -> dict[str, str | None]:
+    """The calibration's reading of the runtimes' versions (imported here: calibrate imports this module's timing)."""
+    from bench.measure.calibrate import runtime_versions
+
+    return runtime_versions()
+
+
+def version_of(runtime: str, installed: dict[str, str | None]) -> str:
+    """What `runtime`'s timings depend on besides the machine: its packages' versions (`installed`), and for the
+    kernels (`NAME:PATH` or the chosen path) the path and its sources' digest, plus this machine's class."""
+    name, _, path = runtime.partition(":")
+    versions = dict(installed)
+    packages = declared(name).timed_packages
+    if path and "kernels" in packages:
+        versions["kernels"] = f"{path} {source_digest(path)}"
+    listed = ", ".join(f"{package} {versions.get(package)}" for package in packages)
+    return f"{listed}; machine {fingerprint(with_gpu=False)['machine_class']}"
+
+
 def _load(model: str, runtime: str, dtype: str):
     """`runtime`, or `RUNTIME:PATH` for the kernels on one instruction-set path."""
     name, _, path = runtime.partition(":")
@@ -96,12 +120,15 @@ def measure(args: argparse.Namespace) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "costs.jsonl"
+    configs = _configs(args.models.split(","), args.runtimes.split(","), [int(t) for t in args.threads.split(",")])
+    installed = installed_versions()
+    versions = {runtime: version_of(runtime, installed) for _, runtime, _ in configs}
     done = set()
     if path.exists():
         for line in path.read_text().splitlines():
             row = json.loads(line)
-            done.add((row["model"], row["runtime"], row["threads"], row["round"]))
-    configs = _configs(args.models.split(","), args.runtimes.split(","), [int(t) for t in args.threads.split(",")])
+            if row.get("version") == versions.get(row["runtime"]):
+                done.add((row["model"], row["runtime"], row["threads"], row["round"]))
     loaded, states = {}, {}
     for model, runtime, _ in configs:
         if (model, runtime) not in loaded:
@@ -119,11 +146,20 @@ def measure(args: argparse.Namespace) -> Path:
                 (lm, ids), state = loaded[(model, runtime)], states[(model, runtime)]
                 timed = time_round(lm.backend, state, ids, args.context)
                 sink.write(json.dumps({"model": model, "runtime": runtime, "threads": threads, "round": round_,
-                                       "dtype": args.dtype if declared(runtime).dtyped else None, "context": args.context,
-                                       **timed}) + "\n")
+                                       "dtype": args.dtype if declared(runtime.partition(":")[0]).dtyped else None, "context": args.context,
+                                       "version": versions[runtime], **timed}) + "\n")
                 sink.flush()
                 bar.update()
     return path
+
+
+def current(args: argparse.Namespace):
+    """Whether a timing row is one of this run's configurations at its version now (the table's rows)."""
+    models, threads = set(args.models.split(",")), {int(t) for t in args.threads.split(",")}
+    installed = installed_versions()
+    versions = {runtime: version_of(runtime, installed) for runtime in args.runtimes.split(",")}
+    return lambda row: (row["model"] in models and row["threads"] in threads
+                        and row.get("version") == versions.get(row["runtime"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecdecError as e:  # an unknown model or runtime, a damaged file: one line, the timings so far kept
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(table(path))
+    print(table(path, current(args)))
     return 0
 
 

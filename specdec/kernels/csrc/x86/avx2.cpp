@@ -107,6 +107,35 @@ inline __m256i dot_u8s8(__m256i acc, __m256i w_u8, __m256i x) { return _mm256_dp
 inline __m256i dot_u8s8(__m256i acc, __m256i w_u8, __m256i x) { return _mm256_dpbusd_epi32(acc, w_u8, x); }
 #endif
 
+// Where each row's int4 group sums start, so that no correction is left for after them: an int4 product is computed on
+// the stored nibble w + 8, and Σ (w + 8) q less 8 Σ q is the exact Σ w q. In int32 (AVX-VNNI, or groups over 32) the
+// start is -8 Σ q. In the int16 lanes of a short group it is split by lane: vpmaddubsw pairs bytes (0, 1) and (2, 3)
+// of a column's four, and a byte's low nibble carries k 0-3 of its 8-k chunk and its high nibble k 4-7, so the even
+// lane sums k = 0, 1, 4, 5 and the odd lane k = 2, 3, 6, 7 of every chunk; each starts at -8 times its own k's sum.
+// After any chunks a lane holds Σ (w + 8 - 8) q over the k seen less 8 Σ q over the rest: 16 terms of at most 8 * 127,
+// so within ±16256 all the way, never near int16's limits. One broadcast load a row and group replaces the
+// subtraction and the multiply that followed each group's sum.
+std::vector<int32_t>& group_starts(const Rows& rows, int64_t M, bool short_group) {
+  thread_local std::vector<int32_t> starts;
+  starts.resize(M * rows.groups);
+  const int64_t group = rows.Kp / rows.groups;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < rows.groups; ++g) {
+      const int8_t* q = rows.q + m * rows.Kp + g * group;
+      int32_t lane[2] = {0, 0};
+      for (int64_t k = 0; k < group; ++k) lane[(k >> 1) & 1] += q[k];
+#ifdef SPECBENCH_AVX_VNNI
+      const bool lanes = false;
+#else
+      const bool lanes = short_group;
+#endif
+      starts[m * rows.groups + g] =
+          lanes ? int32_t(uint32_t(uint16_t(int16_t(-8 * lane[0]))) | (uint32_t(uint16_t(int16_t(-8 * lane[1]))) << 16))
+                : -8 * (lane[0] + lane[1]);
+    }
+  return starts;
+}
+
 // T activation rows x one 8-column half (h) of a 16-column block, over chunks [c0, c1) (4 k each), added to `acc`: T
 // integer accumulators, the half's weights and the row's broadcast fit AVX2's 16 registers, so nothing spills in the
 // innermost loop (with both halves at once GCC spilled accumulators every chunk). rows_int8 takes a block's k a SPAN
@@ -174,7 +203,8 @@ void rows_int8(const Rows& rows, const int8_t* magnitudes, int64_t m0, const Lin
 // loop holds no branch). One 8-column half a pass over groups [g0, g1), each group's scaled sum added to `total` in
 // group order (the reference's order, whatever the split), as tile_int8.
 template <int T, bool SHORT>
-void tile_int4(const Rows& rows, int64_t m0, const Linear& w, int64_t nb, int h, int64_t g0, int64_t g1, __m256* totals) {
+void tile_int4(const Rows& rows, const int32_t* starts, int64_t m0, const Linear& w, int64_t nb, int h, int64_t g0,
+               int64_t g1, __m256* totals) {
   __m256 total[T];
   const int32_t* x[T];
   const uint8_t* block = w.weight + nb * COLS * w.Kp / 2 + 32 * h;
@@ -190,7 +220,7 @@ void tile_int4(const Rows& rows, int64_t m0, const Linear& w, int64_t nb, int h,
 #endif
   for (int64_t g = g0; g < g1; ++g) {
     __m256i acc[T];
-    for (int r = 0; r < T; ++r) acc[r] = _mm256_setzero_si256();
+    for (int r = 0; r < T; ++r) acc[r] = _mm256_set1_epi32(starts[(m0 + r) * rows.groups + g]);
     for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
       _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64));
@@ -212,21 +242,22 @@ void tile_int4(const Rows& rows, int64_t m0, const Linear& w, int64_t nb, int h,
 #else
       const __m256i dot = SHORT ? _mm256_madd_epi16(acc[r], ones) : acc[r];
 #endif
-      const __m256i exact = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * rows.sums[(m0 + r) * rows.groups + g]));
-      total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, total[r]);
+      total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, total[r]);
     }
   }
   for (int r = 0; r < T; ++r) totals[r] = total[r];
 }
 
 template <int T, bool SHORT>
-void rows_int4(const Rows& rows, int64_t m0, const Linear& w, const float* residual, float* y, int64_t nb) {
+void rows_int4(const Rows& rows, const int32_t* starts, int64_t m0, const Linear& w, const float* residual, float* y,
+               int64_t nb) {
   __m256 total[2][T];
   for (int h = 0; h < 2; ++h)
     for (int r = 0; r < T; ++r) total[h][r] = _mm256_setzero_ps();
   const int64_t span = std::max<int64_t>(1, SPAN / w.group);  // groups a pass
   for (int64_t g0 = 0; g0 < rows.groups; g0 += span)
-    for (int h = 0; h < 2; ++h) tile_int4<T, SHORT>(rows, m0, w, nb, h, g0, std::min(rows.groups, g0 + span), total[h]);
+    for (int h = 0; h < 2; ++h)
+      tile_int4<T, SHORT>(rows, starts, m0, w, nb, h, g0, std::min(rows.groups, g0 + span), total[h]);
   for (int h = 0; h < 2; ++h) {
     const int64_t n = nb * COLS + 8 * h, remaining = w.N - n;
     if (remaining <= 0) return;
@@ -291,7 +322,8 @@ void narrow_int8(const Rows& rows, const int8_t* magnitudes, int64_t m0, const L
 }
 
 template <int T, bool SHORT>
-void narrow_int4(const Rows& rows, int64_t m0, const Linear& w, const float* residual, float* y, int64_t nb) {
+void narrow_int4(const Rows& rows, const int32_t* starts, int64_t m0, const Linear& w, const float* residual, float* y,
+                 int64_t nb) {
   __m256 total[T][2];
   const int32_t* x[T];
   const uint8_t* block = w.weight + nb * COLS * w.Kp / 2;
@@ -307,7 +339,7 @@ void narrow_int4(const Rows& rows, int64_t m0, const Linear& w, const float* res
 #endif
   for (int64_t g = 0; g < rows.groups; ++g) {
     __m256i acc[T][2];
-    for (int r = 0; r < T; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int r = 0; r < T; ++r) acc[r][0] = acc[r][1] = _mm256_set1_epi32(starts[(m0 + r) * rows.groups + g]);
     for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
       _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
       for (int h = 0; h < 2; ++h) {
@@ -333,8 +365,7 @@ void narrow_int4(const Rows& rows, int64_t m0, const Linear& w, const float* res
 #else
         const __m256i dot = SHORT ? _mm256_madd_epi16(acc[r][h], ones) : acc[r][h];
 #endif
-        const __m256i exact = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * rows.sums[(m0 + r) * rows.groups + g]));
-        total[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, total[r][h]);
+        total[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, total[r][h]);
       }
     }
   }
@@ -491,19 +522,20 @@ void linear_int8(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int6
 void linear_int4(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int64_t nb1, const float* residual,
                  float* y) {
   const bool short_group = w.group <= 32;  // int16 sums of a whole group cannot overflow (header)
+  const int32_t* starts = group_starts(rows, M, short_group).data();
   for (int64_t nb = nb0; nb < nb1; ++nb) {
     if (M <= 2) {
-      if (M == 1 && short_group) narrow_int4<1, true>(rows, 0, w, residual, y, nb);
-      if (M == 1 && !short_group) narrow_int4<1, false>(rows, 0, w, residual, y, nb);
-      if (M == 2 && short_group) narrow_int4<2, true>(rows, 0, w, residual, y, nb);
-      if (M == 2 && !short_group) narrow_int4<2, false>(rows, 0, w, residual, y, nb);
+      if (M == 1 && short_group) narrow_int4<1, true>(rows, starts, 0, w, residual, y, nb);
+      if (M == 1 && !short_group) narrow_int4<1, false>(rows, starts, 0, w, residual, y, nb);
+      if (M == 2 && short_group) narrow_int4<2, true>(rows, starts, 0, w, residual, y, nb);
+      if (M == 2 && !short_group) narrow_int4<2, false>(rows, starts, 0, w, residual, y, nb);
       continue;
     }
     over_rows<MAX_TILE>(M, [&](auto tile, int64_t m0) {
       if (short_group)
-        rows_int4<decltype(tile)::value, true>(rows, m0, w, residual, y, nb);
+        rows_int4<decltype(tile)::value, true>(rows, starts, m0, w, residual, y, nb);
       else
-        rows_int4<decltype(tile)::value, false>(rows, m0, w, residual, y, nb);
+        rows_int4<decltype(tile)::value, false>(rows, starts, m0, w, residual, y, nb);
     });
   }
 }
