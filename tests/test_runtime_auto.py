@@ -111,7 +111,7 @@ def test_the_main_jobs_config_resolves_from_a_calibration_without_measuring():
     assert {(p.prompts, p.constraints) for p in model} == {("zh-describe", "zh"), ("edit-text", "none")}
     free = [p for p in spec if p.drafter != "model"]
     assert sorted((p.drafter, p.prompts) for p in free) == sorted(
-        (d, s) for d in ("prompt-lookup", "auto") for s in ("zh-describe", "edit-text"))
+        (d, s) for d in ("prompt-lookup", "auto", "suffix") for s in ("zh-describe", "edit-text"))
     assert {(p.k, p.entropy_threshold, p.policy) for p in free} == {(4, 0.0, "greedy")}
     labels = [p.label() for p in points]
     assert len(set(labels)) == len(labels)  # every point is told apart by its label
