@@ -36,7 +36,6 @@ import os
 import time
 import tomllib
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -45,9 +44,10 @@ from tqdm import tqdm
 from bench.derive.calibration import SCHEMA, entry_of, read_calibration
 from bench.measure.launch import WorkerProcess, bind_to_parent, death_line
 from bench.measure.runtime_costs import context_ids, prefilled, time_round
+from bench.measure.versions import runtime_versions
 from specdec.backends.prompt import Prompt
 from specdec.errors import ConfigError, SpecdecError
-from specdec.kernels import KernelError, chosen_path, kernels, pack, source_digest
+from specdec.kernels import KernelError, kernels, pack
 from specdec.machine import fingerprint
 from specdec.models import registry
 from specdec.models.derive import split_name
@@ -63,10 +63,6 @@ TORCH_DTYPE = "bfloat16"  # runtime torch: the engine's CPU default (dynamic int
 BANDWIDTH_BYTES = 1 << 30  # >= 1 GiB: far past any last-level cache (this machine reports 260 MiB of L3)
 BANDWIDTH_REPEATS = 5
 READ_STREAMS = (1, 2, 4, 8, 16)  # streams a thread for the kernels' read: the fastest count varies by processor
-# The distributions of the packages a runtime's timings depend on (its declaration's timed_packages).
-DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "llama_cpp": "llama_cpp_python",
-                 "onnxruntime": "onnxruntime", "onnxruntime_genai": "onnxruntime-genai", "openvino": "openvino",
-                 "nncf": "nncf"}
 
 
 # What an entry's measurement is: bumped when what is measured, or a runtime's own code here, changes (2: a
@@ -83,21 +79,6 @@ def default_models() -> list[str]:
 
 def calibration_path(machine_class: str) -> Path:
     return registry.home() / "calibration" / f"{machine_class}.json"
-
-
-def runtime_versions() -> dict[str, str | None]:
-    """The installed versions of what the runtimes run on (None: not installed), read without importing them."""
-    found: dict[str, str | None] = {}
-    for package, distribution in DISTRIBUTIONS.items():
-        try:
-            found[package] = metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            found[package] = None
-    try:  # our own kernels: the path this CPU runs and its source are their version
-        found["kernels"] = f"{chosen_path()} {source_digest()}"
-    except KernelError:
-        found["kernels"] = None  # no path here: like a package not installed
-    return found
 
 
 def packages_of(runtime: str) -> tuple[str, ...]:

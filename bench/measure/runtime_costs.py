@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from bench.core.prompts import load_prompts
 from bench.derive.runtime_cost_table import BLOCKS, table
+from bench.measure.versions import runtime_versions
 from specdec.backends.devices import clock
 from specdec.backends.prompt import Prompt
 from specdec.errors import SpecdecError
@@ -81,13 +82,6 @@ def time_round(backend, state, ids: torch.Tensor, context: int) -> dict:
     return {"step_s": steps, "block_s": {str(n): s for n, s in blocks.items()}}
 
 
-def installed_versions() -> dict[str, str | None]:
-    """The calibration's reading of the runtimes' versions (imported here: calibrate imports this module's timing)."""
-    from bench.measure.calibrate import runtime_versions
-
-    return runtime_versions()
-
-
 def version_of(runtime: str, installed: dict[str, str | None]) -> str:
     """What `runtime`'s timings depend on besides the machine: its packages' versions (`installed`), and for the
     kernels (`NAME:PATH` or the chosen path) the path and its sources' digest, plus this machine's class."""
@@ -121,7 +115,7 @@ def measure(args: argparse.Namespace) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "costs.jsonl"
     configs = _configs(args.models.split(","), args.runtimes.split(","), [int(t) for t in args.threads.split(",")])
-    installed = installed_versions()
+    installed = runtime_versions()
     versions = {runtime: version_of(runtime, installed) for _, runtime, _ in configs}
     done = set()
     if path.exists():
@@ -146,7 +140,8 @@ def measure(args: argparse.Namespace) -> Path:
                 (lm, ids), state = loaded[(model, runtime)], states[(model, runtime)]
                 timed = time_round(lm.backend, state, ids, args.context)
                 sink.write(json.dumps({"model": model, "runtime": runtime, "threads": threads, "round": round_,
-                                       "dtype": args.dtype if declared(runtime.partition(":")[0]).dtyped else None, "context": args.context,
+                                       "dtype": args.dtype if declared(runtime.partition(":")[0]).dtyped else None,
+                                       "context": args.context,
                                        "version": versions[runtime], **timed}) + "\n")
                 sink.flush()
                 bar.update()
@@ -156,7 +151,7 @@ def measure(args: argparse.Namespace) -> Path:
 def current(args: argparse.Namespace):
     """Whether a timing row is one of this run's configurations at its version now (the table's rows)."""
     models, threads = set(args.models.split(",")), {int(t) for t in args.threads.split(",")}
-    installed = installed_versions()
+    installed = runtime_versions()
     versions = {runtime: version_of(runtime, installed) for runtime in args.runtimes.split(",")}
     return lambda row: (row["model"] in models and row["threads"] in threads
                         and row.get("version") == versions.get(row["runtime"]))
