@@ -109,14 +109,19 @@ def _load(model: str, runtime: str, dtype: str):
             os.environ["SPECBENCH_KERNELS"] = before
 
 
+def versions_of(args: argparse.Namespace) -> dict[str, str]:
+    """Each runtime asked for -> its version now (version_of)."""
+    installed = runtime_versions()
+    return {runtime: version_of(runtime, installed) for runtime in args.runtimes.split(",")}
+
+
 @torch.inference_mode()
-def measure(args: argparse.Namespace) -> Path:
+def measure(args: argparse.Namespace, versions: dict[str, str]) -> Path:
+    """Time what `args` asks for that the file holds no round of at its version (`versions`) yet."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "costs.jsonl"
     configs = _configs(args.models.split(","), args.runtimes.split(","), [int(t) for t in args.threads.split(",")])
-    installed = runtime_versions()
-    versions = {runtime: version_of(runtime, installed) for _, runtime, _ in configs}
     done = set()
     if path.exists():
         for line in path.read_text().splitlines():
@@ -148,11 +153,9 @@ def measure(args: argparse.Namespace) -> Path:
     return path
 
 
-def current(args: argparse.Namespace):
+def current(args: argparse.Namespace, versions: dict[str, str]):
     """Whether a timing row is one of this run's configurations at its version now (the table's rows)."""
     models, threads = set(args.models.split(",")), {int(t) for t in args.threads.split(",")}
-    installed = runtime_versions()
-    versions = {runtime: version_of(runtime, installed) for runtime in args.runtimes.split(",")}
     return lambda row: (row["model"] in models and row["threads"] in threads
                         and row.get("version") == versions.get(row["runtime"]))
 
@@ -173,11 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     if not all(t.strip().isdigit() and int(t) >= 1 for t in args.threads.split(",")):
         parser.error(f"--threads must list whole numbers >= 1, e.g. 1,2; got {args.threads!r}")
     try:
-        path = measure(args)
+        versions = versions_of(args)  # an unknown runtime is refused here, in one line
+        path = measure(args, versions)
     except SpecdecError as e:  # an unknown model or runtime, a damaged file: one line, the timings so far kept
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(table(path, current(args)))
+    print(table(path, current(args, versions)))
     return 0
 
 

@@ -94,7 +94,7 @@ class ServerSession:
             raise ProtocolError(f"verify: base {verify.base} != server length {self.seq.length} + {len(new)} new tokens",
                                 code="out_of_sync")
         tree = self.tree_of(verify)
-        longest = max(tree.depths, default=0) if tree is not None else len(draft)  # what the verdict can keep
+        longest = tree.depth if tree is not None else len(draft)  # what the verdict can keep
         if len(new) + longest > self.seq.remaining:
             raise ProtocolError(f"verify: a draft of at most {self.seq.remaining - len(new)} tokens expected, got {longest}")
         if self.pending is not None and not new:  # the cache has seen every accepted token: nothing to predict from

@@ -85,7 +85,6 @@ class Candidates:
 
     paths: tuple[tuple[int, ...], ...] = ()
     scores: tuple[float, ...] = ()
-    match: int = 0  # the matched suffix's length
 
     @property
     def score(self) -> float:
@@ -93,7 +92,7 @@ class Candidates:
         return sum(self.scores)
 
     def first(self, n: int) -> Candidates:
-        return Candidates(self.paths[:n], self.scores[:n], self.match)
+        return Candidates(self.paths[:n], self.scores[:n])
 
     def chain(self) -> Candidates:
         """The best path only: from the root, each time the best child (a chain's proposal)."""
@@ -103,7 +102,7 @@ class Candidates:
                               if len(path) == len(node) + 1 and path[:-1] == node), None)) is not None:
             keep.append(child)
             node = self.paths[child]
-        return Candidates(tuple(self.paths[i] for i in keep), tuple(self.scores[i] for i in keep), self.match)
+        return Candidates(tuple(self.paths[i] for i in keep), tuple(self.scores[i] for i in keep))
 
     def tree(self) -> TokenTree:
         index = {path: i for i, path in enumerate(self.paths)}
@@ -151,18 +150,20 @@ def candidates(corpus: np.ndarray, pattern: np.ndarray, settings: SuffixSettings
         budget = min(budget, settings.spec_factor * match)
     # best first: a higher score, then a shorter path (a parent ties its only child and must come first), then newer
     found.sort(key=lambda item: (-item[1], len(item[0]), -item[2]))
-    best = Candidates(tuple(path for path, _, _ in found), tuple(score for _, score, _ in found), match)
+    best = Candidates(tuple(path for path, _, _ in found), tuple(score for _, score, _ in found))
     return (best if settings.tree_nodes else best.chain()).first(budget)
 
 
 @dataclass(frozen=True)
 class SuffixSettings:
-    max_depth: int = MAX_DEPTH
-    tree_nodes: int = 0
-    min_percent: int = 10
-    spec_factor: int = 1
-    global_tokens: int = 1 << 16
-    by_cost: int = 0
+    """The drafter's options, each defaulting to OPTIONS' default."""
+
+    max_depth: int = OPTIONS["max_depth"].default
+    tree_nodes: int = OPTIONS["tree_nodes"].default
+    min_percent: int = OPTIONS["min_percent"].default
+    spec_factor: int = OPTIONS["spec_factor"].default
+    global_tokens: int = OPTIONS["global_tokens"].default
+    by_cost: int = OPTIONS["by_cost"].default
 
 
 @dataclass
@@ -173,26 +174,31 @@ class Outputs:
     budget: int
     parts: OrderedDict[int, np.ndarray] = field(default_factory=OrderedDict)
     keys: itertools.count = field(default_factory=itertools.count)
+    total: int = 0  # tokens in `parts`
+    # (the part left out, the other parts separated) until another part changes: a session's own output grows every
+    # cycle, the others not while it decodes, so its corpus is joined once a generation, not once a cycle
+    joined: tuple[int, np.ndarray] | None = None
 
     def new_key(self) -> int:
         return next(self.keys)
 
     def put(self, key: int, tokens: np.ndarray) -> None:
+        self.total += len(tokens) - len(self.parts.get(key, ()))
         self.parts[key] = tokens
-        total = sum(len(part) for part in self.parts.values())
-        while total > self.budget and len(self.parts) > 1:
-            oldest = next(iter(self.parts))
-            if oldest == key:
-                break
-            total -= len(self.parts.pop(oldest))
+        if self.joined is not None and self.joined[0] != key:
+            self.joined = None
+        while self.total > self.budget and len(self.parts) > 1 and (oldest := next(iter(self.parts))) != key:
+            self.total -= len(self.parts.pop(oldest))
+            self.joined = None
 
     def corpus(self, leave_out: int) -> np.ndarray:
         """Every output but `leave_out`'s (the session's own output is its own corpus), separated."""
-        parts = [part for key, part in self.parts.items() if key != leave_out and len(part)]
-        if not parts:
-            return np.zeros(0, dtype=np.int64)
-        separated = list(itertools.chain.from_iterable((part, np.array([SEPARATOR])) for part in parts))
-        return np.concatenate(separated[:-1]).astype(np.int64, copy=False)
+        if self.joined is None or self.joined[0] != leave_out:
+            parts = [part for key, part in self.parts.items() if key != leave_out and len(part)]
+            separated = list(itertools.chain.from_iterable((part, np.array([SEPARATOR])) for part in parts))
+            flat = np.concatenate(separated[:-1]).astype(np.int64, copy=False) if parts else np.zeros(0, dtype=np.int64)
+            self.joined = (leave_out, flat)
+        return self.joined[1]
 
 
 @dataclass
@@ -219,7 +225,7 @@ class SuffixDrafter(DraftFree):
         self.record.outputs.budget = self.settings.global_tokens
         self.key = self.record.outputs.new_key()
         self.proposes_trees = self.settings.tree_nodes > 0
-        self.sent: tuple[float, ...] = ()  # the scores of the nodes last proposed
+        self.sent = Candidates()  # the nodes last proposed
         self.withheld: list[tuple[int, Candidates]] = []  # (position, nodes) not sent, until steps decide them
 
     def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
@@ -236,7 +242,7 @@ class SuffixDrafter(DraftFree):
             chosen = best.first(best_prefix(best.scores, self.record.calibration(), lambda rows: steps_at(steps, rows)))
             if not chosen.paths:  # a plain step: its tokens will say what the nodes were worth
                 self.withheld.append((seq.length, best))
-        self.sent = chosen.scores
+        self.sent = chosen
         self.compute_s += time.perf_counter() - start
         if not chosen.paths:  # withheld by the cost rule: a plain step; nothing matched: an empty block, as lookup's
             return plain_step(seq) if best.paths else Proposal(seq.ids[:0], None, seq.length, self.name)
@@ -249,7 +255,7 @@ class SuffixDrafter(DraftFree):
         if verdict is not None:
             self.history.verify.observe_verify(proposal.verified_as, len(proposal), verdict)
             if len(proposal):
-                self.record.kept_per_score.add(verdict.accepted, sum(self.sent))
+                self.record.kept_per_score.add(verdict.accepted, self.sent.score)
         self.read_withheld(seq)
         if self.settings.global_tokens:
             self.record.outputs.put(self.key, seq.ids[seq.prompt_len :].numpy().copy())

@@ -119,16 +119,16 @@ std::vector<int32_t>& group_starts(const Rows& rows, int64_t M, bool short_group
   thread_local std::vector<int32_t> starts;
   starts.resize(M * rows.groups);
   const int64_t group = rows.Kp / rows.groups;
+#ifdef SPECBENCH_AVX_VNNI
+  const bool lanes = false;  // vpdpbusd sums in int32
+#else
+  const bool lanes = short_group;
+#endif
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < rows.groups; ++g) {
       const int8_t* q = rows.q + m * rows.Kp + g * group;
       int32_t lane[2] = {0, 0};
       for (int64_t k = 0; k < group; ++k) lane[(k >> 1) & 1] += q[k];
-#ifdef SPECBENCH_AVX_VNNI
-      const bool lanes = false;
-#else
-      const bool lanes = short_group;
-#endif
       starts[m * rows.groups + g] =
           lanes ? int32_t(uint32_t(uint16_t(int16_t(-8 * lane[0]))) | (uint32_t(uint16_t(int16_t(-8 * lane[1]))) << 16))
                 : -8 * (lane[0] + lane[1]);
