@@ -11,14 +11,15 @@ specbench's spec across runtimes (the model drafter and prompt lookup).
 Prompts from SPECBENCH_PEER_SETS (default `code,zh-describe,en-chat`; e.g.
 `spec-bench:../shared/spec-bench/question-dev.jsonl:summarization`), specbench's plain decoding and verifiers in
 SPECBENCH_PEER_RUNTIMES (default: llama.cpp and torch's dynamic int8): SPECBENCH_PEER_PROMPTS per set (default 3),
-SPECBENCH_PEER_TOKENS new tokens (default 48), SPECBENCH_PEER_THREADS (default 2), the example's speculation types
-in SPECBENCH_PEER_LLAMA_SPEC (default `draft-simple`; its draft-free `ngram-simple`, `ngram-mod` too, at their
-defaults, or `ngram-simple-short`, `ngram-mod-short`), llama-cpp-python's ways in SPECBENCH_PEER_LLAMA_PYTHON (default
-`plain,flash-off,lookup`), specbench's drafters in SPECBENCH_PEER_SPEC (default `model,prompt-lookup`; `auto` too),
-and the field's engines in SPECBENCH_PEER_EXTERNAL (default none; some of `onnxruntime-genai,openvino-genai,vllm`:
-the last two in venvs of their own, `specbench peers install NAME`, driven as workers in the same rotation).
-Raw per-prompt timings go to SPECBENCH_PEER_JSONL (default runs/peer_runtimes.jsonl) as taken; a rerun overwrites
-it; the workers' logs go beside it. The table goes to stdout and `extra_info`; nothing asserts a time.
+SPECBENCH_PEER_TOKENS new tokens (default 48), SPECBENCH_PEER_THREADS (default 2), the example's speculation types in
+SPECBENCH_PEER_LLAMA_SPEC (default `draft-simple`; its draft-free `ngram-simple`, `ngram-mod` too, at their defaults,
+or `ngram-simple-short`, `ngram-mod-short`), llama-cpp-python's ways in SPECBENCH_PEER_LLAMA_PYTHON (default
+`plain,flash-off,lookup`), specbench's drafters in SPECBENCH_PEER_SPEC (default `model,prompt-lookup`; `auto`,
+`suffix`, `ngram` too), and the field's engines in SPECBENCH_PEER_EXTERNAL (default none; some of
+`onnxruntime-genai,openvino-genai,vllm`: the last two in venvs of their own, `specbench peers install NAME`, driven as
+workers in the same rotation). Raw per-prompt timings go to SPECBENCH_PEER_JSONL (default runs/peer_runtimes.jsonl) as
+taken; a rerun overwrites it; the workers' logs go beside it. The table goes to stdout and `extra_info`; nothing
+asserts a time.
 """
 from __future__ import annotations
 

@@ -162,6 +162,11 @@ def test_peer_settings_name_external_peers_llama_python_ways_and_drafters():
                                       "SPECBENCH_PEER_LLAMA_PYTHON": "plain", "SPECBENCH_PEER_SPEC": "prompt-lookup,auto"})
     assert settings.external == ("vllm", "onnxruntime-genai") and settings.llama_python == ("plain",)
     assert [drafter for *_, drafter in spec_peers(("kernels-int4",), settings.spec_modes)] == ["prompt-lookup", "auto"]
+    # every draft-free drafter joins the comparison, the suffix drafter included, each verified in every runtime asked
+    suffix = PeerSettings.from_env({"SPECBENCH_PEER_SPEC": "suffix,prompt-lookup"}).spec_modes
+    assert spec_peers(("kernels-int4", "llamacpp"), suffix) == [
+        (None, "kernels-int4", 4, "prompt-lookup"), (None, "llamacpp", 4, "prompt-lookup"),
+        (None, "kernels-int4", 4, "suffix"), (None, "llamacpp", 4, "suffix")]
     assert PeerSettings().external == () and PeerSettings().llama_python == ("plain", "flash-off", "lookup")
     for variable, value in (("SPECBENCH_PEER_EXTERNAL", "sglang"), ("SPECBENCH_PEER_LLAMA_PYTHON", "fast"),
                             ("SPECBENCH_PEER_SPEC", "eagle")):

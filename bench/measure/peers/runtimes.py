@@ -37,7 +37,7 @@ from bench.measure.peers.llama_speculative import SPEC_SETTINGS, SPEC_TYPES, run
 from bench.measure.peers.ort_genai import VARIANT, OrtGenai, ort_genai_name
 from bench.measure.peers.peer_worker import PeerWorker
 from specdec.core.config import DecodeConfig, SpecConfig
-from specdec.core.drafters import NEEDS_MODEL
+from specdec.core.drafters import DRAFTERS, NEEDS_MODEL
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.convert_onnx import ensure_onnx
@@ -88,18 +88,23 @@ def cloud_only(runtime: str) -> str:
     return f"specbench {runtime} cloud-only"
 
 
+# SPECBENCH_PEER_SPEC: the model drafter and every draft-free drafter (prompt lookup, `auto`, n-grams, suffix)
+SPEC_MODES = ("model", *(name for name in DRAFTERS if name not in NEEDS_MODEL))
+
+
 def spec_peers(cloud_runtimes: tuple[str, ...], modes: tuple[str, ...] = ("model", "prompt-lookup")
                ) -> list[tuple[str | None, str, int, str]]:
     """(edge runtime, cloud runtime, k, drafter) of specbench's speculative peers: greedy, every block
     verified. The model drafter (the 0.5B) on the pairings measured since the runtimes began, and the
-    draft-free drafters (prompt lookup, `auto`) verified in every cloud runtime asked."""
+    draft-free drafters asked (SPEC_MODES: prompt lookup, `auto`, the suffix drafter, ...) verified in every cloud
+    runtime asked, in SPEC_MODES' order."""
     found: list[tuple[str | None, str, int, str]] = []
     if "model" in modes:
         gguf, other = CLOUD_RUNTIMES
         model = [(gguf, other, 3), (gguf, other, 4), (gguf, gguf, 4), (other, other, 4)]
         found += [(edge, cloud, k, "model") for edge, cloud, k in model if cloud in cloud_runtimes]
         found += [(gguf, cloud, 4, "model") for cloud in cloud_runtimes if cloud not in CLOUD_RUNTIMES]
-    for drafter in ("prompt-lookup", "auto"):
+    for drafter in SPEC_MODES[1:]:
         if drafter in modes:
             found += [(None, cloud, 4, drafter) for cloud in cloud_runtimes]
     return found
@@ -119,7 +124,7 @@ class PeerSettings:
     llama_spec_types: tuple[str, ...] = ("draft-simple",)  # SPECBENCH_PEER_LLAMA_SPEC: the example's types, comma-separated
     llama_python: tuple[str, ...] = LLAMA_PYTHON  # SPECBENCH_PEER_LLAMA_PYTHON: llama-cpp-python's ways, comma-separated
     external: tuple[str, ...] = ()  # SPECBENCH_PEER_EXTERNAL: some of EXTERNAL, comma-separated
-    spec_modes: tuple[str, ...] = ("model", "prompt-lookup")  # SPECBENCH_PEER_SPEC: specbench's drafters, and `auto`
+    spec_modes: tuple[str, ...] = ("model", "prompt-lookup")  # SPECBENCH_PEER_SPEC: some of SPEC_MODES
     engines: tuple[str, ...] = ()  # SPECBENCH_PEER_ENGINES: the workers' engines (WORKER_ENGINES); () their defaults
 
     ENV = {"prompts_per_set": "SPECBENCH_PEER_PROMPTS", "max_new_tokens": "SPECBENCH_PEER_TOKENS",
@@ -139,7 +144,7 @@ class PeerSettings:
                               "SPECBENCH_PEER_LLAMA_SPEC=draft-simple,ngram-simple,ngram-mod")
         for variable, given, known in (("SPECBENCH_PEER_LLAMA_PYTHON", self.llama_python, LLAMA_PYTHON),
                                        ("SPECBENCH_PEER_EXTERNAL", self.external, EXTERNAL),
-                                       ("SPECBENCH_PEER_SPEC", self.spec_modes, ("model", "prompt-lookup", "auto")),
+                                       ("SPECBENCH_PEER_SPEC", self.spec_modes, SPEC_MODES),
                                        ("SPECBENCH_PEER_ENGINES", self.engines,
                                         tuple(e for engines in WORKER_ENGINES.values() for e in engines))):
             if unknown := [name for name in given if name not in known]:
