@@ -1,6 +1,6 @@
 // The AVX-512 VNNI path (AMD Zen 4 on, Intel Xeon from Cascade Lake on): 16 columns a zmm, int8 products on vpdpbusd
-// (w + 128 unsigned times q signed, less 128 sum q), up to 8 activation rows x 2 column blocks per pass over the
-// weights. kernels.h defines every number; this file reproduces reference.cpp bit for bit.
+// (w + 128 unsigned times q signed, less 128 sum q), up to 8 activation rows x 2 column blocks (int8) or 1 (int4) per
+// pass over the weights. kernels.h defines every number; this file reproduces reference.cpp bit for bit.
 #include "../kernels.h"
 
 #include <immintrin.h>
@@ -18,8 +18,8 @@ namespace {
 constexpr int MAX_TILE = 8;  // activation rows per pass over a block's weights
 // A step (1-2 rows) passes over one block at a time: two blocks a pass read two weight streams, and the 1.5B's
 // kernels-int4 step took 1.12x [1.04-1.28] as long that way (AMD EPYC, 2026-11-29: 37.8 ms against 34.0, 7 rounds
-// interleaved; its 5-token block unchanged; kernels-int8's step 0.99x [0.54-1.05], unchanged). More rows keep two
-// blocks a pass: their arithmetic, not memory, is the limit there.
+// interleaved; its 5-token block unchanged; kernels-int8's step 0.99x [0.54-1.05], unchanged). int8 with more rows
+// keeps two blocks a pass (16 integer sums, nothing else live); int4 takes one block at every row count (linear_int4).
 constexpr int64_t PREFETCH = 4096;  // bytes ahead of each weight stream: more lines in flight than the prefetchers keep
 
 // Lanes past `remaining` off; none when remaining <= 0 (a padded int4 row runs past K by up to a group).
@@ -96,59 +96,41 @@ void tile_int8(const Rows& rows, int64_t m0, const Linear& w, const float* resid
   }
 }
 
-template <int T, int B>
+// T activation rows x one column block (see linear_int4 for why one): each group's integer sums start at -8 sum q
+// (vpdpbusd on w + 8 then sums w q exactly), and the group's scaled sum joins the row's total in group order.
+template <int T>
 void tile_int4(const Rows& rows, int64_t m0, const Linear& w, const float* residual, float* y, int64_t nb) {
-  __m512 total[T][B];
+  __m512 total[T];
   const int32_t* x[T];
-  const uint8_t* block[B];
-  const uint16_t* group_scale[B];
-  for (int b = 0; b < B; ++b) {
-    block[b] = w.weight + (nb + b) * COLS * w.Kp / 2;
-    group_scale[b] = w.group_scale + (nb + b) * COLS * rows.groups;
-  }
+  const uint8_t* block = w.weight + nb * COLS * w.Kp / 2;
+  const uint16_t* group_scale = w.group_scale + nb * COLS * rows.groups;
   for (int r = 0; r < T; ++r) {
-    for (int b = 0; b < B; ++b) total[r][b] = _mm512_setzero_ps();
+    total[r] = _mm512_setzero_ps();
     x[r] = reinterpret_cast<const int32_t*>(rows.q + (m0 + r) * rows.Kp);
   }
   const __m512i low = _mm512_set1_epi8(0x0F);
   const int64_t per_group = w.group / 8;  // 64-byte chunks (8 k each) in a group
   for (int64_t g = 0; g < rows.groups; ++g) {
-    __m512i acc[T][B];  // from -8 sum q: vpdpbusd on w + 8 then sums w q exactly
-    for (int r = 0; r < T; ++r) {
-      const __m512i offset = _mm512_set1_epi32(-8 * rows.sums[(m0 + r) * rows.groups + g]);
-      for (int b = 0; b < B; ++b) acc[r][b] = offset;
-    }
+    __m512i acc[T];
+    for (int r = 0; r < T; ++r) acc[r] = _mm512_set1_epi32(-8 * rows.sums[(m0 + r) * rows.groups + g]);
     for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
-      __m512i lo[B], hi[B];
-      for (int b = 0; b < B; ++b) {
-        _mm_prefetch(reinterpret_cast<const char*>(block[b] + c * 64 + PREFETCH), _MM_HINT_T0);
-        const __m512i v = _mm512_loadu_si512(block[b] + c * 64);
-        lo[b] = _mm512_and_si512(v, low);
-        hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-      }
+      _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
+      const __m512i v = _mm512_loadu_si512(block + c * 64);
+      const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       for (int r = 0; r < T; ++r) {
-        const __m512i xlo = _mm512_set1_epi32(x[r][2 * c]), xhi = _mm512_set1_epi32(x[r][2 * c + 1]);
-        for (int b = 0; b < B; ++b) {
-          acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], lo[b], xlo);
-          acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], hi[b], xhi);
-        }
+        acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(x[r][2 * c]));
+        acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_set1_epi32(x[r][2 * c + 1]));
       }
     }
-    for (int b = 0; b < B; ++b) {
-      const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_scale[b] + g * COLS)));
-      for (int r = 0; r < T; ++r) {
-        total[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][b]), scale, total[r][b]);
-      }
-    }
+    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_scale + g * COLS)));
+    for (int r = 0; r < T; ++r) total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, total[r]);
   }
-  for (int b = 0; b < B; ++b) {
-    const int64_t n0 = (nb + b) * COLS;
-    const __mmask16 mask = tail_mask(w.N - n0);
-    for (int r = 0; r < T; ++r) {
-      const int64_t m = m0 + r;
-      store(total[r][b], rows.scale[m], w.bias ? w.bias + n0 : nullptr, residual ? residual + m * w.N + n0 : nullptr,
-            y + m * w.N + n0, mask);
-    }
+  const int64_t n0 = nb * COLS;
+  const __mmask16 mask = tail_mask(w.N - n0);
+  for (int r = 0; r < T; ++r) {
+    const int64_t m = m0 + r;
+    store(total[r], rows.scale[m], w.bias ? w.bias + n0 : nullptr, residual ? residual + m * w.N + n0 : nullptr,
+          y + m * w.N + n0, mask);
   }
 }
 
@@ -286,17 +268,13 @@ void linear_int8(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int6
 
 void linear_int4(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int64_t nb1, const float* residual,
                  float* y) {
-  if (M <= 2) {  // a step or a 2-token block: one block a pass, one weight stream (measured below)
-    for (int64_t nb = nb0; nb < nb1; ++nb)
-      over_rows<MAX_TILE>(M, [&](auto tile, int64_t m0) { tile_int4<decltype(tile)::value, 1>(rows, m0, w, residual, y, nb); });
-    return;
-  }
-  for (int64_t nb = nb0; nb < nb1; nb += 2) {
-    if (nb + 1 < nb1)
-      over_rows<MAX_TILE>(M, [&](auto tile, int64_t m0) { tile_int4<decltype(tile)::value, 2>(rows, m0, w, residual, y, nb); });
-    else
-      over_rows<MAX_TILE>(M, [&](auto tile, int64_t m0) { tile_int4<decltype(tile)::value, 1>(rows, m0, w, residual, y, nb); });
-  }
+  // One block a pass at every row count. Two blocks of 8 rows hold 16 integer sums and 16 running totals, all 32
+  // registers before the weights and the broadcasts, and GCC spilled; with one block the tile fits, and a step reads
+  // one weight stream (measured: the 1.5B's kernels-int4 step 1.12x [1.04-1.28] faster than with two, 2026-11-29).
+  // The 1.5B's four int4 Linears, 800 rows (a prefill), interleaved against two blocks a pass in one process (AMD
+  // EPYC, 2 threads, 7 rounds, the same bits): 1.11-1.14x [1.06-1.16]; 40 rows 1.09-1.12x; 8 and 9 rows 1.17-1.20x.
+  for (int64_t nb = nb0; nb < nb1; ++nb)
+    over_rows<MAX_TILE>(M, [&](auto tile, int64_t m0) { tile_int4<decltype(tile)::value>(rows, m0, w, residual, y, nb); });
 }
 
 void rms_norm(const float* x, const float* weight, float eps, int64_t m0, int64_t m1, int64_t K, float* y) {
