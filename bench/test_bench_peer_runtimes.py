@@ -30,7 +30,15 @@ import pytest
 from bench.core.prompts import load_prompts
 from bench.measure.peers.llama_speculative import find_binary
 from bench.measure.peers.peer_worker import WorkerError
-from bench.measure.peers.runtimes import PeerSettings, build_peers, idle_cpu, run_interleaved, table
+from bench.measure.peers.runtimes import (
+    PeerSettings,
+    build_peers,
+    idle_cpu,
+    per_set_table,
+    run_interleaved,
+    set_label,
+    table,
+)
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models.registry import gguf_path, is_fetched
@@ -50,7 +58,8 @@ def test_real_peer_runtimes(benchmark):
         pytest.skip(f"GGUF files not kept ({', '.join(missing)}): run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
     per_set, tokens, threads, sink = settings.prompts_per_set, settings.max_new_tokens, settings.threads, settings.sink
     try:
-        prompts = [(r.prompt, r.system) for name in settings.sets for r in load_prompts(name)[:per_set]]
+        by_set = [(name, load_prompts(name)[:per_set]) for name in settings.sets]
+        prompts = [(r.prompt, r.system) for _, records in by_set for r in records]
     except SpecdecError as e:
         pytest.exit(f"error: SPECBENCH_PEER_SETS: {e}", returncode=2)
     try:
@@ -69,6 +78,12 @@ def test_real_peer_runtimes(benchmark):
         for worker in workers:
             worker.close()
     text = table(timed, peers, tokens)
+    if len(by_set) > 1:  # each set (a Spec-Bench category) on its own: where each peer pays and where it loses
+        starts = [sum(len(records) for _, records in by_set[:i]) for i in range(len(by_set))]
+        groups = [(set_label(name), list(range(start, start + len(records))))
+                  for (name, records), start in zip(by_set, starts, strict=True)]
+        text += ("\n\nper prompt set: x its fastest plain, end to end / after the first token [95%]\n"
+                 + per_set_table(timed, peers, groups))
     benchmark.extra_info.update({"prompts": len(prompts), "max_new_tokens": tokens, "threads": threads,
                                  "raw": str(sink), "table": text})
     print(f"\n{len(prompts)} prompts ({'; '.join(settings.sets)}) x {tokens} tokens, {threads} threads, greedy, interleaved; "

@@ -29,7 +29,9 @@ from bench.measure.peers.runtimes import (
     first_token,
     first_token_ratio,
     llama_peer_name,
+    per_set_table,
     same_as_reference,
+    set_label,
     spec_peers,
     speedups,
     table,
@@ -210,6 +212,21 @@ def test_speedups_are_pooled_over_the_fastest_plain_with_a_paired_interval():
     fast = [Timed("fast", t.prompt, t.tokens, t.wall_s, extra={"ttft_s": s}) for t, s in zip(slow, (0.5, 1.5, 1.0))]
     assert first_token_ratio(fast + slow, "fast", "slow") == (pytest.approx(0.5), pytest.approx(0.5), pytest.approx(0.5))
     assert math.isnan(first_token_ratio(timed, "text only", "b plain")[0])  # no first token reported
+
+
+def test_per_set_table_takes_each_sets_own_fastest_plain_and_shows_where_a_drafter_loses():
+    # set 1 (prompts 0-1): "b plain" is the faster plain and spec pays 2x; set 2 (prompts 2-3): "a plain" is faster
+    # and spec loses (0.5x of it)
+    timed = (_timed("a plain", [10, 10, 40, 40]) + _timed("b plain", [20, 20, 20, 20]) + _timed("spec", [40, 40, 20, 20]))
+    peers = [Peer("a plain", None, lambda i: None, plain=True), Peer("b plain", None, lambda i: None, plain=True),
+             Peer("spec", "a plain", lambda i: None)]
+    text = per_set_table(timed, peers, [("summarization", [0, 1]), ("translation", [2, 3])])
+    head, fastest, *rows = text.splitlines()
+    assert head == "config | summarization | translation" and fastest == "(fastest plain) | b plain | a plain"
+    spec = next(row for row in rows if row.startswith("spec |")).split(" | ")
+    assert spec[1].startswith("2.00x [2.00-2.00] / ") and spec[2].startswith("0.50x [0.50-0.50] / ")
+    assert set_label("spec-bench:../q.jsonl:summarization") == "summarization" and set_label("code") == "code"
+    assert set_label("spec-bench:/a:b/q.jsonl:qa,rag") == "qa,rag"
 
 
 def test_text_peers_compare_by_prefix_past_the_budget():

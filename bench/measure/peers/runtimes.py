@@ -519,6 +519,29 @@ def _cell(point: float, low: float, high: float) -> str:
     return f"{point:.2f}x" + ("" if math.isnan(low) else f" [{low:.2f}-{high:.2f}]")
 
 
+def set_label(name: str) -> str:
+    """A prompt set's column title: a Spec-Bench set's categories ("spec-bench:q.jsonl:summarization,rag" ->
+    "summarization,rag"), any other set its own name."""
+    if name.startswith("spec-bench:") and name.count(":") >= 2:
+        return name.rsplit(":", 1)[1]
+    return name
+
+
+def per_set_table(timed: list[Timed], peers: list[Peer], groups: list[tuple[str, list[int]]]) -> str:
+    """Each peer's speed-up over each prompt set's own fastest plain decoding (a Spec-Bench category, say), end to end
+    / after the first token, pooled over the set's prompts with 95 % paired bootstrap intervals: where a drafter
+    pays and where it loses, which one pooled table hides. `groups`: (set label, its prompts' indices)."""
+    lines = [" | ".join(["config", *(label for label, _ in groups)])]
+    subsets = [[t for t in timed if t.prompt in set(prompts)] for _, prompts in groups]
+    fastest = [fastest_plain(sub, peers) for sub in subsets]
+    lines.append(" | ".join(["(fastest plain)", *fastest]))
+    for peer in peers:
+        cells = [f"{_cell(*speedups(sub, peer.name, best))} / {_cell(*speedups(sub, peer.name, best, after_first=True))}"
+                 for sub, best in zip(subsets, fastest, strict=True)]
+        lines.append(" | ".join([peer.name, *cells]))
+    return "\n".join(lines)
+
+
 def table(timed: list[Timed], peers: list[Peer], max_new_tokens: int) -> str:
     """Pooled tok/s; speed-ups over the fastest plain decoding, end to end and after the first token, and over the
     peer's own plain decoding, each with its 95 % paired bootstrap interval; whether the output equals that plain
