@@ -79,9 +79,10 @@ def test_real_peer_runtimes(benchmark):
             worker.close()
     text = table(timed, peers, tokens)
     if len(by_set) > 1:  # each set (a Spec-Bench category) on its own: where each peer pays and where it loses
-        starts = [sum(len(records) for _, records in by_set[:i]) for i in range(len(by_set))]
-        groups = [(set_label(name), list(range(start, start + len(records))))
-                  for (name, records), start in zip(by_set, starts, strict=True)]
+        groups, start = [], 0
+        for name, records in by_set:  # the prompts run set after set, in order
+            groups.append((set_label(name), list(range(start, start + len(records)))))
+            start += len(records)
         text += ("\n\nper prompt set: x its fastest plain, end to end / after the first token [95%]\n"
                  + per_set_table(timed, peers, groups))
     benchmark.extra_info.update({"prompts": len(prompts), "max_new_tokens": tokens, "threads": threads,

@@ -532,7 +532,7 @@ def per_set_table(timed: list[Timed], peers: list[Peer], groups: list[tuple[str,
     / after the first token, pooled over the set's prompts with 95 % paired bootstrap intervals: where a drafter
     pays and where it loses, which one pooled table hides. `groups`: (set label, its prompts' indices)."""
     lines = [" | ".join(["config", *(label for label, _ in groups)])]
-    subsets = [[t for t in timed if t.prompt in set(prompts)] for _, prompts in groups]
+    subsets = [[t for t in timed if t.prompt in members] for members in (set(prompts) for _, prompts in groups)]
     fastest = [fastest_plain(sub, peers) for sub in subsets]
     lines.append(" | ".join(["(fastest plain)", *fastest]))
     for peer in peers:
