@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from bench.derive.runtime_cost_table import BLOCKS, table
+from bench.derive.runtime_cost_table import BLOCKS, against_table, table
 from bench.measure.runtime_costs import main
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -78,3 +78,43 @@ def test_a_kernels_path_is_timed_under_its_own_name_and_version(pair, tmp_path, 
     row = json.loads((out / "costs.jsonl").read_text().splitlines()[0])
     assert row["runtime"] == "kernels-int8:avx2" and f"kernels avx2 {source_digest('avx2')}" in row["version"]
     assert "| kernels-int8:avx2 | 1 | 1 |" in capsys.readouterr().out
+
+
+def test_prefills_are_timed_each_round_and_set_beside_the_reference(pair, tmp_path, capsys):
+    """`--prefill N` times one N-token prefill per configuration and round; `--against` sets every other runtime
+    beside the reference's rounds; a rerun without prefills does not take the prefill rows as its own."""
+    out = tmp_path / "costs"
+    args = ["--models", pair["edge"], "--runtimes", "torch,torch-int8", "--threads", "1", "--dtype", "float32",
+            "--context", "8", "--rounds", "2", "--out", str(out), "--against", "torch"]
+    assert main([*args, "--prefill", "24"]) == 0
+    rows = [json.loads(line) for line in (out / "costs.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(r["prefill_tokens"] == 24 and r["prefill_s"] > 0 for r in rows)
+    printed = capsys.readouterr().out
+    assert "prefill tok/s" in printed and "prefill × torch" in printed
+    assert "| torch-int8 | 1 | 2 |" in printed.split("prefill × torch")[1]  # both rounds paired with torch's
+    assert main(args) == 0  # no prefill asked: the prefill rounds are another measurement, timed anew
+    assert len((out / "costs.jsonl").read_text().splitlines()) == 8
+    assert "prefill tok/s" not in capsys.readouterr().out
+
+
+def test_the_reference_table_takes_each_ratio_within_a_round(tmp_path):
+    """Step over the reference's, a 5-token block in the reference's steps, prefill speed-up: per round, then
+    median [min-max]; a round the reference did not time is left out."""
+    def row(runtime, round_, step, block5, prefill):
+        return {"model": "m", "runtime": runtime, "threads": 2, "round": round_, "step_s": [step] * 3,
+                "block_s": {str(n): block5 for n in BLOCKS}, "prefill_s": prefill, "prefill_tokens": 800}
+    rows = [row("llamacpp", 0, 0.040, 0.16, 8.0), row("k", 0, 0.020, 0.060, 4.0),
+            row("llamacpp", 1, 0.050, 0.20, 10.0), row("k", 1, 0.025, 0.050, 4.0), row("k", 2, 0.030, 0.030, 1.0)]
+    path = tmp_path / "costs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = against_table(path, "llamacpp").splitlines()[-1]
+    assert line == "m | k | 2 | 2 | 0.50 [0.50-0.50] | 1.25 [1.00-1.50] | 2.25 [2.00-2.50]"
+    derived = table(path)
+    assert "| 90.0 [" in derived and "| 200.0 [" in derived  # llamacpp: 800 tokens in 8 s and 10 s; k: 4, 4, 1 s
+
+
+def test_a_negative_prefill_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--prefill", "-1", "--out", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--prefill must be a token count >= 0" in err and "Traceback" not in err

@@ -17,6 +17,13 @@ torch runs in `--dtype` (bf16 by default, the engine's CPU default); torch's dyn
 Linear layers in fp32 (`@int8`); llama.cpp runs the registry's GGUF file as shipped (Q4_K_M).
 `K:avx2` runs K, one of the kernels' runtimes, on one instruction-set path of the kernels (SPECBENCH_KERNELS while it
 loads): the paths of one CPU timed interleaved, e.g. `--runtimes K:avx512-vnni,K:avx2`.
+
+`--prefill N` also times, each round, one N-token prefill per configuration (a fresh cache, the first token's cost:
+`prefill_s` in the row). With `--against R` (default `llamacpp`) among the runtimes, a second table gives each other
+runtime against R within each round (median [min-max] over rounds): its step over R's, a 5-token block in R's steps
+(the issues' "block in plain llama.cpp steps"), and the prefill's speed-up over R's. Which llama.cpp build this process
+loads is whatever `llama_cpp` it imports: `PYTHONPATH=DIR` puts another build first (docs/runtimes.md builds one for
+AVX2 only, to compare instruction-set classes on one CPU).
 """
 from __future__ import annotations
 
@@ -30,7 +37,7 @@ import torch
 from tqdm import tqdm
 
 from bench.core.prompts import load_prompts
-from bench.derive.runtime_cost_table import BLOCKS, table
+from bench.derive.runtime_cost_table import BLOCKS, against_table, table
 from bench.measure.versions import runtime_versions
 from specdec.backends.devices import clock
 from specdec.backends.prompt import Prompt
@@ -72,14 +79,21 @@ def _time_forward(backend, state, block: torch.Tensor, context: int) -> float:
     return seconds
 
 
-def time_round(backend, state, ids: torch.Tensor, context: int) -> dict:
+def time_round(backend, state, ids: torch.Tensor, context: int, prefill: torch.Tensor | None = None) -> dict:
     """One round at the current thread count: a warm step, STEP_REPEATS timed steps, one block of each
-    size in BLOCKS, each cropped back to the `context`-token cache: {"step_s": [...], "block_s": {"n": s}}."""
+    size in BLOCKS, each cropped back to the `context`-token cache: {"step_s": [...], "block_s": {"n": s}}; with
+    `prefill` ids, also one prefill of them into a fresh cache ("prefill_s"), its state dropped."""
     next_ids = ids[: max(BLOCKS)]  # any real ids: the cost does not depend on which
     _time_forward(backend, state, next_ids[:1], context)  # warm at these threads
     steps = [_time_forward(backend, state, next_ids[:1], context) for _ in range(STEP_REPEATS)]
     blocks = {n: _time_forward(backend, state, next_ids[:n], context) for n in BLOCKS}
-    return {"step_s": steps, "block_s": {str(n): s for n, s in blocks.items()}}
+    timed: dict = {"step_s": steps, "block_s": {str(n): s for n, s in blocks.items()}}
+    if prefill is not None:
+        start = clock(backend.device)
+        fresh, _ = backend.prefill(Prompt(prefill), prefill, keep=1)
+        timed["prefill_s"], timed["prefill_tokens"] = clock(backend.device) - start, prefill.numel()
+        del fresh
+    return timed
 
 
 def version_of(runtime: str, installed: dict[str, str | None]) -> str:
@@ -126,14 +140,17 @@ def measure(args: argparse.Namespace, versions: dict[str, str]) -> Path:
     if path.exists():
         for line in path.read_text().splitlines():
             row = json.loads(line)
-            if row.get("version") == versions.get(row["runtime"]):
+            if row.get("version") == versions.get(row["runtime"]) and row.get("prefill_tokens", 0) == args.prefill:
                 done.add((row["model"], row["runtime"], row["threads"], row["round"]))
     loaded, states = {}, {}
     for model, runtime, _ in configs:
         if (model, runtime) not in loaded:
             lm = _load(model, runtime, args.dtype)
             ids, state = prefilled(lm, args.context)
-            loaded[(model, runtime)], states[(model, runtime)] = (lm, ids), state
+            long = context_ids(lm.tokenizer, args.prefill) if args.prefill else None
+            if long is not None:
+                lm.backend.prefill(Prompt(long), long, keep=1)  # untimed: the first long prefill sizes buffers
+            loaded[(model, runtime)], states[(model, runtime)] = (lm, ids, long), state
     todo = [(r, c) for r in range(args.rounds) for c in range(len(configs)) if (*configs[c], r) not in done]
     with path.open("a") as sink, tqdm(total=len(todo), desc="forwards timed", unit="config") as bar:
         for round_ in range(args.rounds):
@@ -142,8 +159,8 @@ def measure(args: argparse.Namespace, versions: dict[str, str]) -> Path:
                 if (model, runtime, threads, round_) in done:
                     continue
                 torch.set_num_threads(threads)
-                (lm, ids), state = loaded[(model, runtime)], states[(model, runtime)]
-                timed = time_round(lm.backend, state, ids, args.context)
+                (lm, ids, long), state = loaded[(model, runtime)], states[(model, runtime)]
+                timed = time_round(lm.backend, state, ids, args.context, long)
                 sink.write(json.dumps({"model": model, "runtime": runtime, "threads": threads, "round": round_,
                                        "dtype": args.dtype if declared(runtime.partition(":")[0]).dtyped else None,
                                        "context": args.context,
@@ -157,7 +174,8 @@ def current(args: argparse.Namespace, versions: dict[str, str]):
     """Whether a timing row is one of this run's configurations at its version now (the table's rows)."""
     models, threads = set(args.models.split(",")), {int(t) for t in args.threads.split(",")}
     return lambda row: (row["model"] in models and row["threads"] in threads
-                        and row.get("version") == versions.get(row["runtime"]))
+                        and row.get("version") == versions.get(row["runtime"])
+                        and row.get("prefill_tokens", 0) == args.prefill)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,10 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="torch runtime only")
     parser.add_argument("--context", type=int, default=128, help="cached tokens each block is fed after")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--prefill", type=int, default=0, help="also time an N-token prefill each round (0: none)")
+    parser.add_argument("--against", default="llamacpp",
+                        help="the runtime the second table compares every other with, round by round")
     parser.add_argument("--out", default="runs/runtime_costs")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.context < 1:
         parser.error("--rounds and --context must be >= 1")
+    if args.prefill < 0:
+        parser.error(f"--prefill must be a token count >= 0 (0: no prefill timed); got {args.prefill}")
     if not all(t.strip().isdigit() and int(t) >= 1 for t in args.threads.split(",")):
         parser.error(f"--threads must list whole numbers >= 1, e.g. 1,2; got {args.threads!r}")
     try:
@@ -182,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(table(path, current(args, versions)))
+    if args.against in args.runtimes.split(","):
+        print()
+        print(against_table(path, args.against, current(args, versions)))
     return 0
 
 
