@@ -118,3 +118,10 @@ def test_a_negative_prefill_is_one_line(tmp_path, capsys):
         main(["--prefill", "-1", "--out", str(tmp_path / "c")])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--prefill must be a token count >= 0" in err and "Traceback" not in err
+
+
+def test_a_reference_that_is_not_timed_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--runtimes", "torch,torch-int8", "--against", "llamacpp", "--out", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--against 'llamacpp' is not among --runtimes" in err and "Traceback" not in err

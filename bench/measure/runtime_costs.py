@@ -19,11 +19,11 @@ Linear layers in fp32 (`@int8`); llama.cpp runs the registry's GGUF file as ship
 loads): the paths of one CPU timed interleaved, e.g. `--runtimes K:avx512-vnni,K:avx2`.
 
 `--prefill N` also times, each round, one N-token prefill per configuration (a fresh cache, the first token's cost:
-`prefill_s` in the row). With `--against R` (default `llamacpp`) among the runtimes, a second table gives each other
-runtime against R within each round (median [min-max] over rounds): its step over R's, a 5-token block in R's steps
-(the issues' "block in plain llama.cpp steps"), and the prefill's speed-up over R's. Which llama.cpp build this process
-loads is whatever `llama_cpp` it imports: `PYTHONPATH=DIR` puts another build first (docs/runtimes.md builds one for
-AVX2 only, to compare instruction-set classes on one CPU).
+`prefill_s` in the row). With `--against R` (one of --runtimes, refused otherwise; default `llamacpp` when it is
+timed), a second table gives each other runtime against R within each round (median [min-max] over rounds): its step
+over R's, a 5-token block in R's steps (the issues' "block in plain llama.cpp steps"), and the prefill's speed-up over
+R's. Which llama.cpp build this process loads is whatever `llama_cpp` it imports: `PYTHONPATH=DIR` puts another build
+first (docs/runtimes.md builds one for AVX2 only, to compare instruction-set classes on one CPU).
 """
 from __future__ import annotations
 
@@ -138,9 +138,10 @@ def measure(args: argparse.Namespace, versions: dict[str, str]) -> Path:
     configs = _configs(args.models.split(","), args.runtimes.split(","), [int(t) for t in args.threads.split(",")])
     done = set()
     if path.exists():
+        this_run = current(args, versions)
         for line in path.read_text().splitlines():
             row = json.loads(line)
-            if row.get("version") == versions.get(row["runtime"]) and row.get("prefill_tokens", 0) == args.prefill:
+            if this_run(row):
                 done.add((row["model"], row["runtime"], row["threads"], row["round"]))
     loaded, states = {}, {}
     for model, runtime, _ in configs:
@@ -188,12 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=128, help="cached tokens each block is fed after")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prefill", type=int, default=0, help="also time an N-token prefill each round (0: none)")
-    parser.add_argument("--against", default="llamacpp",
-                        help="the runtime the second table compares every other with, round by round")
+    parser.add_argument("--against", default=None,
+                        help="the runtime the second table compares every other with, round by round (one of --runtimes; "
+                             "default: llamacpp when it is timed)")
     parser.add_argument("--out", default="runs/runtime_costs")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.context < 1:
         parser.error("--rounds and --context must be >= 1")
+    if args.against is not None and args.against not in args.runtimes.split(","):
+        parser.error(f"--against {args.against!r} is not among --runtimes ({args.runtimes}): name one of them")
+    args.against = args.against or "llamacpp"
     if args.prefill < 0:
         parser.error(f"--prefill must be a token count >= 0 (0: no prefill timed); got {args.prefill}")
     if not all(t.strip().isdigit() and int(t) >= 1 for t in args.threads.split(",")):
