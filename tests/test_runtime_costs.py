@@ -125,3 +125,13 @@ def test_a_reference_that_is_not_timed_is_one_line(tmp_path, capsys):
         main(["--runtimes", "torch,torch-int8", "--against", "llamacpp", "--out", str(tmp_path / "c")])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--against 'llamacpp' is not among --runtimes" in err and "Traceback" not in err
+
+
+def test_a_damaged_timings_file_is_one_line_and_kept(tmp_path, capsys):
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / "costs.jsonl").write_text('{"model": broken\n')
+    assert main(["--models", "x", "--runtimes", "torch", "--threads", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "costs.jsonl:1 is not a runtime_costs timing row" in err[0] and "delete that line" in err[0]
+    assert (out / "costs.jsonl").read_text() == '{"model": broken\n'  # nothing lost or rewritten

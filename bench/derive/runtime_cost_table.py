@@ -11,6 +11,8 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from specdec.errors import InputError
+
 BLOCKS = range(2, 10)  # k + 1 for k = 1..8
 
 
@@ -34,11 +36,25 @@ def block_steps(rounds: list[dict]) -> dict[int, list[float]]:
     return {n: [r["block_s"][str(n)] / s for r, s in zip(rounds, steps)] for n in BLOCKS}
 
 
+def read_rows(path: Path) -> list[dict]:
+    """Every timing row of a costs.jsonl; a line that is not a row is one InputError naming it and the fix."""
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not {"model", "runtime", "threads", "round"} <= row.keys():
+                raise ValueError("not a timing row")
+        except ValueError as e:
+            raise InputError(f"{path}:{number} is not a runtime_costs timing row ({e}): delete that line (its round is "
+                             "timed again) or give another --out") from None
+        rows.append(row)
+    return rows
+
+
 def grouped(path: Path, keep: Callable[[dict], bool]) -> dict[tuple, list[dict]]:
     """The rows `keep` keeps, per (model, runtime, threads), in file order."""
     rows: dict[tuple, list[dict]] = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
+    for row in read_rows(path):
         if keep(row):
             rows.setdefault((row["model"], row["runtime"], row["threads"]), []).append(row)
     return rows

@@ -37,7 +37,7 @@ import torch
 from tqdm import tqdm
 
 from bench.core.prompts import load_prompts
-from bench.derive.runtime_cost_table import BLOCKS, against_table, table
+from bench.derive.runtime_cost_table import BLOCKS, against_table, read_rows, table
 from bench.measure.versions import runtime_versions
 from specdec.backends.devices import clock
 from specdec.backends.prompt import Prompt
@@ -139,8 +139,7 @@ def measure(args: argparse.Namespace, versions: dict[str, str]) -> Path:
     done = set()
     if path.exists():
         this_run = current(args, versions)
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
+        for row in read_rows(path):
             if this_run(row):
                 done.add((row["model"], row["runtime"], row["threads"], row["round"]))
     loaded, states = {}, {}
