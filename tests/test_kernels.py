@@ -177,3 +177,24 @@ def test_the_neon_path_equals_the_reference_under_emulation():
     passed = result.stdout.strip().splitlines()[-1]
     assert passed.startswith("neon: ") and passed.endswith(", 0 failed"), passed
     print(passed)
+
+
+@pytest.mark.subprocess
+def test_a_build_killed_mid_way_does_not_hang_the_next_process():
+    """torch's builder leaves its `lock` file when a build dies (SIGTERM, SIGKILL, the OOM killer) and waits on it
+    forever; a process that finds one under the kernels' flock removes it and loads. The dead build here is its
+    lock file alone (a process that created it and died): the next process returns, and the file is gone."""
+    import subprocess
+    import sys
+
+    from specdec.kernels import build_dir, chosen_path, kernels
+
+    kernels()  # built (or loaded) here first, so the child only checks and loads
+    baton = build_dir(chosen_path()) / "lock"
+    subprocess.run([sys.executable, "-c", f"import os; os.open({str(baton)!r}, os.O_CREAT | os.O_EXCL); os._exit(9)"],
+                   check=False)
+    assert baton.exists()
+    child = subprocess.run([sys.executable, "-c", "from specdec.kernels import kernels; print(kernels().path)"],
+                           capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip() == chosen_path() and not baton.exists()

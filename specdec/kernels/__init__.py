@@ -19,15 +19,24 @@ qemu-user through driver.py).
 `~/.cache/torch_extensions/specbench/<source hash>-<path>-<machine class>/` (build_dir), where every later process
 loads it in a second. Building needs a C++ compiler (`$CXX`, else `c++`) and ninja (a dependency of this package),
 which torch's extension builder drives; each refusal is one line naming the fix (`KernelError`).
+
+torch's builder guards a folder with a lock *file* (`lock`, torch.utils.file_baton) that only the builder removes: a
+build killed mid-way (SIGTERM to a sweep worker or a server whose parent died, SIGKILL, the OOM killer) leaves it, and
+every later process waits on it forever, silently. So each build here first takes an flock on `build.flock` beside
+it, which the kernel drops when its holder dies however it dies; whoever holds it is the only live builder of that
+folder, and a `lock` file it finds is a dead build's, removed before torch looks (`_stale_baton_removed`).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import os
 import platform
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -168,6 +177,27 @@ def kernels(path: str | None = None):
     return _build(path or chosen_path())
 
 
+@contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """This process as the only live builder of `folder` (see the module's docstring), a dead build's baton gone."""
+    with open(folder / "build.flock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # waits for a live builder; the kernel releases a dead one's
+        try:
+            _stale_baton_removed(folder)
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+def _stale_baton_removed(folder: Path) -> bool:
+    """Remove torch's `lock` file in `folder`, left by a build that died (only called under _build_lock)."""
+    try:
+        (folder / "lock").unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 @cache
 def _build(name: str):
     if name not in runnable_paths():
@@ -187,10 +217,11 @@ def _build(name: str):
         folder.mkdir(parents=True, exist_ok=True)
         impl = "reference" if name == "reference" else "path"
         try:
-            return cpp_extension.load(name=module, sources=[str(CSRC / "module.cpp"), str(CSRC / kernel_path.source)],
-                                      extra_cflags=[*COMMON_FLAGS, *variant.cflags, f"-DSPECBENCH_IMPL={impl}",
-                                                    "-fopenmp"],
-                                      extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
+            with _build_lock(folder):
+                return cpp_extension.load(name=module, sources=[str(CSRC / "module.cpp"), str(CSRC / kernel_path.source)],
+                                          extra_cflags=[*COMMON_FLAGS, *variant.cflags, f"-DSPECBENCH_IMPL={impl}",
+                                                        "-fopenmp"],
+                                          extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
         except (RuntimeError, OSError, ImportError) as e:
             lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
             raise KernelError(f"building the {name} kernels in {folder} failed ({lines[-1].strip()[:200]}): delete "
