@@ -25,7 +25,7 @@ from bench.measure import calibrate
 from specdec.backends.base import Backend
 from specdec.errors import ConfigError
 from specdec.machine import fingerprint
-from tests.native_crash import segfault
+from tests.native_crash import hang, hang_after_entry, segfault
 from tests.tiny import tiny_causal
 
 
@@ -117,6 +117,20 @@ def test_a_native_crash_is_the_entrys_error_and_the_calibration_goes_on(home, mo
     crashed, measured = calibrate.calibration(["m"], ["llamacpp", "torch"], threads=1, progress=False)["entries"]
     assert (crashed["error"], crashed["step_ms"]) == ("a native crash (SIGSEGV)", None)
     assert measured["runtime"] == "torch" and measured["error"] is None and fake.calls == [("m", "torch")]
+
+
+@pytest.mark.subprocess
+def test_a_child_that_hangs_is_stopped_and_its_entry_says_so(home, monkeypatch):
+    """Silent past the entry's limit: stopped, and the error names the hang and the retry. Hanging after its entry
+    (in its teardown): the entry is kept and the child stopped after the grace, so neither holds the parent."""
+    monkeypatch.setattr(calibrate, "ENTRY_LIMIT_S", 2.0)
+    monkeypatch.setattr(calibrate, "EXIT_GRACE_S", 1.0)
+    measured = calibrate.measure_isolated("m", "openvino-int8", 1, 1, target=hang)
+    assert (measured["model"], measured["runtime"], measured["threads"]) == ("m", "openvino-int8", 1)
+    assert measured["error"].startswith("no result within 2 s, so it was stopped (a hang in the runtime)")
+    assert "`specbench calibrate --runtimes openvino-int8`" in measured["error"]
+    assert calibrate.measure_isolated("m", "torch", 1, 1, target=hang_after_entry) == {
+        "model": "m", "runtime": "torch", "threads": 1, "error": None}
 
 
 def test_a_prompt_tokens_multiply_adds_are_its_decoder_linears_and_the_table_shows_the_roof(tmp_path):

@@ -203,6 +203,11 @@ def measure_bandwidth(threads: int | None = None, size: int | None = None) -> fl
     return round(buffer.numel() * 4 / min(passes) / 1e9, 2)
 
 
+# A child that has sent nothing this long is stopped and its entry is that error: a runtime that hangs (a deadlock in
+# its native threads, a lock file left by a dead build) must not hold the calibration, or CI, for ever. An entry's
+# longest honest work is a first conversion of the 1.5B (ONNX, OpenVINO: minutes) and a few seconds of timing.
+ENTRY_LIMIT_S = 1800.0
+EXIT_GRACE_S = 30.0  # after its entry, a child that has not exited in this long is stopped
 COMPUTE_SHAPE = (64, 2048, 1536)  # rows, out, in: the 1.5B's q/k/v, 3 MB of int8 weights (cache-resident)
 COMPUTE_REPEATS = 20
 
@@ -353,14 +358,18 @@ def measure_isolated(model: str, runtime: str, threads: int, rounds: int, read_b
     if any: measure_entry); a process that dies without sending it (a native crash, the kernel's OOM killer) is
     that entry's error."""
     worker = WorkerProcess(target, model, runtime, threads, rounds, read_bytes, ignore_sigint=True).start()
-    measured = None
+    measured, silent = None, False
     try:
-        for message in worker.messages():
+        for message in worker.messages(deadline=time.monotonic() + ENTRY_LIMIT_S):
             if message[0] == "entry":
                 measured = message[1]
-        code = worker.wait()
+        silent = measured is None and worker.process.is_alive()
+        code = worker.wait(EXIT_GRACE_S)  # its entry is in: a child stuck in its teardown is stopped
     finally:
         worker.stop()
+    if silent:
+        return failed(model, runtime, threads, f"no result within {ENTRY_LIMIT_S:g} s, so it was stopped (a hang in the "
+                                               f"runtime): `specbench calibrate --runtimes {runtime}` retries it alone")
     if measured is None:  # `a native crash (SIGSEGV)`, `killed (SIGKILL: ...)`, `exit code 1`
         measured = failed(model, runtime, threads, death_line(code) if code < 0 else f"no result ({death_line(code)})")
     return measured

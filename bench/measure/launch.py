@@ -84,12 +84,16 @@ class WorkerProcess:
         return self
 
     def messages(self, poll_s: float = 0.05,
-                 last: Callable[[Any], bool] = lambda message: message == ("exit",)) -> Iterator[Any]:
+                 last: Callable[[Any], bool] = lambda message: message == ("exit",),
+                 deadline: float | None = None) -> Iterator[Any]:
         """Its messages as they come, through the one `last` recognises, or until it has ended without
-        one (killed, crashed, or out of memory) and every message it sent is read."""
+        one (killed, crashed, or out of memory) and every message it sent is read, or until `deadline`
+        (time.monotonic()) passes with it still running and silent (the caller stops it)."""
         while True:
             if self.queue.empty():
                 if self.process.is_alive():
+                    if deadline is not None and time.monotonic() > deadline:
+                        return
                     time.sleep(poll_s)
                     continue
                 if self.queue.empty():  # (it may have sent its last ones while we looked)
@@ -99,16 +103,24 @@ class WorkerProcess:
             if last(message):
                 return
 
-    def wait(self) -> int:
-        """Its exit code: negative, the signal that killed it (`death_line` says it in words)."""
-        self.process.join()
+    def wait(self, grace_s: float | None = None) -> int:
+        """Its exit code: negative, the signal that killed it (`death_line` says it in words). With `grace_s`, a
+        process still running that long after it was asked is stopped (one that hangs on its way out, in a native
+        library's teardown, would otherwise hold its parent for ever) and the code is the stop's."""
+        self.process.join(grace_s)
+        if self.process.exitcode is None:
+            self.stop()
         assert self.process.exitcode is not None  # join returns once it has ended
         return self.process.exitcode
 
     def stop(self) -> None:
-        """Ctrl-C, SIGTERM or an error in the parent: the worker goes too."""
+        """Ctrl-C, SIGTERM or an error in the parent: the worker goes too (killed if SIGTERM has not ended it
+        within STOP_GRACE_S)."""
         if self.process.is_alive():
             self.process.terminate()
+            self.process.join(STOP_GRACE_S)
+            if self.process.is_alive():
+                self.process.kill()
         self.process.join()
 
 
