@@ -170,6 +170,14 @@ def test_peer_settings_name_external_peers_llama_python_ways_and_drafters():
         (None, "kernels-int4", 4, "prompt-lookup"), (None, "llamacpp", 4, "prompt-lookup"),
         (None, "kernels-int4", 4, "suffix"), (None, "llamacpp", 4, "suffix")]
     assert PeerSettings().external == () and PeerSettings().llama_python == ("plain", "flash-off", "lookup")
+    # each k of SPECBENCH_PEER_K is a peer of its own (the model drafter keeps its pairings)
+    ks = PeerSettings.from_env({"SPECBENCH_PEER_SPEC": "prompt-lookup", "SPECBENCH_PEER_K": "4, 8"})
+    assert ks.draft_free_ks == (4, 8) and PeerSettings().draft_free_ks == (4,)
+    assert spec_peers(("kernels-int4",), ks.spec_modes, ks.draft_free_ks) == [
+        (None, "kernels-int4", 4, "prompt-lookup"), (None, "kernels-int4", 8, "prompt-lookup")]
+    for value in ("0", "4,x", "-1", ","):
+        with pytest.raises(ConfigError, match=r"SPECBENCH_PEER_K=.*need whole numbers >= 1, comma-separated, e\.g\. "):
+            PeerSettings.from_env({"SPECBENCH_PEER_K": value})
     for variable, value in (("SPECBENCH_PEER_EXTERNAL", "sglang"), ("SPECBENCH_PEER_LLAMA_PYTHON", "fast"),
                             ("SPECBENCH_PEER_SPEC", "eagle")):
         with pytest.raises(ConfigError, match=rf"{variable} names '{value}': use some of .*e\.g\. {variable}="):

@@ -92,12 +92,12 @@ def cloud_only(runtime: str) -> str:
 SPEC_MODES = ("model", *(name for name in DRAFTERS if name not in NEEDS_MODEL))
 
 
-def spec_peers(cloud_runtimes: tuple[str, ...], modes: tuple[str, ...] = ("model", "prompt-lookup")
-               ) -> list[tuple[str | None, str, int, str]]:
+def spec_peers(cloud_runtimes: tuple[str, ...], modes: tuple[str, ...] = ("model", "prompt-lookup"),
+               draft_free_ks: tuple[int, ...] = (4,)) -> list[tuple[str | None, str, int, str]]:
     """(edge runtime, cloud runtime, k, drafter) of specbench's speculative peers: greedy, every block
     verified. The model drafter (the 0.5B) on the pairings measured since the runtimes began, and the
-    draft-free drafters asked (SPEC_MODES: prompt lookup, `auto`, the suffix drafter, ...) verified in every cloud
-    runtime asked, in SPEC_MODES' order."""
+    draft-free drafters asked (SPEC_MODES: prompt lookup, `auto`, the suffix drafter, ...) at each k of
+    `draft_free_ks`, verified in every cloud runtime asked, in SPEC_MODES' order."""
     found: list[tuple[str | None, str, int, str]] = []
     if "model" in modes:
         gguf, other = CLOUD_RUNTIMES
@@ -106,7 +106,7 @@ def spec_peers(cloud_runtimes: tuple[str, ...], modes: tuple[str, ...] = ("model
         found += [(gguf, cloud, 4, "model") for cloud in cloud_runtimes if cloud not in CLOUD_RUNTIMES]
     for drafter in SPEC_MODES[1:]:
         if drafter in modes:
-            found += [(None, cloud, 4, drafter) for cloud in cloud_runtimes]
+            found += [(None, cloud, k, drafter) for k in draft_free_ks for cloud in cloud_runtimes]
     return found
 
 
@@ -126,13 +126,15 @@ class PeerSettings:
     external: tuple[str, ...] = ()  # SPECBENCH_PEER_EXTERNAL: some of EXTERNAL, comma-separated
     spec_modes: tuple[str, ...] = ("model", "prompt-lookup")  # SPECBENCH_PEER_SPEC: some of SPEC_MODES
     engines: tuple[str, ...] = ()  # SPECBENCH_PEER_ENGINES: the workers' engines (WORKER_ENGINES); () their defaults
+    draft_free_ks: tuple[int, ...] = (4,)  # SPECBENCH_PEER_K: the draft-free drafters' k, comma-separated (each a peer)
 
     ENV = {"prompts_per_set": "SPECBENCH_PEER_PROMPTS", "max_new_tokens": "SPECBENCH_PEER_TOKENS",
            "threads": "SPECBENCH_PEER_THREADS", "sink": "SPECBENCH_PEER_JSONL", "sets": "SPECBENCH_PEER_SETS",
            "cloud_runtimes": "SPECBENCH_PEER_RUNTIMES", "llama_spec_types": "SPECBENCH_PEER_LLAMA_SPEC",
            "llama_python": "SPECBENCH_PEER_LLAMA_PYTHON", "external": "SPECBENCH_PEER_EXTERNAL",
-           "spec_modes": "SPECBENCH_PEER_SPEC", "engines": "SPECBENCH_PEER_ENGINES"}
-    LISTS = ("sets", "cloud_runtimes", "llama_spec_types", "llama_python", "external", "spec_modes", "engines")
+           "spec_modes": "SPECBENCH_PEER_SPEC", "engines": "SPECBENCH_PEER_ENGINES", "draft_free_ks": "SPECBENCH_PEER_K"}
+    LISTS = ("sets", "cloud_runtimes", "llama_spec_types", "llama_python", "external", "spec_modes", "engines",
+             "draft_free_ks")
 
     def __post_init__(self) -> None:
         if unknown := [r for r in self.cloud_runtimes if r not in RuntimeChoices()]:
@@ -158,6 +160,9 @@ class PeerSettings:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{self.ENV[name]}={value!r}: need a whole number >= 1, e.g. "
                                   f"{self.ENV[name]}={getattr(PeerSettings, name)}")
+        if not self.draft_free_ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.draft_free_ks):
+            raise ConfigError(f"SPECBENCH_PEER_K={','.join(map(str, self.draft_free_ks))!r}: need whole numbers >= 1, "
+                              "comma-separated, e.g. SPECBENCH_PEER_K=4,8")
         if self.sink.is_dir():
             raise ConfigError(f"SPECBENCH_PEER_JSONL={str(self.sink)!r} is a folder: give a file path, e.g. "
                               "runs/peer_runtimes.jsonl")
@@ -178,7 +183,7 @@ class PeerSettings:
             if name in cls.LISTS:
                 # a Spec-Bench set names its categories after a colon and commas: split on commas outside those
                 parts = _split_sets(text) if name == "sets" else (p.strip() for p in text.split(",") if p.strip())
-                values[name] = tuple(parts)
+                values[name] = tuple(int(p) if name == "draft_free_ks" and p.isdigit() else p for p in parts)
                 continue
             try:
                 values[name] = int(text)
@@ -318,7 +323,7 @@ def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], se
                                 "ttft_s": report.encode_s,  # its report parts prompt and decoding at the first token
                                 "decode_s": report.decode_s, "drafted": report.drafted, "accepted": report.accepted})
         peers.append(Peer(llama_peer_name(spec_type), llama_reference, run_example))
-    for edge_runtime, cloud_runtime, k, drafter in spec_peers(cloud_runtimes, settings.spec_modes):
+    for edge_runtime, cloud_runtime, k, drafter in spec_peers(cloud_runtimes, settings.spec_modes, settings.draft_free_ks):
         spec = SpecConfig(k=k, entropy_threshold=0, policy="greedy", drafter=drafter)
         if drafter in NEEDS_MODEL:
             peers.append(engine_peer(f"specbench {edge_runtime} -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
