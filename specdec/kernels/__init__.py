@@ -21,10 +21,11 @@ loads it in a second. Building needs a C++ compiler (`$CXX`, else `c++`) and nin
 which torch's extension builder drives; each refusal is one line naming the fix (`KernelError`).
 
 torch's builder guards a folder with a lock *file* (`lock`, torch.utils.file_baton) that only the builder removes: a
-build killed mid-way (SIGTERM to a sweep worker or a server whose parent died, SIGKILL, the OOM killer) leaves it, and
-every later process waits on it forever, silently. So each build here first takes an flock on `build.flock` beside
-it, which the kernel drops when its holder dies however it dies; whoever holds it is the only live builder of that
-folder, and a `lock` file it finds is a dead build's, removed before torch looks (`_stale_baton_removed`).
+build killed mid-way (SIGTERM to a sweep worker or a server whose parent died, SIGKILL, the OOM killer, a session's
+end) leaves it, and every later process waits on it forever, silently. Every load takes it too (ninja checks the build
+is current), so a process killed while loading leaves it as well. So each build here first takes an flock on the
+folder's `build.flock`, which the kernel drops when its holder dies however it dies; whoever holds it is the
+only live builder of that folder, and a `lock` file it finds is a dead one's, removed before torch looks.
 """
 from __future__ import annotations
 
@@ -179,14 +180,12 @@ def kernels(path: str | None = None):
 
 @contextmanager
 def _build_lock(folder: Path) -> Iterator[None]:
-    """This process as the only live builder of `folder` (see the module's docstring), a dead build's baton gone."""
+    """This process as the only live builder of `folder`: an flock on `build.flock` in it (as artifact.py's builds
+    take one; the layers keep the kernels from importing it), a dead build's baton gone (the module's docstring)."""
     with open(folder / "build.flock", "a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)  # waits for a live builder; the kernel releases a dead one's
-        try:
-            _stale_baton_removed(folder)
-            yield
-        finally:
-            fcntl.flock(held, fcntl.LOCK_UN)
+        fcntl.flock(held, fcntl.LOCK_EX)  # waits for a live builder; the kernel releases a dead one's when it dies
+        _stale_baton_removed(folder)
+        yield  # closing the file releases the flock
 
 
 def _stale_baton_removed(folder: Path) -> bool:
