@@ -358,18 +358,17 @@ def measure_isolated(model: str, runtime: str, threads: int, rounds: int, read_b
     if any: measure_entry); a process that dies without sending it (a native crash, the kernel's OOM killer) is
     that entry's error."""
     worker = WorkerProcess(target, model, runtime, threads, rounds, read_bytes, ignore_sigint=True).start()
-    measured, silent = None, False
+    measured = None
     try:
         for message in worker.messages(deadline=time.monotonic() + ENTRY_LIMIT_S):
             if message[0] == "entry":
                 measured = message[1]
-        silent = measured is None and worker.process.is_alive()
-        code = worker.wait(EXIT_GRACE_S)  # its entry is in: a child stuck in its teardown is stopped
+        if measured is None and worker.process.is_alive():  # silent past the limit: stopped on the way out
+            return failed(model, runtime, threads, f"no result within {ENTRY_LIMIT_S:g} s, so it was stopped (a hang in "
+                                                   f"the runtime): `specbench calibrate --runtimes {runtime}` retries it alone")
+        code = worker.wait(EXIT_GRACE_S)  # a child stuck in its teardown is stopped
     finally:
         worker.stop()
-    if silent:
-        return failed(model, runtime, threads, f"no result within {ENTRY_LIMIT_S:g} s, so it was stopped (a hang in the "
-                                               f"runtime): `specbench calibrate --runtimes {runtime}` retries it alone")
     if measured is None:  # `a native crash (SIGSEGV)`, `killed (SIGKILL: ...)`, `exit code 1`
         measured = failed(model, runtime, threads, death_line(code) if code < 0 else f"no result ({death_line(code)})")
     return measured

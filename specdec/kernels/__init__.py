@@ -184,17 +184,8 @@ def _build_lock(folder: Path) -> Iterator[None]:
     take one; the layers keep the kernels from importing it), a dead build's baton gone (the module's docstring)."""
     with open(folder / "build.flock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # waits for a live builder; the kernel releases a dead one's when it dies
-        _stale_baton_removed(folder)
+        (folder / "lock").unlink(missing_ok=True)  # torch's baton: under this flock, only a dead process's
         yield  # closing the file releases the flock
-
-
-def _stale_baton_removed(folder: Path) -> bool:
-    """Remove torch's `lock` file in `folder`, left by a build that died (only called under _build_lock)."""
-    try:
-        (folder / "lock").unlink()
-    except FileNotFoundError:
-        return False
-    return True
 
 
 @cache

@@ -157,10 +157,10 @@ class PeerSettings:
                               "SPECBENCH_PEER_SETS=spec-bench:question.jsonl:summarization")
         for name in ("prompts_per_set", "max_new_tokens", "threads"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not _whole_number(value):
                 raise ConfigError(f"{self.ENV[name]}={value!r}: need a whole number >= 1, e.g. "
                                   f"{self.ENV[name]}={getattr(PeerSettings, name)}")
-        if not self.draft_free_ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.draft_free_ks):
+        if not self.draft_free_ks or not all(map(_whole_number, self.draft_free_ks)):
             raise ConfigError(f"SPECBENCH_PEER_K={','.join(map(str, self.draft_free_ks))!r}: need whole numbers >= 1, "
                               "comma-separated, e.g. SPECBENCH_PEER_K=4,8")
         if self.sink.is_dir():
@@ -190,6 +190,11 @@ class PeerSettings:
             except ValueError:
                 values[name] = text  # refused, with its variable's name, by __post_init__
         return cls(**values)
+
+
+def _whole_number(value: object) -> bool:
+    """A setting's count: an int >= 1 (not a bool, not the text that failed to parse)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _split_sets(text: str) -> list[str]:
