@@ -39,6 +39,7 @@ from bench.measure.peers.runtimes import (
     run_interleaved,
     set_label,
     table,
+    warm_up_prompt,
 )
 from bench.measure.workload import CLOUD_ALIAS, EDGE_ALIAS
 from specdec.errors import ConfigError, SpecdecError
@@ -59,8 +60,10 @@ def test_real_peer_runtimes(benchmark):
         pytest.skip(f"GGUF files not kept ({', '.join(missing)}): run `specbench models fetch {EDGE_ALIAS} {CLOUD_ALIAS}`")
     per_set, tokens, threads, sink = settings.prompts_per_set, settings.max_new_tokens, settings.threads, settings.sink
     try:
-        by_set = [(name, load_prompts(name)[:per_set]) for name in settings.sets]
+        loaded = [(name, load_prompts(name)) for name in settings.sets]
+        by_set = [(name, records[:per_set]) for name, records in loaded]
         prompts = [(r.prompt, r.system) for _, records in by_set for r in records]
+        warm, warm_from = warm_up_prompt(loaded, per_set)
     except SpecdecError as e:
         pytest.exit(f"error: SPECBENCH_PEER_SETS: {e}", returncode=2)
     try:
@@ -70,9 +73,12 @@ def test_real_peer_runtimes(benchmark):
         print(f"\nllama.cpp speculative left out: {e}")
     workers: list = []
     try:
-        peers = build_peers(EDGE_ALIAS, CLOUD_ALIAS, prompts, settings, binary, log=lambda m: None, workers=workers)
+        peers = build_peers(EDGE_ALIAS, CLOUD_ALIAS, [*prompts, (warm.prompt, warm.system)], settings, binary,
+                            log=lambda m: None, workers=workers)
         print(f"\nidle peers' processes, paused between their turns: {idle_cpu(workers)}")
-        timed = benchmark.pedantic(run_interleaved, args=(peers, len(prompts), sink, threads), rounds=1, iterations=1)
+        print(f"every peer warmed, untimed, on {warm_from}")
+        timed = benchmark.pedantic(run_interleaved, args=(peers, len(prompts), sink, threads),
+                                   kwargs={"warm_up": len(prompts)}, rounds=1, iterations=1)
     except (SpecdecError, WorkerError) as e:  # a peer not installed, a worker that died: one line, what ran is kept
         pytest.exit(f"error: {e} (generations so far: {sink})", returncode=2)
     finally:

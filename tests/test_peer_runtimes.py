@@ -30,11 +30,13 @@ from bench.measure.peers.runtimes import (
     first_token_ratio,
     llama_peer_name,
     per_set_table,
+    run_interleaved,
     same_as_reference,
     set_label,
     spec_peers,
     speedups,
     table,
+    warm_up_prompt,
 )
 from specdec.core.config import DecodeConfig
 from specdec.engine import Engine
@@ -235,6 +237,28 @@ def test_per_set_table_takes_each_sets_own_fastest_plain_and_shows_where_a_draft
     assert spec[1].startswith("2.00x [2.00-2.00] / ") and spec[2].startswith("0.50x [0.50-0.50] / ")
     assert set_label("spec-bench:../q.jsonl:summarization") == "summarization" and set_label("code") == "code"
     assert set_label("spec-bench:/a:b/q.jsonl:qa,rag") == "qa,rag"
+
+
+def test_peers_warm_on_a_prompt_that_is_not_timed(tmp_path):
+    """An engine that keeps a prompt's prefix answered a warmed prompt's first token from that cache: the warm-up runs
+    an untimed prompt, and its generation is neither returned nor written."""
+    records = {"a": ["a1", "a2"], "b": ["b1", "b2", "b3"]}
+    assert warm_up_prompt([("a", records["a"]), ("b", records["b"])], per_set=2)[0] == "b3"  # set a has no spare
+    assert warm_up_prompt([("a", records["a"]), ("b", records["b"])], per_set=1)[0] == "a2"
+    chosen, said = warm_up_prompt([("a", records["a"])], per_set=2)
+    assert chosen == "a1" and "timed" in said  # nothing spare: the first timed prompt, and it says so
+    ran: list[tuple[str, int]] = []
+
+    def peer(name: str) -> Peer:
+        def run(i: int) -> Timed:
+            ran.append((name, i))
+            return Timed(name, i, [i], 1.0)
+        return Peer(name, None, run, plain=True)
+    sink = tmp_path / "raw.jsonl"
+    timed = run_interleaved([peer("x"), peer("y")], n_prompts=2, sink=sink, threads=1, warm_up=2)
+    assert ran[:2] == [("x", 2), ("y", 2)] and sorted(ran[2:]) == [("x", 0), ("x", 1), ("y", 0), ("y", 1)]
+    assert sorted((t.config, t.prompt) for t in timed) == [("x", 0), ("x", 1), ("y", 0), ("y", 1)]
+    assert len(sink.read_text().splitlines()) == 4
 
 
 def test_text_peers_compare_by_prefix_past_the_budget():
