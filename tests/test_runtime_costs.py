@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 
 import pytest
 
@@ -28,6 +29,9 @@ def test_every_configuration_is_timed_once_per_round_and_a_rerun_adds_only_missi
     assert {(r["model"], r["runtime"], r["threads"], r["round"]) for r in rows} == {
         (m, r, t, n) for m in (pair["edge"], pair["cloud"]) for r in ("torch", "torch-int8") for t in (1, 2) for n in (0, 1)}
     assert all(len(r["step_s"]) == 3 and set(r["block_s"]) == {str(n) for n in BLOCKS} for r in rows)
+    for r in rows:  # each block size timed 3 times a round (the default), the round keeping their median
+        assert all(len(r["block_runs"][str(n)]) == 3 and r["block_s"][str(n)] == statistics.median(r["block_runs"][str(n)])
+                   for n in BLOCKS)
     derived = table(out / "costs.jsonl")
     assert len(derived.splitlines()) == 2 + 8 and "| torch-int8 | 2 | 2 |" in derived
     assert derived in capsys.readouterr().out
@@ -111,6 +115,12 @@ def test_the_reference_table_takes_each_ratio_within_a_round(tmp_path):
     assert line == "m | k | 2 | 2 | 0.50 [0.50-0.50] | 1.25 [1.00-1.50] | 2.25 [2.00-2.50]"
     derived = table(path)
     assert "| 90.0 [" in derived and "| 200.0 [" in derived  # llamacpp: 800 tokens in 8 s and 10 s; k: 4, 4, 1 s
+
+
+def test_block_repeats_below_one_are_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--block-repeats", "0", "--out", str(tmp_path)])
+    assert e.value.code == 2 and "--block-repeats must be >= 1" in capsys.readouterr().err
 
 
 def test_a_negative_prefill_is_one_line(tmp_path, capsys):

@@ -18,6 +18,9 @@ Linear layers in fp32 (`@int8`); llama.cpp runs the registry's GGUF file as ship
 `K:avx2` runs K, one of the kernels' runtimes, on one instruction-set path of the kernels (SPECBENCH_KERNELS while it
 loads): the paths of one CPU timed interleaved, e.g. `--runtimes K:avx512-vnni,K:avx2`.
 
+Each block size is timed `--block-repeats` times a round (3 by default; every size once, then again) and
+the round keeps their median, as it does the step's 3: one timing a size made the block column noisy.
+
 `--prefill N` also times, each round, one N-token prefill per configuration (a fresh cache, the first token's cost:
 `prefill_s` in the row). With `--against R` (one of --runtimes, refused otherwise; default `llamacpp` when it is
 timed), a second table gives each other runtime against R within each round (median [min-max] over rounds): its step
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -79,15 +83,24 @@ def _time_forward(backend, state, block: torch.Tensor, context: int) -> float:
     return seconds
 
 
-def time_round(backend, state, ids: torch.Tensor, context: int, prefill: torch.Tensor | None = None) -> dict:
-    """One round at the current thread count: a warm step, STEP_REPEATS timed steps, one block of each
-    size in BLOCKS, each cropped back to the `context`-token cache: {"step_s": [...], "block_s": {"n": s}}; with
-    `prefill` ids, also one prefill of them into a fresh cache ("prefill_s"), its state dropped."""
+def time_round(backend, state, ids: torch.Tensor, context: int, prefill: torch.Tensor | None = None,
+               block_repeats: int = 1) -> dict:
+    """One round at the current thread count: a warm step, STEP_REPEATS timed steps, each block size in BLOCKS
+    `block_repeats` times (every size once, then again), each cropped back to the `context`-token cache:
+    {"step_s": [...], "block_s": {"n": s}}, s the median of a size's timings (all of them in "block_runs" when
+    repeated); with `prefill` ids, also one prefill of them into a fresh cache ("prefill_s"), its state dropped.
+    One timing a size made the block column as noisy as a single forward (a 5-token block read 1.72-1.94 steps
+    over 7 rounds where the step's own spread was a few per cent)."""
     next_ids = ids[: max(BLOCKS)]  # any real ids: the cost does not depend on which
     _time_forward(backend, state, next_ids[:1], context)  # warm at these threads
     steps = [_time_forward(backend, state, next_ids[:1], context) for _ in range(STEP_REPEATS)]
-    blocks = {n: _time_forward(backend, state, next_ids[:n], context) for n in BLOCKS}
-    timed: dict = {"step_s": steps, "block_s": {str(n): s for n, s in blocks.items()}}
+    runs: dict[int, list[float]] = {n: [] for n in BLOCKS}
+    for _ in range(block_repeats):
+        for n in BLOCKS:
+            runs[n].append(_time_forward(backend, state, next_ids[:n], context))
+    timed: dict = {"step_s": steps, "block_s": {str(n): statistics.median(r) for n, r in runs.items()}}
+    if block_repeats > 1:
+        timed["block_runs"] = {str(n): r for n, r in runs.items()}
     if prefill is not None:
         start = clock(backend.device)
         fresh, _ = backend.prefill(Prompt(prefill), prefill, keep=1)
@@ -160,7 +173,7 @@ def measure(args: argparse.Namespace, versions: dict[str, str]) -> Path:
                     continue
                 torch.set_num_threads(threads)
                 (lm, ids, long), state = loaded[(model, runtime)], states[(model, runtime)]
-                timed = time_round(lm.backend, state, ids, args.context, long)
+                timed = time_round(lm.backend, state, ids, args.context, long, args.block_repeats)
                 sink.write(json.dumps({"model": model, "runtime": runtime, "threads": threads, "round": round_,
                                        "dtype": args.dtype if declared(runtime.partition(":")[0]).dtyped else None,
                                        "context": args.context,
@@ -188,13 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=128, help="cached tokens each block is fed after")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prefill", type=int, default=0, help="also time an N-token prefill each round (0: none)")
+    parser.add_argument("--block-repeats", type=int, default=3,
+                        help="timings of each block size a round, their median kept (the step is timed 3 times)")
     parser.add_argument("--against", default=None,
                         help="the runtime the second table compares every other with, round by round (one of --runtimes; "
                              "default: llamacpp when it is timed)")
     parser.add_argument("--out", default="runs/runtime_costs")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.context < 1:
-        parser.error("--rounds and --context must be >= 1")
+    if args.rounds < 1 or args.context < 1 or args.block_repeats < 1:
+        parser.error("--rounds, --context and --block-repeats must be >= 1")
     if args.against is not None and args.against not in args.runtimes.split(","):
         parser.error(f"--against {args.against!r} is not among --runtimes ({args.runtimes}): name one of them")
     args.against = args.against or "llamacpp"
