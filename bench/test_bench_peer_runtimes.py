@@ -19,7 +19,8 @@ or `ngram-simple-short`, `ngram-mod-short`), llama-cpp-python's ways in SPECBENC
 SPECBENCH_PEER_EXTERNAL (default none; some of
 `onnxruntime-genai,openvino-genai,vllm`: the last two in venvs of their own, `specbench peers install NAME`, driven as
 workers in the same rotation). Raw per-prompt timings go to SPECBENCH_PEER_JSONL (default runs/peer_runtimes.jsonl) as
-taken; a rerun overwrites it; the workers' logs go beside it. The table goes to stdout and `extra_info`; nothing
+taken; a rerun overwrites it; the workers' logs go beside it. Every peer is warmed first, untimed, on a prompt
+that is not timed (`warm_up_prompt`). The table goes to stdout and `extra_info`; nothing
 asserts a time.
 """
 from __future__ import annotations
