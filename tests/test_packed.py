@@ -132,6 +132,21 @@ def test_blocks_prefills_and_crops_are_steps_bit_for_bit_and_near_the_float_mode
     assert torch.equal(backend.forward(state, ids[4:7]), logits[4:7])
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_a_prefill_keeping_fewer_rows_gives_their_bits_and_a_whole_cache(models, arch, weights):
+    """The last layer goes on with the kept rows only (its keys and values written for all): the kept logits are the
+    whole prefill's, and the next step after it, whatever was kept, is the step after the whole prefill."""
+    _, backend = models(arch, weights)
+    ids = random_prompt(7, 20)
+    whole_state, whole = backend.prefill(Prompt(ids[:19]), ids[:19], keep=19)
+    after = backend.forward(whole_state, ids[19:20])
+    for keep in (0, 1, 4, 18):
+        state, logits = backend.prefill(Prompt(ids[:19]), ids[:19], keep=keep)
+        assert (logits is None) if keep == 0 else torch.equal(logits, whole[19 - keep :]), keep
+        assert torch.equal(backend.forward(state, ids[19:20]), after), keep
+
+
 @pytest.mark.parametrize("weights", WEIGHTS)
 def test_sessions_batched_in_one_forward_get_their_own_logits_bit_for_bit(models, weights):
     _, backend = models("qwen2", weights)

@@ -13,6 +13,8 @@ quantized; the embedding itself stays float32, a step reads one row of it). A fo
                 x = x + down(silu(gate) * up)(rms_norm(x))
     logits = head(rms_norm(x[last keep rows]))                       [keep, V] float32
 
+(the last layer takes only the kept rows past its attention: every row's keys and values are cached by then).
+
 Why blocks are steps: every activation row is quantized with its own scale and multiplied in exact int32; each
 norm, each attention row (one query over exactly the keys a step at its position attends) and each elementwise
 op is computed by one code path that depends on that row alone (specdec/kernels/csrc/kernels.h). Rows of other sessions in
@@ -249,17 +251,27 @@ class PackedBackend(Backend):
         caches = [self._reserve(state, state.length + n) for state, n in zip(states, sizes)]
         x = self._embedded(torch.cat([block.reshape(-1) for block in blocks]))  # [R, hidden]
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        rows = torch.cat([torch.arange(start + n - keep, start + n) for start, n, keep in zip(starts, sizes, keeps)])
+        last = len(self.layers) - 1
         with torch.inference_mode():
             for index, layer in enumerate(self.layers):
                 qkv = self._linear(ops.rms_norm(x, layer.input_norm, self.eps), layer.qkv)
                 parts = [ops.attention(qkv[start : start + n], kv[index, 0], kv[index, 1], state.length,
                                        self.cos, self.sin, self.heads, self.kv_heads, self.scaling)
                          for state, kv, start, n in zip(states, caches, starts, sizes)]
-                x = self._linear(parts[0] if len(parts) == 1 else torch.cat(parts), layer.o, residual=x)
+                attended = parts[0] if len(parts) == 1 else torch.cat(parts)
+                if index == last and rows.numel() < x.shape[0]:
+                    # Every row's keys and values are in the cache now; past them only the kept rows' outputs are
+                    # read, and a row's o, norm and MLP are its own (per-row activations), so the rest are dropped
+                    # here: the same bits for the kept rows, and a prefill skips ~1/layers of its Linears (llama.cpp
+                    # selects its output rows before the last layer's feed-forward likewise).
+                    if not rows.numel():  # no logits asked (a prompt only cached): the cache is complete
+                        break
+                    attended, x = attended[rows].contiguous(), x[rows].contiguous()
+                x = self._linear(attended, layer.o, residual=x)
                 gate_up = self._linear(ops.rms_norm(x, layer.post_norm, self.eps), layer.gate_up)
                 x = self._linear(ops.silu_mul(gate_up), layer.down, residual=x)
-            rows = torch.cat([torch.arange(start + n - keep, start + n) for start, n, keep in zip(starts, sizes, keeps)])
-            logits = self._linear(ops.rms_norm(x[rows].contiguous(), self.norm, self.eps), self.head) if rows.numel() else None
+            logits = self._linear(ops.rms_norm(x, self.norm, self.eps), self.head) if rows.numel() else None
         for state, n in zip(states, sizes):
             state.length += n
         out: list[torch.Tensor | None] = []
