@@ -69,6 +69,23 @@ def test_a_linear_is_its_quantized_arithmetic_and_a_rows_bits_do_not_depend_on_i
     assert torch.equal(out[7], (packed.bias + residual[7]))
 
 
+@pytest.mark.parametrize("kind", WEIGHTS)
+def test_a_linear_writes_into_the_output_it_is_given_and_refuses_one_that_does_not_fit(ops, kind):
+    """`out` (a workspace the backend reuses: a fresh 57 MB tensor is new pages every call) gets the same bits."""
+    packed, run = packed_linear(ops, kind, 48, 64)
+    x, residual = torch.randn(5, 64), torch.randn(5, 48)
+    linear = ops.linear_int8 if kind == "int8" else ops.linear_int4
+    extra = () if kind == "int8" else (packed.group,)
+    out = torch.full((5, 48), float("nan"))
+    got = linear(x, packed.weight, packed.scale, packed.bias, residual, 48, 64, *extra, out=out)
+    assert got.data_ptr() == out.data_ptr() and torch.equal(out, run(x, residual))
+    for bad, says in ((torch.empty(4, 48), "out must be a contiguous float32 [M, N] tensor"),
+                      (torch.empty(48, 5).T, "out must be a contiguous float32 [M, N] tensor"),
+                      (residual, "out must not be the activations or the residual")):
+        with pytest.raises(RuntimeError, match=says.replace("[", r"\[").replace("]", r"\]")):
+            linear(x, packed.weight, packed.scale, packed.bias, residual, 48, 64, *extra, out=bad)
+
+
 def test_norm_and_gated_activation_match_torch(ops):
     torch.manual_seed(0)
     x, weight = torch.randn(5, 200) * 3, torch.randn(200)
@@ -145,6 +162,41 @@ def test_a_prefill_keeping_fewer_rows_gives_their_bits_and_a_whole_cache(models,
         state, logits = backend.prefill(Prompt(ids[:19]), ids[:19], keep=keep)
         assert (logits is None) if keep == 0 else torch.equal(logits, whole[19 - keep :]), keep
         assert torch.equal(backend.forward(state, ids[19:20]), after), keep
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_the_mlp_in_slabs_of_rows_gives_the_same_bits(models, weights, monkeypatch):
+    """A long prompt's MLP runs a slab of rows at a time (its outputs stay under glibc's mmap threshold, gate_up in a
+    workspace kept between calls): any slab size gives the one-pass logits, and the cache the next step reads."""
+    from specdec.backends import packed as packed_module
+
+    _, backend = models("qwen2", weights)
+    ids = random_prompt(9, 30)
+    state, whole = backend.prefill(Prompt(ids[:29]), ids[:29], keep=29)
+    after = backend.forward(state, ids[29:30])
+    monkeypatch.setattr(packed_module, "MLP_SLAB_BYTES", 1)  # 8 rows a slab: 29 rows in four
+    state, slabbed = backend.prefill(Prompt(ids[:29]), ids[:29], keep=29)
+    assert torch.equal(slabbed, whole) and torch.equal(backend.forward(state, ids[29:30]), after)
+    assert backend._local.gate_up.shape[1] == backend.layers[0].gate_up.out_features
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_a_long_prompt_in_chunks_of_rows_gives_the_same_bits(models, weights, monkeypatch):
+    """Past PREFILL_CHUNK rows a prompt (or block) runs in chunks, each after the cache the ones before wrote: the
+    kept rows' logits, wherever they fall, and the next step are the one pass's."""
+    from specdec.backends import packed as packed_module
+
+    _, backend = models("llama", weights)
+    ids = random_prompt(11, 30)
+    whole_state, whole = backend.prefill(Prompt(ids[:29]), ids[:29], keep=29)
+    after = backend.forward(whole_state, ids[29:30])
+    monkeypatch.setattr(packed_module, "PREFILL_CHUNK", 7)  # 29 rows: 7, 7, 7, 7, 1
+    for keep in (29, 10, 1, 0):
+        state, logits = backend.prefill(Prompt(ids[:29]), ids[:29], keep=keep)
+        assert (logits is None) if keep == 0 else torch.equal(logits, whole[29 - keep :]), keep
+        assert torch.equal(backend.forward(state, ids[29:30]), after), keep
+    state, _ = backend.prefill(Prompt(ids[:3]), ids[:3], keep=1)
+    assert torch.equal(backend.forward(state, ids[3:29]), whole[3:29])  # a long block after a cache, all rows kept
 
 
 @pytest.mark.parametrize("weights", WEIGHTS)
