@@ -117,6 +117,36 @@ def test_the_reference_table_takes_each_ratio_within_a_round(tmp_path):
     assert "| 90.0 [" in derived and "| 200.0 [" in derived  # llamacpp: 800 tokens in 8 s and 10 s; k: 4, 4, 1 s
 
 
+def test_a_round_is_timed_whole_and_ratios_pair_rows_of_one_run(tmp_path, capsys):
+    """A configuration re-timed (its version changed) takes its round again for every configuration, so the reference
+    beside it is timed in the same run; a ratio never pairs two runs' rows, and a round's newest rows are its own."""
+    def row(runtime, round_, step, run):
+        return {"model": "m", "runtime": runtime, "threads": 2, "round": round_, "step_s": [step] * 3, "run": run,
+                "block_s": {str(n): 2 * step for n in BLOCKS}}
+    path = tmp_path / "costs.jsonl"
+    rows = [row("llamacpp", 0, 0.040, "a"), row("k", 0, 0.080, "a"),  # run a: k at 2x llama.cpp's step
+            row("k", 0, 0.020, "b"),  # run b re-timed k alone: not beside run a's llama.cpp
+            row("llamacpp", 1, 0.040, "c"), row("k", 1, 0.020, "c")]  # run c: round 1 whole, k at 0.5x
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = against_table(path, "llamacpp").splitlines()[-1]
+    assert line.startswith("m | k | 2 | 1 | 0.50 [0.50-0.50] |")  # round 0's newest k (run b) has no partner
+    assert "| k | 2 | 2 | 20.0 [" in table(path)  # k's rounds: run b's 20 ms and run c's 20 ms
+
+
+def test_a_rerun_times_every_configuration_of_a_round_one_lacks(pair, tmp_path):
+    out = tmp_path / "costs"
+    args = ["--models", pair["edge"], "--runtimes", "torch,torch-int8", "--threads", "1", "--dtype", "float32",
+            "--context", "8", "--rounds", "1", "--out", str(out), "--block-repeats", "1"]
+    assert main(args) == 0
+    path = out / "costs.jsonl"
+    first = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text(json.dumps(first[0]) + "\n")  # torch-int8's round 0 lost: the round is incomplete
+    assert main(args) == 0
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sorted(r["runtime"] for r in rows[1:]) == ["torch", "torch-int8"]
+    assert rows[1]["run"] == rows[2]["run"] != rows[0]["run"]  # both timed again, in one run
+
+
 def test_block_repeats_below_one_are_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--block-repeats", "0", "--out", str(tmp_path)])

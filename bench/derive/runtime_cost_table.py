@@ -52,12 +52,13 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def grouped(path: Path, keep: Callable[[dict], bool]) -> dict[tuple, list[dict]]:
-    """The rows `keep` keeps, per (model, runtime, threads), in file order."""
-    rows: dict[tuple, list[dict]] = {}
+    """The rows `keep` keeps, per (model, runtime, threads): each round's newest (a round timed again replaces the
+    earlier timing), in round order."""
+    latest: dict[tuple, dict[int, dict]] = {}
     for row in read_rows(path):
         if keep(row):
-            rows.setdefault((row["model"], row["runtime"], row["threads"]), []).append(row)
-    return rows
+            latest.setdefault((row["model"], row["runtime"], row["threads"]), {})[row["round"]] = row
+    return {config: [rounds[r] for r in sorted(rounds)] for config, rounds in latest.items()}
 
 
 def table(path: Path, keep: Callable[[dict], bool] = lambda row: True) -> str:
@@ -92,9 +93,10 @@ def _ratio_cell(values: list[float]) -> str:
 
 
 def against_table(path: Path, reference: str, keep: Callable[[dict], bool] = lambda row: True, block: int = 5) -> str:
-    """Per (model, runtime, threads) other than `reference`: against `reference`'s rows of the same model, threads and
-    round (each ratio taken within a round, median [min-max] over the rounds both timed), the step's time over the
-    reference's, a `block`-token block in the reference's steps, and the prefill's speed-up (reference time / own)."""
+    """Per (model, runtime, threads) other than `reference`: against `reference`'s rows of the same model, threads,
+    round and run (each ratio taken within a round, never across two runs' rows; median [min-max] over the rounds
+    both timed), the step's time over the reference's, a `block`-token block in the reference's steps, and the
+    prefill's speed-up (reference time / own)."""
     rows = grouped(path, keep)
     lines = [f"model | runtime | threads | rounds | step / {reference}'s | {block}-token block in {reference} steps | "
              f"prefill × {reference}", "--- | --- | --- | --- | --- | --- | ---"]
@@ -102,7 +104,7 @@ def against_table(path: Path, reference: str, keep: Callable[[dict], bool] = lam
         if runtime == reference:
             continue
         base = {r["round"]: r for r in rows.get((model, reference, threads), [])}
-        pairs = [(r, base[r["round"]]) for r in group if r["round"] in base]
+        pairs = [(r, base[r["round"]]) for r in group if r["round"] in base and r.get("run") == base[r["round"]].get("run")]
         if not pairs:
             continue
         steps = [statistics.median(r["step_s"]) / statistics.median(b["step_s"]) for r, b in pairs]

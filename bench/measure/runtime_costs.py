@@ -7,8 +7,9 @@ the order rotated each round), so a ratio between runtimes is measured under the
 
 Each timed forward feeds a block at a `--context`-token cache (the shipped `code` prompts' text,
 tokenized, repeated to length) and is cropped back, so every block sees the same cache. Raw
-timings go to OUT/costs.jsonl as they are taken (a rerun skips the rounds already there, of the same version: the
-runtime's packages and, for the kernels, their path and sources' digest, on the same machine class); the table
+timings go to OUT/costs.jsonl as they are taken (a rerun skips the rounds already there whole, every configuration at
+its version: the runtime's packages and, for the kernels, their path and sources' digest, on the same machine class;
+a round any configuration lacks is timed again for all of them, and ratios pair rows of one run only); the table
 is derived from this run's configurations at their current version afterwards: ms per token step (median over rounds,
 p10-p90), and a k+1-token block's cost in token steps for k = 1..8 (the ratio taken within a round, median and
 spread). Rows of another version stay in the file and out of the table: a rerun after a kernel change times anew
@@ -35,6 +36,7 @@ import json
 import os
 import statistics
 import sys
+import uuid
 from pathlib import Path
 
 import torch
@@ -155,6 +157,13 @@ def measure(args: argparse.Namespace, versions: dict[str, str]) -> Path:
         for row in read_rows(path):
             if this_run(row):
                 done.add((row["model"], row["runtime"], row["threads"], row["round"]))
+    # A round is timed whole: where any configuration lacks it (new, or its version changed), every configuration
+    # times it again in this run, so the round's rows stay interleaved. Resuming configuration by configuration set a
+    # kernel change's new rows beside a reference timed minutes earlier in another run (llama.cpp's prefill against
+    # the kernels' read 1.29-2.31x in one such table).
+    whole = {r for r in range(args.rounds) if all((*config, r) in done for config in configs)}
+    done = {key for key in done if key[3] in whole}
+    run_id = uuid.uuid4().hex[:12]  # the rows of one invocation: a ratio pairs rows of one run only
     loaded, states = {}, {}
     for model, runtime, _ in configs:
         if (model, runtime) not in loaded:
@@ -176,7 +185,7 @@ def measure(args: argparse.Namespace, versions: dict[str, str]) -> Path:
                 timed = time_round(lm.backend, state, ids, args.context, long, args.block_repeats)
                 sink.write(json.dumps({"model": model, "runtime": runtime, "threads": threads, "round": round_,
                                        "dtype": args.dtype if declared(runtime.partition(":")[0]).dtyped else None,
-                                       "context": args.context,
+                                       "context": args.context, "run": run_id,
                                        "version": versions[runtime], **timed}) + "\n")
                 sink.flush()
                 bar.update()
