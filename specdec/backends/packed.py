@@ -70,6 +70,12 @@ class Layer:
     down: PackedLinear
 
 
+class Workspace(threading.local):
+    """What one thread's forwards reuse from call to call: gate_up's output, grown as needed (`_gate_up_out`)."""
+
+    gate_up: torch.Tensor | None = None
+
+
 @dataclass(frozen=True)
 class PackedDecoder:
     """A decoder's weights as packed: its layers, the float32 embedding and final norm, the int8 output head."""
@@ -129,7 +135,7 @@ class PackedBackend(Backend):
         self.eos_ids: frozenset[int] = frozenset()  # the loader adds the folder's generation config's
         self.ops = kernels(path)  # the instruction-set path: this CPU's best unless named (specdec/kernels)
         self.kernel_path: str = self.ops.path
-        self._local = threading.local()  # each thread's gate_up workspace
+        self._local = Workspace()
 
     @classmethod
     def from_model(cls, model, weights: str = "int8", name: str = "", path: str | None = None) -> PackedBackend:
@@ -180,7 +186,7 @@ class PackedBackend(Backend):
         floats = [self.embed, self.norm, self.cos, self.sin, *(t for layer in self.layers
                                                               for t in (layer.input_norm, layer.post_norm))]
         biases = [p.bias for p in linears if p.bias is not None]
-        workspace = getattr(self._local, "gate_up", None)
+        workspace = self._local.gate_up
         return (sum(p.nbytes for p in linears) + sum(t.numel() * t.element_size() for t in floats + biases)
                 + (0 if workspace is None else workspace.numel() * 4))
 
@@ -309,7 +315,8 @@ class PackedBackend(Backend):
     def _mlp(self, x: torch.Tensor, layer: Layer) -> torch.Tensor:
         """x + down(silu(gate) * up)(rms_norm(x)), a slab of rows at a time (MLP_SLAB_BYTES), gate_up written into
         the thread's workspace: every row is its own, so the slabs change no bit."""
-        normed, ops = self.ops.rms_norm(x, layer.post_norm, self.eps), self.ops
+        ops = self.ops
+        normed = ops.rms_norm(x, layer.post_norm, self.eps)
         slab = max(8, MLP_SLAB_BYTES // (4 * layer.down.in_features))
         parts = []
         for r0 in range(0, x.shape[0], slab):
@@ -321,7 +328,7 @@ class PackedBackend(Backend):
     def _gate_up_out(self, rows: int, width: int) -> torch.Tensor:
         """This thread's [rows, width] float32 workspace for gate_up's output, grown as needed and kept: the largest
         of a prefill's tensors, which a fresh allocation would fault in page by page every layer."""
-        buffer = getattr(self._local, "gate_up", None)
+        buffer = self._local.gate_up
         if buffer is None or buffer.shape[0] < rows or buffer.shape[1] != width:
             buffer = self._local.gate_up = torch.empty(rows, width)
         return buffer[:rows]

@@ -438,12 +438,12 @@ def warm_up_prompt(by_set: list[tuple[str, list]], per_set: int) -> tuple[Any, s
                              "that keeps prefixes)")
 
 
-def run_interleaved(peers: list[Peer], n_prompts: int, sink: Path, threads: int, warm_up: int | None = None) -> list[Timed]:
-    """Warm every peer on prompt `warm_up` (untimed; default 0, else an index past the timed ones), then prompts
+def run_interleaved(peers: list[Peer], n_prompts: int, sink: Path, threads: int, warm_up: int = 0) -> list[Timed]:
+    """Warm every peer on prompt `warm_up` (untimed; an index past the timed ones, `warm_up_prompt`'s), then prompts
     0..n_prompts-1 through every peer, the order rotated."""
     torch.set_num_threads(threads)  # the torch backends' threads; llama.cpp's backend follows them
     for peer in peers:
-        peer.run(0 if warm_up is None else warm_up)
+        peer.run(warm_up)
     timed = []
     sink.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=n_prompts * len(peers), desc="peers", unit="generation", file=sys.stderr)
