@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from specdec.backends.prompt import Prompt
+from specdec.errors import ConfigError
 from specdec.settings import DType
 
 DTYPES: dict[str, torch.dtype] = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16}  # by name
@@ -51,6 +52,8 @@ class Backend:
         transcribes     takes audio alone and writes what it hears (Whisper): no text prompt, no chat template
         accepts_trees   forward_tree verifies a token tree in one block, each node's row its path's step bit for
                         bit, and commit_path keeps the accepted path (specdec/core/tree.py); others verify chains
+        with_head_rows  a view whose output head computes only some ids' rows (a drafter's smaller vocabulary);
+                        the runtimes whose head is their own code (the kernels) have one, the others refuse
     """
 
     name: str = ""
@@ -110,6 +113,15 @@ class Backend:
     def commit_path(self, state: Any, tree: Any, path: list[int]) -> None:
         """After forward_tree: the nodes of `path` (root to leaf) join the state as if fed as a block."""
         raise NotImplementedError(f"{type(self).__name__} verifies chains only (accepts_trees is False)")
+
+    def with_head_rows(self, rows: torch.Tensor) -> Backend:
+        """This backend, its states and weights shared, whose output head computes only the rows of `rows` (sorted
+        unique ids): logits [keep, V] hold those rows' values, bit for bit the whole head's, and -inf elsewhere. A
+        drafter's smaller vocabulary (FR-Spec's idea): a draft is only a proposal, so the verifier's text is unchanged,
+        and the head is a large part of a small model's step."""
+        raise ConfigError(f"{type(self).__name__} ({self.name}) computes its whole output head: a drafter's "
+                          "head_vocab needs an edge runtime that computes part of it (kernels-int8, kernels-int4), "
+                          "or drop head_vocab")
 
     def crop(self, state: Any, length: int) -> None:
         """Drop cached positions >= length (exact rollback)."""

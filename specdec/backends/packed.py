@@ -32,6 +32,7 @@ chain's would be.
 """
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass
 
@@ -136,6 +137,7 @@ class PackedBackend(Backend):
         self.ops = kernels(path)  # the instruction-set path: this CPU's best unless named (specdec/kernels)
         self.kernel_path: str = self.ops.path
         self._local = Workspace()
+        self.head_rows: torch.Tensor | None = None  # with_head_rows: the ids `head` computes (None: every id)
 
     @classmethod
     def from_model(cls, model, weights: str = "int8", name: str = "", path: str | None = None) -> PackedBackend:
@@ -190,6 +192,17 @@ class PackedBackend(Backend):
         return (sum(p.nbytes for p in linears) + sum(t.numel() * t.element_size() for t in floats + biases)
                 + (0 if workspace is None else workspace.numel() * 4))
 
+    def with_head_rows(self, rows: torch.Tensor) -> PackedBackend:
+        """A view sharing every weight and the states' layout whose head is the int8 head's rows `rows` only, gathered
+        once into a head of their own (pack.rows): a row's logit is its own column's exact int32 dot product and
+        scale, so each is the whole head's bit for bit; the other ids read -inf."""
+        rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1).unique()  # sorted
+        if not rows.numel() or int(rows[0]) < 0 or int(rows[-1]) >= self.vocab_size:
+            raise InputError(f"head rows must be ids in 0..{self.vocab_size - 1} of {self.name!r}'s head, at least one")
+        view = copy.copy(self)
+        view.head, view.head_rows = pack.rows(self.head, rows), rows
+        return view
+
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
         refuse_features(prompt, self.name, f"kernels-{self.weights}")
@@ -223,7 +236,7 @@ class PackedBackend(Backend):
                 saved.append(qkv[r:].clone())
                 x = self._linear(heads, layer.o, residual=x)
                 x = self._mlp(x, layer)
-            logits = self._linear(ops.rms_norm(x[r - 1 :].contiguous(), self.norm, self.eps), self.head)
+            logits = self._logits(ops.rms_norm(x[r - 1 :].contiguous(), self.norm, self.eps))
         state.length, state.tree_qkv = fed + r, saved
         return logits
 
@@ -302,7 +315,7 @@ class PackedBackend(Backend):
                     attended, x = attended[rows].contiguous(), x[rows].contiguous()
                 x = self._linear(attended, layer.o, residual=x)
                 x = self._mlp(x, layer)
-            logits = self._linear(ops.rms_norm(x, self.norm, self.eps), self.head) if rows.numel() else None
+            logits = self._logits(ops.rms_norm(x, self.norm, self.eps)) if rows.numel() else None
         for state, n in zip(states, sizes):
             state.length += n
         out: list[torch.Tensor | None] = []
@@ -311,6 +324,14 @@ class PackedBackend(Backend):
             out.append(logits[offset : offset + keep] if logits is not None and keep else None)  # None: every keep is 0
             offset += keep
         return out
+
+    def _logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """[rows, V]: the head over the final-normed rows; with head rows, theirs in place and -inf elsewhere."""
+        if self.head_rows is None:
+            return self._linear(normed, self.head)
+        logits = torch.full((normed.shape[0], self.vocab_size), float("-inf"))
+        logits[:, self.head_rows] = self._linear(normed, self.head)
+        return logits
 
     def _mlp(self, x: torch.Tensor, layer: Layer) -> torch.Tensor:
         """x + down(silu(gate) * up)(rms_norm(x)), a slab of rows at a time (MLP_SLAB_BYTES), gate_up written into

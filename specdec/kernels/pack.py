@@ -75,6 +75,26 @@ def int4(weight: torch.Tensor, bias: torch.Tensor | None = None, group: int = IN
     return PackedLinear("int4", nibbles.view(-1), scales.view(-1), _bias(bias), n, k, group)
 
 
+def rows(packed: PackedLinear, ids: torch.Tensor) -> PackedLinear:
+    """An int8 Linear of the output rows `ids` (sorted unique longs, in range) only, in the same layout. Whole blocks
+    of 16 from row 0 (a leading run 0, 1, ..., a drafter's frequent ids) are copied as they lie; the other rows are
+    gathered 16 to a block (the last padded by repeating its last id: columns past out_features). Every output is
+    its row's in `packed`, bit for bit: an output column is its own exact dot product and scale."""
+    if packed.kind != "int8":
+        raise ValueError(f"rows are gathered from an int8 Linear, got {packed.kind}")
+    m, cols = ids.numel(), -(-packed.in_features // 4) * 4
+    blocks = packed.weight.view(-1, cols // 4, COLS, 4)
+    run = int((ids == torch.arange(m)).to(torch.int64).cumprod(0).sum()) // COLS * COLS
+    rest = ids[run:]
+    parts = [blocks[: run // COLS].reshape(-1)]
+    if rest.numel():
+        padded = torch.cat([rest, rest[-1:].expand(-(-rest.numel() // COLS) * COLS - rest.numel())])
+        gathered = blocks[padded // COLS, :, padded % COLS, :]  # [rows, K/4, 4]: the indexed dimension comes first
+        parts.append(gathered.view(-1, COLS, cols // 4, 4).permute(0, 2, 1, 3).reshape(-1))
+    bias = None if packed.bias is None else packed.bias[ids].contiguous()
+    return PackedLinear("int8", torch.cat(parts), packed.scale[ids].contiguous(), bias, m, packed.in_features)
+
+
 def dequantized(packed: PackedLinear) -> torch.Tensor:
     """The float32 [N, K] weight the kernels compute with (for tests and drift reports)."""
     n, k = packed.out_features, packed.in_features
