@@ -101,7 +101,7 @@ def test_a_combination_that_cannot_work_is_refused_in_one_line(cloud):
         "--overlap true drafts ahead with the edge model; drafter 'hybrid' cannot \\(only model\\)":
             lambda: Engine(mode="spec", edge="e", cloud_url="127.0.0.1:1", spec=SpecConfig(drafter="hybrid"),
                            deploy=DeployConfig(overlap=True)),
-        "drafter 'model' takes no option 'max_ngram': it takes none":
+        "drafter 'model' takes no option 'max_ngram': it takes head_vocab":
             lambda: SpecConfig(drafter="model", drafter_options="max_ngram=2"),
         "drafter 'ngram' takes no option 'max_gram': it takes max_ngram, min_count":
             lambda: SpecConfig(drafter="ngram", drafter_options="max_gram=2"),

@@ -212,6 +212,83 @@ def test_sessions_batched_in_one_forward_get_their_own_logits_bit_for_bit(models
     assert [s.length for s in states] == [8, 13, 23, 10]
 
 
+@pytest.mark.parametrize("ids", [list(range(40)), [3], list(range(100)), [*range(33), 50, 99], [1, 17, 60]])
+def test_rows_of_an_int8_linear_are_its_outputs_bit_for_bit(ops, ids):
+    """pack.rows: a leading run of whole 16-row blocks copied, the other rows gathered into blocks of their own."""
+    from specdec.kernels import pack
+
+    packed, run = packed_linear(ops, "int8", 100, 72)
+    x = torch.randn(5, 72)
+    index = torch.tensor(ids)
+    part = pack.rows(packed, index)
+    out = ops.linear_int8(x, part.weight, part.scale, part.bias, None, part.out_features, part.in_features)
+    assert part.out_features == len(ids) and torch.equal(out, run(x)[:, index])
+    with pytest.raises(ValueError, match="rows are gathered from an int8 Linear, got int4"):
+        pack.rows(packed_linear(ops, "int4", 100, 64)[0], index)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_a_head_over_some_ids_gives_their_bits_and_minus_infinity_elsewhere(models, arch, weights):
+    """with_head_rows: prefills, blocks, batches and trees of the view give the whole head's logits at its rows, bit for
+    bit, and -inf at the others; its states are the backend's (a view's cache continues in the whole backend)."""
+    from specdec.core.tree import TokenTree
+    from specdec.errors import InputError
+
+    _, backend = models(arch, weights)
+    vocab = backend.vocab_size
+    rows = torch.tensor([*range(18), 40, 77, vocab - 1])
+    outside = torch.ones(vocab, dtype=torch.bool)
+    outside[rows] = False
+    view = backend.with_head_rows(rows[torch.randperm(len(rows))])  # any order: kept sorted
+    assert backend.head_rows is None and torch.equal(view.head_rows, rows)
+    ids = random_prompt(13, 20)
+    _, whole = backend.prefill(Prompt(ids), ids, keep=20)
+    state, part = view.prefill(Prompt(ids[:12]), ids[:12], keep=12)
+    assert torch.equal(part[:, rows], whole[:12, rows]) and torch.isneginf(part[:, outside]).all()
+    block = view.forward(state, ids[12:20])
+    assert torch.equal(block[:, rows], whole[12:20, rows]) and torch.isneginf(block[:, outside]).all()
+    backend.crop(state, 12)
+    assert torch.equal(backend.forward(state, ids[12:20]), whole[12:20])
+    states = [view.prefill(Prompt(ids[:n]), ids[:n])[0] for n in (3, 9)]
+    batched = view.forward_batch(states, [ids[3:6], ids[9:10]], [3, 1])
+    assert torch.equal(batched[0][:, rows], whole[3:6, rows]) and torch.equal(batched[1][:, rows], whole[9:10, rows])
+    state, _ = view.prefill(Prompt(ids[:5]), ids[:5])
+    tree = TokenTree(ids[6:8].clone(), (-1, 0))  # a chain of two nodes after the block ids[5:6]
+    logits = view.forward_tree(state, ids[5:6], tree)
+    assert torch.equal(logits[:, rows], whole[5:8, rows]) and torch.isneginf(logits[:, outside]).all()
+    for bad in (torch.tensor([], dtype=torch.long), torch.tensor([vocab]), torch.tensor([-1, 3])):
+        with pytest.raises(InputError, match=rf"head rows must be ids in 0\.\.{vocab - 1} of .*'s head, at least one"):
+            backend.with_head_rows(bad)
+
+
+@pytest.mark.parametrize("runtime", ["kernels-int8", "kernels-int4"])
+def test_an_edge_drafting_from_fewer_ids_proposes_only_those_and_greedy_stays_the_clouds(pair, plain, runtime):
+    """`head_vocab=N` on the model drafter (and the hybrid's): the edge's head computes the ids below N, the prompt's
+    and its end-of-text ids; every draft is one of them, and greedy speculation is still the cloud's own decoding."""
+    from specdec.core.drafters.interface import DraftContext
+    from specdec.core.drafters.model import ModelDrafter, head_rows
+    from specdec.core.processors import Constraints
+    from specdec.core.session import AcceptedSequence
+
+    spec = Engine(mode="spec", edge=pair["edge"], cloud=pair["cloud"], cloud_runtime=runtime, edge_runtime=runtime,
+                  dtype="float32", decode=DecodeConfig(max_new_tokens=16),
+                  spec=SpecConfig(k=3, entropy_threshold=0, policy="greedy", drafter="model", drafter_options="head_vocab=20"),
+                  **QUIET)
+    generations = [spec.generate(text) for text in PLAIN_TEXTS]
+    edge = spec.model("edge").backend
+    spec.close()
+    assert [g.tokens for g in generations] == plain(runtime)
+    prompt = Prompt(torch.tensor([30, 31, 45, 2, 5]))
+    context = DraftContext(prompt, edge.vocab_size, Constraints(), 0.0, torch.Generator(), edge, options={"head_vocab": 20})
+    allowed = set(head_rows(context, 20).tolist())
+    assert allowed == set(range(20)) | {30, 31, 45} | {i for i in edge.eos_ids if i < edge.vocab_size}
+    drafter = ModelDrafter(context)
+    drafted = set(drafter.propose(AcceptedSequence(prompt.input_ids, 32), 8).tokens.tolist())
+    assert drafted and drafted <= allowed
+    assert {c.extra_kind for g in generations for c in g.cycles} & {"correction", "bonus"}
+
+
 @pytest.mark.parametrize("runtime", ["kernels-int8", "kernels-int4"])
 @pytest.mark.parametrize("drafter", ["model", "prompt-lookup"])
 def test_greedy_spec_verified_in_vnni_is_its_own_plain_decoding(pair, plain, runtime, drafter):
