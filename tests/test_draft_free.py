@@ -22,6 +22,7 @@ from specdec.core.processors import Constraints
 from specdec.core.running import RunningMean
 from specdec.core.two_runtime import Router
 from specdec.core.verdict import Route
+from specdec.errors import ConfigError
 from tests.tiny import noisy_copy, tiny_causal
 
 T = torch.tensor
@@ -147,6 +148,57 @@ def test_a_hybrid_whose_model_does_not_pay_takes_plain_steps_and_stays_lossless(
         lookup_alone = speculative_decode(None, cloud, prompt, replace(spec, drafter="prompt-lookup"), decode)
         assert [c.draft_tokens for c in generation.cycles] == [c.draft_tokens for c in lookup_alone.cycles], seed
     assert made_by == {"prompt-lookup", "plain"}
+
+
+@pytest.mark.parametrize("verifier", ["cached", "stateless"])
+def test_the_hybrid_over_the_suffix_drafter_is_the_clouds_greedy_and_its_corpus_takes_every_output(pair, verifier):
+    """`suffix=1`: the suffix drafter's chain of 2+ tokens goes first, the model otherwise; every text is the cloud's
+    greedy; each generation's output joins the global corpus whoever drafted it, and the scores' calibration learns
+    from the suffix drafter's own blocks only (the model's verdicts would teach it nothing about its scores)."""
+    edge, cloud = pair
+    spec = SpecConfig(k=4, entropy_threshold=0, policy="greedy", verifier=verifier, drafter="hybrid",
+                      drafter_options="suffix=1")
+    decode = DecodeConfig(max_new_tokens=24)
+    history, made_by, suffix_kept = History(), set(), 0
+    for seed in range(6):
+        prompt = looping_prompt(seed)
+        generation = speculative_decode(edge, cloud, prompt, spec, decode, SpecOptions(history=history))
+        assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
+        made_by |= {c.drafter for c in generation.cycles}
+        suffix_kept += sum(c.accepted for c in generation.cycles if c.drafter == "suffix")
+    assert {"suffix", "model"} <= made_by <= {"suffix", "model", "plain"}
+    record = history.drafters["suffix"]
+    assert len(record.outputs.parts) == 6 and record.kept_per_score.total == suffix_kept
+
+
+def test_the_hybrids_suffix_half_goes_first_with_two_tokens_and_alone_where_the_model_does_not_pay(pair):
+    from specdec.core.drafters.hybrid import Hybrid
+    from specdec.core.drafters.interface import DraftContext
+    from specdec.core.session import AcceptedSequence
+
+    edge, _ = pair
+
+    def proposal(costs, ids):
+        context = DraftContext(Prompt(T(ids[:4])), 96, Constraints(), 0.0, torch.Generator(), edge, history=costs,
+                               options={"suffix": 1})
+        made = Hybrid(context).propose(AcceptedSequence(T(ids), 128), 4)
+        return made.drafter, made.tokens.tolist()
+
+    fresh = list(range(40))
+    assert proposal(hybrid_costs(0.080, 2.4), [5, 6, 7, 5, 6]) == ("suffix", [7, 5])  # (5, 6) recurs: its chain
+    assert proposal(hybrid_costs(0.080, 3.0), [5, 6, 7, 8, 5])[0] == "model"  # one token: too weak where the model pays
+    assert proposal(hybrid_costs(0.080, 2.4), [5, 6, 7, 8, 5]) == ("suffix", [6])  # one token, the model too dear
+    assert proposal(hybrid_costs(0.080, 2.4), fresh) == ("plain", [])
+    assert proposal(History(), fresh)[0] == "model"  # nothing measured: draft, and learn
+
+
+def test_a_head_vocabulary_on_an_edge_that_computes_its_whole_head_is_one_line(pair):
+    edge, cloud = pair
+    spec = SpecConfig(k=3, entropy_threshold=0, policy="greedy", drafter="model", drafter_options="head_vocab=32")
+    with pytest.raises(ConfigError, match=r"^HFCausalBackend \(.*\) computes its whole output head: a drafter's head_vocab "
+                                          r"needs an edge runtime that computes part of it \(kernels-int8, kernels-int4\), "
+                                          r"or drop head_vocab$"):
+        speculative_decode(edge, cloud, looping_prompt(0), spec, DecodeConfig(max_new_tokens=4))
 
 
 def test_an_edge_without_a_model_for_a_draft_free_drafter_is_not_loaded(pair):

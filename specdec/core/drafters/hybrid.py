@@ -17,23 +17,37 @@ Until a cost is measured the model drafts, and learns it. A withheld model block
 the model stops paying on an engine it stays off there, and the hybrid is prompt lookup.
 
 A one-token match (a repeated word) is too weak to skip the model for: lookup must match at least
-`min_ngram` (2) tokens before the model is asked. The hybrid cannot draft ahead: its next block may be
-lookup's, which has nothing to draft meanwhile (`--overlap true` with it is refused)."""
+`min_ngram` (2) tokens before the model is asked. With `suffix=1` the draft-free half is the suffix drafter
+(suffix.py: the prompt, the output so far and the engine's earlier outputs, scored by frequency), whose chain must
+hold 2+ tokens likewise (its length is bounded by its match's); its global corpus takes every cycle's output,
+whoever proposed the block. `head_vocab` is the model drafter's (model.py: the edge's head over fewer ids).
+
+The hybrid cannot draft ahead: its next block may be lookup's, which has nothing to draft meanwhile (`--overlap
+true` with it is refused).
+
+Measured (docs/drafters.md, 2026-11-30, AMD EPYC, 60 Spec-Bench questions): over the suffix drafter it gains nothing
+pooled (1.36x after the first token, the suffix drafter alone 1.36x): the 0.5B's blocks kept ~90 % of their tokens on
+math, but a drafted token costs ~0.4-0.5 of the 1.5B's step in kernels-int4, and catching the edge up on a prompt
+costs translation's short answers more than its blocks save."""
 from __future__ import annotations
 
 import time
 
 from specdec.core.drafters.interface import DraftContext, DrafterOption, DraftNote, Proposal, plain_step, register_drafter
-from specdec.core.drafters.model import ModelDrafter
+from specdec.core.drafters.model import HEAD_VOCAB, ModelDrafter
 from specdec.core.drafters.prompt_lookup import MAX_NGRAM, PromptLookup, lookup
 from specdec.core.drafters.prompt_lookup import MIN_NGRAM as ANY_NGRAM
+from specdec.core.drafters.suffix import SuffixDrafter
 from specdec.core.payoff import BlockEvidence, block_pays
 from specdec.core.running import ema
 from specdec.core.session import AcceptedSequence
 from specdec.core.verdict import InFlight, Route, Verdict
 
 MIN_NGRAM = 2
-OPTIONS = {"max_ngram": DrafterOption(MAX_NGRAM, MIN_NGRAM, "the longest suffix its lookup searches for, in tokens")}
+OPTIONS = {"max_ngram": DrafterOption(MAX_NGRAM, MIN_NGRAM, "the longest suffix its lookup searches for, in tokens"),
+           "suffix": DrafterOption(0, 0, "1: the suffix drafter's chain (prompt, output, earlier outputs) instead of "
+                                         "prompt lookup's"),
+           "head_vocab": HEAD_VOCAB}
 
 
 @register_drafter("hybrid", needs_model=True, options=OPTIONS)
@@ -43,6 +57,7 @@ class Hybrid:
 
     def __init__(self, context: DraftContext) -> None:
         self.model = ModelDrafter(context)
+        self.suffix = SuffixDrafter(context) if context.options.get("suffix", 0) else None
         self.max_ngram = context.options.get("max_ngram", MAX_NGRAM)
         self.lookup_s = 0.0
         self.history = context.history
@@ -50,13 +65,20 @@ class Hybrid:
 
     @property
     def compute_s(self) -> float:
-        return self.model.compute_s + self.lookup_s
+        return self.model.compute_s + self.lookup_s + (self.suffix.compute_s if self.suffix else 0.0)
 
     @property
     def prefill_s(self) -> float:
         return self.model.prefill_s
 
     def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
+        if self.suffix is not None:
+            free = self.suffix.propose(seq, k)
+            if len(free) >= MIN_NGRAM:
+                return free
+            if self.model_pays(seq, k):
+                return self.draft_with_model(seq, k)
+            return free if len(free) else plain_step(seq)
         start = time.perf_counter()
         tokens = lookup(seq.ids, k, self.max_ngram, MIN_NGRAM)
         with_model = not tokens.numel() and self.model_pays(seq, k)
@@ -98,6 +120,8 @@ class Hybrid:
         the model's cache is a prefix of the accepted sequence, which only grows."""
         if verdict is not None:
             self.history.verify.observe_verify(proposal.verified_as, len(proposal), verdict)
+        if self.suffix is not None:
+            self.suffix.remember(seq, proposal, verdict)
         if proposal.drafter != self.model.name:
             return DraftNote()
         if verdict is not None:

@@ -250,17 +250,22 @@ class SuffixDrafter(DraftFree):
         return Proposal(tree.tokens, None, seq.length, self.name, tree=None if tree.is_chain else tree)
 
     def rollback(self, seq: AcceptedSequence, proposal: Proposal, verdict: Verdict | None) -> DraftNote:
-        """Learn the verify's cost and what the scores were worth; the output so far joins the global corpus."""
-        start = time.perf_counter()
+        """Learn the verify's cost, then what `remember` keeps."""
         if verdict is not None:
             self.history.verify.observe_verify(proposal.verified_as, len(proposal), verdict)
-            if len(proposal):
-                self.record.kept_per_score.add(verdict.accepted, self.sent.score)
+        self.remember(seq, proposal, verdict)
+        return DraftNote()
+
+    def remember(self, seq: AcceptedSequence, proposal: Proposal, verdict: Verdict | None) -> None:
+        """What the scores were worth (after its own proposals); the output so far joins the global corpus, whoever
+        proposed the cycle's block (the hybrid drafter's model blocks too)."""
+        start = time.perf_counter()
+        if verdict is not None and len(proposal) and proposal.drafter == self.name:
+            self.record.kept_per_score.add(verdict.accepted, self.sent.score)
         self.read_withheld(seq)
         if self.settings.global_tokens:
             self.record.outputs.put(self.key, seq.ids[seq.prompt_len :].numpy().copy())
         self.compute_s += time.perf_counter() - start
-        return DraftNote()
 
     def read_withheld(self, seq: AcceptedSequence) -> None:
         """Nodes withheld at position p: once the accepted sequence decides them, a greedy verify would have kept the
