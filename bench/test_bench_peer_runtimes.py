@@ -15,7 +15,9 @@ SPECBENCH_PEER_TOKENS new tokens (default 48), SPECBENCH_PEER_THREADS (default 2
 SPECBENCH_PEER_LLAMA_SPEC (default `draft-simple`; its draft-free `ngram-simple`, `ngram-mod` too, at their defaults,
 or `ngram-simple-short`, `ngram-mod-short`), llama-cpp-python's ways in SPECBENCH_PEER_LLAMA_PYTHON (default
 `plain,flash-off,lookup`), specbench's drafters in SPECBENCH_PEER_SPEC (default `model,prompt-lookup`; `auto`,
-`suffix`, `ngram` too) at each k of SPECBENCH_PEER_K (default 4; e.g. `4,8`), and the field's engines in
+`suffix`, `ngram` too, and `hybrid`: the 0.5B in the cloud's runtime, one peer per `;`-separated entry of
+SPECBENCH_PEER_HYBRID, its drafter options, default `suffix=1,head_vocab=32768`, its blocks stopped at a draft under
+0.7) at each k of SPECBENCH_PEER_K (default 4; e.g. `4,8`), and the field's engines in
 SPECBENCH_PEER_EXTERNAL (default none; some of
 `onnxruntime-genai,openvino-genai,vllm`: the last two in venvs of their own, `specbench peers install NAME`, driven as
 workers in the same rotation). Raw per-prompt timings go to SPECBENCH_PEER_JSONL (default runs/peer_runtimes.jsonl) as

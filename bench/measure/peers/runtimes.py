@@ -37,7 +37,7 @@ from bench.measure.peers.llama_speculative import SPEC_SETTINGS, SPEC_TYPES, run
 from bench.measure.peers.ort_genai import VARIANT, OrtGenai, ort_genai_name
 from bench.measure.peers.peer_worker import PeerWorker
 from specdec.core.config import DecodeConfig, SpecConfig
-from specdec.core.drafters import DRAFTERS, NEEDS_MODEL
+from specdec.core.drafters import DRAFTERS, NEEDS_MODEL, drafter_options
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.convert_onnx import ensure_onnx
@@ -88,8 +88,12 @@ def cloud_only(runtime: str) -> str:
     return f"specbench {runtime} cloud-only"
 
 
-# SPECBENCH_PEER_SPEC: the model drafter and every draft-free drafter (prompt lookup, `auto`, n-grams, suffix)
-SPEC_MODES = ("model", *(name for name in DRAFTERS if name not in NEEDS_MODEL))
+# SPECBENCH_PEER_SPEC: the model drafter, the hybrid, and every draft-free drafter (prompt lookup, `auto`, n-grams, suffix)
+SPEC_MODES = ("model", "hybrid", *(name for name in DRAFTERS if name not in NEEDS_MODEL))
+# The hybrid's peers: SPECBENCH_PEER_HYBRID, its drafter options, one peer per `;`-separated entry; the 0.5B runs in the
+# cloud's runtime and stops a block at a token it gives under 0.7 (HYBRID_STOP)
+HYBRID_OPTIONS = ("suffix=1,head_vocab=32768",)
+HYBRID_STOP = "pmin:0.7"
 
 
 def spec_peers(cloud_runtimes: tuple[str, ...], modes: tuple[str, ...] = ("model", "prompt-lookup"),
@@ -104,7 +108,9 @@ def spec_peers(cloud_runtimes: tuple[str, ...], modes: tuple[str, ...] = ("model
         model = [(gguf, other, 3), (gguf, other, 4), (gguf, gguf, 4), (other, other, 4)]
         found += [(edge, cloud, k, "model") for edge, cloud, k in model if cloud in cloud_runtimes]
         found += [(gguf, cloud, 4, "model") for cloud in cloud_runtimes if cloud not in CLOUD_RUNTIMES]
-    for drafter in SPEC_MODES[1:]:
+    if "hybrid" in modes:  # the edge in the cloud's runtime: the kernels' head can be cut to fewer ids (head_vocab)
+        found += [(cloud, cloud, k, "hybrid") for k in draft_free_ks for cloud in cloud_runtimes]
+    for drafter in SPEC_MODES[2:]:
         if drafter in modes:
             found += [(None, cloud, k, drafter) for k in draft_free_ks for cloud in cloud_runtimes]
     return found
@@ -127,12 +133,14 @@ class PeerSettings:
     spec_modes: tuple[str, ...] = ("model", "prompt-lookup")  # SPECBENCH_PEER_SPEC: some of SPEC_MODES
     engines: tuple[str, ...] = ()  # SPECBENCH_PEER_ENGINES: the workers' engines (WORKER_ENGINES); () their defaults
     draft_free_ks: tuple[int, ...] = (4,)  # SPECBENCH_PEER_K: the draft-free drafters' k, comma-separated (each a peer)
+    hybrid_options: tuple[str, ...] = HYBRID_OPTIONS  # SPECBENCH_PEER_HYBRID: the hybrid's options, `;`-separated
 
     ENV = {"prompts_per_set": "SPECBENCH_PEER_PROMPTS", "max_new_tokens": "SPECBENCH_PEER_TOKENS",
            "threads": "SPECBENCH_PEER_THREADS", "sink": "SPECBENCH_PEER_JSONL", "sets": "SPECBENCH_PEER_SETS",
            "cloud_runtimes": "SPECBENCH_PEER_RUNTIMES", "llama_spec_types": "SPECBENCH_PEER_LLAMA_SPEC",
            "llama_python": "SPECBENCH_PEER_LLAMA_PYTHON", "external": "SPECBENCH_PEER_EXTERNAL",
-           "spec_modes": "SPECBENCH_PEER_SPEC", "engines": "SPECBENCH_PEER_ENGINES", "draft_free_ks": "SPECBENCH_PEER_K"}
+           "spec_modes": "SPECBENCH_PEER_SPEC", "engines": "SPECBENCH_PEER_ENGINES", "draft_free_ks": "SPECBENCH_PEER_K",
+           "hybrid_options": "SPECBENCH_PEER_HYBRID"}
     LISTS = ("sets", "cloud_runtimes", "llama_spec_types", "llama_python", "external", "spec_modes", "engines",
              "draft_free_ks")
 
@@ -163,6 +171,12 @@ class PeerSettings:
         if not self.draft_free_ks or not all(map(_whole_number, self.draft_free_ks)):
             raise ConfigError(f"SPECBENCH_PEER_K={','.join(map(str, self.draft_free_ks))!r}: need whole numbers >= 1, "
                               "comma-separated, e.g. SPECBENCH_PEER_K=4,8")
+        for options in self.hybrid_options:
+            try:
+                drafter_options("hybrid", options)
+            except ConfigError as e:
+                raise ConfigError(f"SPECBENCH_PEER_HYBRID={options!r}: {e} (entries `;`-separated, e.g. "
+                                  f"SPECBENCH_PEER_HYBRID='suffix=1;{HYBRID_OPTIONS[0]}')") from None
         if self.sink.is_dir():
             raise ConfigError(f"SPECBENCH_PEER_JSONL={str(self.sink)!r} is a folder: give a file path, e.g. "
                               "runs/peer_runtimes.jsonl")
@@ -176,6 +190,9 @@ class PeerSettings:
                 continue
             if name == "sink":
                 values[name] = Path(text).expanduser()
+                continue
+            if name == "hybrid_options":
+                values[name] = tuple(part.strip() for part in text.split(";"))
                 continue
             if name in cls.LISTS and text == "none" and name in ("llama_python", "llama_spec_types", "spec_modes"):
                 values[name] = ()  # none of them
@@ -330,7 +347,14 @@ def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], se
         peers.append(Peer(llama_peer_name(spec_type), llama_reference, run_example))
     for edge_runtime, cloud_runtime, k, drafter in spec_peers(cloud_runtimes, settings.spec_modes, settings.draft_free_ks):
         spec = SpecConfig(k=k, entropy_threshold=0, policy="greedy", drafter=drafter)
-        if drafter in NEEDS_MODEL:
+        if drafter == "hybrid":
+            for options in settings.hybrid_options:
+                spec = SpecConfig(k=k, entropy_threshold=0, policy="greedy", drafter=drafter, drafter_options=options,
+                                  draft_stop=HYBRID_STOP)
+                peers.append(engine_peer(f"specbench hybrid[{options}] -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
+                                         mode=Mode.SPEC, edge=edge, cloud=cloud, edge_runtime=edge_runtime,
+                                         cloud_runtime=cloud_runtime, spec=spec))
+        elif drafter in NEEDS_MODEL:
             peers.append(engine_peer(f"specbench {edge_runtime} -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
                                      mode=Mode.SPEC, edge=edge, cloud=cloud, edge_runtime=edge_runtime,
                                      cloud_runtime=cloud_runtime, spec=spec))
