@@ -186,6 +186,20 @@ def test_peer_settings_name_external_peers_llama_python_ways_and_drafters():
             PeerSettings.from_env({variable: value})
 
 
+def test_the_hybrid_peers_run_the_edge_in_the_clouds_runtime_one_per_options_entry():
+    hybrid = PeerSettings.from_env({"SPECBENCH_PEER_SPEC": "hybrid,suffix",
+                                    "SPECBENCH_PEER_HYBRID": "suffix=1; suffix=1,head_vocab=64"})
+    assert hybrid.hybrid_options == ("suffix=1", "suffix=1,head_vocab=64")
+    assert PeerSettings().hybrid_options == ("suffix=1,head_vocab=32768",)
+    assert spec_peers(("kernels-int4",), hybrid.spec_modes, (4, 8)) == [
+        ("kernels-int4", "kernels-int4", 4, "hybrid"), ("kernels-int4", "kernels-int4", 8, "hybrid"),
+        (None, "kernels-int4", 4, "suffix"), (None, "kernels-int4", 8, "suffix")]
+    for value, why in (("suffix=x", "must be an integer"), ("branches=2", "takes no option 'branches'")):
+        with pytest.raises(ConfigError, match=rf"^SPECBENCH_PEER_HYBRID='{value}': drafter.*{why}.*e\.g\. "
+                                              r"SPECBENCH_PEER_HYBRID='suffix=1;suffix=1,head_vocab=32768'\)$"):
+            PeerSettings.from_env({"SPECBENCH_PEER_HYBRID": value})
+
+
 def test_an_external_peer_not_installed_is_refused_before_any_model_loads(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_HOME", str(tmp_path))
     monkeypatch.setattr("bench.measure.peers.runtimes.model_dir", lambda alias: tmp_path / alias)
