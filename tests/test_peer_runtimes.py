@@ -211,6 +211,26 @@ def _timed(config: str, rates: list[float], ttft: float | None = 0.05, tokens: i
     return [Timed(config, i, list(range(tokens)), tokens / rate, extra={"ttft_s": ttft}) for i, rate in enumerate(rates)]
 
 
+def test_after_the_first_token_leaves_out_every_token_the_first_cycle_emitted():
+    """A speculative first cycle emits its kept draft and the cloud's token at the first-token time: those tokens came
+    with the prompt's time, so they are not counted after it (crediting them flattered every spec peer by ~2 %)."""
+    from types import SimpleNamespace
+
+    from bench.measure.peers.runtimes import first_tokens
+
+    cycle = SimpleNamespace(accepted=3, extra_token=7)
+    assert first_tokens(SimpleNamespace(cycles=[cycle, cycle], tokens=[1] * 9)) == 4
+    assert first_tokens(SimpleNamespace(cycles=[SimpleNamespace(accepted=2, extra_token=None)], tokens=[1, 2])) == 2
+    assert first_tokens(SimpleNamespace(cycles=[], tokens=[5, 6])) == 1
+    assert first_tokens(SimpleNamespace(cycles=[], tokens=[])) == 0
+    plain = _timed("plain", [10, 10])
+    spec = [Timed("spec", i, list(range(10)), 0.5, extra={"ttft_s": 0.1, "first_tokens": 4}) for i in range(2)]
+    after, _, _ = speedups(plain + spec, "spec", "plain", after_first=True)
+    assert after == pytest.approx((6 / 0.4) / (9 / 0.95))
+    spec = [Timed("spec", i, list(range(4)), 0.5, extra={"ttft_s": 0.1, "first_tokens": 4}) for i in range(2)]
+    assert math.isnan(speedups(plain + spec, "spec", "plain", after_first=True)[0])  # nothing came after the first cycle
+
+
 def test_speedups_are_pooled_over_the_fastest_plain_with_a_paired_interval():
     timed = (_timed("a plain", [10, 20, 10, 20]) + _timed("b plain", [12, 24, 12, 24]) + _timed("spec", [24, 48, 24, 48])
              + _timed("text only", [12, 24, 12, 24], ttft=None))

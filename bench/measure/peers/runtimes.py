@@ -305,7 +305,7 @@ def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], se
             start = time.perf_counter()
             generation = engine.generate(*prompts[i])
             return Timed(name, i, generation.tokens, time.perf_counter() - start, text=generation.text,
-                         extra={"ttft_s": generation.ttft_s})
+                         extra={"ttft_s": generation.ttft_s, "first_tokens": first_tokens(generation)})
         return Peer(name, reference, run, plain)
 
     peers = [engine_peer(cloud_only(runtime), None, True, mode=Mode.CLOUD, cloud=cloud, cloud_runtime=runtime)
@@ -501,10 +501,20 @@ def same_as_reference(timed: list[Timed], config: str, reference: str, max_new_t
     return same, len(mine)
 
 
+def first_tokens(generation) -> int:
+    """Tokens out at the first-token time: a speculative generation's first cycle emits its kept draft and the cloud's
+    token at once (bench/derive/spec_bench.py's after_first_token reads a record so); plain decoding one."""
+    if not generation.cycles:
+        return min(1, len(generation.tokens))
+    first = generation.cycles[0]
+    return first.accepted + (first.extra_token is not None)
+
+
 def speedups(timed: list[Timed], config: str, reference: str, after_first: bool = False) -> tuple[float, float, float]:
     """Pooled tok/s of `config` over `reference`'s on the prompts both ran, and its 95 % paired bootstrap interval
-    (bench.derive.metrics.speedup_ci). `after_first`: the tokens after the first over the time after it (a peer
-    that reports no first-token time is left out: NaN)."""
+    (bench.derive.metrics.speedup_ci). `after_first`: the tokens after the first over the time after it, the tokens
+    out at the first-token time not counted (`first_tokens`: a speculative first cycle's several; one where a peer does
+    not say; a peer that reports no first-token time is left out: NaN)."""
     mine = {t.prompt: t for t in timed if t.config == config}
     base = {t.prompt: t for t in timed if t.config == reference}
     rows = [(mine[p], base[p]) for p in sorted(mine) if p in base]
@@ -512,10 +522,10 @@ def speedups(timed: list[Timed], config: str, reference: str, after_first: bool 
     def parts(t: Timed) -> tuple[float, float]:
         if not after_first:
             return float(t.new_tokens), t.wall_s
-        first = t.extra.get("ttft_s")
-        if first is None or t.new_tokens < 2 or t.wall_s <= first:
+        first, at_first = t.extra.get("ttft_s"), int(t.extra.get("first_tokens") or 1)
+        if first is None or t.new_tokens <= at_first or t.wall_s <= first:
             return math.nan, math.nan
-        return float(t.new_tokens - 1), t.wall_s - first
+        return float(t.new_tokens - at_first), t.wall_s - first
 
     kept = [(*parts(m), *parts(b)) for m, b in rows]
     kept = [row for row in kept if all(math.isfinite(v) for v in row)]
