@@ -32,7 +32,7 @@
 //              e_j = exp(score_j - top); norm = 1 / sum16(e); out[d] = (fma over j in order of e_j v_j[d]) * norm.
 //
 // Integer sums are exact whatever the instruction (VNNI's vpdpbusd on w + 128 less 128 sum q, AVX2's vpmaddubsw on
-// |q| and sign(w, q), NEON's sdot on w), so each path is free to tile rows and columns its own way.
+// |w| and sign(q, w), NEON's sdot on w), so each path is free to tile rows and columns its own way.
 #pragma once
 
 #include <algorithm>

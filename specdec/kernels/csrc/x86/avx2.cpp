@@ -4,10 +4,11 @@
 // kernels.h defines every number; this file reproduces reference.cpp bit for bit. kernels.h's 16 lanes are two ymm
 // here (lanes 0-7, 8-15), so every row reduction folds exactly as on AVX-512.
 //
-// int8 without VNNI: vpmaddubsw multiplies unsigned by signed bytes into saturating int16 pairs, so it takes |q| as
-// the unsigned side and sign(w, q) as the signed one (llama.cpp's trick, ggml-cpu's mul_sum_us8_pairs_float): both
-// within 0..127 in magnitude, a pair is at most 2 * 127 * 127 = 32258 and never saturates; vpmaddwd against ones
-// widens to int32. The packed w + 128 becomes w with one XOR of 0x80. int4 needs no trick: a nibble (0..15) times q
+// int8 without VNNI: vpmaddubsw multiplies unsigned by signed bytes into saturating int16 pairs, so it takes |w| as
+// the unsigned side and sign(q, w) as the signed one (llama.cpp's trick, ggml-cpu's mul_sum_us8_pairs_float, with the
+// roles of its operands swapped: |w| is computed once a weight vector for all the rows, and a row takes one broadcast a
+// chunk (q) where |q| and sign(w, q) took two): |w| <= 128 and |q| <= 127, so a pair is at most 2 * 128 * 127 = 32512
+// and never saturates; vpmaddwd against ones widens to int32. The packed w + 128 becomes w with one XOR of 0x80. int4 needs no trick: a nibble (0..15) times q
 // fits, and a whole group of 32 (16 products an int16 lane, at most 16 * 15 * 127 = 30480) sums in int16 before
 // one vpmaddwd. With AVX-VNNI, vpdpbusd does each in one instruction on w + 128 (less 128 sum q, as AVX-512 does).
 #include "../kernels.h"
@@ -36,6 +37,7 @@ constexpr int64_t PREFETCH = 4096;
 // rows, weights warm): int8 1.15-1.37x faster, int4 1.03x; the 5-token block of the real 1.5B, 2.41 -> 1.82 of its
 // steps in int8, 2.28 -> 1.83 in int4 (runtime_costs, docs/runtimes.md).
 constexpr int64_t SPAN = 1024;
+
 
 struct Lanes16 {  // kernels.h's 16 lanes
   __m256 lo, hi;
@@ -107,6 +109,15 @@ inline __m256i dot_u8s8(__m256i acc, __m256i w_u8, __m256i x) { return _mm256_dp
 inline __m256i dot_u8s8(__m256i acc, __m256i w_u8, __m256i x) { return _mm256_dpbusd_epi32(acc, w_u8, x); }
 #endif
 
+// T rows' q from row m0 on, as 4-byte groups: x(r, j) is row r's group j broadcast to the 8 lanes.
+struct Activations {
+  const int32_t* x[MAX_TILE];
+  Activations(const Rows& rows, int64_t m0, int T) {
+    for (int r = 0; r < T; ++r) x[r] = reinterpret_cast<const int32_t*>(rows.q + (m0 + r) * rows.Kp);
+  }
+  __m256i operator()(int r, int64_t j) const { return _mm256_set1_epi32(x[r][j]); }
+};
+
 // Where each row's int4 group sums start, so that no correction is left for after them: an int4 product is computed on
 // the stored nibble w + 8, and Σ (w + 8) q less 8 Σ q is the exact Σ w q. In int32 (AVX-VNNI, or groups over 32) the
 // start is -8 Σ q. In the int16 lanes of a short group it is split by lane: vpmaddubsw pairs bytes (0, 1) and (2, 3)
@@ -137,21 +148,14 @@ std::vector<int32_t>& group_starts(const Rows& rows, int64_t M, bool short_group
 }
 
 // T activation rows x one 8-column half (h) of a 16-column block, over chunks [c0, c1) (4 k each), added to `acc`: T
-// integer accumulators, the half's weights and the row's broadcast fit AVX2's 16 registers, so nothing spills in the
-// innermost loop (with both halves at once GCC spilled accumulators every chunk). rows_int8 takes a block's k a SPAN
-// at a time, both halves each, so the other half's pass finds the lines (and the rows' q) in L1.
+// integer accumulators, the half's weights and the row's q fit AVX2's 16 registers, so nothing spills in the innermost
+// loop (with both halves at once GCC spilled accumulators every chunk). rows_int8 takes a block's k a SPAN at a time,
+// both halves each, so the other half's pass finds the lines (and the rows' q) in L1.
 template <int T>
-void tile_int8(const Rows& rows, const int8_t* magnitudes, int64_t m0, const Linear& w, int64_t nb, int h, int64_t c0,
-               int64_t c1, __m256i* sums) {
+void tile_int8(const Activations& x, const Linear& w, int64_t nb, int h, int64_t c0, int64_t c1, __m256i* sums) {
   __m256i acc[T];
-  const int32_t* x[T];
-  const int32_t* mag[T];  // |q|, the unsigned side of vpmaddubsw (unused with VNNI)
   const uint8_t* block = w.weight + nb * COLS * w.Kp + 32 * h;
-  for (int r = 0; r < T; ++r) {
-    acc[r] = sums[r];
-    x[r] = reinterpret_cast<const int32_t*>(rows.q + (m0 + r) * rows.Kp);
-    mag[r] = reinterpret_cast<const int32_t*>(magnitudes + (m0 + r) * rows.Kp);
-  }
+  for (int r = 0; r < T; ++r) acc[r] = sums[r];
 #ifndef SPECBENCH_AVX_VNNI
   const __m256i flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);
 #endif
@@ -159,12 +163,12 @@ void tile_int8(const Rows& rows, const int8_t* magnitudes, int64_t m0, const Lin
     _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
     const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64));
 #ifdef SPECBENCH_AVX_VNNI
-    for (int r = 0; r < T; ++r) acc[r] = dot_u8s8(acc[r], wv, _mm256_set1_epi32(x[r][c]));
+    for (int r = 0; r < T; ++r) acc[r] = dot_u8s8(acc[r], wv, x(r, c));
 #else
     const __m256i ws = _mm256_xor_si256(wv, flip);  // w + 128 -> w
+    const __m256i magnitude = _mm256_abs_epi8(ws);  // |w|, unsigned (-128 -> 128)
     for (int r = 0; r < T; ++r) {
-      const __m256i xr = _mm256_set1_epi32(x[r][c]);
-      const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi32(mag[r][c]), _mm256_sign_epi8(ws, xr));
+      const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x(r, c), ws));
       acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
     }
 #endif
@@ -172,30 +176,38 @@ void tile_int8(const Rows& rows, const int8_t* magnitudes, int64_t m0, const Lin
   for (int r = 0; r < T; ++r) sums[r] = acc[r];
 }
 
+// The int8 epilogue of T rows' integer sums of one 8-column half.
 template <int T>
-void rows_int8(const Rows& rows, const int8_t* magnitudes, int64_t m0, const Linear& w, const float* residual, float* y,
+void write_int8(const Rows& rows, int64_t m0, const Linear& w, int64_t n, const __m256i* sums, const float* residual,
+                float* y) {
+  const int64_t remaining = w.N - n;
+  const __m256 scale = load(w.col_scale + n, remaining);
+  for (int r = 0; r < T; ++r) {
+    const int64_t m = m0 + r;
+#ifdef SPECBENCH_AVX_VNNI
+    const __m256i exact = _mm256_sub_epi32(sums[r], _mm256_set1_epi32(128 * rows.sums[m]));
+#else
+    const __m256i exact = sums[r];
+#endif
+    epilogue(_mm256_mul_ps(_mm256_cvtepi32_ps(exact), scale), rows.scale[m], w.bias ? w.bias + n : nullptr,
+             residual ? residual + m * w.N + n : nullptr, y + m * w.N + n, remaining);
+  }
+}
+
+template <int T>
+void rows_int8(const Rows& rows, int64_t m0, const Linear& w, const float* residual, float* y,
                int64_t nb) {
+  const Activations x(rows, m0, T);
   __m256i acc[2][T];
   for (int h = 0; h < 2; ++h)
     for (int r = 0; r < T; ++r) acc[h][r] = _mm256_setzero_si256();
   const int64_t chunks = rows.Kp / 4;  // integer sums: any split of k gives the same bits
   for (int64_t c0 = 0; c0 < chunks; c0 += SPAN / 4)
-    for (int h = 0; h < 2; ++h)
-      tile_int8<T>(rows, magnitudes, m0, w, nb, h, c0, std::min(chunks, c0 + SPAN / 4), acc[h]);
+    for (int h = 0; h < 2; ++h) tile_int8<T>(x, w, nb, h, c0, std::min(chunks, c0 + SPAN / 4), acc[h]);
   for (int h = 0; h < 2; ++h) {
-    const int64_t n = nb * COLS + 8 * h, remaining = w.N - n;
-    if (remaining <= 0) return;
-    const __m256 scale = load(w.col_scale + n, remaining);
-    for (int r = 0; r < T; ++r) {
-      const int64_t m = m0 + r;
-#ifdef SPECBENCH_AVX_VNNI
-      const __m256i exact = _mm256_sub_epi32(acc[h][r], _mm256_set1_epi32(128 * rows.sums[m]));
-#else
-      const __m256i exact = acc[h][r];
-#endif
-      epilogue(_mm256_mul_ps(_mm256_cvtepi32_ps(exact), scale), rows.scale[m], w.bias ? w.bias + n : nullptr,
-               residual ? residual + m * w.N + n : nullptr, y + m * w.N + n, remaining);
-    }
+    const int64_t n = nb * COLS + 8 * h;
+    if (w.N - n <= 0) return;
+    write_int8<T>(rows, m0, w, n, acc[h], residual, y);
   }
 }
 
@@ -203,16 +215,12 @@ void rows_int8(const Rows& rows, const int8_t* magnitudes, int64_t m0, const Lin
 // loop holds no branch). One 8-column half a pass over groups [g0, g1), each group's scaled sum added to `total` in
 // group order (the reference's order, whatever the split), as tile_int8.
 template <int T, bool SHORT>
-void tile_int4(const Rows& rows, const int32_t* starts, int64_t m0, const Linear& w, int64_t nb, int h, int64_t g0,
-               int64_t g1, __m256* totals) {
+void tile_int4(const Activations& x, const int32_t* starts, int64_t groups, int64_t m0, const Linear& w,
+               int64_t nb, int h, int64_t g0, int64_t g1, __m256* totals) {
   __m256 total[T];
-  const int32_t* x[T];
   const uint8_t* block = w.weight + nb * COLS * w.Kp / 2 + 32 * h;
-  const uint16_t* group_scale = w.group_scale + nb * COLS * rows.groups + 8 * h;
-  for (int r = 0; r < T; ++r) {
-    total[r] = totals[r];
-    x[r] = reinterpret_cast<const int32_t*>(rows.q + (m0 + r) * rows.Kp);
-  }
+  const uint16_t* group_scale = w.group_scale + nb * COLS * groups + 8 * h;
+  for (int r = 0; r < T; ++r) total[r] = totals[r];
   const __m256i low = _mm256_set1_epi8(0x0F);
   const int64_t per_group = w.group / 8;  // 64-byte chunks (8 k each) in a group
 #ifndef SPECBENCH_AVX_VNNI
@@ -220,17 +228,16 @@ void tile_int4(const Rows& rows, const int32_t* starts, int64_t m0, const Linear
 #endif
   for (int64_t g = g0; g < g1; ++g) {
     __m256i acc[T];
-    for (int r = 0; r < T; ++r) acc[r] = _mm256_set1_epi32(starts[(m0 + r) * rows.groups + g]);
+    for (int r = 0; r < T; ++r) acc[r] = _mm256_set1_epi32(starts[(m0 + r) * groups + g]);
     for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
       _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64));
       const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
       for (int r = 0; r < T; ++r) {
-        const __m256i xlo = _mm256_set1_epi32(x[r][2 * c]), xhi = _mm256_set1_epi32(x[r][2 * c + 1]);
 #ifdef SPECBENCH_AVX_VNNI
-        acc[r] = dot_u8s8(dot_u8s8(acc[r], lo, xlo), hi, xhi);
+        acc[r] = dot_u8s8(dot_u8s8(acc[r], lo, x(r, 2 * c)), hi, x(r, 2 * c + 1));
 #else
-        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x(r, 2 * c)), _mm256_maddubs_epi16(hi, x(r, 2 * c + 1)));
         acc[r] = SHORT ? _mm256_add_epi16(acc[r], pairs) : _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
 #endif
       }
@@ -248,90 +255,86 @@ void tile_int4(const Rows& rows, const int32_t* starts, int64_t m0, const Linear
   for (int r = 0; r < T; ++r) totals[r] = total[r];
 }
 
+// The int4 epilogue of T rows' scaled sums of one 8-column half.
+template <int T>
+void write_int4(const Rows& rows, int64_t m0, const Linear& w, int64_t n, const __m256* totals, const float* residual,
+                float* y) {
+  const int64_t remaining = w.N - n;
+  for (int r = 0; r < T; ++r) {
+    const int64_t m = m0 + r;
+    epilogue(totals[r], rows.scale[m], w.bias ? w.bias + n : nullptr, residual ? residual + m * w.N + n : nullptr,
+             y + m * w.N + n, remaining);
+  }
+}
+
 template <int T, bool SHORT>
-void rows_int4(const Rows& rows, const int32_t* starts, int64_t m0, const Linear& w, const float* residual, float* y,
-               int64_t nb) {
+void rows_int4(const Rows& rows, const int32_t* starts, int64_t m0, const Linear& w,
+               const float* residual, float* y, int64_t nb) {
+  const Activations x(rows, m0, T);
   __m256 total[2][T];
   for (int h = 0; h < 2; ++h)
     for (int r = 0; r < T; ++r) total[h][r] = _mm256_setzero_ps();
   const int64_t span = std::max<int64_t>(1, SPAN / w.group);  // groups a pass
   for (int64_t g0 = 0; g0 < rows.groups; g0 += span)
     for (int h = 0; h < 2; ++h)
-      tile_int4<T, SHORT>(rows, starts, m0, w, nb, h, g0, std::min(rows.groups, g0 + span), total[h]);
+      tile_int4<T, SHORT>(x, starts, rows.groups, m0, w, nb, h, g0, std::min(rows.groups, g0 + span), total[h]);
   for (int h = 0; h < 2; ++h) {
-    const int64_t n = nb * COLS + 8 * h, remaining = w.N - n;
-    if (remaining <= 0) return;
-    for (int r = 0; r < T; ++r) {
-      const int64_t m = m0 + r;
-      epilogue(total[h][r], rows.scale[m], w.bias ? w.bias + n : nullptr, residual ? residual + m * w.N + n : nullptr,
-               y + m * w.N + n, remaining);
-    }
+    const int64_t n = nb * COLS + 8 * h;
+    if (w.N - n <= 0) return;
+    write_int4<T>(rows, m0, w, n, total[h], residual, y);
   }
 }
 
-// One or two rows (a step, a 2-token block): both halves in one pass, so each weight line is touched once; 2 x T
-// accumulators still fit the registers. Each function writes its rows out itself: one writer shared through a lambda
-// that read the accumulators by reference made GCC keep them in memory (int8's 2-row pass 1.7x slower, measured). Measured on the 1.5B (AMD EPYC, AVX2 path, 2 threads, runtime_costs): a
-// step 33-39 ms this way, 51 ms in two half passes; 3 rows and more run in half passes (5 tokens: 2.1 steps, against
-// 2.9 with both halves at once).
+// One or two rows (a step, a 2-token block): both halves in one pass, so each weight line is touched once and each
+// row's q is loaded once for both; 2 x T accumulators still fit the registers. Each function writes its rows out itself:
+// one writer shared through a lambda that read the accumulators by reference made GCC keep them in memory (int8's 2-row
+// pass 1.7x slower, measured). Measured on the 1.5B (AMD EPYC, AVX2 path, 2 threads, runtime_costs): a step 33-39 ms
+// this way, 51 ms in two half passes; 3 rows and more run in half passes (5 tokens: 2.1 steps, against 2.9 with both
+// halves at once).
 template <int T>
-void narrow_int8(const Rows& rows, const int8_t* magnitudes, int64_t m0, const Linear& w, const float* residual,
-                 float* y, int64_t nb) {
+void narrow_int8(const Rows& rows, const Linear& w, const float* residual, float* y,
+                 int64_t nb) {
+  const Activations x(rows, 0, T);
   __m256i acc[T][2];
-  const int32_t *x[T], *mag[T];
   const uint8_t* block = w.weight + nb * COLS * w.Kp;
-  for (int r = 0; r < T; ++r) {
-    acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    x[r] = reinterpret_cast<const int32_t*>(rows.q + (m0 + r) * rows.Kp);
-    mag[r] = reinterpret_cast<const int32_t*>(magnitudes + (m0 + r) * rows.Kp);
-  }
+  for (int r = 0; r < T; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
 #ifndef SPECBENCH_AVX_VNNI
   const __m256i flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);
 #endif
   for (int64_t c = 0; c < rows.Kp / 4; ++c) {
     _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
+    __m256i q[T];
+    for (int r = 0; r < T; ++r) q[r] = x(r, c);
     for (int h = 0; h < 2; ++h) {
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64 + 32 * h));
 #ifdef SPECBENCH_AVX_VNNI
-      for (int r = 0; r < T; ++r) acc[r][h] = dot_u8s8(acc[r][h], wv, _mm256_set1_epi32(x[r][c]));
+      for (int r = 0; r < T; ++r) acc[r][h] = dot_u8s8(acc[r][h], wv, q[r]);
 #else
-      const __m256i ws = _mm256_xor_si256(wv, flip);
+      const __m256i ws = _mm256_xor_si256(wv, flip), magnitude = _mm256_abs_epi8(ws);
       for (int r = 0; r < T; ++r) {
-        const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi32(mag[r][c]),
-                                                   _mm256_sign_epi8(ws, _mm256_set1_epi32(x[r][c])));
+        const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(q[r], ws));
         acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs, ones));
       }
 #endif
     }
   }
   for (int h = 0; h < 2; ++h) {
-    const int64_t n = nb * COLS + 8 * h, remaining = w.N - n;
-    if (remaining <= 0) break;
-    const __m256 scale = load(w.col_scale + n, remaining);
-    for (int r = 0; r < T; ++r) {
-      const int64_t m = m0 + r;
-#ifdef SPECBENCH_AVX_VNNI
-      const __m256i exact = _mm256_sub_epi32(acc[r][h], _mm256_set1_epi32(128 * rows.sums[m]));
-#else
-      const __m256i exact = acc[r][h];
-#endif
-      epilogue(_mm256_mul_ps(_mm256_cvtepi32_ps(exact), scale), rows.scale[m], w.bias ? w.bias + n : nullptr,
-               residual ? residual + m * w.N + n : nullptr, y + m * w.N + n, remaining);
-    }
+    const int64_t n = nb * COLS + 8 * h;
+    if (w.N - n <= 0) break;
+    __m256i sums[T];
+    for (int r = 0; r < T; ++r) sums[r] = acc[r][h];
+    write_int8<T>(rows, 0, w, n, sums, residual, y);
   }
 }
 
 template <int T, bool SHORT>
-void narrow_int4(const Rows& rows, const int32_t* starts, int64_t m0, const Linear& w, const float* residual, float* y,
-                 int64_t nb) {
+void narrow_int4(const Rows& rows, const int32_t* starts, const Linear& w,
+                 const float* residual, float* y, int64_t nb) {
+  const Activations x(rows, 0, T);
   __m256 total[T][2];
-  const int32_t* x[T];
   const uint8_t* block = w.weight + nb * COLS * w.Kp / 2;
   const uint16_t* group_scale = w.group_scale + nb * COLS * rows.groups;
-  for (int r = 0; r < T; ++r) {
-    total[r][0] = total[r][1] = _mm256_setzero_ps();
-    x[r] = reinterpret_cast<const int32_t*>(rows.q + (m0 + r) * rows.Kp);
-  }
+  for (int r = 0; r < T; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi8(0x0F);
   const int64_t per_group = w.group / 8;
 #ifndef SPECBENCH_AVX_VNNI
@@ -339,18 +342,19 @@ void narrow_int4(const Rows& rows, const int32_t* starts, int64_t m0, const Line
 #endif
   for (int64_t g = 0; g < rows.groups; ++g) {
     __m256i acc[T][2];
-    for (int r = 0; r < T; ++r) acc[r][0] = acc[r][1] = _mm256_set1_epi32(starts[(m0 + r) * rows.groups + g]);
+    for (int r = 0; r < T; ++r) acc[r][0] = acc[r][1] = _mm256_set1_epi32(starts[r * rows.groups + g]);
     for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
       _mm_prefetch(reinterpret_cast<const char*>(block + c * 64 + PREFETCH), _MM_HINT_T0);
+      __m256i xlo[T], xhi[T];
+      for (int r = 0; r < T; ++r) xlo[r] = x(r, 2 * c), xhi[r] = x(r, 2 * c + 1);
       for (int h = 0; h < 2; ++h) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64 + 32 * h));
         const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         for (int r = 0; r < T; ++r) {
-          const __m256i xlo = _mm256_set1_epi32(x[r][2 * c]), xhi = _mm256_set1_epi32(x[r][2 * c + 1]);
 #ifdef SPECBENCH_AVX_VNNI
-          acc[r][h] = dot_u8s8(dot_u8s8(acc[r][h], lo, xlo), hi, xhi);
+          acc[r][h] = dot_u8s8(dot_u8s8(acc[r][h], lo, xlo[r]), hi, xhi[r]);
 #else
-          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[r]), _mm256_maddubs_epi16(hi, xhi[r]));
           acc[r][h] = SHORT ? _mm256_add_epi16(acc[r][h], pairs)
                             : _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs, ones));
 #endif
@@ -370,16 +374,13 @@ void narrow_int4(const Rows& rows, const int32_t* starts, int64_t m0, const Line
     }
   }
   for (int h = 0; h < 2; ++h) {
-    const int64_t n = nb * COLS + 8 * h, remaining = w.N - n;
-    if (remaining <= 0) break;
-    for (int r = 0; r < T; ++r) {
-      const int64_t m = m0 + r;
-      epilogue(total[r][h], rows.scale[m], w.bias ? w.bias + n : nullptr, residual ? residual + m * w.N + n : nullptr,
-               y + m * w.N + n, remaining);
-    }
+    const int64_t n = nb * COLS + 8 * h;
+    if (w.N - n <= 0) break;
+    __m256 sums[T];
+    for (int r = 0; r < T; ++r) sums[r] = total[r][h];
+    write_int4<T>(rows, 0, w, n, sums, residual, y);
   }
 }
-
 
 // kernels.h's sum16 of 8 keys' 16 lanes at once (lo[i], hi[i]: lanes 0-7 and 8-15 of key i): lane i of the result is
 // sum16 of key i, each pair added as sum16 adds it ((l, l + 8), (l, l + 4), (l, l + 2), (0, 1)); shuffles only move
@@ -500,22 +501,16 @@ void quantize_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t Kp
 
 void linear_int8(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int64_t nb1, const float* residual,
                  float* y) {
-  std::vector<int8_t> magnitudes;
-#ifndef SPECBENCH_AVX_VNNI
-  magnitudes.resize(M * rows.Kp);  // |q| once a call, not once a row and chunk
-  for (int64_t i = 0; i < M * rows.Kp; ++i) magnitudes[i] = int8_t(std::abs(int32_t(rows.q[i])));
-#endif
   for (int64_t nb = nb0; nb < nb1; ++nb) {
-    if (M <= 2) {
-      if (M == 1)
-        narrow_int8<1>(rows, magnitudes.data(), 0, w, residual, y, nb);
-      else
-        narrow_int8<2>(rows, magnitudes.data(), 0, w, residual, y, nb);
-      continue;
+    if (M == 1) {
+      narrow_int8<1>(rows, w, residual, y, nb);
+    } else if (M == 2) {
+      narrow_int8<2>(rows, w, residual, y, nb);
+    } else {
+      over_rows<MAX_TILE>(M, [&](auto tile, int64_t m0) {
+        rows_int8<decltype(tile)::value>(rows, m0, w, residual, y, nb);
+      });
     }
-    over_rows<MAX_TILE>(M, [&](auto tile, int64_t m0) {
-      rows_int8<decltype(tile)::value>(rows, magnitudes.data(), m0, w, residual, y, nb);
-    });
   }
 }
 
@@ -525,10 +520,10 @@ void linear_int4(const Rows& rows, int64_t M, const Linear& w, int64_t nb0, int6
   const int32_t* starts = group_starts(rows, M, short_group).data();
   for (int64_t nb = nb0; nb < nb1; ++nb) {
     if (M <= 2) {
-      if (M == 1 && short_group) narrow_int4<1, true>(rows, starts, 0, w, residual, y, nb);
-      if (M == 1 && !short_group) narrow_int4<1, false>(rows, starts, 0, w, residual, y, nb);
-      if (M == 2 && short_group) narrow_int4<2, true>(rows, starts, 0, w, residual, y, nb);
-      if (M == 2 && !short_group) narrow_int4<2, false>(rows, starts, 0, w, residual, y, nb);
+      if (M == 1 && short_group) narrow_int4<1, true>(rows, starts, w, residual, y, nb);
+      if (M == 1 && !short_group) narrow_int4<1, false>(rows, starts, w, residual, y, nb);
+      if (M == 2 && short_group) narrow_int4<2, true>(rows, starts, w, residual, y, nb);
+      if (M == 2 && !short_group) narrow_int4<2, false>(rows, starts, w, residual, y, nb);
       continue;
     }
     over_rows<MAX_TILE>(M, [&](auto tile, int64_t m0) {
