@@ -49,8 +49,9 @@ class VerifierServer:
         self.model, self.config, self.log = model, config, log
         self.tls = server_tls(config)
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
-        self.batcher = Batcher(model.backend, self.compute, config.max_batch, config.batch_window_ms / 1e3)
         self.sessions: dict[ServerConnection, ServerSession] = {}
+        self.batcher = Batcher(model.backend, self.compute, config.max_batch, config.batch_window_ms / 1e3,
+                               open_sessions=lambda: len(self.sessions))
         self.answering: set[ServerConnection] = set()  # connections with a request not yet answered
         self.connections = 0  # open now
         ready = Ready(schema=SCHEMA, model=model.name, vocab_size=model.backend.vocab_size,
