@@ -8,11 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypedDict
 
+import torch
+
 from specdec.constraint_profiles import build_constraints
 from specdec.core.cloud import Cloud, LocalCloud
 from specdec.core.config import DecodeConfig, DeployConfig, EngineConfig, SpecConfig
 from specdec.core.decode import SpecOptions, autoregressive_decode, speculative_decode
-from specdec.core.drafters import DRAFTS_AHEAD, NEEDS_MODEL, WEIGHS_RUNTIMES
+from specdec.core.drafters import DRAFTS_AHEAD, NEEDS_MODEL, WEIGHS_RUNTIMES, drafter_options
 from specdec.core.history import History
 from specdec.core.overlap import OverlapGovernor
 from specdec.core.processors import Constraints
@@ -169,6 +171,10 @@ class Engine(EngineConfig):
                 )
             if cloud.backend.accepts_audio != edge.backend.accepts_audio:
                 raise ConfigError("the edge and the cloud must both take audio or both be text-only, so they see the same inputs")
+        if self.mode == Mode.SPEC and self.spec.drafter in NEEDS_MODEL:
+            drafting = self.model("edge").backend
+            if drafter_options(self.spec.drafter, self.spec.drafter_options).get("head_vocab") and not drafting.cuts_head:
+                drafting.with_head_rows(torch.zeros(0, dtype=torch.long))  # its one-line refusal, before any generation
         self._derived["checked"] = True
 
     def _connect(self) -> None:

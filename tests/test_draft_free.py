@@ -718,3 +718,19 @@ def test_an_engine_hands_its_assumed_block_costs_to_auto(tmp_path):
     sent, held = free.generate(text), priced.generate(text)
     assert sent.tokens == held.tokens
     assert any(c.draft_tokens for c in sent.cycles) and not any(c.draft_tokens for c in held.cycles)
+
+
+def test_a_head_vocabulary_on_an_edge_that_computes_its_whole_head_is_refused_when_the_engine_loads(tmp_path):
+    """Refused once the edge is loaded, before a prompt is read: not at the first generation of a sweep."""
+    from specdec.engine import Engine
+    from tests.tiny import save_tiny_pair
+
+    paths = save_tiny_pair(tmp_path)
+    for drafter in ("model", "hybrid"):
+        engine = Engine(mode="spec", edge=paths["edge"], cloud=paths["cloud"], dtype="float32",
+                        spec=SpecConfig(k=3, drafter=drafter, drafter_options="head_vocab=32"))
+        with pytest.raises(ConfigError, match=r"computes its whole output head: a drafter's head_vocab needs an edge "
+                                              r"runtime that computes part of it"):
+            engine.load()
+    Engine(mode="spec", edge=paths["edge"], cloud=paths["cloud"], dtype="float32",
+           spec=SpecConfig(k=3, drafter="model")).load()  # the whole head: loads

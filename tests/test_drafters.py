@@ -9,7 +9,7 @@ from scipy.stats import chisquare
 
 from specdec import ConfigError, DecodeConfig, Prompt, SpecConfig, SpecOptions, autoregressive_decode, speculative_decode
 from specdec.backends.hf_causal import HFCausalBackend
-from specdec.core.drafters import DRAFTERS, DraftContext, DraftFree, Proposal, register_drafter
+from specdec.core.drafters import DRAFTERS, DraftContext, DraftFree, Proposal, drafter_options, register_drafter
 from specdec.core.policies.sample import speculative_sample
 from specdec.core.session import AcceptedSequence
 from tests.tiny import random_prompt, tiny_causal
@@ -105,6 +105,8 @@ def test_a_combination_that_cannot_work_is_refused_in_one_line(cloud):
             lambda: SpecConfig(drafter="model", drafter_options="max_ngram=2"),
         "drafter 'ngram' takes no option 'max_gram': it takes max_ngram, min_count":
             lambda: SpecConfig(drafter="ngram", drafter_options="max_gram=2"),
+        "drafter 'none-such' takes no option 'x': it takes none":  # a name SpecConfig would refuse first
+            lambda: drafter_options("none-such", "x=1"),
         "drafter option max_ngram of 'hybrid' must be >= 2, got 1":
             lambda: SpecConfig(drafter="hybrid", drafter_options="max_ngram=1"),
         "--overlap true drafts the next block while a remote cloud verifies; this cloud runs in this process":

@@ -53,7 +53,8 @@ class Backend:
         accepts_trees   forward_tree verifies a token tree in one block, each node's row its path's step bit for
                         bit, and commit_path keeps the accepted path (specdec/core/tree.py); others verify chains
         with_head_rows  a view whose output head computes only some ids' rows (a drafter's smaller vocabulary);
-                        the runtimes whose head is their own code (the kernels) have one, the others refuse
+                        the runtimes whose head is their own code (the kernels) have one (`cuts_head`), the others
+                        refuse
     """
 
     name: str = ""
@@ -65,6 +66,7 @@ class Backend:
     extra_buffers: bool | None = None
     model: Any = None
     accepts_trees: bool = False
+    cuts_head: bool = False  # with_head_rows gives a view; False: it refuses
     transcribes: bool = False
 
     # Declared as read-only properties: a runtime answers with a class attribute, an attribute set at load, or a

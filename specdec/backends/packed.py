@@ -121,6 +121,7 @@ class PackedBackend(Backend):
 
     accepts_audio = False
     accepts_trees = True  # forward_tree, commit_path
+    cuts_head = True  # with_head_rows
     batchable = True  # forward_batch: rows of several states in one pass
 
     def __init__(self, name: str, weights: str, packed: PackedDecoder, rotary: tuple[torch.Tensor, torch.Tensor],
