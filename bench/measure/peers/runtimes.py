@@ -346,15 +346,16 @@ def build_peers(edge: str, cloud: str, prompts: list[tuple[str, str | None]], se
                                 "decode_s": report.decode_s, "drafted": report.drafted, "accepted": report.accepted})
         peers.append(Peer(llama_peer_name(spec_type), llama_reference, run_example))
     for edge_runtime, cloud_runtime, k, drafter in spec_peers(cloud_runtimes, settings.spec_modes, settings.draft_free_ks):
-        spec = SpecConfig(k=k, entropy_threshold=0, policy="greedy", drafter=drafter)
-        if drafter == "hybrid":
+        if drafter == "hybrid":  # one peer per option string, each ending a block at an unsure draft
             for options in settings.hybrid_options:
-                spec = SpecConfig(k=k, entropy_threshold=0, policy="greedy", drafter=drafter, drafter_options=options,
-                                  draft_stop=HYBRID_STOP)
+                hybrid = SpecConfig(k=k, entropy_threshold=0, policy="greedy", drafter=drafter, drafter_options=options,
+                                    draft_stop=HYBRID_STOP)
                 peers.append(engine_peer(f"specbench hybrid[{options}] -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
                                          mode=Mode.SPEC, edge=edge, cloud=cloud, edge_runtime=edge_runtime,
-                                         cloud_runtime=cloud_runtime, spec=spec))
-        elif drafter in NEEDS_MODEL:
+                                         cloud_runtime=cloud_runtime, spec=hybrid))
+            continue
+        spec = SpecConfig(k=k, entropy_threshold=0, policy="greedy", drafter=drafter)
+        if drafter in NEEDS_MODEL:
             peers.append(engine_peer(f"specbench {edge_runtime} -> {cloud_runtime} k={k}", cloud_only(cloud_runtime),
                                      mode=Mode.SPEC, edge=edge, cloud=cloud, edge_runtime=edge_runtime,
                                      cloud_runtime=cloud_runtime, spec=spec))
