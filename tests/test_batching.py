@@ -116,7 +116,7 @@ def test_batched_server_equals_unbatched_and_in_process(models, verifiers):
                   for (ids, k), v in zip(SESSIONS, verifiers)]
     runs = {}
     for name, config in {"unbatched": ServeConfig(max_batch=1),
-                         # A window that lasts until every open session's row is in: the batches form however
+                         # A window that lasts until every open connection's row is in: the batches form however
                          # slow this machine is (under emulation a 40 ms window caught one session at a time).
                          "batched": ServeConfig(max_batch=4, batch_window_ms=1000)}.items():
         background = BackgroundServer(models["cloud"], config)
@@ -126,7 +126,7 @@ def test_batched_server_equals_unbatched_and_in_process(models, verifiers):
             runs[name + "_log"] = list(background.server.batcher.log)
     assert [decisions(g) for g in runs["batched"]] == [decisions(g) for g in in_process]
     assert [decisions(g) for g in runs["unbatched"]] == [decisions(g) for g in in_process]
-    # The batches really formed (the window holds until every open session's row is in), rows of different sessions
+    # The batches really formed (the window holds until every open connection's row is in), rows of different sessions
     # shared forwards (all cached, blocks of 2-6 tokens: 3 or more a forward; a stateless row's whole context shares
     # one with the cached rows' short blocks only while it is short: 2 a forward are sure), and rows rolled back while
     # others in a batch accepted everything.
@@ -343,10 +343,10 @@ def test_the_batch_log_keeps_the_newest_entries_and_their_indices():
     batcher.compute.shutdown()
 
 
-def test_a_batch_window_closes_once_every_open_session_has_a_row_in():
-    """No other row can come, so the window does not run on: with two sessions open and both rows queued, a batch of
-    the two is taken at once (a window of 1,000 s would otherwise run out first: the wait_for below would time out);
-    a third session opening lets a third row in."""
+def test_a_batch_window_closes_once_every_open_connection_has_a_row_in():
+    """No other row can come, so the window does not run on: with two connections open and both rows queued, a batch
+    of the two is taken at once (a window of 1,000 s would otherwise run out first: the wait_for below would time
+    out); a third connection lets a third row in."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
@@ -354,7 +354,7 @@ def test_a_batch_window_closes_once_every_open_session_has_a_row_in():
 
     open_now = [2]
     batcher = Batcher(backend=None, compute=ThreadPoolExecutor(max_workers=1), max_batch=8, window_s=1000.0,
-                      open_sessions=lambda: open_now[0])
+                      senders=lambda: open_now[0])
 
     async def collect(rows: int) -> list:
         loop = asyncio.get_running_loop()
@@ -365,7 +365,7 @@ def test_a_batch_window_closes_once_every_open_session_has_a_row_in():
     assert [r.owner for r in asyncio.run(collect(2))] == ["0", "1"]
     open_now[0] = 3
     assert [r.owner for r in asyncio.run(collect(3))] == ["0", "1", "2"]
-    # More queued than sessions counted (a session pipelining its next block): the queue is still drained.
+    # More queued than connections counted (a session pipelining its next block): the queue is still drained.
     open_now[0] = 1
     assert len(asyncio.run(collect(4))) == 4
     batcher.compute.shutdown()

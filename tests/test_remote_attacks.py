@@ -94,9 +94,11 @@ def test_a_poisoned_row_fails_alone_and_the_honest_rows_of_its_batch_get_the_clo
 
 # -- 2. SIGTERM with requests in flight ----------------------------------------------------------------
 def test_sigterm_with_requests_in_flight_answers_them_and_exits(pair):
-    """Three cloud-only generations that take minutes (a 1 s batch window per step of 400) are in
-    flight when SIGTERM comes: each gets an error verdict naming the shutdown, the process exits 0."""
+    """Three cloud-only generations that take minutes (a 1 s batch window per step of 400: a fourth
+    connection that sends nothing keeps each window open its whole second) are in flight when SIGTERM
+    comes: each gets an error verdict naming the shutdown, the process exits 0."""
     process, url = start_cli_server(pair, "--batch-window-ms", "1000", "--max-batch", "8")
+    idle = raw_client(url)  # noqa: F841 (held open)
     clients = [raw_client(url) for _ in range(3)]
     for ws in clients:
         ws.send(opening(max_new_tokens=400))

@@ -67,11 +67,12 @@ class Served:
 
 class Batcher:
     def __init__(self, backend: Backend, compute: ThreadPoolExecutor, max_batch: int = 16, window_s: float = 0.0,
-                 open_sessions: Callable[[], int] | None = None) -> None:
+                 senders: Callable[[], int] | None = None) -> None:
         self.backend, self.compute, self.max_batch, self.window_s = backend, compute, max_batch, window_s
-        # How many sessions could add a row now: a window closes once each of them has one in, since no other row
-        # can come (waiting on would only add latency). None: the window always runs out, or max_batch fills it.
-        self.open_sessions = open_sessions
+        # How many connections could add a row now (the server's open connections: one that has not opened its
+        # session yet counts, so a row on its way is waited for): a window closes once that many rows are in, since
+        # no other row can come and waiting on would only add latency. None: the window runs out or max_batch fills.
+        self.senders = senders
         self.queue: asyncio.Queue[QueuedRow] = asyncio.Queue()
         # One entry per forward: t_s (since start), rows, tokens, max_block, positions, forward_s, batch
         # (requests taken together). The newest LOG_ENTRIES only: a long-lived server must not grow.
@@ -144,8 +145,8 @@ class Batcher:
             if not self.queue.empty():
                 batch.append(self.queue.get_nowait())
                 continue
-            if self.open_sessions is not None and len(batch) >= self.open_sessions():
-                break  # every open session's row is in: nobody else can send one
+            if self.senders is not None and len(batch) >= self.senders():
+                break  # a row from every open connection is in: nobody else can send one
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break

@@ -51,7 +51,7 @@ class VerifierServer:
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
         self.sessions: dict[ServerConnection, ServerSession] = {}
         self.batcher = Batcher(model.backend, self.compute, config.max_batch, config.batch_window_ms / 1e3,
-                               open_sessions=lambda: len(self.sessions))
+                               senders=lambda: self.connections)
         self.answering: set[ServerConnection] = set()  # connections with a request not yet answered
         self.connections = 0  # open now
         ready = Ready(schema=SCHEMA, model=model.name, vocab_size=model.backend.vocab_size,

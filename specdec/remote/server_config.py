@@ -66,8 +66,8 @@ class ServeConfig:
     max_batch: int = field(default=16, metadata={"help": "verify requests of different sessions run as one forward, at most "
                                                           "this many (1: unbatched)"})
     batch_window_ms: float = field(default=0.0, metadata={"help": "wait this long for more requests before a forward, less once "
-                                                                  "every open session has one in (0: batch only what already "
-                                                                  "queued)"})
+                                                                  "every open connection has one in (0: batch only what "
+                                                                  "already queued)"})
     max_connections: int = field(default=256, metadata={"help": "open connections at most; one more is refused at once"})
     idle_timeout_s: float = field(default=30.0, metadata={"help": "close a connection that holds no session after this many "
                                                                   "idle seconds", "flags": ("--idle-timeout",)})
