@@ -8,9 +8,9 @@
 // the unsigned side and sign(q, w) as the signed one (llama.cpp's trick, ggml-cpu's mul_sum_us8_pairs_float, with the
 // roles of its operands swapped: |w| is computed once a weight vector for all the rows, and a row takes one broadcast a
 // chunk (q) where |q| and sign(w, q) took two): |w| <= 128 and |q| <= 127, so a pair is at most 2 * 128 * 127 = 32512
-// and never saturates; vpmaddwd against ones widens to int32. The packed w + 128 becomes w with one XOR of 0x80. int4 needs no trick: a nibble (0..15) times q
-// fits, and a whole group of 32 (16 products an int16 lane, at most 16 * 15 * 127 = 30480) sums in int16 before
-// one vpmaddwd. With AVX-VNNI, vpdpbusd does each in one instruction on w + 128 (less 128 sum q, as AVX-512 does).
+// and never saturates; vpmaddwd against ones widens to int32. The packed w + 128 becomes w with one XOR of 0x80.
+// int4 needs no trick: a nibble (0..15) times q fits, and a whole group of 32 (16 products an int16 lane, at most
+// 16 * 15 * 127 = 30480) sums in int16 before one vpmaddwd. With AVX-VNNI, vpdpbusd does each in one instruction on w + 128 (less 128 sum q, as AVX-512 does).
 #include "../kernels.h"
 
 #include <immintrin.h>
@@ -237,7 +237,8 @@ void tile_int4(const Activations& x, const int32_t* starts, int64_t groups, int6
 #ifdef SPECBENCH_AVX_VNNI
         acc[r] = dot_u8s8(dot_u8s8(acc[r], lo, x(r, 2 * c)), hi, x(r, 2 * c + 1));
 #else
-        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x(r, 2 * c)), _mm256_maddubs_epi16(hi, x(r, 2 * c + 1)));
+        const __m256i pairs =
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo, x(r, 2 * c)), _mm256_maddubs_epi16(hi, x(r, 2 * c + 1)));
         acc[r] = SHORT ? _mm256_add_epi16(acc[r], pairs) : _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
 #endif
       }
