@@ -6,6 +6,7 @@ run (a CPU without any vector path, a forced path it lacks, no compiler, another
 fix. tests/test_kernels.py holds every path to the reference, bit for bit."""
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
@@ -197,6 +198,69 @@ def test_a_long_prompt_in_chunks_of_rows_gives_the_same_bits(models, weights, mo
         assert torch.equal(backend.forward(state, ids[29:30]), after), keep
     state, _ = backend.prefill(Prompt(ids[:3]), ids[:3], keep=1)
     assert torch.equal(backend.forward(state, ids[3:29]), whole[3:29])  # a long block after a cache, all rows kept
+
+
+def python_layers(backend, states, blocks, keeps):
+    """The decoder's layers as a Python loop over the kernels, one call an op (the loop the C++ Decoder replaced):
+    each block's kept rows' logits, each state's cache written and its length advanced."""
+    ops, sizes = backend.ops, [b.numel() for b in blocks]
+    caches = [backend._reserve(s, s.length + n) for s, n in zip(states, sizes)]
+    x = backend._embedded(torch.cat(blocks))
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    rows = torch.cat([torch.arange(start + n - keep, start + n) for start, n, keep in zip(starts, sizes, keeps)])
+
+    def linear(x, p, residual=None):
+        if p.kind == "int4":
+            return ops.linear_int4(x, p.weight, p.scale, p.bias, residual, p.out_features, p.in_features, p.group)
+        return ops.linear_int8(x, p.weight, p.scale, p.bias, residual, p.out_features, p.in_features)
+
+    for index, layer in enumerate(backend.layers):
+        qkv = linear(ops.rms_norm(x, layer.input_norm, backend.eps), layer.qkv)
+        attended = torch.cat([ops.attention(qkv[start : start + n], kv[index, 0], kv[index, 1], s.length, backend.cos,
+                                            backend.sin, backend.heads, backend.kv_heads, backend.scaling)
+                              for s, kv, start, n in zip(states, caches, starts, sizes)])
+        if index == len(backend.layers) - 1:
+            if not rows.numel():
+                break
+            attended, x = attended[rows].contiguous(), x[rows].contiguous()
+        x = linear(attended, layer.o, residual=x)
+        x = linear(ops.silu_mul(linear(ops.rms_norm(x, layer.post_norm, backend.eps), layer.gate_up)), layer.down,
+                   residual=x)
+    for s, n in zip(states, sizes):
+        s.length += n
+    logits = linear(ops.rms_norm(x, backend.norm, backend.eps), backend.head) if rows.numel() else None
+    return [None if logits is None or not keep else part for keep, part in zip(keeps, logits.split(keeps) if
+                                                                               logits is not None else keeps)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_the_layers_in_one_cpp_call_are_the_python_loops_bits(models, arch, weights):
+    """The C++ Decoder (the layers in one call) computes what a Python loop calling the same kernels one op at a time
+    computes, bit for bit: logits and every cached key and value, for a prefill, steps, blocks of 2-9 rows, any kept
+    rows (none included) and several sessions' blocks in one pass."""
+    from specdec.backends.packed import PackedState
+
+    _, backend = models(arch, weights)
+    ids = random_prompt(13, 40)
+    cases = [([(0, 0, 17)], [17]), ([(0, 0, 17)], [3]), ([(0, 0, 17)], [0])]  # (length, first id, size) a session
+    cases += [([(17, 17, n)], [n]) for n in range(1, 10)]
+    cases += [([(17, 17, 5), (6, 6, 1), (30, 30, 9)], [5, 1, 2]), ([(17, 17, 5), (6, 6, 3)], [0, 0])]
+    for sessions, keeps in cases:
+        ours, theirs = [], []
+        for length, _, _ in sessions:  # each session's prefix, cached alike for both
+            state = backend.prefill(Prompt(ids[:length]), ids[:length])[0] if length else PackedState(0)
+            ours.append(state)
+            theirs.append(copy.deepcopy(state))
+        blocks = [ids[first : first + n] for _, first, n in sessions]
+        got = backend.forward_batch(ours, blocks, keeps)
+        want = python_layers(backend, theirs, blocks, keeps)
+        for g, w in zip(got, want):
+            assert (g is None and w is None) or torch.equal(g, w), (sessions, keeps)
+        for a, b in zip(ours, theirs):
+            assert a.length == b.length and (a.kv is None) == (b.kv is None)
+            if a.kv is not None:
+                assert torch.equal(a.kv[:, :, : a.length], b.kv[:, :, : b.length]), (sessions, keeps)
 
 
 @pytest.mark.parametrize("weights", WEIGHTS)

@@ -13,7 +13,10 @@ quantized; the embedding itself stays float32, a step reads one row of it). A fo
                 x = x + down(silu(gate) * up)(rms_norm(x))
     logits = head(rms_norm(x[last keep rows]))                       [keep, V] float32
 
-(the last layer takes only the kept rows past its attention: every row's keys and values are cached by then).
+(the last layer takes only the kept rows past its attention: every row's keys and values are cached by then). The
+layers run in one C++ call (csrc/module.cpp's `Decoder`, without the GIL): the same kernels in the same order as a
+Python loop over them, so the same bits (tests/test_packed.py holds the two equal), without a Python call between each
+kernel; `forward_tree` keeps the Python loop, its attention being one call a root-to-leaf path.
 
 Why blocks are steps: every activation row is quantized with its own scale and multiplied in exact int32; each
 norm, each attention row (one query over exactly the keys a step at its position attends) and each elementwise
@@ -69,6 +72,12 @@ class Layer:
     post_norm: torch.Tensor
     gate_up: PackedLinear  # [2 intermediate, hidden]
     down: PackedLinear
+
+
+def _weights(packed: PackedLinear) -> tuple:
+    """A packed Linear as the C++ Decoder takes it: (weight, scale, bias, N, K, group; group 0 for int8)."""
+    return (packed.weight, packed.scale, packed.bias, packed.out_features, packed.in_features,
+            packed.group if packed.kind == "int4" else 0)
 
 
 class Workspace(threading.local):
@@ -139,6 +148,12 @@ class PackedBackend(Backend):
         self.kernel_path: str = self.ops.path
         self._local = Workspace()
         self.head_rows: torch.Tensor | None = None  # with_head_rows: the ids `head` computes (None: every id)
+        # The layers in one C++ call (csrc/module.cpp's Decoder): the same kernels in the same order as a Python loop
+        # over them (forward_tree's), without a Python call between each.
+        self._decoder = self.ops.Decoder(self.cos, self.sin, self.heads, self.kv_heads, self.scaling, self.eps)
+        for layer in self.layers:
+            self._decoder.add_layer(layer.input_norm, layer.post_norm, *(_weights(p) for p in
+                                                                          (layer.qkv, layer.o, layer.gate_up, layer.down)))
 
     @classmethod
     def from_model(cls, model, weights: str = "int8", name: str = "", path: str | None = None) -> PackedBackend:
@@ -298,24 +313,13 @@ class PackedBackend(Backend):
         x = self._embedded(torch.cat([block.reshape(-1) for block in blocks]))  # [R, hidden]
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         rows = torch.cat([torch.arange(start + n - keep, start + n) for start, n, keep in zip(starts, sizes, keeps)])
-        last = len(self.layers) - 1
+        # Past the last layer's attention only the kept rows go on (every row's keys and values are cached by then,
+        # and a row's o, norm and MLP are its own): the same bits for them, and a prefill skips ~1/layers of its
+        # Linears (llama.cpp selects its output rows before the last layer's feed-forward likewise).
+        slab = self._mlp_slab(self.layers[0].down.in_features)
+        workspace = self._gate_up_out(min(x.shape[0], slab), self.layers[0].gate_up.out_features)
         with torch.inference_mode():
-            for index, layer in enumerate(self.layers):
-                qkv = self._linear(ops.rms_norm(x, layer.input_norm, self.eps), layer.qkv)
-                parts = [ops.attention(qkv[start : start + n], kv[index, 0], kv[index, 1], state.length,
-                                       self.cos, self.sin, self.heads, self.kv_heads, self.scaling)
-                         for state, kv, start, n in zip(states, caches, starts, sizes)]
-                attended = parts[0] if len(parts) == 1 else torch.cat(parts)
-                if index == last and rows.numel() < x.shape[0]:
-                    # Every row's keys and values are in the cache now; past them only the kept rows' outputs are
-                    # read, and a row's o, norm and MLP are its own (per-row activations), so the rest are dropped
-                    # here: the same bits for the kept rows, and a prefill skips ~1/layers of its Linears (llama.cpp
-                    # selects its output rows before the last layer's feed-forward likewise).
-                    if not rows.numel():  # no logits asked (a prompt only cached): the cache is complete
-                        break
-                    attended, x = attended[rows].contiguous(), x[rows].contiguous()
-                x = self._linear(attended, layer.o, residual=x)
-                x = self._mlp(x, layer)
+            x = self._decoder.forward(x, caches, [state.length for state in states], sizes, rows, slab, workspace)
             logits = self._logits(ops.rms_norm(x, self.norm, self.eps)) if rows.numel() else None
         for state, n in zip(states, sizes):
             state.length += n
@@ -339,13 +343,18 @@ class PackedBackend(Backend):
         the thread's workspace: every row is its own, so the slabs change no bit."""
         ops = self.ops
         normed = ops.rms_norm(x, layer.post_norm, self.eps)
-        slab = max(8, MLP_SLAB_BYTES // (4 * layer.down.in_features))
+        slab = self._mlp_slab(layer.down.in_features)
         parts = []
         for r0 in range(0, x.shape[0], slab):
             r1 = min(x.shape[0], r0 + slab)
             gate_up = self._linear(normed[r0:r1], layer.gate_up, out=self._gate_up_out(r1 - r0, layer.gate_up.out_features))
             parts.append(self._linear(ops.silu_mul(gate_up), layer.down, residual=x[r0:r1]))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    @staticmethod
+    def _mlp_slab(intermediate: int) -> int:
+        """The MLP's rows a pass: its silu output stays under MLP_SLAB_BYTES."""
+        return max(8, MLP_SLAB_BYTES // (4 * intermediate))
 
     def _gate_up_out(self, rows: int, width: int) -> torch.Tensor:
         """This thread's [rows, width] float32 workspace for gate_up's output, grown as needed and kept: the largest
