@@ -61,6 +61,22 @@ def test_a_lossless_grid_gets_a_batch_invariant_verifier_and_a_lossy_one_the_che
     assert fallback.runtimes == ("torch-int8",) and "not the verifier's own text" in fallback.reason
 
 
+def test_verify_blocks_within_ten_percent_are_settled_by_the_fastest_step():
+    """The AMD EPYC on its AVX2 path (2026-11-30): kernels-int8's blocks averaged 78 ms at k = 2, 4, 6 and
+    kernels-int4's 83, but int4 steps in 38 ms against 47 (and prefills faster): a close call goes to the faster step;
+    a block more than 10 % dearer never wins on its step."""
+    exact = {"block_vs_steps": 0.0}
+    close = {**CALIBRATION, "entries": [{**entry(CLOUD, "kernels-int8", 47.0, 0.163), **exact},
+                                        {**entry(CLOUD, "kernels-int4", 38.4, 0.293), **exact}]}
+    # blocks: int8 47 * (1 + 0.163 * 4) = 77.6 ms, int4 38.4 * (1 + 0.293 * 4) = 83.4 ms (7 % dearer)
+    choice = cheapest_verifier(close, CLOUD, ("kernels-int8", "kernels-int4"), (2, 4, 6), ("greedy",))
+    assert choice.runtimes == ("kernels-int4",)
+    assert "within 10 % of the cheapest block, the fastest step: kernels-int4 38 ms, kernels-int8 47 ms" in choice.reason
+    far = {**close, "entries": [close["entries"][0], {**entry(CLOUD, "kernels-int4", 38.4, 0.4), **exact}]}  # 99.8 ms
+    choice = cheapest_verifier(far, CLOUD, ("kernels-int8", "kernels-int4"), (2, 4, 6), ("greedy",))
+    assert choice.runtimes == ("kernels-int8",) and "fastest step" not in choice.reason
+
+
 def test_the_choice_says_how_fast_its_runtime_prefills_and_which_prefills_fastest():
     rates = {"llamacpp": 90.0, "torch-int8": 200.0, "torch-int8t": 60.0}  # tokens/s of an 800-token prompt
     timed = {**CALIBRATION, "entries": [{**e, "prefill_tokens": 800, "prefill_tokens_per_s": rates[e["runtime"]]}
