@@ -190,9 +190,9 @@ using WeightsArgs = std::tuple<torch::Tensor, torch::Tensor, c10::optional<torch
 
 // The decoder's layers in one call (specdec/backends/packed.py's docstring gives the forward): the same functions as
 // the Python loop over the layers called one by one, in the same order on the same rows, so the same bits, without a
-// Python call, its argument conversions and its tensors between each (28 layers x 8 calls a forward: ~1.5 ms of the
-// 1.5B's step, ~1.4 of the 0.5B's, measured 2026-11-30). It holds references to the packed weights, nothing it
-// changes, so several threads may run it at once; it runs without the GIL.
+// Python call, its argument conversions and its tensors between each (28 layers x 8 calls a forward: 0.5-1.8 ms a
+// forward of the 1.5B and the 0.5B, 1-2 %, measured against the Python loop 2026-11-30, docs/runtimes.md). It holds
+// references to the packed weights, nothing it changes, so several threads may run it at once; it runs without the GIL.
 class Decoder {
  public:
   Decoder(torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads, double scaling, double eps)

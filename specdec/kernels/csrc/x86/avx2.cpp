@@ -10,7 +10,8 @@
 // chunk (q) where |q| and sign(w, q) took two): |w| <= 128 and |q| <= 127, so a pair is at most 2 * 128 * 127 = 32512
 // and never saturates; vpmaddwd against ones widens to int32. The packed w + 128 becomes w with one XOR of 0x80.
 // int4 needs no trick: a nibble (0..15) times q fits, and a whole group of 32 (16 products an int16 lane, at most
-// 16 * 15 * 127 = 30480) sums in int16 before one vpmaddwd. With AVX-VNNI, vpdpbusd does each in one instruction on w + 128 (less 128 sum q, as AVX-512 does).
+// 16 * 15 * 127 = 30480) sums in int16 before one vpmaddwd. With AVX-VNNI, vpdpbusd does each in one instruction
+// on w + 128 (less 128 sum q, as AVX-512 does).
 #include "../kernels.h"
 
 #include <immintrin.h>
