@@ -16,6 +16,7 @@ from specdec.backends.prompt import Prompt
 from specdec.backends.static_cache import StaticCausalBackend
 from specdec.backends.static_slots import SlotCausalBackend, server_cache
 from specdec.core.config import DecodeConfig, EngineConfig, SpecConfig
+from specdec.core.tree import TokenTree
 from specdec.engine import Engine
 from specdec.errors import ConfigError
 from specdec.machine import fingerprint
@@ -23,6 +24,7 @@ from specdec.models.loading import LoadSettings, load
 from specdec.remote.background import BackgroundServer
 from tests.test_static_cache import TOLERANCE, walk
 from tests.test_static_slots import rows_walk
+from tests.test_torch_trees import BRANCHES, close, step_after
 from tests.tiny import random_prompt, tiny_causal
 
 pytestmark = pytest.mark.cuda
@@ -72,6 +74,38 @@ def test_static_and_captured_steps_equal_the_dynamic_cache_on_the_gpu(steps):
         assert s.device.type == "cuda" and (d - s).abs().max() <= TOLERANCE * d.abs().max()
     if steps == "graphs":
         assert backend.fast.graphs  # short blocks were replayed from captured graphs
+
+
+@pytest.mark.parametrize("steps", ["dynamic", "static", "graphs"])
+def test_a_trees_rows_are_its_paths_steps_and_its_kept_path_a_chains_on_the_gpu(steps):
+    """Each node's row equals the step after its path (the dynamic cache's steps on the GPU, fp32), under graphs from
+    a captured tree; the committed path then gives a chain's next block."""
+    model = tiny_causal("llama").to("cuda")
+    backend = HFCausalBackend(model) if steps == "dynamic" else StaticCausalBackend(model, steps=steps, capacity=32)
+    twin = HFCausalBackend(model)
+    ids = random_prompt(7, 20)
+    tree = TokenTree.from_branches(BRANCHES, budget=9)
+    for cached in (12, 19):
+        state, _ = backend.prefill(Prompt(ids[:cached]), ids[:cached])
+        logits = backend.forward_tree(state, ids[cached:], tree)
+        assert logits.device.type == "cuda" and logits.shape[0] == 1 + tree.size
+        for node in range(tree.size):
+            assert close(logits[1 + node], step_after(twin, ids, tree.tokens[tree.path(node)])), node
+        backend.commit_path(state, tree, [0, 1, 2])  # 11 12 13
+        chain, _ = twin.prefill(Prompt(ids), ids)
+        twin.forward(chain, tree.tokens[[0, 1, 2]])
+        after = torch.tensor([30, 31])
+        assert all(close(g, w) for g, w in zip(backend.forward(state, after), twin.forward(chain, after)))
+    if steps == "graphs":
+        assert backend.trees.graphs  # the trees' rows were replayed from a captured graph
+
+
+@pytest.mark.parametrize("kv_cache, cuda_graphs", CACHES)
+def test_prompt_lookup_trees_on_the_gpu_are_cloud_only_token_for_token(pair, cloud_only, kv_cache, cuda_graphs):
+    spec = SpecConfig(k=4, entropy_threshold=0.0, policy="greedy", drafter="prompt-lookup", drafter_options="branches=4")
+    engine = Engine(mode="spec", edge=pair["edge"], cloud=pair["cloud"], dtype="float32", cloud_device="cuda",
+                    kv_cache=kv_cache, cuda_graphs=cuda_graphs, spec=spec, decode=DECODE, log=lambda m: None)
+    assert generate_all(engine) == cloud_only
 
 
 def test_a_replayed_step_is_its_own_copy():

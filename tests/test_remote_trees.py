@@ -89,7 +89,12 @@ def test_the_suffix_drafters_trees_through_a_server_are_the_clouds_own_greedy_de
 
 
 def test_a_server_that_verifies_chains_says_so_and_refuses_a_tree_in_one_line(pair):
-    with BackgroundServer(load_model(pair["cloud"], "float32", **QUIET)) as url:  # torch: chains only
+    from specdec.models.loading import LoadSettings, load
+    from specdec.remote.server_config import ServeConfig
+
+    # the server's static cache of many sessions verifies chains only
+    loaded = load(pair["cloud"], LoadSettings("float32", kv_cache="static", sessions=4), **QUIET)
+    with BackgroundServer(loaded, ServeConfig(max_sessions=4)) as url:
         engine = Engine(mode="spec", edge=pair["edge"], cloud_url=url, dtype="float32", spec=lookup(4),
                         decode=DECODE, **QUIET)
         try:

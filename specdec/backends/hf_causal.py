@@ -7,6 +7,13 @@ shifted them and filled outputs with punctuation).
 The model may sit on any device (specdec/backends/devices.py): token ids arrive on the host and are copied there,
 positions are made there, and logits are returned there (the loop reads one verdict per cycle from them).
 A preallocated static cache with exact crops, and captured CUDA graphs over it, are static_cache.py.
+
+Token trees (specdec/core/tree.py) go through one forward with a 4-D mask: the unseen accepted tokens as a chain, then
+each node at position (the root's) + its depth, seeing the cache, the unseen tokens and its own ancestors only
+(`tree_positions`, `tree_visible`). Its nodes' keys and values are set aside and the cache cut back to the unseen
+tokens; `commit_path` appends the accepted path's. A node's row is the step after its path by the chain's rule here:
+equal within rounding in fp32 (the chain's 1e-5), and bit for bit under torch-int8t's row-wise attention, which
+reads each query's keys off the mask (tests/test_torch_trees.py).
 """
 from __future__ import annotations
 
@@ -19,7 +26,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from specdec.backends.base import Backend
-from specdec.backends.hf_util import cache_kwarg
+from specdec.backends.hf_util import cache_kwarg, takes_tree_mask
 from specdec.backends.prompt import Prompt
 from specdec.errors import InputError
 
@@ -28,6 +35,7 @@ from specdec.errors import InputError
 class CausalState:
     cache: DynamicCache | None  # None: prefill(use_cache=False), one forward that keeps nothing
     length: int  # token positions held in `cache`
+    tree_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # forward_tree's nodes' keys, values per layer
 
     def kept(self) -> DynamicCache:
         """The cache, where the state keeps one: a state built with use_cache=False serves its one forward and is
@@ -39,6 +47,36 @@ class CausalState:
 def block_positions(start: int, n: int, device: torch.device | str | None = None) -> torch.Tensor:
     """[1, n] positions start .. start+n-1 (cache length + offset)."""
     return torch.arange(start, start + n, dtype=torch.long, device=device).unsqueeze(0)
+
+
+def tree_positions(past: int, unseen: int, tree, device: torch.device | str | None = None) -> torch.Tensor:
+    """[1, unseen + nodes]: the unseen tokens at past .. past+unseen-1, then each node at the root's position (the
+    last unseen token's) + its depth: where the token would sit in a chain down its path."""
+    root = past + unseen - 1
+    depths = torch.tensor(tree.depths, dtype=torch.long)
+    return torch.cat([torch.arange(past, past + unseen), root + depths]).unsqueeze(0).to(device)
+
+
+def tree_visible(past: int, unseen: int, tree, slots: int) -> torch.Tensor:
+    """[unseen + nodes, slots] bool, True where a query attends: the keys sit at slots 0 .. past-1 (the cache), then
+    the unseen tokens', then the nodes' in node order. An unseen token sees the cache and the unseen tokens up to
+    itself; a node sees the cache, every unseen token, its ancestors and itself."""
+    rows, nodes = unseen + tree.size, past + unseen
+    visible = torch.zeros(rows, slots, dtype=torch.bool)
+    visible[:unseen, :nodes] = torch.ones(unseen, nodes, dtype=torch.bool).tril(past)
+    visible[unseen:, :nodes] = True
+    for node in range(tree.size):
+        visible[unseen + node, [nodes + i for i in tree.path(node)]] = True
+    return visible
+
+
+def as_mask(visible: torch.Tensor, model: PreTrainedModel, dtype: torch.dtype, device) -> torch.Tensor:
+    """[q, slots] visibility -> the [1, 1, q, slots] mask the model's attention reads: bool for specbench's row-wise
+    attention (it reads each query's keys off it), additive (0, or the dtype's min) for SDPA and eager attention."""
+    if getattr(model.config, "_attn_implementation", "") == "specbench_rowwise":
+        return visible[None, None].to(device)
+    additive = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+    return additive[None, None].to(device)
 
 
 class HFCausalBackend(Backend):
@@ -53,6 +91,7 @@ class HFCausalBackend(Backend):
         self.vocab_size = (weight() if callable(weight) else weight).shape[0]  # a dynamic int8 head's is a method
         self._cache_kwarg = cache_kwarg(model.forward)
         self.device: torch.device = next(model.parameters(), torch.empty(0)).device  # where weights, caches, logits live
+        self.accepts_trees = takes_tree_mask(model)  # a 4-D mask replaces its causal one (module docstring)
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
@@ -110,6 +149,42 @@ class HFCausalBackend(Backend):
             state.length += n
             logits.append(out.logits[row, n - keep : n].float())  # [keep, V]
         return logits
+
+    def forward_tree(self, state: CausalState, token_ids: torch.Tensor, tree) -> torch.Tensor:
+        """One forward of the unseen tokens and the tree's nodes under a 4-D mask (module docstring): [1 + n, V]."""
+        self._check_tree(token_ids)
+        unseen, n, past = token_ids.numel(), tree.size, state.length
+        ids = torch.cat([token_ids.reshape(-1).cpu(), tree.tokens]).view(1, unseen + n).to(self.device)
+        mask = as_mask(tree_visible(past, unseen, tree, past + unseen + n), self.model, self._dtype, self.device)
+        out = self.model(input_ids=ids, position_ids=tree_positions(past, unseen, tree, self.device),
+                         attention_mask=mask, **{self._cache_kwarg: state.cache}, use_cache=True, logits_to_keep=n + 1)
+        cache = state.kept()
+        state.tree_kv = [(keys[:, :, past + unseen :], values[:, :, past + unseen :])
+                         for keys, values in (layer_kv(cache, index) for index in range(len(cache.layers)))]
+        if n:
+            cache.crop(-n)  # the nodes leave the cache; commit_path brings the accepted path's back
+        state.length = past + unseen
+        return out.logits[0].float()
+
+    def commit_path(self, state: CausalState, tree, path: list[int]) -> None:
+        if state.tree_kv is None:
+            raise ValueError("commit_path follows forward_tree")
+        if path:
+            rows = torch.tensor(path, device=self.device)
+            for index, (keys, values) in enumerate(state.tree_kv):
+                state.kept().update(keys[:, :, rows], values[:, :, rows], index)
+        state.length += len(path)
+        state.tree_kv = None
+
+    def _check_tree(self, token_ids: torch.Tensor) -> None:
+        if not self.accepts_trees:
+            raise NotImplementedError(f"{type(self).__name__} ({self.name}) verifies chains only (accepts_trees is False)")
+        if token_ids.numel() < 1:
+            raise InputError("a tree is verified after at least one token (the last accepted)")
+
+    @functools.cached_property
+    def _dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
 
     def _drop_past(self, state: CausalState, length: int) -> None:
         # crop() takes minus the number of tokens to drop; crop(0) also trims sliding layers.

@@ -5,6 +5,24 @@ import inspect
 
 from specdec.errors import ModelError
 
+FULL_ATTENTION_TYPES = ("llama", "qwen2", "qwen3")  # decoders whose layers can all be full attention
+MASK_TAKING = ("sdpa", "eager", "specbench_rowwise")  # attention that reads a given 4-D mask (flash kernels do not)
+
+
+def full_attention_decoder(model) -> bool:
+    """A Llama, Qwen2 or Qwen3 decoder whose layers are all full attention: its attention is the causal pattern,
+    which a 4-D mask from explicit positions replaces (a static cache's, a token tree's). Sliding windows (Gemma3),
+    an Omni thinker's 3-D positions and others build masks of their own."""
+    config = model.config
+    full = all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ["full_attention"])
+    return config.model_type in FULL_ATTENTION_TYPES and full
+
+
+def takes_tree_mask(model) -> bool:
+    """The model's attention reads a custom 4-D mask (a token tree's): a full-attention decoder under SDPA, eager
+    attention or specbench's row-wise attention."""
+    return full_attention_decoder(model) and getattr(model.config, "_attn_implementation", "sdpa") in MASK_TAKING
+
 
 def cache_kwarg(forward) -> str:
     """The name under which `forward` takes its KV cache: `past_key_values` up to transformers 5.23,

@@ -14,6 +14,9 @@ the accepted length is never read before it is rewritten, whatever an abandoned 
     steps     static: eager; compiled: blocks of up to GRAPH_TOKENS tokens under torch.compile; graphs: the
               same blocks replayed as CUDA graphs (cuda_graphs.py, the one CUDA-only module); longer blocks
               (a prompt) run eagerly in every mode
+    trees     a token tree's rows (hf_causal.py's mask) at slots past the unseen tokens, in node order, a node's
+              slot not its position; commit_path copies the kept path's keys and values to the chain's slots.
+              Captured under graphs (one graph per row count), eager under static and compiled
 
 Models: decoders whose layers are all full attention and whose attention takes a 4-D mask (Llama, Qwen2,
 Qwen3); the others keep transformers' DynamicCache (hf_causal.py). One sequence at a time per backend: the
@@ -22,6 +25,7 @@ server, whose sessions interleave, has a cache of many sequences: static_slots.p
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,14 +33,15 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.backends.buffers import grown_capacity
-from specdec.backends.cuda_graphs import CapturedSteps
+from specdec.backends.cuda_graphs import CapturedSteps, CapturedTrees
 from specdec.backends.devices import STEPS, is_cuda
-from specdec.backends.hf_causal import HFCausalBackend, block_positions
+from specdec.backends.hf_causal import HFCausalBackend, as_mask, block_positions, tree_positions, tree_visible
+from specdec.backends.hf_util import FULL_ATTENTION_TYPES, full_attention_decoder
 from specdec.backends.prompt import Prompt
 from specdec.errors import InputError, ModelError, SpecdecError
 from specdec.settings import Steps
 
-STATIC_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+STATIC_MODEL_TYPES = FULL_ATTENTION_TYPES
 GRAPH_TOKENS = 16  # blocks up to this long are compiled / captured (1 token, k + 1, the server's rows x tokens)
 CAPACITY = 1024  # slots a cache starts with (capped at the model's positions); it doubles when a forward needs more
 
@@ -78,20 +83,21 @@ def static_mask(positions: torch.Tensor, capacity: int, dtype: torch.dtype) -> t
 
 
 def static_forward(model: PreTrainedModel, cache_kwarg: str, kv: StaticKV, ids: torch.Tensor, positions: torch.Tensor,
-                   keep: int = 0) -> torch.Tensor:
+                   keep: int = 0, slots: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
     """One forward of [B, n] ids at [B, n] positions (every row at the same ones) on `kv`: logits [B, keep, V]
-    (keep 0: all n). Plain tensor code with shapes fixed by (B, n): what torch.compile and a CUDA graph take."""
-    kv.write_at = positions[0]
-    out = model(input_ids=ids, position_ids=positions, attention_mask=static_mask(positions, kv.capacity, kv.keys[0].dtype),
-                **{cache_kwarg: kv}, use_cache=True, logits_to_keep=keep)
+    (keep 0: all n). Plain tensor code with shapes fixed by (B, n): what torch.compile and a CUDA graph take.
+    A token tree gives its rows' `slots` [n] (a node's slot is not its position) and its `mask` [1, 1, n, capacity]."""
+    kv.write_at = positions[0] if slots is None else slots
+    if mask is None:
+        mask = static_mask(positions, kv.capacity, kv.keys[0].dtype)
+    out = model(input_ids=ids, position_ids=positions, attention_mask=mask, **{cache_kwarg: kv}, use_cache=True,
+                logits_to_keep=keep)
     return out.logits
 
 
 def static_capable(model: PreTrainedModel) -> bool:
     """The model can run on a static cache: a decoder of full-attention layers that takes a 4-D mask."""
-    config = model.config
-    full = all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ["full_attention"])
-    return config.model_type in STATIC_MODEL_TYPES and full
+    return full_attention_decoder(model)
 
 
 def check_static(model: PreTrainedModel) -> None:
@@ -105,6 +111,7 @@ class StaticState:
     length: int  # token positions held (slots 0 .. length-1 of the backend's cache)
     owner: int  # which prefill took the cache: a state of an earlier one is stale
     cache: None = None  # no cache of its own (a stateless verify's state has none either)
+    tree: bool = False  # forward_tree wrote its nodes at slots length.. (node order); commit_path moves a path's
 
 
 class StaticCausalBackend(HFCausalBackend):
@@ -125,6 +132,7 @@ class StaticCausalBackend(HFCausalBackend):
         self.kv: StaticKV | None = None
         self.owner = 0
         self.fast: FastSteps | None = None  # compiled or captured forwards of short blocks (built with the cache)
+        self.trees: CapturedTrees | None = None  # captured token trees' forwards (graphs only; built with the cache)
 
     # --- protocol -----------------------------------------------------------------------
     def prefill(self, prompt: Prompt, token_ids: torch.Tensor, keep: int = 0, use_cache: bool = True):
@@ -143,13 +151,52 @@ class StaticCausalBackend(HFCausalBackend):
         """Nothing: slots past the length are masked until rewritten (module docstring)."""
 
     # --- internals ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward_tree(self, state, token_ids: torch.Tensor, tree) -> torch.Tensor:
+        """The unseen tokens at their slots and positions, then the nodes at slots past them in node order, each at
+        position (the root's) + its depth, under the tree's mask (hf_causal.py): [1 + n, V]. Captured on CUDA under
+        `graphs` (one graph per row count), eager otherwise."""
+        self._check_tree(token_ids)
+        self._check_owner(state)
+        unseen, n, past = token_ids.numel(), tree.size, state.length
+        rows = unseen + n
+        kv = self._make_room(past + rows)
+        ids = torch.cat([token_ids.reshape(-1).cpu(), tree.tokens]).view(1, rows).to(self.device, non_blocking=True)
+        positions = tree_positions(past, unseen, tree, self.device)
+        slots = torch.arange(past, past + rows, device=self.device)
+        mask = as_mask(tree_visible(past, unseen, tree, kv.capacity), self.model, kv.keys[0].dtype, self.device)
+        if self.trees is not None and rows <= GRAPH_TOKENS:
+            logits = self.trees(ids, positions, slots, mask)[0, unseen - 1 :]
+        else:
+            logits = static_forward(self.model, self._cache_kwarg, kv, ids, positions, n + 1, slots, mask)[0]
+        state.length, state.tree = past + unseen, True
+        return logits.float()
+
+    @torch.inference_mode()
+    def commit_path(self, state, tree, path: list[int]) -> None:
+        if not state.tree:
+            raise ValueError("commit_path follows forward_tree")
+        self._check_owner(state)
+        if path:
+            assert self.kv is not None  # forward_tree made it
+            source = torch.tensor(path, device=self.device) + state.length
+            target = torch.arange(state.length, state.length + len(path), device=self.device)
+            for cache in self.kv.keys + self.kv.values:  # node j's keys, values to the chain's slot (a node's j <= its index)
+                cache.index_copy_(2, target, cache.index_select(2, source))
+        state.length += len(path)
+        state.tree = False
+
+    def _check_owner(self, state) -> None:
+        if state.owner != self.owner:
+            raise SpecdecError(f"model {self.name!r} keeps one static KV cache, now another sequence's: run one "
+                               "generation at a time on it, or use --kv-cache dynamic")
+
     @torch.inference_mode()  # the cache and a graph's buffers are made here: inference tensors, written only here
     def _run(self, state, token_ids: torch.Tensor, keep: int) -> torch.Tensor | None:
         if not isinstance(state, StaticState):  # a stateless verify's cache-free state
             return super()._run(state, token_ids, keep)
-        if state.owner != self.owner:
-            raise SpecdecError(f"model {self.name!r} keeps one static KV cache, now another sequence's: run one "
-                               "generation at a time on it, or use --kv-cache dynamic")
+        self._check_owner(state)
+        state.tree = False  # a block after forward_tree without a commit: the nodes' slots are written over
         n = token_ids.numel()
         kv = self._make_room(state.length + n)
         ids = token_ids.to(self.device, non_blocking=True).view(1, n)
@@ -173,6 +220,8 @@ class StaticCausalBackend(HFCausalBackend):
             kv.copy_prefix(self.kv, self.kv.capacity)
         self.kv = kv
         self.fast = self._fast_steps(kv)
+        if self.steps == Steps.GRAPHS:
+            self.trees = CapturedTrees(functools.partial(static_forward, self.model, self._cache_kwarg, kv), self.device)
         return kv
 
     def _fast_steps(self, kv: StaticKV) -> FastSteps | None:

@@ -90,6 +90,7 @@ class SlotCausalBackend(HFCausalBackend):
         if steps == Steps.GRAPHS and not is_cuda(next(model.parameters()).device):
             raise ModelError("captured CUDA graphs need the model on a CUDA device: use --cuda-graphs off on the CPU")
         super().__init__(model, name)
+        self.accepts_trees = False  # a tree's rows on the shared cache are not built: its sessions verify chains
         self.steps, self.slots = steps, slots
         self.max_positions: int = min(capacity, getattr(model.config, "max_position_embeddings", None) or capacity)
         self.kv: SlotKV | None = None
