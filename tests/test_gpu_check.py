@@ -31,8 +31,7 @@ def test_the_dry_run_writes_every_file_through_the_same_commands(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     files = sorted(p.name for p in results.iterdir())
     assert files == ["check.log", "cost_curve.csv", "cost_summary.json", "cuda_tests.txt", "environment.json",
-                     "fleet_levels.jsonl", "fleet_results.jsonl", "fleet_summary.csv"]
-    assert len(files) <= 8
+                     "fleet_levels.jsonl", "fleet_results.jsonl", "fleet_summary.csv", "tree_costs.csv"]
     environment = json.loads((results / "environment.json").read_text())
     assert environment["dry_run"] and environment["device"] == "cpu" and "gpu" in environment
     assert environment["missing_packages"] == [] and environment["bandwidth_gbs"] > 0
@@ -43,6 +42,15 @@ def test_the_dry_run_writes_every_file_through_the_same_commands(tmp_path):
         rows = list(csv.DictReader(f))
     assert {(r["model"], r["mode"]) for r in rows} == {(m, mode) for m in gpu_check.MODELS for mode in ("eager", "static")}
     assert all(r["median_ms"] and len(r["times_ms"].split()) == 2 and "gpu" in r for r in rows)
+    # Verify cycles through the backends: every shape on both caches (the static one eagerly on a CPU), each in
+    # steps of its own cache.
+    with (results / "tree_costs.csv").open() as f:
+        trees = list(csv.DictReader(f))
+    assert [(r["shape"], int(r["width"]), int(r["depth"])) for r in trees if r["model"] == gpu_check.MODELS[0]
+            and r["cache"] == "static"] == [(s, w, d) for s, w, d in gpu_check.TREE_SHAPES]
+    assert {(r["model"], r["cache"]) for r in trees} == {(m, c) for m in gpu_check.MODELS for c in ("static", "dynamic")}
+    assert all(float(r["steps"]) > 0 and len(r["times_ms"].split()) == 2 for r in trees)
+    assert all(float(r["steps"]) == 1.0 for r in trees if r["shape"] == "step")
     summary = json.loads((results / "cost_summary.json").read_text())
     assert summary["complete"] and summary["failed"] == {} and "gpu" in summary
     assert set(summary["models"]) == set(gpu_check.MODELS)

@@ -8,7 +8,7 @@
 #   bench/gpu/check.sh RESULTS --dry-run   no install; the CPU, tiny configs, few shapes: the same commands run
 #                                          (tests/test_gpu_check.py runs this)
 #
-# Writes at most 8 files under RESULTS, each naming the GPU (bench/measure/gpu_check.py lists them), and check.log.
+# Writes at most 9 files under RESULTS, each naming the GPU (bench/measure/gpu_check.py lists them), and check.log.
 # A copied tree names its commit in $SPECBENCH_COMMIT (environment.json records it; else git's HEAD). The driver's
 # time limit is $SPECBENCH_CHECK_TIMEOUT_S (default 450 s: with the install, within 8 minutes).
 set -euo pipefail

@@ -1,12 +1,16 @@
 """The GPU check's driver (bench/gpu/check.sh runs it; docs/gpu.md): on one machine with a CUDA GPU and no
 network, in one call of at most 8 minutes, it runs the CUDA-marked tests, measures the cost curve of the
 Qwen2.5-1.5B and -7B architectures (bench/gpu/*.json, random bf16 weights: timing does not read the values)
-and the fleet's capacity, and writes at most 8 files under RESULTS, each naming the GPU:
+the verify cycles of chains and token trees and the fleet's capacity, and writes at most 9 files under
+RESULTS, each naming the GPU:
 
     environment.json   the GPU, CUDA, torch, transformers, the commit, the settings, the measured bandwidth
     cuda_tests.txt     `pytest tests/test_cuda.py -m cuda`, its output
     cost_curve.csv     per model x mode x rows x tokens: a forward after CONTEXT cached tokens per row, raw
                        times (CUDA events) and their median, p10, p90; written row by row, so a cut run keeps them
+    tree_costs.csv     per model x cache x shape: a verify cycle of the backend itself after CONTEXT cached tokens (a
+                       step, a chain of k, a token tree of width x depth: forward_tree then commit_path), raw times and
+                       their median, p10, p90, and the median in steps of that cache; written row by row
     cost_summary.json  derived (bench/derive/gpu_costs.py): floors, steps per mode, issue 44's targets, the fleet's capacity
     fleet_results.jsonl, fleet_levels.jsonl, fleet_summary.csv
                        `specbench fleet` of recorded CPU edges (bench/gpu/recorded-code) against the 7B architecture
@@ -82,6 +86,15 @@ DRY_FLEET: dict[str, Any] = {"clients": "1", "repeats": 1, "limit": 1, "max_batc
 FLEET_CACHES = ("dynamic", "static")
 FLEET_LEAVE_S = 15  # what the fleets leave of the budget for the summary
 CURVE_COLUMNS = ["gpu", "model", "mode", "rows", "tokens", "context", "repeats", "median_ms", "p10_ms", "p90_ms", "times_ms"]
+# Verify cycles through the backends (specdec/backends/hf_causal.py, static_cache.py): a step, chains of k and token
+# trees of `width` disjoint branches `depth` deep (width x depth nodes, one unseen token before them), each cycle's
+# cost as the engine pays it (the mask built on the host, forward_tree, commit_path of an empty path, the crop back).
+# Up to 15 nodes a tree's 16 rows replay as one captured graph (static_cache.GRAPH_TOKENS).
+TREE_SHAPES = [("step", 1, 0), ("chain", 1, 4), ("chain", 1, 8), ("chain", 1, 15), ("tree", 2, 4), ("tree", 4, 2),
+               ("tree", 8, 1), ("tree", 3, 5), ("tree", 5, 3), ("tree", 15, 1), ("tree", 4, 4)]
+TREE_CACHES = ("graphs", "dynamic")  # the captured static cache (CUDA only), transformers' DynamicCache eagerly
+TREE_COLUMNS = ["gpu", "model", "cache", "shape", "width", "depth", "nodes", "context", "repeats", "median_ms", "p10_ms",
+                "p90_ms", "steps", "times_ms"]
 
 
 def build(name: str, device: str, dry: bool):
@@ -223,6 +236,74 @@ def curve(models: list[str], out: Path, device: str, gpu: str | None, dry: bool,
     return measured, sizes, failed
 
 
+def tree_cycle(backend, state, kind: str, width: int, depth: int, context: int, vocab: int):
+    """A callable running one verify cycle of `kind` on `state` (CONTEXT positions) and cropping back to them."""
+    from specdec.core.tree import TokenTree
+
+    last = torch.tensor([vocab - 1])
+    if kind == "step":
+        return lambda: (backend.forward(state, last, keep=1), backend.crop(state, context))
+    if kind == "chain":
+        block = torch.cat([last, torch.arange(depth) % (vocab - 1)])
+        return lambda: (backend.forward(state, block, keep=depth + 1), backend.crop(state, context))
+    branches = [[(b * depth + d) % (vocab - 1) for d in range(depth)] for b in range(width)]  # disjoint first tokens
+    tree = TokenTree.from_branches(branches, budget=width * depth)
+
+    def run():
+        backend.forward_tree(state, last, tree)
+        backend.commit_path(state, tree, [])
+        backend.crop(state, context)
+
+    return run
+
+
+def tree_costs(models: list[str], out: Path, device: str, gpu: str | None, dry: bool, deadline: float,
+               repeats: int) -> list[dict]:
+    """Append tree_costs.csv rows (TREE_SHAPES per model and cache) until the deadline; -> the rows measured."""
+    from specdec.backends.hf_causal import HFCausalBackend
+    from specdec.backends.prompt import Prompt
+    from specdec.backends.static_cache import StaticCausalBackend
+
+    context, warm_ups = (DRY["context"], DRY["warm_ups"]) if dry else (CONTEXT, WARM_UPS)
+    caches = TREE_CACHES if is_cuda(device) else ("static", "dynamic")  # --dry-run: the static cache eagerly
+    measured: list[dict] = []
+    with (out / "tree_costs.csv").open("w", newline="", encoding="utf-8") as sink:
+        writer = csv.DictWriter(sink, TREE_COLUMNS)
+        writer.writeheader()
+        for name in models:
+            if time.monotonic() > deadline:
+                break
+            model = build(name, device, dry)
+            vocab = model.config.vocab_size
+            ids = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0))
+            for cache in caches:
+                backend = HFCausalBackend(model) if cache == "dynamic" else StaticCausalBackend(model, steps=cache)
+                with torch.inference_mode():
+                    state, _ = backend.prefill(Prompt(ids), ids)
+                    step_ms = None
+                    for kind, width, depth in TREE_SHAPES:
+                        if time.monotonic() > deadline:
+                            break
+                        run = tree_cycle(backend, state, kind, width, depth, context, vocab)
+                        timed(run, device, warm_ups)
+                        times = timed(run, device, repeats)
+                        median, low, high = spread(times)
+                        step_ms = median if kind == "step" else step_ms
+                        row = {"gpu": gpu, "model": name, "cache": cache, "shape": kind, "width": width, "depth": depth,
+                               "nodes": width * depth, "context": context, "repeats": repeats,
+                               "median_ms": round(median, 4), "p10_ms": round(low, 4), "p90_ms": round(high, 4),
+                               "steps": round(median / step_ms, 3) if step_ms else None,
+                               "times_ms": " ".join(f"{t:.4f}" for t in times)}
+                        measured.append(row)
+                        writer.writerow(row)
+                        sink.flush()
+                del backend, state
+            del model
+            if is_cuda(device):
+                torch.cuda.empty_cache()
+    return measured
+
+
 def fleet_command(arch: str, out: Path, device: str, dry: bool, kv_cache: str = "dynamic") -> list[str]:
     """`specbench fleet` of the recorded edges against the architecture `arch` (a config file) on `device`."""
     settings = {**FLEET, **(DRY_FLEET if dry else {})}
@@ -322,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help=f"timed forwards per shape (default {REPEATS})")
     parser.add_argument("--skip-tests", action="store_true", help="no CUDA tests")
     parser.add_argument("--skip-fleet", action="store_true", help="no fleet capacity")
+    parser.add_argument("--skip-curve", action="store_true", help="no cost curve (cost_curve.csv)")
+    parser.add_argument("--trees-s", type=float, default=60.0,
+                        help="seconds for the verify cycles of chains and token trees (tree_costs.csv; 0: none)")
     parser.add_argument("--fleet-s", type=float, default=260.0,
                         help="seconds kept for the fleets at the end of the budget (the curve stops that much earlier)")
     args = parser.parse_args(argv)
@@ -348,8 +432,13 @@ def main(argv: list[str] | None = None) -> int:
     tests = 0 if args.skip_tests else run_tests(args.results, gpu, TESTS_TIMEOUT_S)
     print(f"cuda tests: exit code {tests}", flush=True)
     fleet_s = 0.0 if args.skip_fleet else args.fleet_s
-    rows, sizes, failed = curve(args.models, args.results, args.device, gpu, args.dry_run,
-                                start + args.budget_s - fleet_s, args.repeats)
+    trees = tree_costs(args.models, args.results, args.device, gpu, args.dry_run, time.monotonic() + args.trees_s,
+                       args.repeats) if args.trees_s > 0 else []
+    for row in trees:
+        print(f"{row['model']} {row['cache']} {row['shape']} {row['width']}x{row['depth']}: {row['median_ms']} ms = "
+              f"{row['steps']} steps", flush=True)
+    rows, sizes, failed = ([], {}, {}) if args.skip_curve else curve(
+        args.models, args.results, args.device, gpu, args.dry_run, start + args.budget_s - fleet_s, args.repeats)
     summary = summarize(rows, sizes, found["bandwidth_gbs"], gpu)
     if not args.skip_fleet:
         summary["fleet"] = fleet(args.results, args.device, gpu, args.dry_run, start + args.budget_s - FLEET_LEAVE_S)
