@@ -52,6 +52,9 @@ def test_the_dry_run_writes_every_file_through_the_same_commands(tmp_path):
     assert all(float(r["steps"]) > 0 and len(r["times_ms"].split()) == 2 for r in trees)
     assert all(float(r["steps"]) == 1.0 for r in trees if r["shape"] == "step")
     summary = json.loads((results / "cost_summary.json").read_text())
+    agreed = summary["tree_agreement"]  # a 4 x 4 tree's rows and a chain's against their steps, per model and cache
+    assert {(a["model"], a["cache"]) for a in agreed} == {(m, c) for m in gpu_check.MODELS for c in ("static", "dynamic")}
+    assert all(a["tree"]["rows"] == 16 and 0 <= a["tree"]["same_argmax"] <= 16 and a["chain"]["rows"] == 4 for a in agreed)
     assert summary["complete"] and summary["failed"] == {} and "gpu" in summary
     assert set(summary["models"]) == set(gpu_check.MODELS)
     # The fleets: the recorded edges against a tiny architecture keeping their verdicts, spec beside cloud-only, on

@@ -10,7 +10,8 @@ RESULTS, each naming the GPU:
                        times (CUDA events) and their median, p10, p90; written row by row, so a cut run keeps them
     tree_costs.csv     per model x cache x shape: a verify cycle of the backend itself after CONTEXT cached tokens (a
                        step, a chain of k, a token tree of width x depth: forward_tree then commit_path), raw times and
-                       their median, p10, p90, and the median in steps of that cache; written row by row
+                       their median, p10, p90, and the median in steps of that cache; written row by row (and in
+                       cost_summary.json's tree_agreement: a 4 x 4 tree's and a chain's rows against their steps)
     cost_summary.json  derived (bench/derive/gpu_costs.py): floors, steps per mode, issue 44's targets, the fleet's capacity
     fleet_results.jsonl, fleet_levels.jsonl, fleet_summary.csv
                        `specbench fleet` of recorded CPU edges (bench/gpu/recorded-code) against the 7B architecture
@@ -92,6 +93,7 @@ CURVE_COLUMNS = ["gpu", "model", "mode", "rows", "tokens", "context", "repeats",
 # Up to 15 nodes a tree's 16 rows replay as one captured graph (static_cache.GRAPH_TOKENS).
 TREE_SHAPES = [("step", 1, 0), ("chain", 1, 4), ("chain", 1, 8), ("chain", 1, 15), ("tree", 2, 4), ("tree", 4, 2),
                ("tree", 8, 1), ("tree", 3, 5), ("tree", 5, 3), ("tree", 15, 1), ("tree", 4, 4)]
+AGREEMENT_TREE = (4, 4)  # width, depth of the tree whose rows are held against their steps
 TREE_CACHES = ("graphs", "dynamic")  # the captured static cache (CUDA only), transformers' DynamicCache eagerly
 TREE_COLUMNS = ["gpu", "model", "cache", "shape", "width", "depth", "nodes", "context", "repeats", "median_ms", "p10_ms",
                 "p90_ms", "steps", "times_ms"]
@@ -258,8 +260,9 @@ def tree_cycle(backend, state, kind: str, width: int, depth: int, context: int, 
 
 
 def tree_costs(models: list[str], out: Path, device: str, gpu: str | None, dry: bool, deadline: float,
-               repeats: int) -> list[dict]:
-    """Append tree_costs.csv rows (TREE_SHAPES per model and cache) until the deadline; -> the rows measured."""
+               repeats: int) -> tuple[list[dict], list[dict]]:
+    """Append tree_costs.csv rows (TREE_SHAPES per model and cache) until the deadline; -> the rows measured, and per
+    model and cache how close a tree's and a chain's rows are to their steps (`agreement`)."""
     from specdec.backends.hf_causal import HFCausalBackend
     from specdec.backends.prompt import Prompt
     from specdec.backends.static_cache import StaticCausalBackend
@@ -267,6 +270,7 @@ def tree_costs(models: list[str], out: Path, device: str, gpu: str | None, dry: 
     context, warm_ups = (DRY["context"], DRY["warm_ups"]) if dry else (CONTEXT, WARM_UPS)
     caches = TREE_CACHES if is_cuda(device) else ("static", "dynamic")  # --dry-run: the static cache eagerly
     measured: list[dict] = []
+    agreed: list[dict] = []
     with (out / "tree_costs.csv").open("w", newline="", encoding="utf-8") as sink:
         writer = csv.DictWriter(sink, TREE_COLUMNS)
         writer.writeheader()
@@ -297,11 +301,51 @@ def tree_costs(models: list[str], out: Path, device: str, gpu: str | None, dry: 
                         measured.append(row)
                         writer.writerow(row)
                         sink.flush()
+                    if time.monotonic() < deadline:
+                        agreed.append({"gpu": gpu, "model": name, "cache": cache,
+                                       **agreement(backend, ids, vocab, *AGREEMENT_TREE)})
                 del backend, state
             del model
             if is_cuda(device):
                 torch.cuda.empty_cache()
-    return measured
+    return measured, agreed
+
+
+def step_after(backend, ids: torch.Tensor, path: list[int]) -> torch.Tensor:
+    """The logits of the one-token step after `ids` then `path`, each token a step (a fresh state)."""
+    from specdec.backends.prompt import Prompt
+
+    state, logits = backend.prefill(Prompt(ids[:-1]), ids[:-1])
+    for token in [int(ids[-1]), *path]:
+        logits = backend.forward(state, torch.tensor([token]), keep=1)
+    return logits[-1]
+
+
+def agreement(backend, ids: torch.Tensor, vocab: int, width: int, depth: int) -> dict:
+    """How far a tree's rows and a chain's rows are from the steps after their paths, in this cache and dtype (bf16
+    here: the torch backends keep a block's rows equal to steps within rounding only): the largest difference over
+    the largest logit, and how many rows keep the step's argmax."""
+    from specdec.backends.prompt import Prompt
+    from specdec.core.tree import TokenTree
+
+    last = torch.tensor([vocab - 1])
+    full = torch.cat([ids, last])
+    branches = [[(b * depth + d) % (vocab - 1) for d in range(depth)] for b in range(width)]
+    tree = TokenTree.from_branches(branches, budget=width * depth)
+    found = {}
+    for kind in ("tree", "chain"):
+        state, _ = backend.prefill(Prompt(ids), ids)
+        if kind == "tree":
+            rows = backend.forward_tree(state, last, tree)[1:]
+            paths = [tree.tokens[tree.path(node)].tolist() for node in range(tree.size)]
+        else:
+            rows = backend.forward(state, torch.cat([last, torch.tensor(branches[0])]))[1:]
+            paths = [branches[0][: i + 1] for i in range(depth)]
+        steps = torch.stack([step_after(backend, full, path) for path in paths])
+        difference = float(((rows - steps).abs().amax(-1) / steps.abs().amax(-1)).max())
+        same = int((rows.argmax(-1) == steps.argmax(-1)).sum())
+        found[kind] = {"rows": len(paths), "max_relative_difference": round(difference, 6), "same_argmax": same}
+    return found
 
 
 def fleet_command(arch: str, out: Path, device: str, dry: bool, kv_cache: str = "dynamic") -> list[str]:
@@ -432,8 +476,11 @@ def main(argv: list[str] | None = None) -> int:
     tests = 0 if args.skip_tests else run_tests(args.results, gpu, TESTS_TIMEOUT_S)
     print(f"cuda tests: exit code {tests}", flush=True)
     fleet_s = 0.0 if args.skip_fleet else args.fleet_s
-    trees = tree_costs(args.models, args.results, args.device, gpu, args.dry_run, time.monotonic() + args.trees_s,
-                       args.repeats) if args.trees_s > 0 else []
+    trees, agreed = tree_costs(args.models, args.results, args.device, gpu, args.dry_run, time.monotonic() + args.trees_s,
+                               args.repeats) if args.trees_s > 0 else ([], [])
+    for each in agreed:
+        print(f"{each['model']} {each['cache']}: rows against their steps: tree {each['tree']}, chain {each['chain']}",
+              flush=True)
     for row in trees:
         print(f"{row['model']} {row['cache']} {row['shape']} {row['width']}x{row['depth']}: {row['median_ms']} ms = "
               f"{row['steps']} steps", flush=True)
@@ -446,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             measured["graph_bound"] = graph_bound(measured, rows, FLEET["model"])
             if measured["exit_code"]:
                 failed[f"fleet {cache}"] = f"the fleet exited with {measured['exit_code']} (124: cut at the budget)"
-    summary.update(failed=failed, complete=not failed)
+    summary.update(failed=failed, complete=not failed, tree_agreement=agreed)
     (args.results / "cost_summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     for name, model in summary["models"].items():
         print(f"{name}: floor {model['floor_ms']} ms, step {model['step_ms']} ms", flush=True)
