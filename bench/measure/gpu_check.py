@@ -90,9 +90,10 @@ CURVE_COLUMNS = ["gpu", "model", "mode", "rows", "tokens", "context", "repeats",
 # Verify cycles through the backends (specdec/backends/hf_causal.py, static_cache.py): a step, chains of k and token
 # trees of `width` disjoint branches `depth` deep (width x depth nodes, one unseen token before them), each cycle's
 # cost as the engine pays it (the mask built on the host, forward_tree, commit_path of an empty path, the crop back).
-# Up to 15 nodes a tree's 16 rows replay as one captured graph (static_cache.GRAPH_TOKENS).
+# Up to 31 nodes a tree's rows replay as one captured graph (static_cache.GRAPH_TREE_ROWS); 8 x 6 runs eagerly.
 TREE_SHAPES = [("step", 1, 0), ("chain", 1, 4), ("chain", 1, 8), ("chain", 1, 15), ("tree", 2, 4), ("tree", 4, 2),
-               ("tree", 8, 1), ("tree", 3, 5), ("tree", 5, 3), ("tree", 15, 1), ("tree", 4, 4)]
+               ("tree", 8, 1), ("tree", 3, 5), ("tree", 5, 3), ("tree", 15, 1), ("tree", 4, 4), ("tree", 8, 3),
+               ("tree", 6, 5), ("tree", 8, 6)]
 AGREEMENT_TREE = (4, 4)  # width, depth of the tree whose rows are held against their steps
 TREE_CACHES = ("graphs", "dynamic")  # the captured static cache (CUDA only), transformers' DynamicCache eagerly
 TREE_COLUMNS = ["gpu", "model", "cache", "shape", "width", "depth", "nodes", "context", "repeats", "median_ms", "p10_ms",

@@ -16,7 +16,8 @@ the accepted length is never read before it is rewritten, whatever an abandoned 
               (a prompt) run eagerly in every mode
     trees     a token tree's rows (hf_causal.py's mask) at slots past the unseen tokens, in node order, a node's
               slot not its position; commit_path copies the kept path's keys and values to the chain's slots.
-              Captured under graphs (one graph per row count), eager under static and compiled
+              Captured under graphs (one graph per row count, up to GRAPH_TREE_ROWS), eager under static and
+              compiled
 
 Models: decoders whose layers are all full attention and whose attention takes a 4-D mask (Llama, Qwen2,
 Qwen3); the others keep transformers' DynamicCache (hf_causal.py). One sequence at a time per backend: the
@@ -43,6 +44,7 @@ from specdec.settings import Steps
 
 STATIC_MODEL_TYPES = FULL_ATTENTION_TYPES
 GRAPH_TOKENS = 16  # blocks up to this long are compiled / captured (1 token, k + 1, the server's rows x tokens)
+GRAPH_TREE_ROWS = 32  # token trees up to this many rows (the unseen tokens and the nodes) are captured, one graph a count
 CAPACITY = 1024  # slots a cache starts with (capped at the model's positions); it doubles when a forward needs more
 
 
@@ -155,7 +157,7 @@ class StaticCausalBackend(HFCausalBackend):
     def forward_tree(self, state, token_ids: torch.Tensor, tree) -> torch.Tensor:
         """The unseen tokens at their slots and positions, then the nodes at slots past them in node order, each at
         position (the root's) + its depth, under the tree's mask (hf_causal.py): [1 + n, V]. Captured on CUDA under
-        `graphs` (one graph per row count), eager otherwise."""
+        `graphs` (one graph per row count up to GRAPH_TREE_ROWS), eager otherwise."""
         self._check_tree(token_ids)
         self._check_owner(state)
         unseen, n, past = token_ids.numel(), tree.size, state.length
@@ -165,7 +167,7 @@ class StaticCausalBackend(HFCausalBackend):
         positions = tree_positions(past, unseen, tree, self.device)
         slots = torch.arange(past, past + rows, device=self.device)
         mask = as_mask(tree_visible(past, unseen, tree, kv.capacity), self.model, kv.keys[0].dtype, self.device)
-        if self.trees is not None and rows <= GRAPH_TOKENS:
+        if self.trees is not None and rows <= GRAPH_TREE_ROWS:
             logits = self.trees(ids, positions, slots, mask)[0, unseen - 1 :]
         else:
             logits = static_forward(self.model, self._cache_kwarg, kv, ids, positions, n + 1, slots, mask)[0]
