@@ -93,8 +93,8 @@ def check_trees(drafter: Drafter, cloud: Cloud, spec: SpecConfig, decode: Decode
         return
     if not cloud.accepts_trees:
         raise ConfigError(f"drafter {spec.drafter!r} proposes token trees (branches > 1), which this cloud verifies "
-                          "only as chains (a kernels runtime verifies trees, in this process or behind a server): "
-                          "use branches=1")
+                          "only as chains (the kernels runtimes and torch on a Llama/Qwen decoder verify trees, in "
+                          "this process or behind a server; a server's static cache does not): use branches=1")
     if not traits(spec.policy).argmax or decode.do_sample or not verifies_trees(spec.verifier):
         argmax, verifiers = policies_that("argmax"), [name for name in VERIFIERS if verifies_trees(name)]
         raise ConfigError(f"token trees are verified greedily on a cached verifier: use --policy {' or '.join(argmax)}, "
