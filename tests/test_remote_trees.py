@@ -51,17 +51,25 @@ def decisions(generation) -> list[tuple]:
     return [(c.draft_tokens, c.escalated, c.accepted, c.extra_token, c.extra_kind) for c in generation.cycles]
 
 
+@pytest.fixture(scope="module")
+def torch_server(pair):
+    with BackgroundServer(load_model(pair["cloud"], "float32", runtime="torch", **QUIET)) as url:  # the dynamic cache
+        yield url
+
+
+@pytest.mark.parametrize("runtime", ["kernels-int8", "torch"])
 @pytest.mark.parametrize("branches", [1, 4])
 def test_trees_and_chains_through_a_server_equal_in_process_and_the_clouds_own_greedy_decoding(
-        pair, kernels_server, branches, monkeypatch):
+        pair, request, runtime, branches, monkeypatch):
+    url = request.getfixturevalue("kernels_server" if runtime == "kernels-int8" else "torch_server")
     trees_sent = []
     tree_of = ServerSession.tree_of
     monkeypatch.setattr(ServerSession, "tree_of", lambda self, verify: trees_sent.append(tree_of(self, verify))
                         or trees_sent[-1])
     common = dict(dtype="float32", spec=lookup(branches), decode=DECODE, **QUIET)
-    split = generations(Engine(mode="spec", edge=pair["edge"], cloud_url=kernels_server, **common))
-    local = generations(Engine(mode="spec", cloud=pair["cloud"], cloud_runtime="kernels-int8", **common))
-    own = generations(Engine(mode="cloud", cloud=pair["cloud"], cloud_runtime="kernels-int8", dtype="float32",
+    split = generations(Engine(mode="spec", edge=pair["edge"], cloud_url=url, **common))
+    local = generations(Engine(mode="spec", cloud=pair["cloud"], cloud_runtime=runtime, **common))
+    own = generations(Engine(mode="cloud", cloud=pair["cloud"], cloud_runtime=runtime, dtype="float32",
                              decode=DECODE, **QUIET))
     assert [g.tokens for g in split] == [g.tokens for g in local] == [g.tokens for g in own]
     assert [decisions(g) for g in split] == [decisions(g) for g in local]
