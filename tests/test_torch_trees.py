@@ -45,6 +45,7 @@ def close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 def test_a_trees_positions_and_mask_are_its_paths():
     tree = TokenTree.from_branches([[5, 6], [7]], budget=3)  # nodes 5 6 7, parents -1 0 -1
+    assert tree.ancestry.int().tolist() == [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
     assert tree_positions(4, 2, tree).tolist() == [[4, 5, 6, 7, 6]]  # the root (the last unseen) at 5
     visible = tree_visible(4, 2, tree, 10).int()
     assert visible.tolist() == [[1, 1, 1, 1, 1, 0, 0, 0, 0, 0],  # unseen 1: the cache and itself
@@ -52,6 +53,27 @@ def test_a_trees_positions_and_mask_are_its_paths():
                                 [1, 1, 1, 1, 1, 1, 1, 0, 0, 0],  # node 5: the unseen tokens and itself
                                 [1, 1, 1, 1, 1, 1, 1, 1, 0, 0],  # node 6: its parent 5 and itself
                                 [1, 1, 1, 1, 1, 1, 0, 0, 1, 0]]  # node 7: not 5 nor 6, a sibling branch
+
+
+def test_the_static_caches_mask_made_on_the_device_is_the_trees(monkeypatch):
+    """tree_forward makes a tree's slots and mask from its first position and its rows' own block: the same mask as
+    tree_visible over the whole cache, wherever the cache's length is."""
+    from specdec.backends import static_cache
+    from specdec.backends.hf_util import cache_kwarg
+
+    tree = TokenTree.from_branches(BRANCHES, budget=9)
+    model = tiny_causal("qwen2")
+    kv = static_cache.StaticKV(model.config, 32, torch.float32, torch.device("cpu"))
+    seen = {}
+    real = static_cache.static_forward
+    monkeypatch.setattr(static_cache, "static_forward", lambda *args: seen.update(args=args) or real(*args))
+    for past, unseen in ((0, 1), (7, 1), (12, 3), (32 - 12, 3)):
+        rows = unseen + tree.size
+        static_cache.tree_forward(model, cache_kwarg(model.forward), kv, torch.zeros(1, rows, dtype=torch.long),
+                                  tree_positions(past, unseen, tree), tree_visible(0, unseen, tree, rows))
+        slots, mask = seen["args"][-2:]
+        assert slots.tolist() == list(range(past, past + rows))
+        assert torch.equal(mask[0, 0] == 0, tree_visible(past, unseen, tree, 32)), (past, unseen)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -116,33 +116,34 @@ class CapturedRows:
 
 
 class CapturedTrees:
-    """`forward(ids [1, m], positions [1, m], slots=[m], mask=[1, 1, m, capacity]) -> logits [1, m, V]` (a token tree's
-    rows on static_cache.py's cache) replayed as one CUDA graph per m. The capture runs on the first call's own
-    inputs: its warm-ups write the slots that call writes, with the values it writes (they read only slots before
-    them and the call's own rows), so they leave the cache as the call itself does."""
+    """`forward(ids [1, m], positions [1, m], block [m, m]) -> logits [1, m, V]` (a token tree's rows on
+    static_cache.py's cache: `tree_forward`, which makes its slots and mask on the device) replayed as one CUDA graph
+    per m. The capture runs on the first call's own inputs: its warm-ups write the slots that call writes, with the
+    values it writes (they read only slots before them and the call's own rows), so they leave the cache as the call
+    itself does."""
 
     def __init__(self, forward: Callable[..., torch.Tensor], device: torch.device) -> None:
         self.forward, self.device = forward, torch.device(device)
         self.graphs: dict[int, tuple] = {}
         self.pool: _POOL_HANDLE | None = None
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
         """The logits [1, m, V] of the tree's rows (inputs on the device): this call's own copy."""
         m = ids.shape[1]
         if m not in self.graphs:
             with torch.cuda.device(self.device):
-                self.graphs[m] = self.capture(ids, positions, slots, mask)
+                self.graphs[m] = self.capture(ids, positions, block)
         graph, buffers, static_logits = self.graphs[m]
-        for buffer, value in zip(buffers, (ids, positions, slots, mask)):
+        for buffer, value in zip(buffers, (ids, positions, block)):
             buffer.copy_(value, non_blocking=True)
         graph.replay()
         return static_logits.clone()
 
-    def capture(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor):
-        buffers = tuple(t.clone() for t in (ids, positions, slots, mask))
+    def capture(self, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor):
+        buffers = tuple(t.clone() for t in (ids, positions, block))
 
         def run() -> torch.Tensor:
-            return self.forward(buffers[0], buffers[1], slots=buffers[2], mask=buffers[3])
+            return self.forward(*buffers)
 
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))

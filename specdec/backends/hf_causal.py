@@ -65,8 +65,7 @@ def tree_visible(past: int, unseen: int, tree, slots: int) -> torch.Tensor:
     visible = torch.zeros(rows, slots, dtype=torch.bool)
     visible[:unseen, :nodes] = torch.ones(unseen, nodes, dtype=torch.bool).tril(past)
     visible[unseen:, :nodes] = True
-    for node in range(tree.size):
-        visible[unseen + node, [nodes + i for i in tree.path(node)]] = True
+    visible[unseen:, nodes : nodes + tree.size] = tree.ancestry
     return visible
 
 

@@ -14,8 +14,9 @@ the accepted length is never read before it is rewritten, whatever an abandoned 
     steps     static: eager; compiled: blocks of up to GRAPH_TOKENS tokens under torch.compile; graphs: the
               same blocks replayed as CUDA graphs (cuda_graphs.py, the one CUDA-only module); longer blocks
               (a prompt) run eagerly in every mode
-    trees     a token tree's rows (hf_causal.py's mask) at slots past the unseen tokens, in node order, a node's
-              slot not its position; commit_path copies the kept path's keys and values to the chain's slots.
+    trees     a token tree's rows at slots past the unseen tokens, in node order, a node's slot not its position,
+              the mask made on the device from the rows' own [m, m] block (hf_causal.py's) and the cache's length
+              (`tree_forward`); commit_path copies the kept path's keys and values to the chain's slots.
               Captured under graphs (one graph per row count, up to GRAPH_TREE_ROWS), eager under static and
               compiled
 
@@ -97,6 +98,21 @@ def static_forward(model: PreTrainedModel, cache_kwarg: str, kv: StaticKV, ids: 
     return out.logits
 
 
+def tree_forward(model: PreTrainedModel, cache_kwarg: str, kv: StaticKV, ids: torch.Tensor, positions: torch.Tensor,
+                 block: torch.Tensor, keep: int = 0) -> torch.Tensor:
+    """A token tree's forward on `kv`: [1, m] ids at [1, m] positions (the first is the cache's length: an unseen
+    token's), written at the m slots from there on, each row seeing the slots before them and, among its own m, those
+    `block` [m, m] marks (hf_causal.tree_visible's block). Slots and mask are made here, on the device, with shapes
+    fixed by m: a CUDA graph replays it with only ids, positions and block copied in."""
+    m, device = ids.shape[1], ids.device
+    slots = positions[0, :1] + torch.arange(m, device=device)
+    offset = torch.arange(kv.capacity, device=device) - positions[0, :1]  # each slot past the cache's length
+    inside = (offset >= 0) & (offset < m)
+    visible = (offset < 0)[None, :] | (block[:, offset.clamp(0, m - 1)] & inside[None, :])
+    mask = as_mask(visible, model, kv.keys[0].dtype, device)
+    return static_forward(model, cache_kwarg, kv, ids, positions, keep, slots, mask)
+
+
 def static_capable(model: PreTrainedModel) -> bool:
     """The model can run on a static cache: a decoder of full-attention layers that takes a 4-D mask."""
     return full_attention_decoder(model)
@@ -165,12 +181,11 @@ class StaticCausalBackend(HFCausalBackend):
         kv = self._make_room(past + rows)
         ids = torch.cat([token_ids.reshape(-1).cpu(), tree.tokens]).view(1, rows).to(self.device, non_blocking=True)
         positions = tree_positions(past, unseen, tree, self.device)
-        slots = torch.arange(past, past + rows, device=self.device)
-        mask = as_mask(tree_visible(past, unseen, tree, kv.capacity), self.model, kv.keys[0].dtype, self.device)
+        block = tree_visible(0, unseen, tree, rows).to(self.device, non_blocking=True)  # [rows, rows]: the rest is made there
         if self.trees is not None and rows <= GRAPH_TREE_ROWS:
-            logits = self.trees(ids, positions, slots, mask)[0, unseen - 1 :]
+            logits = self.trees(ids, positions, block)[0, unseen - 1 :]
         else:
-            logits = static_forward(self.model, self._cache_kwarg, kv, ids, positions, n + 1, slots, mask)[0]
+            logits = tree_forward(self.model, self._cache_kwarg, kv, ids, positions, block, n + 1)[0]
         state.length, state.tree = past + unseen, True
         return logits.float()
 
@@ -223,7 +238,7 @@ class StaticCausalBackend(HFCausalBackend):
         self.kv = kv
         self.fast = self._fast_steps(kv)
         if self.steps == Steps.GRAPHS:
-            self.trees = CapturedTrees(functools.partial(static_forward, self.model, self._cache_kwarg, kv), self.device)
+            self.trees = CapturedTrees(functools.partial(tree_forward, self.model, self._cache_kwarg, kv), self.device)
         return kv
 
     def _fast_steps(self, kv: StaticKV) -> FastSteps | None:

@@ -77,6 +77,16 @@ class TokenTree:
             depth.append(1 if parent < 0 else depth[parent] + 1)
         return tuple(depth)
 
+    @cached_property
+    def ancestry(self) -> torch.Tensor:
+        """[n, n] bool: row i is True at node i's ancestors and at i itself (what node i attends among the nodes)."""
+        rows: list[list[bool]] = []
+        for i, parent in enumerate(self.parents):
+            row = list(rows[parent]) if parent >= 0 else [False] * self.size
+            row[i] = True
+            rows.append(row)
+        return torch.tensor(rows, dtype=torch.bool).reshape(self.size, self.size)
+
     @property
     def depth(self) -> int:
         return max(self.depths, default=0)
