@@ -74,7 +74,7 @@ def as_mask(visible: torch.Tensor, model: PreTrainedModel, dtype: torch.dtype, d
     attention (it reads each query's keys off it), additive (0, or the dtype's min) for SDPA and eager attention."""
     if getattr(model.config, "_attn_implementation", "") == "specbench_rowwise":
         return visible[None, None].to(device)
-    additive = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+    additive = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
     return additive[None, None].to(device)
 
 
