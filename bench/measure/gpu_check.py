@@ -50,8 +50,11 @@ from bench.derive.fleet_summary import summarize_fleet
 from bench.derive.gpu_costs import capacity, graph_bound, spread, summarize
 from specdec.backends.cuda_graphs import CapturedSteps
 from specdec.backends.devices import check_device, clock, is_cuda
+from specdec.backends.hf_causal import HFCausalBackend
 from specdec.backends.hf_util import cache_kwarg
-from specdec.backends.static_cache import StaticKV, static_forward
+from specdec.backends.prompt import Prompt
+from specdec.backends.static_cache import StaticCausalBackend, StaticKV, static_forward
+from specdec.core.tree import TokenTree
 from specdec.errors import SpecdecError
 from specdec.models.architecture import PREFIX as ARCH
 from specdec.models.architecture import build_architecture
@@ -241,8 +244,6 @@ def curve(models: list[str], out: Path, device: str, gpu: str | None, dry: bool,
 
 def tree_cycle(backend, state, kind: str, width: int, depth: int, context: int, vocab: int):
     """A callable running one verify cycle of `kind` on `state` (CONTEXT positions) and cropping back to them."""
-    from specdec.core.tree import TokenTree
-
     last = torch.tensor([vocab - 1])
     if kind == "step":
         return lambda: (backend.forward(state, last, keep=1), backend.crop(state, context))
@@ -264,10 +265,6 @@ def tree_costs(models: list[str], out: Path, device: str, gpu: str | None, dry: 
                repeats: int) -> tuple[list[dict], list[dict]]:
     """Append tree_costs.csv rows (TREE_SHAPES per model and cache) until the deadline; -> the rows measured, and per
     model and cache how close a tree's and a chain's rows are to their steps (`agreement`)."""
-    from specdec.backends.hf_causal import HFCausalBackend
-    from specdec.backends.prompt import Prompt
-    from specdec.backends.static_cache import StaticCausalBackend
-
     context, warm_ups = (DRY["context"], DRY["warm_ups"]) if dry else (CONTEXT, WARM_UPS)
     caches = TREE_CACHES if is_cuda(device) else ("static", "dynamic")  # --dry-run: the static cache eagerly
     measured: list[dict] = []
@@ -314,8 +311,6 @@ def tree_costs(models: list[str], out: Path, device: str, gpu: str | None, dry: 
 
 def step_after(backend, ids: torch.Tensor, path: list[int]) -> torch.Tensor:
     """The logits of the one-token step after `ids` then `path`, each token a step (a fresh state)."""
-    from specdec.backends.prompt import Prompt
-
     state, logits = backend.prefill(Prompt(ids[:-1]), ids[:-1])
     for token in [int(ids[-1]), *path]:
         logits = backend.forward(state, torch.tensor([token]), keep=1)
@@ -326,9 +321,6 @@ def agreement(backend, ids: torch.Tensor, vocab: int, width: int, depth: int) ->
     """How far a tree's rows and a chain's rows are from the steps after their paths, in this cache and dtype (bf16
     here: the torch backends keep a block's rows equal to steps within rounding only): the largest difference over
     the largest logit, and how many rows keep the step's argmax."""
-    from specdec.backends.prompt import Prompt
-    from specdec.core.tree import TokenTree
-
     last = torch.tensor([vocab - 1])
     full = torch.cat([ids, last])
     branches = [[(b * depth + d) % (vocab - 1) for d in range(depth)] for b in range(width)]
