@@ -36,7 +36,7 @@ def recording(pair, prompts, int8_cloud, tmp_path_factory):
         return record_split(pair["edge"], url, prompts, tmp_path_factory.mktemp("recording"), SETTINGS)
 
 
-def test_an_int8_fleet_replays_without_a_mismatch_alone_and_batched(pair, prompts, recording, tmp_path):
+def test_an_int8_fleet_replays_without_a_mismatch_alone_and_counts_them_batched(pair, prompts, recording, tmp_path):
     out = tmp_path / "int8"
     assert main(["fleet", "--edge-replay", str(recording), "--cloud", pair["cloud"], "--cloud-runtime", "torch-int8",
                  "--max-batch", "8", "--batch-window-ms", "20", "--prompts", prompts, "--clients", "1,3",
@@ -45,11 +45,15 @@ def test_an_int8_fleet_replays_without_a_mismatch_alone_and_batched(pair, prompt
     assert len(records) == 2 * (1 + 3) * 3 and all(r["status"] == "ok" for r in records)
     assert {r["cloud_runtime"] for r in records} == {lv["cloud_runtime"] for lv in levels} == {"torch-int8"}
     spec = [r for r in records if r["mode"] == "spec"]
-    # Every verdict of the int8 server equals the recorded one: alone, and sharing forwards with other rows.
+    # Alone, every verdict of the int8 server equals the recorded one. Sharing forwards with other rows it need not:
+    # torch-int8 quantizes a forward's activations with one scale over all its rows (its declared block drift), so a
+    # near tie can turn with the batch's make-up, which the arrival times decide (a clean-clone CI run saw 2 of the
+    # batched verdicts differ). The mismatches are counted, each at most one a verify; the batch-invariant runtime's
+    # replay without a mismatch is test_a_per_token_int8_fleet_replays_without_a_mismatch_batched.
     assert all(r["verifies"] > 0 for r in spec)
     assert [r["replay_mismatches"] for r in spec if r["clients"] == 1] == [0, 0, 0]
     assert max(b["rows"] for b in batches if b["clients"] == 3 and b["mode"] == "spec") >= 2
-    assert sum(r["replay_mismatches"] for r in spec if r["clients"] == 3) == 0
+    assert all(0 <= r["replay_mismatches"] <= r["verifies"] for r in spec if r["clients"] == 3)
     # Cloud-only on the same int8 server: its own greedy steps (one token each), every record served.
     assert all(r["cloud_runtime"] == "torch-int8" for r in records if r["mode"] == "cloud")
     assert json.loads((out / "fleet.json").read_text())["config"]["cloud_runtime"] == "torch-int8"
