@@ -31,6 +31,22 @@ if TYPE_CHECKING:
 WARM_UPS = 2  # eager runs on a side stream before a capture (torch.cuda.graphs' own advice: >= 1, cuBLAS handles)
 
 
+def captured(run: Callable[[], torch.Tensor], device: torch.device,
+             pool: _POOL_HANDLE | None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """`run` (a forward over static buffers) warmed up on a side stream, then captured in `pool`: (graph, its output
+    buffer). The graph's pool is `graph.pool()`, for the next capture to share."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(WARM_UPS):
+            run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        output = run()
+    return graph, output
+
+
 class CapturedSteps:
     """`forward(ids [B, n], positions [B, n]) -> logits [B, n, V]` replayed as one CUDA graph per (B, n)."""
 
@@ -58,15 +74,7 @@ class CapturedSteps:
         # The cache's last n slots: past every live position while the cache has room (static_cache.py grows it).
         scratch = torch.arange(self.capacity - n, self.capacity, device=self.device)
         static_positions = scratch.expand(batch, n).contiguous()
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARM_UPS):
-                self.forward(static_ids, static_positions)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            static_logits = self.forward(static_ids, static_positions)
+        graph, static_logits = captured(lambda: self.forward(static_ids, static_positions), self.device, self.pool)
         self.pool = graph.pool()
         return graph, static_ids, static_positions, static_logits
 
@@ -102,15 +110,8 @@ class CapturedRows:
         static_ids = torch.zeros_like(ids)
         static_positions = torch.full_like(positions, self.scratch_column)
         static_rows = torch.full_like(rows, self.scratch_row)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARM_UPS):
-                self.forward(static_ids, static_positions, static_rows, span)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            static_logits = self.forward(static_ids, static_positions, static_rows, span)
+        graph, static_logits = captured(lambda: self.forward(static_ids, static_positions, static_rows, span),
+                                        self.device, self.pool)
         self.pool = graph.pool()
         return graph, static_ids, static_positions, static_rows, static_logits
 
@@ -141,18 +142,6 @@ class CapturedTrees:
 
     def capture(self, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor):
         buffers = tuple(t.clone() for t in (ids, positions, block))
-
-        def run() -> torch.Tensor:
-            return self.forward(*buffers)
-
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARM_UPS):
-                run()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            static_logits = run()
+        graph, static_logits = captured(lambda: self.forward(*buffers), self.device, self.pool)
         self.pool = graph.pool()
         return graph, buffers, static_logits

@@ -57,6 +57,11 @@ def tree_positions(past: int, unseen: int, tree, device: torch.device | str | No
     return torch.cat([torch.arange(past, past + unseen), root + depths]).unsqueeze(0).to(device)
 
 
+def tree_ids(token_ids: torch.Tensor, tree, device: torch.device | str | None = None) -> torch.Tensor:
+    """[1, unseen + nodes]: the unseen tokens, then the tree's nodes in node order (the rows of its forward)."""
+    return torch.cat([token_ids.reshape(-1).cpu(), tree.tokens]).unsqueeze(0).to(device, non_blocking=True)
+
+
 def tree_visible(past: int, unseen: int, tree, slots: int) -> torch.Tensor:
     """[unseen + nodes, slots] bool, True where a query attends: the keys sit at slots 0 .. past-1 (the cache), then
     the unseen tokens', then the nodes' in node order. An unseen token sees the cache and the unseen tokens up to
@@ -153,7 +158,7 @@ class HFCausalBackend(Backend):
         """One forward of the unseen tokens and the tree's nodes under a 4-D mask (module docstring): [1 + n, V]."""
         self._check_tree(token_ids)
         unseen, n, past = token_ids.numel(), tree.size, state.length
-        ids = torch.cat([token_ids.reshape(-1).cpu(), tree.tokens]).view(1, unseen + n).to(self.device)
+        ids = tree_ids(token_ids, tree, self.device)
         mask = as_mask(tree_visible(past, unseen, tree, past + unseen + n), self.model, self._dtype, self.device)
         out = self.model(input_ids=ids, position_ids=tree_positions(past, unseen, tree, self.device),
                          attention_mask=mask, **{self._cache_kwarg: state.cache}, use_cache=True, logits_to_keep=n + 1)

@@ -37,13 +37,19 @@ from transformers import PreTrainedModel
 from specdec.backends.buffers import grown_capacity
 from specdec.backends.cuda_graphs import CapturedSteps, CapturedTrees
 from specdec.backends.devices import STEPS, is_cuda
-from specdec.backends.hf_causal import HFCausalBackend, as_mask, block_positions, tree_positions, tree_visible
+from specdec.backends.hf_causal import (
+    HFCausalBackend,
+    as_mask,
+    block_positions,
+    tree_ids,
+    tree_positions,
+    tree_visible,
+)
 from specdec.backends.hf_util import FULL_ATTENTION_TYPES, full_attention_decoder
 from specdec.backends.prompt import Prompt
 from specdec.errors import InputError, ModelError, SpecdecError
 from specdec.settings import Steps
 
-STATIC_MODEL_TYPES = FULL_ATTENTION_TYPES
 GRAPH_TOKENS = 16  # blocks up to this long are compiled / captured (1 token, k + 1, the server's rows x tokens)
 GRAPH_TREE_ROWS = 32  # token trees up to this many rows (the unseen tokens and the nodes) are captured, one graph a count
 CAPACITY = 1024  # slots a cache starts with (capped at the model's positions); it doubles when a forward needs more
@@ -120,7 +126,7 @@ def static_capable(model: PreTrainedModel) -> bool:
 
 def check_static(model: PreTrainedModel) -> None:
     if not static_capable(model):
-        raise ModelError(f"a static KV cache runs {', '.join(STATIC_MODEL_TYPES)} models whose layers are all full "
+        raise ModelError(f"a static KV cache runs {', '.join(FULL_ATTENTION_TYPES)} models whose layers are all full "
                          f"attention; this one is {model.config.model_type!r}: use --kv-cache dynamic")
 
 
@@ -179,7 +185,7 @@ class StaticCausalBackend(HFCausalBackend):
         unseen, n, past = token_ids.numel(), tree.size, state.length
         rows = unseen + n
         kv = self._make_room(past + rows)
-        ids = torch.cat([token_ids.reshape(-1).cpu(), tree.tokens]).view(1, rows).to(self.device, non_blocking=True)
+        ids = tree_ids(token_ids, tree, self.device)
         positions = tree_positions(past, unseen, tree, self.device)
         block = tree_visible(0, unseen, tree, rows).to(self.device, non_blocking=True)  # [rows, rows]: the rest is made there
         if self.trees is not None and rows <= GRAPH_TREE_ROWS:
@@ -261,7 +267,7 @@ class StaticCausalBackend(HFCausalBackend):
 def placed(backend, device: str, steps: str = "dynamic"):
     """A Whisper or Omni backend with its model moved to `device`; those keep their own caches."""
     if steps != Steps.DYNAMIC:
-        raise ModelError(f"a static KV cache runs {', '.join(STATIC_MODEL_TYPES)} models; {backend.name!r} keeps its "
+        raise ModelError(f"a static KV cache runs {', '.join(FULL_ATTENTION_TYPES)} models; {backend.name!r} keeps its "
                          "own cache: use --kv-cache dynamic")
     backend.model.to(device)
     backend.device = torch.device(device)
