@@ -57,11 +57,25 @@ def torch_server(pair):
         yield url
 
 
-@pytest.mark.parametrize("runtime", ["kernels-int8", "torch"])
+@pytest.fixture(scope="module")
+def static_server(pair):
+    """The torch runtime on the server's static cache of many sessions (static_slots.py), eager on the CPU."""
+    from specdec.models.loading import LoadSettings, load
+    from specdec.remote.server_config import ServeConfig
+
+    loaded = load(pair["cloud"], LoadSettings("float32", kv_cache="static", sessions=4), **QUIET)
+    with BackgroundServer(loaded, ServeConfig(max_sessions=4)) as url:
+        yield url
+
+
+SERVERS = {"kernels-int8": "kernels_server", "torch": "torch_server", "torch on the static cache": "static_server"}
+
+
+@pytest.mark.parametrize("server", list(SERVERS))
 @pytest.mark.parametrize("branches", [1, 4])
 def test_trees_and_chains_through_a_server_equal_in_process_and_the_clouds_own_greedy_decoding(
-        pair, request, runtime, branches, monkeypatch):
-    url = request.getfixturevalue("kernels_server" if runtime == "kernels-int8" else "torch_server")
+        pair, request, server, branches, monkeypatch):
+    url, runtime = request.getfixturevalue(SERVERS[server]), server.split()[0]
     trees_sent = []
     tree_of = ServerSession.tree_of
     monkeypatch.setattr(ServerSession, "tree_of", lambda self, verify: trees_sent.append(tree_of(self, verify))
@@ -96,13 +110,10 @@ def test_the_suffix_drafters_trees_through_a_server_are_the_clouds_own_greedy_de
     assert sum(g.counters.num_accepted_tokens for g in split) > 0
 
 
-def test_a_server_that_verifies_chains_says_so_and_refuses_a_tree_in_one_line(pair):
-    from specdec.models.loading import LoadSettings, load
-    from specdec.remote.server_config import ServeConfig
-
-    # the server's static cache of many sessions verifies chains only
-    loaded = load(pair["cloud"], LoadSettings("float32", kv_cache="static", sessions=4), **QUIET)
-    with BackgroundServer(loaded, ServeConfig(max_sessions=4)) as url:
+def test_a_server_that_verifies_chains_says_so_and_refuses_a_tree_in_one_line(pair, tmp_path):
+    # a cloud of sliding-window layers (Gemma3) verifies chains only: its attention builds its own masks
+    chains_only = _gemma3_like_the_cloud(pair["cloud"], tmp_path / "gemma3")
+    with BackgroundServer(load_model(chains_only, "float32", runtime="torch", **QUIET)) as url:
         engine = Engine(mode="spec", edge=pair["edge"], cloud_url=url, dtype="float32", spec=lookup(4),
                         decode=DECODE, **QUIET)
         try:
@@ -137,6 +148,21 @@ def test_the_client_keeps_only_a_path_down_the_tree_it_sent():
                                 (1, [9], "is no path from the root")):
         with pytest.raises(ProtocolError, match=why):
             kept_path(tree, VerdictReply(accepted=accepted, path=path, **reply))
+
+
+def _gemma3_like_the_cloud(cloud: str, path) -> str:
+    """A tiny random Gemma3 (a sliding-window layer, then a full one) with the pair cloud's vocabulary and tokenizer,
+    saved at `path`."""
+    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
+
+    from tests.tiny import COMMON
+
+    tokenizer = AutoTokenizer.from_pretrained(cloud)
+    config = Gemma3TextConfig(**{**COMMON, "vocab_size": 64, "eos_token_id": tokenizer.eos_token_id}, head_dim=16,
+                              sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+    Gemma3ForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
 
 
 def _prompt(ids: torch.Tensor):

@@ -1,7 +1,8 @@
 """The server's static KV cache of many sequences (specdec/backends/static_slots.py) computes what transformers'
 DynamicCache does, row for row: sessions of different lengths in one forward, each at its own positions, with
-blocks of different lengths (padded), crops, a session's slot freed when its state goes and taken by the next,
-and the server on it = the server on the dynamic cache, token for token (fp32, tiny Llama and Qwen2)."""
+blocks of different lengths (padded), crops, one session's token tree beside the others' rows, a session's slot freed
+when its state goes and taken by the next, and the server on it = the server on the dynamic cache, token for token
+(fp32, tiny Llama and Qwen2)."""
 import gc
 
 import pytest
@@ -12,6 +13,7 @@ from bench.derive.fleet_summary import read_fleet
 from specdec.backends.hf_causal import HFCausalBackend
 from specdec.backends.prompt import Prompt
 from specdec.backends.static_slots import SlotCausalBackend, server_cache
+from specdec.core.tree import TokenTree
 from specdec.errors import ModelError, SpecdecError
 from specdec.models.loading import LoadSettings, load, load_model
 from specdec.remote.background import BackgroundServer
@@ -81,6 +83,32 @@ def test_a_dropped_state_frees_its_slot_and_a_full_cache_is_one_line():
     assert close(fresh.prefill(Prompt(ids[8:12]), ids[8:12], keep=1)[1], logits)  # nothing of the first lingers
     with pytest.raises(SpecdecError, match=r"needs 33 positions; the static KV cache holds 32: open shorter sessions"):
         backend.forward(third, random_prompt(3, 29))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_sessions_tree_leaves_the_other_sessions_rows_as_they_were(arch):
+    """One session verifies a token tree and keeps a side branch while two others go on in shared forwards, before
+    and after it: every row of every session equals its own on the dynamic cache, and the tree's nodes were written in
+    its own slot only: the others hold more columns than the tree wrote, so a node written in their slots would be read
+    (the rows' and nodes' values themselves: tests/test_torch_trees.py)."""
+    model = tiny_causal(arch)
+    dynamic, slots = HFCausalBackend(model), SlotCausalBackend(model, steps="static", slots=4, capacity=64)
+    ids = random_prompt(6, 80)
+    prompts = [ids[:20], ids[20:24], ids[25:47]]
+    expected, got = sessions(dynamic, prompts), sessions(slots, prompts)
+    tree = TokenTree.from_branches([[40, 41, 42], [40, 43], [44, 45, 46]], budget=8)
+    path = [4, 5]  # 44 45: the branch written last is kept, its columns moved down
+    for backend, states in ((dynamic, expected), (slots, got)):
+        backend.forward_batch([states[0][0], states[2][0]], [ids[50:53], ids[53:54]], [3, 1])
+        backend.forward_tree(states[1][0], ids[55:57], tree)  # columns 4 .. 13 of its slot
+        backend.commit_path(states[1][0], tree, path)
+    assert [s.length for s, _ in got] == [s.length for s, _ in expected] == [23, 4 + 2 + 2, 23]
+    feed = [ids[60:62], ids[62:65], ids[65:66]]
+    want = dynamic.forward_batch([s for s, _ in expected], feed, [2, 3, 1])
+    have = slots.forward_batch([s for s, _ in got], feed, [2, 3, 1])
+    assert all(close(w, h) for w, h in zip(want, have))
+    with pytest.raises(ValueError, match="commit_path follows forward_tree"):
+        slots.commit_path(got[1][0], tree, path)
 
 
 def test_graphs_need_cuda():

@@ -1,9 +1,9 @@
-"""Token trees verified in the torch backends (specdec/backends/hf_causal.py, static_cache.py): one forward with a 4-D
-mask, each node at its path's position seeing the cache and its ancestors only. A node's row is the step after its path
-by the chain's rule there (fp32: within the chain's 1e-5; torch-int8t's row-wise attention: bit for bit), the kept
-path leaves the cache a chain's, and prompt lookup's trees decode the cloud's own greedy tokens. A runtime whose
-attention builds its own mask (sliding windows, flash kernels, the server's shared static cache) says it verifies
-chains. The CUDA half (captured trees) is tests/test_cuda.py."""
+"""Token trees verified in the torch backends (specdec/backends/hf_causal.py, static_cache.py, and the server's
+shared static cache, static_slots.py): one forward with a 4-D mask, each node at its path's position seeing the cache
+and its ancestors only. A node's row is the step after its path by the chain's rule there (fp32: within the chain's
+1e-5; torch-int8t's row-wise attention: bit for bit), the kept path leaves the cache a chain's, and prompt lookup's
+trees decode the cloud's own greedy tokens. A runtime whose attention builds its own mask (sliding windows, flash
+kernels) says it verifies chains. The CUDA half (captured trees) is tests/test_cuda.py."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +12,7 @@ import torch
 from specdec.backends.hf_causal import HFCausalBackend, tree_positions, tree_visible
 from specdec.backends.prompt import Prompt
 from specdec.backends.static_cache import StaticCausalBackend
+from specdec.backends.static_slots import SlotCausalBackend
 from specdec.core.tree import TokenTree
 from specdec.errors import InputError
 from tests.tiny import random_prompt, tiny_causal
@@ -25,10 +26,11 @@ BRANCHES = [[11, 12, 13, 14], [11, 15], [16, 17, 18], [11, 12, 19]]  # nodes 11 
 
 def backends(arch: str):
     """(a backend of each torch cache over one tiny model, a twin to take the reference steps on: a static cache
-    holds one sequence)."""
+    holds one sequence; the server's holds several, each session in a slot of its own)."""
     model = tiny_causal(arch)
     return [(HFCausalBackend(model), HFCausalBackend(model)),
-            (StaticCausalBackend(model, steps="static", capacity=16), StaticCausalBackend(model, steps="static", capacity=16))]
+            (StaticCausalBackend(model, steps="static", capacity=16), StaticCausalBackend(model, steps="static", capacity=16)),
+            (SlotCausalBackend(model, steps="static", slots=4, capacity=64), SlotCausalBackend(model, steps="static", slots=4))]
 
 
 def step_after(backend, ids: torch.Tensor, path: torch.Tensor) -> torch.Tensor:

@@ -112,11 +112,18 @@ def tree_forward(model: PreTrainedModel, cache_kwarg: str, kv: StaticKV, ids: to
     fixed by m: a CUDA graph replays it with only ids, positions and block copied in."""
     m, device = ids.shape[1], ids.device
     slots = positions[0, :1] + torch.arange(m, device=device)
-    offset = torch.arange(kv.capacity, device=device) - positions[0, :1]  # each slot past the cache's length
-    inside = (offset >= 0) & (offset < m)
-    visible = (offset < 0)[None, :] | (block[:, offset.clamp(0, m - 1)] & inside[None, :])
-    mask = as_mask(visible, model, kv.keys[0].dtype, device)
+    mask = as_mask(tree_columns(positions[0, :1], block, kv.capacity), model, kv.keys[0].dtype, device)
     return static_forward(model, cache_kwarg, kv, ids, positions, keep, slots, mask)
+
+
+def tree_columns(start: torch.Tensor, block: torch.Tensor, columns: int) -> torch.Tensor:
+    """[m, columns] bool, True where a query attends: a tree's m rows written at the columns from `start` ([1], on the
+    device: the cache's length) on, each row seeing every column before them and, among its own m, those `block`
+    [m, m] marks. Made on the device from tensors only (what a captured graph replays)."""
+    m = block.shape[0]
+    offset = torch.arange(columns, device=block.device) - start  # each column past the cache's length
+    inside = (offset >= 0) & (offset < m)
+    return (offset < 0)[None, :] | (block[:, offset.clamp(0, m - 1)] & inside[None, :])
 
 
 def static_capable(model: PreTrainedModel) -> bool:

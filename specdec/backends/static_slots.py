@@ -12,6 +12,11 @@ sit at their own positions. What lets the server's forwards (rows x tokens) repl
     graphs    on CUDA with `steps` graphs: forwards of up to GRAPH_TOKENS tokens replay as one graph per
               (rows, tokens, span), rows padded up to a power of two (cuda_graphs.py's CapturedRows); longer
               blocks (a prompt) run eagerly
+    trees     under `static` (eager), one session's token tree in a forward of its own: its unseen tokens, then
+              the nodes at the slot's columns past them in node order (a node's column is not its position),
+              under the tree's mask (static_cache.tree_columns); commit_path copies the kept path's keys and
+              values to the chain's columns, in that slot's row. Under `graphs` the sessions verify chains: a
+              tree beside the captured rows would run eagerly, at several captured steps' cost on a GPU
 
 Exactness (fp32, tests/test_static_slots.py): a row's logits and cache equal its own forward on the dynamic
 cache, as for the single-sequence static cache (static_cache.py): a slot column past a row's length is never
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from transformers import PreTrainedModel
@@ -31,9 +37,16 @@ from transformers import PreTrainedModel
 from specdec.backends.base import kept_rows
 from specdec.backends.cuda_graphs import CapturedRows
 from specdec.backends.devices import is_cuda
-from specdec.backends.hf_causal import HFCausalBackend
+from specdec.backends.hf_causal import HFCausalBackend, as_mask, tree_ids, tree_positions, tree_visible
 from specdec.backends.prompt import Prompt
-from specdec.backends.static_cache import GRAPH_TOKENS, StaticCausalBackend, StaticKV, check_static, static_mask
+from specdec.backends.static_cache import (
+    GRAPH_TOKENS,
+    StaticCausalBackend,
+    StaticKV,
+    check_static,
+    static_mask,
+    tree_columns,
+)
 from specdec.errors import InputError, ModelError, SpecdecError
 from specdec.settings import Steps
 
@@ -46,6 +59,7 @@ class SlotState:
     slot: int
     length: int  # positions held (columns 0 .. length-1 of the slot's row)
     cache: None = None  # what a stateless verify's state also has: no cache of its own
+    tree: bool = False  # forward_tree wrote its nodes at columns length.. (node order); commit_path moves a path's
     _free: object = field(default=None, repr=False)
 
 
@@ -67,12 +81,23 @@ class SlotKV(StaticKV):
         return self.keys[layer_idx][self.rows, :, :span], self.values[layer_idx][self.rows, :, :span]
 
 
+class TreeRows(NamedTuple):
+    """A token tree's forward on the shared cache: the `columns` [1, n] its rows are written at (a node's column is
+    not its position), its `mask` [1, 1, n, span], and the last `keep` rows' logits returned."""
+
+    columns: torch.Tensor
+    mask: torch.Tensor
+    keep: int
+
+
 def slot_forward(model: PreTrainedModel, cache_kwarg: str, kv: SlotKV, ids: torch.Tensor, positions: torch.Tensor,
-                 rows: torch.Tensor, span: int) -> torch.Tensor:
-    """Logits [B, n, V] of ids [B, n] at positions [B, n] in slots `rows` [B], attending over `span` columns."""
-    kv.rows, kv.write_at, kv.span = rows, positions, span
-    out = model(input_ids=ids, position_ids=positions, attention_mask=static_mask(positions, span, kv.keys[0].dtype),
-                **{cache_kwarg: kv}, use_cache=True)
+                 rows: torch.Tensor, span: int, tree: TreeRows | None = None) -> torch.Tensor:
+    """Logits [B, n, V] of ids [B, n] at positions [B, n] in slots `rows` [B], attending over `span` columns (a
+    tree's: [1, tree.keep, V])."""
+    kv.rows, kv.write_at, kv.span = rows, positions if tree is None else tree.columns, span
+    mask = static_mask(positions, span, kv.keys[0].dtype) if tree is None else tree.mask
+    out = model(input_ids=ids, position_ids=positions, attention_mask=mask, **{cache_kwarg: kv}, use_cache=True,
+                logits_to_keep=0 if tree is None else tree.keep)
     return out.logits
 
 
@@ -90,7 +115,7 @@ class SlotCausalBackend(HFCausalBackend):
         if steps == Steps.GRAPHS and not is_cuda(next(model.parameters()).device):
             raise ModelError("captured CUDA graphs need the model on a CUDA device: use --cuda-graphs off on the CPU")
         super().__init__(model, name)
-        self.accepts_trees = False  # a tree's rows on the shared cache are not built: its sessions verify chains
+        self.accepts_trees = self.accepts_trees and steps == Steps.STATIC  # under graphs: chains (module docstring)
         self.steps, self.slots = steps, slots
         self.max_positions: int = min(capacity, getattr(model.config, "max_position_embeddings", None) or capacity)
         self.kv: SlotKV | None = None
@@ -126,21 +151,67 @@ class SlotCausalBackend(HFCausalBackend):
             super()._drop_past(state, length)
         # a slot's columns past the length are rewritten before any query reads them
 
-    # --- internals ----------------------------------------------------------------------
     @torch.inference_mode()
-    def _rows(self, states: list[SlotState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor | None]:
-        """One forward of every state's block at its own positions; each row's last `keep` logits [keep, V] (float;
-        None where keep is 0)."""
+    def forward_tree(self, state, token_ids: torch.Tensor, tree) -> torch.Tensor:
+        """One session's unseen tokens at their columns and positions, then the tree's nodes at the columns past them
+        in node order, each at position (the root's) + its depth, under the tree's mask: [1 + n, V]. Eager."""
+        if not isinstance(state, SlotState):  # a stateless verify's cache-free state
+            return super().forward_tree(state, token_ids, tree)
+        self._check_tree(token_ids)
+        unseen, n, past = token_ids.numel(), tree.size, state.length
+        rows = unseen + n
+        self._check_room([state], [rows])
+        kv = self._cache()
+        positions = tree_positions(past, unseen, tree, self.device)
+        block = tree_visible(0, unseen, tree, rows).to(self.device, non_blocking=True)
+        span = min(_bucket(past + rows, SPAN), self.max_positions + 1)
+        columns = positions[:, :1] + torch.arange(rows, device=self.device)  # [1, rows] from the cache's length on
+        mask = as_mask(tree_columns(positions[0, :1], block, span), self.model, kv.keys[0].dtype, self.device)
+        slot = torch.tensor([state.slot], device=self.device)
+        logits = slot_forward(self.model, self._cache_kwarg, kv, tree_ids(token_ids, tree, self.device), positions,
+                              slot, span, TreeRows(columns, mask, n + 1))
+        state.length, state.tree = past + unseen, True
+        return logits[0].float()
+
+    @torch.inference_mode()
+    def commit_path(self, state, tree, path: list[int]) -> None:
+        if not isinstance(state, SlotState):
+            return super().commit_path(state, tree, path)
+        if not state.tree:
+            raise ValueError("commit_path follows forward_tree")
+        if path:
+            assert self.kv is not None  # forward_tree made it
+            source = torch.tensor(path, device=self.device) + state.length
+            target = torch.arange(state.length, state.length + len(path), device=self.device)
+            for cache in self.kv.keys + self.kv.values:  # node j's column to the chain's (a node's j <= its index)
+                row = cache[state.slot]  # [H_kv, columns, D], a view of the session's slot
+                row.index_copy_(1, target, row.index_select(1, source))
+        state.length += len(path)
+        state.tree = False
+
+    # --- internals ----------------------------------------------------------------------
+    def _cache(self) -> SlotKV:
+        """The shared cache (and its captured rows), made at the first forward."""
         if self.kv is None:
             self.kv = SlotKV(self.model.config, self.slots, self.max_positions, next(self.model.parameters()).dtype,
                              self.device)
             self.fast = (CapturedRows(self._eager, self.device, self.slots, self.max_positions) if self.steps == Steps.GRAPHS
                          else None)
-        n = max(block.numel() for block in blocks)
-        for state, block in zip(states, blocks):
-            if state.length + block.numel() > self.max_positions:
-                raise SpecdecError(f"a session of model {self.name!r} needs {state.length + block.numel()} positions; "
+        return self.kv
+
+    def _check_room(self, states: list[SlotState], sizes: list[int]) -> None:
+        for state, size in zip(states, sizes):
+            if state.length + size > self.max_positions:
+                raise SpecdecError(f"a session of model {self.name!r} needs {state.length + size} positions; "
                                    f"the static KV cache holds {self.max_positions}: open shorter sessions")
+
+    @torch.inference_mode()
+    def _rows(self, states: list[SlotState], blocks: list[torch.Tensor], keeps: list[int]) -> list[torch.Tensor | None]:
+        """One forward of every state's block at its own positions; each row's last `keep` logits [keep, V] (float;
+        None where keep is 0)."""
+        self._cache()
+        n = max(block.numel() for block in blocks)
+        self._check_room(states, [block.numel() for block in blocks])
         fast = self.fast if n <= GRAPH_TOKENS else None  # captured graphs run blocks up to GRAPH_TOKENS long
         batch = _bucket(len(states)) if fast is not None else len(states)  # a graph per power of two of rows
         ids = torch.zeros(batch, n, dtype=torch.long)
@@ -160,6 +231,7 @@ class SlotCausalBackend(HFCausalBackend):
         out: list[torch.Tensor | None] = []
         for row, (state, block, keep) in enumerate(zip(states, blocks, keeps)):
             state.length += block.numel()
+            state.tree = False  # a block after forward_tree without a commit: the nodes' columns are written over
             out.append(logits[row, block.numel() - keep : block.numel()].float() if keep else None)
         return out
 
