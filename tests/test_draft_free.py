@@ -94,6 +94,64 @@ def test_greedy_with_each_drafter_is_the_clouds_greedy(pair, drafter, verifier):
         assert len(history.drafters["suffix"].outputs.parts) == 6  # each generation's output joined the global corpus
 
 
+def lookup_drafter(history: History, options: str = "by_cost=1"):
+    from specdec.core.drafters import make_drafter
+    from specdec.core.drafters.interface import DraftContext
+
+    return make_drafter("prompt-lookup", DraftContext(Prompt(T([0])), 96, Constraints(), 0.0, torch.Generator(),
+                                                       history=history), options)
+
+
+def test_lookups_kept_counts_are_per_match_length_and_position():
+    from specdec.core.drafters.prompt_lookup import KeptCounts
+
+    counts = KeptCounts()
+    assert counts.scores(3, 2) == [0.5, 0.25]  # nothing counted: an even chance a token
+    counts.add(3, 4, 4)  # all four kept
+    counts.add(3, 4, 1)  # the first kept, the second not: the third and fourth never reached
+    assert counts.reached[3] == [2, 2, 1, 1] and counts.kept[3] == [2, 1, 1, 1]
+    assert counts.scores(3, 3) == pytest.approx([3 / 4, 3 / 4 * 2 / 4, 3 / 4 * 2 / 4 * 2 / 3])
+    assert counts.scores(1, 1) == [0.5]  # another match length: its own counts
+
+
+def test_lookup_by_cost_sends_what_the_curve_pays_for_and_learns_from_continuations_not_sent():
+    """Priced by the machine's curve: steep, the even-chance continuation is withheld (a plain step); flat, sent whole.
+    The plain steps decide the withheld tokens, the counts learn that they were kept, and the chain then pays."""
+    from specdec.core.session import AcceptedSequence
+
+    flat = lookup_drafter(History(block_steps_prior={rows: 1.0 for rows in range(2, 10)}))
+    seq = AcceptedSequence(T([7, 1, 2, 3, 4, 9, 7, 1]), 8)  # (7, 1) recurs: 2 3 4 9 follow
+    assert flat.propose(seq, 4).tokens.tolist() == [2, 3, 4, 9]
+    history = History(block_steps_prior={2: 1.6, 3: 2.2, 4: 2.8, 5: 3.4})  # a row 0.6 of a step
+    for request in range(20):  # a drafter a request, the counts the engine's
+        steep = lookup_drafter(history)
+        seq = AcceptedSequence(T([7, 1, 2, 3, 4, 9, 7, 1]), 8)
+        proposal = steep.propose(seq, 4)
+        if request == 0:  # even chances: 1.5 tokens for 1.6 steps, 1.75 for 2.2, ...: no length beats a step
+            assert len(proposal) == 0 and proposal.drafter == PLAIN and steep.found == [(8, [2, 3, 4, 9], 2)]
+        seq.extend([2, 3, 4, 9])  # the plain steps' text: the continuation, whole
+        steep.propose(seq, 4)  # reads the decided tokens off
+    assert history.drafters["prompt-lookup:kept"].kept[2][:4] == [20, 20, 20, 20]
+    seq = AcceptedSequence(T([7, 1, 2, 3, 4, 9, 7, 1]), 8)
+    assert lookup_drafter(history).propose(seq, 4).tokens.tolist() == [2, 3, 4, 9]  # 21/22 a token: 4.57 for 3.4 steps
+
+
+def test_lookup_by_cost_is_the_clouds_greedy_and_refuses_trees_in_one_line(pair):
+    edge, cloud = pair
+    spec = SpecConfig(k=4, entropy_threshold=0, policy="greedy", drafter="prompt-lookup", drafter_options="by_cost=1")
+    decode = DecodeConfig(max_new_tokens=24)
+    history, lengths = History(block_steps_prior={2: 1.2, 3: 1.4, 4: 1.6, 5: 1.8}), set()
+    for seed in range(6):
+        prompt = looping_prompt(seed)
+        generation = speculative_decode(None, cloud, prompt, spec, decode, SpecOptions(history=history))
+        assert generation.tokens == autoregressive_decode(cloud, prompt, decode).tokens, seed
+        lengths |= {len(c.draft_tokens) for c in generation.cycles}
+    assert len(lengths) > 1 and history.drafters["prompt-lookup:kept"].reached  # sized, and learning
+    with pytest.raises(ConfigError, match="by_cost sizes a chain; with branches > 1 it proposes trees") as refused:
+        lookup_drafter(History(), "by_cost=1,branches=4")
+    assert "\n" not in str(refused.value)
+
+
 def hybrid_costs(draft_s: float, tau: float, edge_s_per_token: float = 0.0, weight: int = 1):
     """The cloud verified in int8 (a step 60 ms, a 5-token block 65 ms), a model proposal of 4 tokens
     costing draft_s, model blocks carrying tau tokens per verify."""
