@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import time
 
-from specdec.core.drafters.interface import DraftContext, DraftFree, DraftNote, Proposal, plain_step, register_drafter
+from specdec.core.drafters.interface import (
+    DraftContext,
+    DraftFree,
+    DraftNote,
+    Proposal,
+    kept_when_decided,
+    plain_step,
+    register_drafter,
+)
 from specdec.core.drafters.prompt_lookup import OPTIONS, PromptLookup
 from specdec.core.payoff import BlockEvidence, block_pays
 from specdec.core.running import ema
@@ -70,12 +78,11 @@ class Auto(DraftFree):
         a greedy verify would have kept the matching prefix and added the cloud's token."""
         pending = []
         for position, tokens in self.withheld:
-            decided = seq.ids[position : position + len(tokens)].tolist()
-            matched = next((i for i, (a, b) in enumerate(zip(decided, tokens)) if a != b), len(decided))
-            if matched < len(decided) or len(decided) == len(tokens):
-                self.learn(matched + 1)
-            else:
+            kept = kept_when_decided(seq, position, tokens)
+            if kept is None:
                 pending.append((position, tokens))
+            else:
+                self.learn(kept + 1)
         self.withheld = pending
 
     def learn(self, tau: int) -> None:

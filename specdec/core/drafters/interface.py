@@ -87,6 +87,14 @@ def plain_step(seq: AcceptedSequence, route: Route | None = None) -> Proposal:
     return Proposal(seq.ids[:0], None, seq.length, (route or Route.STEP).value, route)
 
 
+def kept_when_decided(seq: AcceptedSequence, position: int, tokens: list[int]) -> int | None:
+    """How many of `tokens`, proposed at `position` and not sent (or not all sent), a greedy verify would have kept,
+    once the accepted sequence has decided them (all of them, or up to the first it did not keep); None until then."""
+    decided = seq.ids[position : position + len(tokens)].tolist()
+    matched = next((i for i, (a, b) in enumerate(zip(decided, tokens)) if a != b), len(decided))
+    return matched if matched < len(decided) or len(decided) == len(tokens) else None
+
+
 @dataclass(frozen=True)
 class DraftNote:
     """What a cycle's drafting did beyond its block, for the trace (specdec.core.trace.Cycle's fields

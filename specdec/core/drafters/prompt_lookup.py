@@ -38,6 +38,7 @@ from specdec.core.drafters.interface import (
     DraftFree,
     DraftNote,
     Proposal,
+    kept_when_decided,
     plain_step,
     register_drafter,
 )
@@ -174,10 +175,9 @@ class PromptLookup(DraftFree):
         to one it did not keep), count how many a greedy verify keeps."""
         pending = []
         for position, tokens, n in self.found:
-            decided = seq.ids[position : position + len(tokens)].tolist()
-            matched = next((i for i, (a, b) in enumerate(zip(decided, tokens)) if a != b), len(decided))
-            if matched < len(decided) or len(decided) == len(tokens):
-                self.counts.add(n, len(tokens), matched)
-            else:
+            kept = kept_when_decided(seq, position, tokens)
+            if kept is None:
                 pending.append((position, tokens, n))
+            else:
+                self.counts.add(n, len(tokens), kept)
         self.found = pending
