@@ -76,12 +76,16 @@ def test_static_and_captured_steps_equal_the_dynamic_cache_on_the_gpu(steps):
         assert backend.fast.graphs  # short blocks were replayed from captured graphs
 
 
-@pytest.mark.parametrize("steps", ["dynamic", "static", "graphs"])
+@pytest.mark.parametrize("steps", ["dynamic", "static", "graphs", "server slots"])
 def test_a_trees_rows_are_its_paths_steps_and_its_kept_path_a_chains_on_the_gpu(steps):
     """Each node's row equals the step after its path (the dynamic cache's steps on the GPU, fp32), under graphs from
-    a captured tree; the committed path then gives a chain's next block."""
+    a captured tree, on the server's static cache in the session's slot; the committed path then gives a chain's next
+    block."""
     model = tiny_causal("llama").to("cuda")
-    backend = HFCausalBackend(model) if steps == "dynamic" else StaticCausalBackend(model, steps=steps, capacity=32)
+    if steps == "server slots":
+        backend = SlotCausalBackend(model, steps="static", slots=4, capacity=64)
+    else:
+        backend = HFCausalBackend(model) if steps == "dynamic" else StaticCausalBackend(model, steps=steps, capacity=32)
     twin = HFCausalBackend(model)
     ids = random_prompt(7, 20)
     tree = TokenTree.from_branches(BRANCHES, budget=9)
