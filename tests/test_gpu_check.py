@@ -16,7 +16,7 @@ import pytest
 from bench.cli import build_parser
 from bench.core.records import read_records
 from bench.derive.gpu_costs import capacity, graph_bound, spread, summarize
-from bench.measure import gpu_check
+from bench.measure import gpu_check, gpu_trees
 from bench.measure.serving.clients import script_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def test_the_dry_run_writes_every_file_through_the_same_commands(tmp_path):
     with (results / "tree_costs.csv").open() as f:
         trees = list(csv.DictReader(f))
     assert [(r["shape"], int(r["width"]), int(r["depth"])) for r in trees if r["model"] == gpu_check.MODELS[0]
-            and r["cache"] == "static"] == [(s, w, d) for s, w, d in gpu_check.TREE_SHAPES]
+            and r["cache"] == "static"] == [(s, w, d) for s, w, d in gpu_trees.TREE_SHAPES]
     assert {(r["model"], r["cache"]) for r in trees} == {(m, c) for m in gpu_check.MODELS for c in ("static", "dynamic")}
     assert all(float(r["steps"]) > 0 and len(r["times_ms"].split()) == 2 for r in trees)
     assert all(float(r["steps"]) == 1.0 for r in trees if r["shape"] == "step")

@@ -25,6 +25,9 @@ k + 1 tokens at 1, 8 and 64 rows), and the curve stops at the time budget, writi
 
     python -m bench.measure.gpu_check RESULTS [--budget-s 300] [--models qwen2.5-1.5b,qwen2.5-7b]
     python -m bench.measure.gpu_check RESULTS --dry-run     # the CPU, tiny configs, few shapes: its commands run
+
+The tree stage is bench/measure/gpu_trees.py; what the stages share (the architectures, the timer, the dry run's
+settings) bench/measure/gpu_timing.py.
 """
 from __future__ import annotations
 
@@ -48,35 +51,26 @@ import torch
 
 from bench.derive.fleet_summary import summarize_fleet
 from bench.derive.gpu_costs import capacity, graph_bound, spread, summarize
+from bench.measure.gpu_timing import CONFIGS, CONTEXT, DRY, WARM_UPS, build, timed
+from bench.measure.gpu_trees import tree_costs
 from specdec.backends.cuda_graphs import CapturedSteps
-from specdec.backends.devices import check_device, clock, is_cuda
-from specdec.backends.hf_causal import HFCausalBackend
+from specdec.backends.devices import check_device, is_cuda
 from specdec.backends.hf_util import cache_kwarg
-from specdec.backends.prompt import Prompt
-from specdec.backends.static_cache import StaticCausalBackend, StaticKV, static_forward
-from specdec.core.tree import TokenTree
+from specdec.backends.static_cache import StaticKV, static_forward
 from specdec.errors import SpecdecError
 from specdec.models.architecture import PREFIX as ARCH
-from specdec.models.architecture import build_architecture
 
-CONFIGS = Path(__file__).parent.parent / "gpu"
 MODELS = ("qwen2.5-1.5b", "qwen2.5-7b")
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 TOKENS = (1, 2, 3, 5, 9, 16)  # a step, and verify blocks of k + 1 for k = 1, 2, 4, 8, 15
 FIRST = [(r, t) for t in (1, 5) for r in (1, 8, 64)]  # measured before the rest of the grid
-CONTEXT = 512  # cached tokens per row, as issue 44's first measurements
-REPEATS, WARM_UPS = 12, 3
+REPEATS = 12
 TESTS = ["tests/test_cuda.py", "-m", "cuda", "-q", "-p", "no:cacheprovider"]
 TESTS_TIMEOUT_S = 180
 # What the CUDA tests import beyond torch, transformers and pytest: wheels of the ones a GPU machine lacks travel
 # beside the check (bench/gpu/check.sh installs $SPECBENCH_WHEELS/*.whl; docs/gpu.md).
 NEEDED = ("websockets", "msgspec", "gguf", "psutil", "tqdm", "safetensors", "soundfile", "soxr", "jiwer")
 VERSIONS = ("torch", "transformers", "websockets")
-# --dry-run: the same code on the CPU, tiny configs, two shapes per axis.
-DRY: dict[str, Any] = {
-    "rows": (1, 2), "tokens": (1, 3), "context": 16, "repeats": 2, "warm_ups": 1,
-    "config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-               "intermediate_size": 128, "vocab_size": 96}}
 # The fleet's capacity (docs/gpu.md): replayed edges of the real pair (Qwen2.5-Coder 0.5B drafting, 1.5B verifying, on a
 # CPU: bench/gpu/recorded-code) against a server of the 7B architecture with random weights that keeps their recorded
 # verdicts, spec beside cloud-only serving. The recording's settings are the fleet's (a replay must match them).
@@ -90,22 +84,6 @@ DRY_FLEET: dict[str, Any] = {"clients": "1", "repeats": 1, "limit": 1, "max_batc
 FLEET_CACHES = ("dynamic", "static")
 FLEET_LEAVE_S = 15  # what the fleets leave of the budget for the summary
 CURVE_COLUMNS = ["gpu", "model", "mode", "rows", "tokens", "context", "repeats", "median_ms", "p10_ms", "p90_ms", "times_ms"]
-# Verify cycles through the backends (specdec/backends/hf_causal.py, static_cache.py): a step, chains of k and token
-# trees of `width` disjoint branches `depth` deep (width x depth nodes, one unseen token before them), each cycle's
-# cost as the engine pays it (the mask built on the host, forward_tree, commit_path of an empty path, the crop back).
-# Up to 31 nodes a tree's rows replay as one captured graph (static_cache.GRAPH_TREE_ROWS); 8 x 6 runs eagerly.
-TREE_SHAPES = [("step", 1, 0), ("chain", 1, 4), ("chain", 1, 8), ("chain", 1, 15), ("tree", 2, 4), ("tree", 4, 2),
-               ("tree", 8, 1), ("tree", 3, 5), ("tree", 5, 3), ("tree", 15, 1), ("tree", 4, 4), ("tree", 8, 3),
-               ("tree", 6, 5), ("tree", 8, 6)]
-AGREEMENT_TREE = (4, 4)  # width, depth of the tree whose rows are held against their steps
-TREE_CACHES = ("graphs", "dynamic")  # the captured static cache (CUDA only), transformers' DynamicCache eagerly
-TREE_COLUMNS = ["gpu", "model", "cache", "shape", "width", "depth", "nodes", "context", "repeats", "median_ms", "p10_ms",
-                "p90_ms", "steps", "times_ms"]
-
-
-def build(name: str, device: str, dry: bool):
-    """The architecture of bench/gpu/NAME.json with random bf16 weights, made on `device` (no host copy)."""
-    return build_architecture(f"{ARCH}{CONFIGS / name}.json", torch.bfloat16, device, DRY["config"] if dry else None)
 
 
 def streamed_bytes(model) -> int:
@@ -127,24 +105,6 @@ def bandwidth_gbs(device: str, size_bytes: int) -> float:
     buffer.sum()
     best = min(timed(lambda: buffer.sum(), device, 1)[0] for _ in range(5))
     return size_bytes / (best / 1e3) / 1e9
-
-
-def timed(run, device: str, repeats: int) -> list[float]:
-    """Milliseconds of `run()`, each alone: CUDA events on a GPU, the clock after a sync elsewhere."""
-    times = []
-    for _ in range(repeats):
-        if is_cuda(device):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            begin = clock(device)
-            run()
-            times.append((clock(device) - begin) * 1e3)
-    return times
 
 
 def forwards(model, mode: str, rows: int, tokens: int, context: int, device: str):
@@ -240,105 +200,6 @@ def curve(models: list[str], out: Path, device: str, gpu: str | None, dry: bool,
             if is_cuda(device):
                 torch.cuda.empty_cache()
     return measured, sizes, failed
-
-
-def tree_cycle(backend, state, kind: str, width: int, depth: int, context: int, vocab: int):
-    """A callable running one verify cycle of `kind` on `state` (CONTEXT positions) and cropping back to them."""
-    last = torch.tensor([vocab - 1])
-    if kind == "step":
-        return lambda: (backend.forward(state, last, keep=1), backend.crop(state, context))
-    if kind == "chain":
-        block = torch.cat([last, torch.arange(depth) % (vocab - 1)])
-        return lambda: (backend.forward(state, block, keep=depth + 1), backend.crop(state, context))
-    branches = [[(b * depth + d) % (vocab - 1) for d in range(depth)] for b in range(width)]  # disjoint first tokens
-    tree = TokenTree.from_branches(branches, budget=width * depth)
-
-    def run():
-        backend.forward_tree(state, last, tree)
-        backend.commit_path(state, tree, [])
-        backend.crop(state, context)
-
-    return run
-
-
-def tree_costs(models: list[str], out: Path, device: str, gpu: str | None, dry: bool, deadline: float,
-               repeats: int) -> tuple[list[dict], list[dict]]:
-    """Append tree_costs.csv rows (TREE_SHAPES per model and cache) until the deadline; -> the rows measured, and per
-    model and cache how close a tree's and a chain's rows are to their steps (`agreement`)."""
-    context, warm_ups = (DRY["context"], DRY["warm_ups"]) if dry else (CONTEXT, WARM_UPS)
-    caches = TREE_CACHES if is_cuda(device) else ("static", "dynamic")  # --dry-run: the static cache eagerly
-    measured: list[dict] = []
-    agreed: list[dict] = []
-    with (out / "tree_costs.csv").open("w", newline="", encoding="utf-8") as sink:
-        writer = csv.DictWriter(sink, TREE_COLUMNS)
-        writer.writeheader()
-        for name in models:
-            if time.monotonic() > deadline:
-                break
-            model = build(name, device, dry)
-            vocab = model.config.vocab_size
-            ids = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0))
-            for cache in caches:
-                backend = HFCausalBackend(model) if cache == "dynamic" else StaticCausalBackend(model, steps=cache)
-                with torch.inference_mode():
-                    state, _ = backend.prefill(Prompt(ids), ids)
-                    step_ms = None
-                    for kind, width, depth in TREE_SHAPES:
-                        if time.monotonic() > deadline:
-                            break
-                        run = tree_cycle(backend, state, kind, width, depth, context, vocab)
-                        timed(run, device, warm_ups)
-                        times = timed(run, device, repeats)
-                        median, low, high = spread(times)
-                        step_ms = median if kind == "step" else step_ms
-                        row = {"gpu": gpu, "model": name, "cache": cache, "shape": kind, "width": width, "depth": depth,
-                               "nodes": width * depth, "context": context, "repeats": repeats,
-                               "median_ms": round(median, 4), "p10_ms": round(low, 4), "p90_ms": round(high, 4),
-                               "steps": round(median / step_ms, 3) if step_ms else None,
-                               "times_ms": " ".join(f"{t:.4f}" for t in times)}
-                        measured.append(row)
-                        writer.writerow(row)
-                        sink.flush()
-                    if time.monotonic() < deadline:
-                        agreed.append({"gpu": gpu, "model": name, "cache": cache,
-                                       **agreement(backend, ids, vocab, *AGREEMENT_TREE)})
-                del backend, state
-            del model
-            if is_cuda(device):
-                torch.cuda.empty_cache()
-    return measured, agreed
-
-
-def step_after(backend, ids: torch.Tensor, path: list[int]) -> torch.Tensor:
-    """The logits of the one-token step after `ids` then `path`, each token a step (a fresh state)."""
-    state, logits = backend.prefill(Prompt(ids[:-1]), ids[:-1])
-    for token in [int(ids[-1]), *path]:
-        logits = backend.forward(state, torch.tensor([token]), keep=1)
-    return logits[-1]
-
-
-def agreement(backend, ids: torch.Tensor, vocab: int, width: int, depth: int) -> dict:
-    """How far a tree's rows and a chain's rows are from the steps after their paths, in this cache and dtype (bf16
-    here: the torch backends keep a block's rows equal to steps within rounding only): the largest difference over
-    the largest logit, and how many rows keep the step's argmax."""
-    last = torch.tensor([vocab - 1])
-    full = torch.cat([ids, last])
-    branches = [[(b * depth + d) % (vocab - 1) for d in range(depth)] for b in range(width)]
-    tree = TokenTree.from_branches(branches, budget=width * depth)
-    found = {}
-    for kind in ("tree", "chain"):
-        state, _ = backend.prefill(Prompt(ids), ids)
-        if kind == "tree":
-            rows = backend.forward_tree(state, last, tree)[1:]
-            paths = [tree.tokens[tree.path(node)].tolist() for node in range(tree.size)]
-        else:
-            rows = backend.forward(state, torch.cat([last, torch.tensor(branches[0])]))[1:]
-            paths = [branches[0][: i + 1] for i in range(depth)]
-        steps = torch.stack([step_after(backend, full, path) for path in paths])
-        difference = float(((rows - steps).abs().amax(-1) / steps.abs().amax(-1)).max())
-        same = int((rows.argmax(-1) == steps.argmax(-1)).sum())
-        found[kind] = {"rows": len(paths), "max_relative_difference": round(difference, 6), "same_argmax": same}
-    return found
 
 
 def fleet_command(arch: str, out: Path, device: str, dry: bool, kv_cache: str = "dynamic") -> list[str]:
