@@ -137,7 +137,7 @@ class PromptLookup(DraftFree):
                               "the two (the suffix drafter sizes trees by cost: --drafter suffix)")
         self.proposes_trees = self.branches > 1
         self.history: History = context.history
-        self.counts = self.history.own(f"{self.name}:kept", KeptCounts)
+        self.counts = self.history.own(f"{self.name}:kept", KeptCounts) if self.by_cost else KeptCounts()
         self.found: list[tuple[int, list[int], int]] = []  # (position, continuation, match length) not yet decided
 
     def propose(self, seq: AcceptedSequence, k: int) -> Proposal:
