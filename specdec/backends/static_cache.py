@@ -126,6 +126,16 @@ def tree_columns(start: torch.Tensor, block: torch.Tensor, columns: int) -> torc
     return (offset < 0)[None, :] | (block[:, offset.clamp(0, m - 1)] & inside[None, :])
 
 
+def keep_path(caches: list[torch.Tensor], length: int, path: list[int]) -> None:
+    """A tree's kept path into place: each cache [B, H, columns, D] holds the nodes' keys or values at columns
+    length + node (node order); the path's move to columns length .. length + len(path) - 1, where a chain's would be."""
+    device = caches[0].device
+    source = torch.tensor(path, device=device) + length
+    target = torch.arange(length, length + len(path), device=device)
+    for cache in caches:
+        cache.index_copy_(2, target, cache.index_select(2, source))
+
+
 def static_capable(model: PreTrainedModel) -> bool:
     """The model can run on a static cache: a decoder of full-attention layers that takes a 4-D mask."""
     return full_attention_decoder(model)
@@ -209,10 +219,7 @@ class StaticCausalBackend(HFCausalBackend):
         self._check_owner(state)
         if path:
             assert self.kv is not None  # forward_tree made it
-            source = torch.tensor(path, device=self.device) + state.length
-            target = torch.arange(state.length, state.length + len(path), device=self.device)
-            for cache in self.kv.keys + self.kv.values:  # node j's keys, values to the chain's slot (a node's j <= its index)
-                cache.index_copy_(2, target, cache.index_select(2, source))
+            keep_path(self.kv.keys + self.kv.values, state.length, path)
         state.length += len(path)
         state.tree = False
 

@@ -44,6 +44,7 @@ from specdec.backends.static_cache import (
     StaticCausalBackend,
     StaticKV,
     check_static,
+    keep_path,
     static_mask,
     tree_columns,
 )
@@ -181,11 +182,7 @@ class SlotCausalBackend(HFCausalBackend):
             raise ValueError("commit_path follows forward_tree")
         if path:
             assert self.kv is not None  # forward_tree made it
-            source = torch.tensor(path, device=self.device) + state.length
-            target = torch.arange(state.length, state.length + len(path), device=self.device)
-            for cache in self.kv.keys + self.kv.values:  # node j's column to the chain's (a node's j <= its index)
-                row = cache[state.slot]  # [H_kv, columns, D], a view of the session's slot
-                row.index_copy_(1, target, row.index_select(1, source))
+            keep_path([cache[state.slot : state.slot + 1] for cache in self.kv.keys + self.kv.values], state.length, path)
         state.length += len(path)
         state.tree = False
 
