@@ -276,6 +276,29 @@ def test_sessions_batched_in_one_forward_get_their_own_logits_bit_for_bit(models
     assert [s.length for s in states] == [8, 13, 23, 10]
 
 
+@pytest.mark.parametrize("kind", WEIGHTS)
+@pytest.mark.parametrize("shape", [(100, 200), (37, 1000), (16, 64), (1, 33)])
+def test_packing_in_slabs_gives_the_bytes_of_the_whole_matrix_at_once(monkeypatch, kind, shape):
+    """pack packs a slab of rows at a time (its temporaries stay in cache): slabs of one 16-row block, of two, and one
+    slab over everything give the same bytes and scales, with all-zero groups and rows past N padded."""
+    from specdec.kernels import pack
+
+    torch.manual_seed(1)
+    weight = torch.randn(*shape).to(torch.bfloat16)
+    weight[0, : min(shape[1], 40)] = 0  # an all-zero int4 group: scale 0, nibbles 8
+    weight[-1] = 0  # an all-zero row
+    packed = {}
+    for slab in (pack.COLS, 2 * pack.COLS, 1 << 20):
+        monkeypatch.setattr(pack, "SLAB", slab)
+        packed[slab] = getattr(pack, kind)(weight)
+    whole = packed.pop(1 << 20)
+    for each in packed.values():
+        assert torch.equal(each.weight, whole.weight) and torch.equal(each.scale, whole.scale)
+        assert each.scale.dtype == whole.scale.dtype
+    assert whole.weight.numel() == -(-shape[0] // 16) * 16 * -(-shape[1] // (32 if kind == "int4" else 4)) * (
+        32 if kind == "int4" else 4) // (2 if kind == "int4" else 1)
+
+
 @pytest.mark.parametrize("ids", [list(range(40)), [3], list(range(100)), [*range(33), 50, 99], [1, 17, 60]])
 def test_rows_of_an_int8_linear_are_its_outputs_bit_for_bit(ops, ids):
     """pack.rows: a leading run of whole 16-row blocks copied, the other rows gathered into blocks of their own."""

@@ -39,20 +39,39 @@ class PackedLinear:
         return self.weight.numel() + self.scale.numel() * self.scale.element_size()
 
 
-def _padded(weight: torch.Tensor, k_multiple: int) -> torch.Tensor:
+SLAB = 256  # output rows packed at a time (a multiple of COLS): a slab's temporaries stay in cache, not in memory
+
+
+def _slabs(weight: torch.Tensor, k_multiple: int):
+    """(first padded row, the slab as float32 [SLAB or fewer, K padded]) over `weight`'s rows, zero-padded to a
+    multiple of COLS rows and `k_multiple` columns: every row is packed on its own, so a slab's rows give the bytes the
+    whole matrix would (packing the 1.5B in one pass of whole-matrix temporaries took 21 s of its 26 s load; in
+    slabs, 2026-12-01)."""
     n, k = weight.shape
-    rows, cols = -(-n // COLS) * COLS, -(-k // k_multiple) * k_multiple
-    out = torch.zeros(rows, cols, dtype=torch.float32)
-    out[:n, :k] = weight.float()
-    return out
+    rows, cols = _padded_shape(weight, k_multiple)
+    for start in range(0, rows, SLAB):
+        stop = min(start + SLAB, rows)
+        slab = torch.zeros(stop - start, cols, dtype=torch.float32)
+        if start < n:
+            slab[: min(stop, n) - start, :k] = weight[start : min(stop, n)].float()
+        yield start, slab
+
+
+def _padded_shape(weight: torch.Tensor, k_multiple: int) -> tuple[int, int]:
+    n, k = weight.shape
+    return -(-n // COLS) * COLS, -(-k // k_multiple) * k_multiple
 
 
 def int8(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
     n, k = weight.shape
-    w = _padded(weight, 4)
-    scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # [Np]
-    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int16) + 128  # [Np, Kp] in 1..255
-    blocks = q.to(torch.uint8).view(w.shape[0] // COLS, COLS, w.shape[1] // 4, 4).permute(0, 2, 1, 3).contiguous()
+    rows, cols = _padded_shape(weight, 4)
+    blocks = torch.empty(rows // COLS, cols // 4, COLS, 4, dtype=torch.uint8)
+    scale = torch.empty(rows, dtype=torch.float32)
+    for start, w in _slabs(weight, 4):
+        s = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # [slab]
+        q = torch.round(w / s[:, None]).clamp(-127, 127).to(torch.int16) + 128  # in 1..255
+        blocks[start // COLS : (start + w.shape[0]) // COLS] = q.to(torch.uint8).view(-1, COLS, cols // 4, 4).permute(0, 2, 1, 3)
+        scale[start : start + w.shape[0]] = s
     return PackedLinear("int8", blocks.view(-1), scale[:n].contiguous(), _bias(bias), n, k)
 
 
@@ -60,18 +79,21 @@ def int4(weight: torch.Tensor, bias: torch.Tensor | None = None, group: int = IN
     if group % 8:
         raise ValueError(f"an int4 group holds a multiple of 8 weights, got {group}")
     n, k = weight.shape
-    w = _padded(weight, group)
-    rows, cols = w.shape
-    grouped = w.view(rows, cols // group, group)
-    extreme = grouped.gather(2, grouped.abs().argmax(dim=2, keepdim=True)).squeeze(2)  # [Np, G] signed
-    scale = (extreme / -8).to(torch.float16)
-    exact = scale.float()
-    safe = torch.where(exact == 0, torch.ones_like(exact), exact)
-    q = torch.round(grouped / safe[..., None]).clamp(-8, 7).to(torch.int16) + 8  # [Np, G, group] in 0..15
-    q = torch.where(exact[..., None] == 0, torch.full_like(q, 8), q).view(rows, cols).to(torch.uint8)
-    halves = q.view(rows // COLS, COLS, cols // 8, 2, 4)  # k = 8c + 4 half + t
-    nibbles = (halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).permute(0, 2, 1, 3).contiguous()  # [N/16, K/8, 16, 4]
-    scales = scale.view(rows // COLS, COLS, cols // group).permute(0, 2, 1).contiguous()  # [N/16, K/group, 16]
+    rows, cols = _padded_shape(weight, group)
+    nibbles = torch.empty(rows // COLS, cols // 8, COLS, 4, dtype=torch.uint8)
+    scales = torch.empty(rows // COLS, cols // group, COLS, dtype=torch.float16)
+    for start, w in _slabs(weight, group):
+        grouped = w.view(w.shape[0], cols // group, group)
+        extreme = grouped.gather(2, grouped.abs().argmax(dim=2, keepdim=True)).squeeze(2)  # [slab, G] signed
+        scale = (extreme / -8).to(torch.float16)
+        exact = scale.float()
+        safe = torch.where(exact == 0, torch.ones_like(exact), exact)
+        q = torch.round(grouped / safe[..., None]).clamp(-8, 7).to(torch.int16) + 8  # [slab, G, group] in 0..15
+        q = torch.where(exact[..., None] == 0, torch.full_like(q, 8), q).view(w.shape[0], cols).to(torch.uint8)
+        halves = q.view(-1, COLS, cols // 8, 2, 4)  # k = 8c + 4 half + t
+        blocks = slice(start // COLS, (start + w.shape[0]) // COLS)
+        nibbles[blocks] = (halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).permute(0, 2, 1, 3)  # [N/16, K/8, 16, 4]
+        scales[blocks] = scale.view(-1, COLS, cols // group).permute(0, 2, 1)  # [N/16, K/group, 16]
     return PackedLinear("int4", nibbles.view(-1), scales.view(-1), _bias(bias), n, k, group)
 
 
