@@ -155,6 +155,26 @@ def test_a_prompt_tokens_multiply_adds_are_its_decoder_linears_and_the_table_sho
         "; first token: kernels-int4 prefills the calibration's 800-token prompt at 178 tok/s, the fastest measured")
 
 
+@pytest.mark.parametrize(("durations", "rounds", "timed"), [
+    ([1.0, 1.02, 9.0], 3, 2),  # two within 3 %: the rate is settled
+    ([1.0, 1.2, 1.1], 3, 3),  # two apart: a third settles them
+    ([1.0, 1.0, 1.0], 1, 1),  # one round asked, one timed
+    ([1.0, 1.2, 1.1, 1.0, 1.0], 5, 5),  # only the first two can stop it early
+])
+def test_the_prompt_rate_stops_after_two_prefills_that_agree(monkeypatch, durations, rounds, timed):
+    class Backend:
+        calls = 0
+
+        def prefill(self, prompt, ids, keep):
+            Backend.calls += 1
+
+    clock = iter(t for d in durations for t in (0.0, d))
+    monkeypatch.setattr(calibrate, "context_ids", lambda tokenizer, tokens: torch.arange(tokens))
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: next(clock))
+    lm = argparse.Namespace(backend=Backend(), tokenizer=None)
+    assert calibrate.time_prefills(lm, 8, rounds) == durations[:timed] and Backend.calls == timed
+
+
 def test_the_floor_counts_what_a_step_reads():
     """bf16: every weight but the embedding table; int8: each Linear's packed int8 weight, the norms in float32."""
     from specdec.models.derive import quantize_int8

@@ -59,6 +59,7 @@ DEFAULT_CONFIG = Path(__file__).parent.parent / "configs" / "default.toml"  # it
 ROUNDS = 3
 CONTEXT = 128  # cached tokens every timed block is fed after
 PREFILL = 800  # tokens of a timed prompt: about a Spec-Bench RAG question's, where the prompt rate decides the first token
+PREFILL_CLOSE = 0.03  # two prefills this close settle the prompt rate (time_prefills)
 TORCH_DTYPE = "bfloat16"  # runtime torch: the engine's CPU default (dynamic int8 computes in float32 whatever it is)
 BANDWIDTH_BYTES = 1 << 30  # >= 1 GiB: far past any last-level cache (this machine reports 260 MiB of L3)
 BANDWIDTH_REPEATS = 5
@@ -292,17 +293,16 @@ def streamed_weight_bytes(lm: LoadedModel) -> int:
 @torch.inference_mode()
 def measure_entry(model: str, runtime: str, threads: int, rounds: int, read_bytes: int = 0) -> dict:
     """In this process: load `model` in `runtime`, time `rounds` rounds at `threads` threads. With `read_bytes`,
-    the memory's bandwidth is read over a buffer that size just before each round and just after the last, and the
-    best reading kept (`bandwidth_gbs`): a VM's speed drifts by a third over seconds (the AMD EPYC of 2026-11-29:
-    a reading a minute before read 32 GB/s, then the int8 kernels' step streamed 38), so the step's floor is set by
-    what the memory did around that step, not at the calibration's start."""
+    the memory's bandwidth is read over a buffer that size just before the first round and just after the last (the
+    rounds take a second or so each; a reading ~2 s), and the best reading kept (`bandwidth_gbs`): a VM's speed drifts
+    by a third over seconds (the AMD EPYC of 2026-11-29: a reading a minute before read 32 GB/s, then the int8
+    kernels' step streamed 38), so the step's floor is set by what the memory did around that step, not at the
+    calibration's start."""
     torch.set_num_threads(threads)  # llama.cpp's backend takes its threads from torch's
     lm = load_model(model, TORCH_DTYPE, log=lambda message: None, runtime=runtime)
     ids, state = prefilled(lm, CONTEXT)
-    readings, timed = [], []
-    for _ in range(rounds):
-        readings += [measure_bandwidth(threads, read_bytes)] if read_bytes else []
-        timed.append(time_round(lm.backend, state, ids, CONTEXT))
+    readings = [measure_bandwidth(threads, read_bytes)] if read_bytes else []
+    timed = [time_round(lm.backend, state, ids, CONTEXT) for _ in range(rounds)]  # ~1 s each: read around them all
     readings += [measure_bandwidth(threads, read_bytes)] if read_bytes else []
     return {"model": model, "runtime": runtime, "threads": threads, "dtype": TORCH_DTYPE if declared(runtime).dtyped else None,
             "weight_bytes": streamed_weight_bytes(lm), "rounds": timed, "error": None, "method": METHOD,
@@ -311,14 +311,18 @@ def measure_entry(model: str, runtime: str, threads: int, rounds: int, read_byte
             "prefill_tokens": PREFILL, "prefill_s": time_prefills(lm, PREFILL, rounds)}
 
 
-def time_prefills(lm: LoadedModel, tokens: int, rounds: int) -> list[float]:
-    """Seconds for a `tokens`-token prompt's prefill (its last row's logits), `rounds` times: the prompt rate."""
+def time_prefills(lm: LoadedModel, tokens: int, rounds: int, close: float = PREFILL_CLOSE) -> list[float]:
+    """Seconds for a `tokens`-token prompt's prefill (its last row's logits), up to `rounds` times: the prompt rate.
+    Stops after two when they agree within `close` (their median is the rate either way, and a third 800-token
+    prefill of the 1.5B costs ~8 s of an entry's ~50 on 2 cores); a third settles two that disagree."""
     ids = context_ids(lm.tokenizer, tokens)
-    seconds = []
-    for _ in range(rounds):
+    seconds: list[float] = []
+    while len(seconds) < rounds:
         start = time.perf_counter()
         lm.backend.prefill(Prompt(ids), ids, keep=1)
         seconds.append(time.perf_counter() - start)
+        if len(seconds) == 2 and abs(seconds[0] - seconds[1]) <= close * min(seconds):
+            break
     return seconds
 
 
