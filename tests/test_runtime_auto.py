@@ -107,10 +107,13 @@ def test_the_main_jobs_config_resolves_from_a_calibration_without_measuring():
     calibrate, calls = given(CALIBRATION)
     chooser = AutoRuntimes(calibration=calibrate, progress=False)
     config = SweepConfig.from_toml("default", choose_runtimes=chooser)
-    # each model: the runtimes that need no conversion first, then those whose floor leaves them a role
-    assert [c[0] for c in calls] == [(EDGE,), (EDGE,), (CLOUD,), (CLOUD,)]
-    assert "torch-int8t" not in calls[0][1] + calls[1][1] and set(calls[0][1]) <= {"llamacpp", "torch-int8",
-                                                                                  "kernels-int4", "kernels-int8"}
+    # each model: one runtime a call, those that need no conversion first (kernels-int4: the fewest bits, exact), then
+    # those whose floor leaves them a role; what the file already holds is never asked for, the edge never gets int8t
+    assert all(len(runtimes) == 1 for _, runtimes, _ in calls)
+    assert [c[0] for c in calls] == [(EDGE,)] * 3 + [(CLOUD,)] * 5
+    assert calls[0][1] == calls[3][1] == ("kernels-int4",)
+    asked = {c[1][0] for c in calls}
+    assert not asked & {"llamacpp", "torch-int8", "torch-int8t", "torch"}
     assert config.cloud_runtime == ("torch-int8t",)
     assert config.edge_runtime == ("llamacpp",)
     assert config.plain_runtimes == ("llamacpp", "torch-int8", "torch-int8t")
@@ -133,29 +136,87 @@ def test_the_main_jobs_config_resolves_from_a_calibration_without_measuring():
     assert len(set(labels)) == len(labels)  # every point is told apart by its label
 
 
+def growing(entries: list[dict], bandwidth_gbs: float):
+    """A calibration function whose file gains a runtime's entry when that runtime is asked for, and the calls."""
+    data = {**CALIBRATION, "bandwidth_gbs": bandwidth_gbs, "entries": []}
+    calls: list[tuple[str, str]] = []
+
+    def calibrate(models, runtimes, threads):
+        for model in models:
+            for runtime in runtimes:
+                calls.append((model, runtime))
+                data["entries"] += [e for e in entries if (e["model"], e["runtime"]) == (model, runtime)]
+        return data
+    return calibrate, calls
+
+
 def test_a_runtime_whose_floor_loses_every_role_is_neither_converted_nor_measured(monkeypatch):
-    """The runtimes that load in seconds are measured first; a converted or slow one is measured only where the step
-    its weights' bytes allow at the measured bandwidth (a lower bound) could still win a role, and the choice says which
-    were left out and why."""
+    """One runtime at a time, those that load in seconds and read the fewest bits first; every later one, converted or
+    not, is measured only where the step its weights' bytes allow at the measured bandwidth (a lower bound) could
+    still win a role against what was measured before it, and the choice says which were left out and why."""
     from bench.measure import runtime_auto
 
-    first = {**CALIBRATION, "bandwidth_gbs": 34.0, "entries": [
-        {**entry(CLOUD, "llamacpp", 36, 0.9), "weight_bytes": 10**9},
+    measurable = [
         {**entry(CLOUD, "kernels-int4", 33, 0.1), "weight_bytes": 9 * 10**8, "block_vs_steps": 0.0},
-        {**entry(EDGE, "llamacpp", 20, 0.9), "weight_bytes": 4 * 10**8}]}
-    calibrate, calls = given(first)
+        {**entry(CLOUD, "llamacpp", 36, 0.9), "weight_bytes": 10**9},
+        {**entry(CLOUD, "onnx-int4", 40, 0.2), "weight_bytes": 9 * 10**8, "block_vs_steps": 0.0},
+        {**entry(EDGE, "kernels-int4", 12, 0.1), "weight_bytes": 3 * 10**8, "block_vs_steps": 0.0},
+        {**entry(EDGE, "llamacpp", 20, 0.9), "weight_bytes": 4 * 10**8}]
+    calibrate, calls = growing(measurable, 34.0)
     monkeypatch.setattr(runtime_auto, "installed", lambda candidates: candidates)
     chooser = AutoRuntimes(calibration=calibrate, progress=False)
     resolved = chooser({"edge": EDGE, "cloud": CLOUD, "edge_runtime": "auto", "cloud_runtime": "auto",
                         "plain_runtimes": "auto", "k": [4], "policy": ["greedy"], "edge_cores": 2})
-    measured_later = set(calls[3][1])  # the cloud's second call
+    cloud_calls = [runtime for model, runtime in calls if model == CLOUD]
     # params <= 9e8 B * 8 / 4 bits = 1.8e9: an int8 runtime reads >= 1.8 GB a step, 53 ms at 34 GB/s, above
-    # 1.25 x 33 ms (plain) and kernels-int4's exact 5-token block (33 x 1.4 = 46 ms); an int4 one 26 ms, below both
-    assert "onnx-int4" in measured_later
-    assert not measured_later & {"onnx-int8", "openvino-int8", "torch-int8t", "torch"}
+    # 1.25 x 33 ms (plain) and kernels-int4's exact 5-token block (33 x 1.4 = 46 ms); an int4 one 26 ms, below both.
+    # The int8 kernels and torch's int8 load in seconds, but are left out by the same bound once kernels-int4 is in.
+    assert cloud_calls[0] == "kernels-int4" and {"llamacpp", "onnx-int4"} <= set(cloud_calls)
+    assert not set(cloud_calls) & {"kernels-int8", "torch-int8", "onnx-int8", "openvino-int8", "torch-int8t", "torch"}
     assert resolved["cloud_runtime"] == ("kernels-int4",)
     cloud = next(c for c in chooser.choices if c.role == "cloud")
     assert "not measured: " in cloud.reason and "onnx-int8: its floor (53 ms a step" in cloud.reason
+    assert "kernels-int8: its floor (53 ms a step" in cloud.reason
+    # the edge: 3e8 B * 8 / 4 = 6e8 params, an int8 floor of 18 ms above kernels-int4's 12 ms step; int4's 9 ms below
+    edge_calls = [runtime for model, runtime in calls if model == EDGE]
+    assert edge_calls[0] == "kernels-int4" and "kernels-int8" not in edge_calls and "onnx-int4" in edge_calls
+    assert resolved["edge_runtime"] == ("kernels-int4",)
+
+
+def test_a_floor_takes_the_fastest_the_memory_was_read_anywhere_in_the_file(monkeypatch):
+    """The file's first reading was 34 GB/s, the kernels' rounds read 68 minutes later: at 68 an int8 runtime's floor
+    is 26 ms, below kernels-int4's 46 ms block, so it is measured (at 34 its 53 ms would have ruled it out)."""
+    from bench.measure import runtime_auto
+
+    measurable = [{**entry(CLOUD, "kernels-int4", 33, 0.1), "weight_bytes": 9 * 10**8, "block_vs_steps": 0.0,
+                   "bandwidth_gbs": 68.0}]
+    calibrate, calls = growing(measurable, 34.0)
+    monkeypatch.setattr(runtime_auto, "installed", lambda candidates: candidates)
+    chooser = AutoRuntimes(calibration=calibrate, progress=False)
+    chooser.calibrate_promising(CLOUD, ("kernels-int4", "kernels-int8", "onnx-int8"), 2, (4,), ("greedy",),
+                                ("cloud", "plain"))
+    assert [runtime for _, runtime in calls] == ["kernels-int4", "kernels-int8", "onnx-int8"]
+    assert chooser.skipped[CLOUD] == []
+
+
+def test_a_runtime_the_file_holds_is_never_left_out_and_costs_no_measurement(monkeypatch):
+    """An entry already in the file is used even where its floor would have left it out: it cost nothing."""
+    from bench.measure import runtime_auto
+
+    held = [{**entry(CLOUD, "kernels-int4", 33, 0.1), "weight_bytes": 9 * 10**8, "block_vs_steps": 0.0},
+            {**entry(CLOUD, "kernels-int8", 60, 0.05), "weight_bytes": 18 * 10**8, "block_vs_steps": 0.0}]
+    data = {**CALIBRATION, "bandwidth_gbs": 34.0, "entries": held}
+    calls: list = []
+
+    def calibrate(models, runtimes, threads):
+        calls.append(tuple(runtimes))
+        return data
+    monkeypatch.setattr(runtime_auto, "installed", lambda candidates: candidates)
+    chooser = AutoRuntimes(calibration=calibrate, progress=False)
+    measured = chooser.calibrate_promising(CLOUD, ("kernels-int4", "kernels-int8", "onnx-int8"), 2, (4,), ("greedy",),
+                                           ("cloud", "plain"))
+    assert measured is data and calls == [("kernels-int4",)]
+    assert chooser.skipped[CLOUD] == [s for s in chooser.skipped[CLOUD] if s.startswith("onnx-int8: its floor")] != []
 
 
 def test_auto_needs_the_chooser_and_stands_alone(tmp_path):

@@ -61,6 +61,14 @@ def entry_of(measured: dict, bandwidth_gbs: float) -> dict:
             "prompt_macs_per_token": measured.get("prompt_macs_per_token"), "bandwidth_gbs": measured.get("bandwidth_gbs")}
 
 
+def best_bandwidth(data: dict) -> float | None:
+    """The fastest the memory was read anywhere in the file: at the calibration's start or around any entry's rounds.
+    A floor computed from less is no lower bound (the AMD EPYC of 2026-12-01 read 32 GB/s at the start and 61 around
+    the kernels' rounds minutes later: a floor of 30 ms ruled llama.cpp out where the true one was 16)."""
+    readings = [data.get("bandwidth_gbs") or 0, *((e.get("bandwidth_gbs") or 0) for e in data.get("entries", []))]
+    return max(readings) or None
+
+
 def _shown(value: float) -> float:
     """Four significant digits: the file stays readable, and a tiny model's 0.003 ms floor keeps its size."""
     return float(f"{value:.4g}")

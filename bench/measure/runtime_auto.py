@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, replace
 
+from tqdm import tqdm
+
+from bench.derive.calibration import best_bandwidth
 from bench.derive.runtime_choice import (
     RuntimeChoice,
     cannot_win,
@@ -22,7 +25,7 @@ from bench.derive.runtime_choice import (
 from bench.measure.calibrate import calibration
 from specdec.errors import ConfigError
 from specdec.machine import describe, fingerprint
-from specdec.runtime_registry import CLOUD, EDGE, declared, runtime_installed, runtimes, with_role
+from specdec.runtime_registry import CLOUD, EDGE, batch_invariant, declared, runtime_installed, runtimes, with_role
 
 AUTO = "auto"
 AUTO_FIELDS = ("edge_runtime", "cloud_runtime", "plain_runtimes")
@@ -36,9 +39,10 @@ def candidates(role: str) -> tuple[str, ...]:
 
 
 def measured_first() -> frozenset[str]:
-    """Measured first, on every machine: nothing to convert, loaded in seconds, and among them the fastest plain
-    decoding and the cheapest exact block wherever the kernels run. The rest (conversions of minutes, slow torch
-    runtimes) is measured only where its floor says it could still win a role (runtime_choice.cannot_win)."""
+    """Measured first: nothing to convert, loaded in seconds, and among them the fastest plain decoding and the
+    cheapest exact block wherever the kernels run. Each of these too, after the first measured, and every other
+    candidate (conversions of minutes, slow torch runtimes) is measured only where its floor says it could still win
+    a role against what was measured before it (runtime_choice.cannot_win)."""
     return frozenset(r.name for r in runtimes() if r.measured_first)
 
 
@@ -50,6 +54,33 @@ def _as_tuple(value) -> tuple:
     if value is None:
         return ()
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+def measuring_order(candidates: tuple[str, ...]) -> tuple[str, ...]:
+    """The likeliest winners first, so that each measurement tightens the bound the next is judged by: the runtimes
+    that load in seconds (measured_first), then the fewest bits a weight (the lowest floor), then those whose blocks
+    are their steps (an exact one bounds a lossless grid's verifier); otherwise as declared."""
+    return tuple(sorted(candidates, key=lambda r: (r not in measured_first(), declared(r).weight_bits,
+                                                   not batch_invariant(r))))
+
+
+def _usable_or_none(data: dict | None, model: str, candidates: tuple[str, ...], threads: int) -> dict[str, dict]:
+    """{runtime: entry} measured without an error, {} where there is none yet."""
+    try:
+        return usable(data, model, candidates, threads) if data else {}
+    except ConfigError:
+        return {}
+
+
+def _ruled_out(runtime: str, data: dict | None, entries: dict[str, dict], ks: tuple[int, ...],
+               policies: tuple[str, ...], roles: tuple[str, ...]) -> str | None:
+    """Why `runtime` need not be measured (runtime_choice.cannot_win with its floor at the best bandwidth the file
+    read), or None."""
+    bandwidth_gbs = best_bandwidth(data) if data else None
+    if not entries or not bandwidth_gbs:
+        return None
+    floor_ms = parameters_at_most(entries) * declared(runtime).weight_bits / 8 / (bandwidth_gbs * 1e6)
+    return cannot_win(runtime, floor_ms, entries, ks, policies, roles)
 
 
 def installed(candidates: tuple[str, ...]) -> tuple[str, ...]:
@@ -72,32 +103,29 @@ class AutoRuntimes:
 
     def calibrate_promising(self, model: str, candidates: tuple[str, ...], threads: int, ks: tuple[int, ...],
                             policies: tuple[str, ...], roles: tuple[str, ...]) -> dict:
-        """`model`'s calibration: the runtimes measured first, then each other candidate unless its floor rules it out
-        of every role against what those measured (the reason kept in `skipped`, for the record and the report)."""
-        first = tuple(r for r in candidates if r in measured_first())
-        data = self.calibrate([model], list(first), threads) if first else None
-        try:
-            entries = usable(data, model, first, threads) if data else {}
-        except ConfigError:
-            entries = {}
-        rest, skipped = [], self.skipped.setdefault(model, [])
-        bandwidth_gbs = data.get("bandwidth_gbs") if data else None
-        parameters = parameters_at_most(entries) if entries and bandwidth_gbs else None
-        for runtime in (r for r in candidates if r not in first):
-            why = None
-            if parameters is not None and bandwidth_gbs:
-                floor_ms = parameters * declared(runtime).weight_bits / 8 / (bandwidth_gbs * 1e6)
-                why = cannot_win(runtime, floor_ms, entries, ks, policies, roles)
-            if why is None:
-                rest.append(runtime)
-            else:
-                skipped.append(f"{runtime}: {why}")
-        return self.calibrate([model], rest, threads) if rest or data is None else data
+        """`model`'s calibration, measured one runtime at a time in `measuring_order`: each after the first only unless
+        its floor rules it out of every role against what was measured before it (the reason kept in `skipped`, for the
+        record and the report). A runtime the file already holds costs nothing and is never left out."""
+        data: dict | None = None
+        skipped = self.skipped.setdefault(model, [])
+        order = measuring_order(candidates)
+        with tqdm(order, desc=f"calibrating {model}", unit="runtime", disable=not self.progress) as bar:
+            for runtime in bar:
+                bar.set_postfix_str(runtime)
+                entries = _usable_or_none(data, model, candidates, threads)
+                if runtime in entries:
+                    continue
+                why = _ruled_out(runtime, data, entries, ks, policies, roles)
+                if why is None:
+                    data = self.calibrate([model], [runtime], threads)
+                else:
+                    skipped.append(f"{runtime}: {why}")
+        return data if data is not None else self.calibrate([model], [], threads)
 
     def calibrate(self, models: list[str], runtimes: list[str], threads: int) -> dict:
         if self._calibration is not None:
             return self._calibration(models, runtimes, threads)
-        return calibration(models, runtimes, threads, progress=self.progress)
+        return calibration(models, runtimes, threads, progress=False)  # calibrate_promising's bar counts the runtimes
 
     def __call__(self, values: dict) -> dict:
         if not has_auto(values):
