@@ -213,6 +213,20 @@ def test_only_missing_or_stale_entries_are_measured(fake, monkeypatch):
     assert fake.calls == [("a", "torch")]
 
 
+def test_the_kernels_compute_rate_is_measured_once_until_their_version_changes(fake, monkeypatch):
+    """auto calibrates one runtime a call: each call that measures an entry keeps the file's compute rate while the
+    kernels are the same, and measures it anew once their version changes."""
+    rates = iter([100.0, 200.0])
+    monkeypatch.setattr(calibrate, "measure_compute", lambda threads: next(rates))
+    versions = {"torch": "1", "kernels": "avx2 aaa"}
+    monkeypatch.setattr(calibrate, "runtime_versions", lambda: dict(versions))
+    for runtime in ("torch", "llamacpp"):
+        assert calibrate.calibration(["a"], [runtime], threads=1, progress=False)["compute_gmacs"] == 100.0
+    versions["kernels"] = "avx2 bbb"
+    assert calibrate.calibration(["a"], ["torch-int8"], threads=1, progress=False)["compute_gmacs"] == 200.0
+    assert fake.calls == [("a", "torch"), ("a", "llamacpp"), ("a", "torch-int8")]
+
+
 def test_an_entry_of_an_older_method_is_measured_again(fake):
     """What is measured (a block against its steps) or a runtime's code changed: METHOD was bumped."""
     calibrate.calibration(["m"], ["torch"], 1, progress=False)

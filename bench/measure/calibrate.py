@@ -111,7 +111,10 @@ def calibration(models: list[str], runtimes: list[str], threads: int, progress: 
     if data is not None and not todo and len(kept) == len(data["entries"]):
         return data
     bandwidth = data["bandwidth_gbs"] if data else measure_bandwidth(threads)
-    compute = measure_compute(threads)  # a second at most, and the kernels' version may have changed: anew
+    if data and data.get("compute_gmacs") and data["versions"].get("kernels") == versions.get("kernels"):
+        compute = data["compute_gmacs"]  # the same kernels on the same machine: auto calibrates a runtime a call
+    else:
+        compute = measure_compute(threads)  # a second at most
     data = {"schema": SCHEMA, "fingerprint": here, "bandwidth_gbs": bandwidth, "versions": versions,
             "created": _now(), "threads": threads, "entries": kept, "compute_gmacs": compute}
     _write(path, data)

@@ -60,8 +60,8 @@ def measuring_order(candidates: tuple[str, ...]) -> tuple[str, ...]:
     """The likeliest winners first, so that each measurement tightens the bound the next is judged by: the runtimes
     that load in seconds (measured_first), then the fewest bits a weight (the lowest floor), then those whose blocks
     are their steps (an exact one bounds a lossless grid's verifier); otherwise as declared."""
-    return tuple(sorted(candidates, key=lambda r: (r not in measured_first(), declared(r).weight_bits,
-                                                   not batch_invariant(r))))
+    first = measured_first()
+    return tuple(sorted(candidates, key=lambda r: (r not in first, declared(r).weight_bits, not batch_invariant(r))))
 
 
 def _usable_or_none(data: dict | None, model: str, candidates: tuple[str, ...], threads: int) -> dict[str, dict]:
